@@ -1,0 +1,1 @@
+//! Benchmark (filled by the benchmark issue).

@@ -1,0 +1,109 @@
+//! Opening a device and reading what the library and the benchmark need to know about it.
+
+use cust::context::Context;
+use cust::device::{Device, DeviceAttribute};
+use cust::error::CudaError;
+use cust::sys;
+use serde::Serialize;
+
+use crate::error::{CudaContext, Error, Result};
+
+/// Facts about the device a [`crate::Softmax`] runs on.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DeviceInfo {
+    pub ordinal: u32,
+    pub name: String,
+    pub compute_capability: (u32, u32),
+    pub multiprocessors: u32,
+    /// Dynamic shared memory one block may opt in to.
+    pub max_shared_per_block: u32,
+    pub l2_bytes: u32,
+    pub total_memory_bytes: usize,
+    /// Peak clocks the driver reports, in MHz.
+    pub sm_clock_mhz: u32,
+    pub memory_clock_mhz: u32,
+    /// The driver's CUDA version, e.g. 13000 for 13.0.
+    pub driver_version: i32,
+    pub supports_cooperative_launch: bool,
+}
+
+impl DeviceInfo {
+    /// A short lowercase name for file names, e.g. `nvidia-h200`.
+    pub fn slug(&self) -> String {
+        let slug: String = self.name.to_lowercase().chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
+        slug.split('-').filter(|s| !s.is_empty()).collect::<Vec<_>>().join("-")
+    }
+}
+
+/// Initializes the driver and retains the primary context of device `ordinal`, making it
+/// current on this thread. A machine without a GPU or driver gives [`Error::NoDevice`].
+pub(crate) fn open(ordinal: u32) -> Result<(Context, Device, DeviceInfo)> {
+    cust::init(cust::CudaFlags::empty()).map_err(|e| no_device(e, "cuInit failed"))?;
+    let count = Device::num_devices().map_err(|e| no_device(e, "cannot count devices"))?;
+    if ordinal >= count {
+        return Err(Error::NoDevice { reason: format!("device {ordinal} requested but {count} present") });
+    }
+    let device = Device::get_device(ordinal).during("opening the device")?;
+    let context = Context::new(device).during("creating the device context")?;
+    let info = read_info(ordinal, device)?;
+    Ok((context, device, info))
+}
+
+fn no_device(error: CudaError, what: &str) -> Error {
+    Error::NoDevice { reason: format!("{what}: {error}") }
+}
+
+fn read_info(ordinal: u32, device: Device) -> Result<DeviceInfo> {
+    let attribute = |a: DeviceAttribute| device.get_attribute(a).during("reading device attributes").map(|v| v as u32);
+    let mut driver_version = 0;
+    // SAFETY: writes one int through a valid pointer.
+    unsafe { sys::cuDriverGetVersion(&mut driver_version) };
+    Ok(DeviceInfo {
+        ordinal,
+        name: device.name().during("reading the device name")?,
+        compute_capability: (
+            attribute(DeviceAttribute::ComputeCapabilityMajor)?,
+            attribute(DeviceAttribute::ComputeCapabilityMinor)?,
+        ),
+        multiprocessors: attribute(DeviceAttribute::MultiprocessorCount)?,
+        max_shared_per_block: raw_attribute(
+            device,
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+        )? as u32,
+        l2_bytes: attribute(DeviceAttribute::L2CacheSize)?,
+        total_memory_bytes: device.total_memory().during("reading the memory size")?,
+        sm_clock_mhz: attribute(DeviceAttribute::ClockRate)? / 1000,
+        memory_clock_mhz: attribute(DeviceAttribute::MemoryClockRate)? / 1000,
+        driver_version,
+        supports_cooperative_launch: raw_attribute(
+            device,
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH,
+        )? != 0,
+    })
+}
+
+/// Attributes cust's enum does not list.
+fn raw_attribute(device: Device, attribute: sys::CUdevice_attribute) -> Result<i32> {
+    let mut value = 0;
+    // SAFETY: writes one int through a valid pointer; the device handle is valid.
+    let status = unsafe { sys::cuDeviceGetAttribute(&mut value, attribute, device.as_raw()) };
+    check(status, "reading device attributes")?;
+    Ok(value)
+}
+
+/// Turns the status of a raw driver call into a result.
+pub(crate) fn check(status: sys::CUresult, during: &'static str) -> Result<()> {
+    if status == sys::CUresult::CUDA_SUCCESS {
+        return Ok(());
+    }
+    let mut name: *const std::ffi::c_char = std::ptr::null();
+    // SAFETY: cuGetErrorName writes a pointer to a static string, or leaves it null.
+    unsafe { sys::cuGetErrorName(status, &mut name) };
+    let name = if name.is_null() {
+        "unknown error".to_owned()
+    } else {
+        // SAFETY: a non-null result is a NUL-terminated static string owned by the driver.
+        unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy().into_owned()
+    };
+    Err(Error::CudaStatus { during, code: status as u32, name })
+}

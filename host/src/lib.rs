@@ -1,0 +1,34 @@
+//! softmax-rs: row-wise softmax on NVIDIA GPUs, every kernel written in Rust.
+//!
+//! ```no_run
+//! use softmax::{Shape, Softmax, Variant};
+//!
+//! let mut softmax = Softmax::new()?;
+//! let shape = Shape::new(2, 3)?;
+//! let y = softmax.run_host(Variant::Auto, &[1.0, 2.0, 3.0, 0.0, 0.0, f32::NEG_INFINITY], shape)?;
+//! assert!((y[0..3].iter().sum::<f32>() - 1.0).abs() < 1e-6);
+//! # Ok::<(), softmax::Error>(())
+//! ```
+//!
+//! Special values follow `torch.softmax`: a row holding a NaN or a `+inf` comes out all NaN,
+//! a row that is entirely `-inf` comes out all NaN, and a `-inf` entry in any other row gives 0.
+
+pub mod bench;
+mod device;
+mod error;
+mod kernels;
+mod plan;
+pub mod reference;
+mod shape;
+mod softmax;
+mod variant;
+
+pub use device::DeviceInfo;
+pub use error::{Error, Result};
+pub use kernels::PTX;
+pub use shape::Shape;
+pub use softmax::Softmax;
+pub use variant::Variant;
+
+/// cust, re-exported so users build device buffers with the same version the API takes.
+pub use cust;

@@ -1,0 +1,290 @@
+//! Which kernels a variant launches on a shape, with what grid, block, shared memory and
+//! arguments. Pure: it needs only the device's limits, so the CPU tests check it.
+
+use kernels_gpu::launch::{
+    ELEMENTWISE_BLOCK, LOADS_IN_FLIGHT, MAX_BLOCK_THREADS, REDUCTION_SCRATCH_FLOATS, REGISTER_ROWS_BLOCK,
+    REGISTER_SCALAR_INSTANCES, REGISTER_VECTOR_INSTANCES, ROW_SLICE_THREADS, RegisterKernelName,
+    THREAD_PER_ROW_BLOCK, VECTOR_PACK, WARP_PER_ROW_WARPS_PER_BLOCK, WARP_SIZE,
+};
+
+use crate::error::{Error, Result};
+use crate::shape::Shape;
+use crate::variant::Variant;
+
+/// One kernel argument, resolved to a value or a device pointer at launch time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Arg {
+    Input,
+    Output,
+    /// Per-row maxima of the unfused variant (`rows` floats).
+    RowMax,
+    /// Per-row sums of the unfused variant (`rows` floats).
+    RowSum,
+    /// Per-block statistics of the row-slices kernel.
+    Partials,
+    /// Per-row barrier words of the row-slices kernel.
+    Barriers,
+    U32(u32),
+    U64(u64),
+}
+
+/// One kernel launch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Launch {
+    pub kernel: String,
+    pub grid: u32,
+    pub block: u32,
+    pub shared_bytes: u32,
+    /// Launched with `cuLaunchCooperativeKernel`: all blocks resident at once.
+    pub cooperative: bool,
+    pub args: Vec<Arg>,
+}
+
+/// What planning needs to know about the device.
+pub(crate) trait DeviceLimits {
+    fn multiprocessors(&self) -> u32;
+    /// Dynamic shared memory one block may use (the opt-in limit).
+    fn max_shared_per_block(&self) -> u32;
+    /// Blocks of the row-slices kernel that fit on one multiprocessor at once.
+    fn row_slice_blocks_per_sm(&self, pack: u32, threads: u32, shared_bytes: u32) -> u32;
+}
+
+/// How the buffers sit in memory: 16-byte access needs aligned pointers and `cols % 4 == 0`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Layout {
+    pub vector_aligned: bool,
+}
+
+impl Layout {
+    pub fn of(input_address: u64, output_address: u64, cols: usize) -> Self {
+        let aligned = |address: u64| address % 16 == 0;
+        Layout { vector_aligned: aligned(input_address) && aligned(output_address) && cols % VECTOR_PACK as usize == 0 }
+    }
+
+    fn pack(&self) -> u32 {
+        if self.vector_aligned { VECTOR_PACK } else { 1 }
+    }
+}
+
+/// The launches that compute `variant` on `shape`. The shape must be non-empty and
+/// `BlockPerRowAutotuned` already resolved to a thread count.
+pub(crate) fn plan(variant: Variant, shape: Shape, layout: Layout, device: &dyn DeviceLimits) -> Result<Vec<Launch>> {
+    let rows = shape.rows as u32;
+    let cols = shape.cols as u32;
+    let simple = |kernel: &str, grid: u32, block: u32| Launch {
+        kernel: kernel.to_owned(),
+        grid,
+        block,
+        shared_bytes: 0,
+        cooperative: false,
+        args: vec![Arg::Input, Arg::Output, Arg::U32(rows), Arg::U32(cols)],
+    };
+    Ok(match variant {
+        Variant::Auto => match register_instance(shape.cols, layout) {
+            Some(instance) => vec![register_launch(instance, rows, cols)],
+            None => vec![row_slices_launch(shape, layout, device)],
+        },
+        Variant::Unfused => unfused_launches(shape, device),
+        Variant::ThreadPerRowNaive => {
+            vec![simple("softmax_thread_per_row_naive", rows.div_ceil(THREAD_PER_ROW_BLOCK), THREAD_PER_ROW_BLOCK)]
+        }
+        Variant::ThreadPerRowOnline => {
+            vec![simple("softmax_thread_per_row_online", rows.div_ceil(THREAD_PER_ROW_BLOCK), THREAD_PER_ROW_BLOCK)]
+        }
+        Variant::WarpPerRowOnline => {
+            let block = WARP_PER_ROW_WARPS_PER_BLOCK * WARP_SIZE;
+            vec![simple("softmax_warp_per_row_online", rows.div_ceil(WARP_PER_ROW_WARPS_PER_BLOCK), block)]
+        }
+        Variant::BlockPerRowSmem { threads_per_block } => {
+            variant.validate()?;
+            vec![Launch {
+                kernel: "softmax_block_per_row_smem".to_owned(),
+                grid: rows,
+                block: threads_per_block,
+                shared_bytes: threads_per_block * 4,
+                cooperative: false,
+                args: vec![Arg::Input, Arg::Output, Arg::U32(cols)],
+            }]
+        }
+        Variant::BlockPerRowAutotuned => unreachable!("the autotuner resolves the thread count before planning"),
+        Variant::RowsInRegisters => {
+            let instance = register_instance(shape.cols, layout).ok_or_else(|| Error::Unsupported {
+                variant: variant.name(),
+                rows: shape.rows,
+                cols: shape.cols,
+                why: format!(
+                    "rows wider than {} columns do not fit in registers ({} with this alignment)",
+                    register_capacity(Layout { vector_aligned: true }),
+                    register_capacity(layout)
+                ),
+            })?;
+            vec![register_launch(instance, rows, cols)]
+        }
+        Variant::RowSlices => vec![row_slices_launch(shape, layout, device)],
+    })
+}
+
+/// Every kernel entry any plan can name: the module must hold them all.
+pub(crate) fn all_kernel_names() -> Vec<String> {
+    let fixed = [
+        "softmax_unfused_row_max",
+        "softmax_unfused_subtract",
+        "softmax_unfused_exp",
+        "softmax_unfused_row_sum",
+        "softmax_unfused_divide",
+        "softmax_thread_per_row_naive",
+        "softmax_thread_per_row_online",
+        "softmax_block_per_row_smem",
+        "softmax_warp_per_row_online",
+        "softmax_row_slices_p4",
+        "softmax_row_slices_p1",
+    ];
+    let registers = register_instances().map(|(pack, lanes, packs)| RegisterKernelName { pack, lanes, packs }.to_string());
+    fixed.iter().map(|s| s.to_string()).chain(registers).collect()
+}
+
+/// `(pack, lanes, packs)` of every rows-in-registers entry.
+fn register_instances() -> impl Iterator<Item = (u32, u32, u32)> {
+    let vector = REGISTER_VECTOR_INSTANCES.iter().map(|&(l, n)| (VECTOR_PACK, l, n));
+    vector.chain(REGISTER_SCALAR_INSTANCES.iter().map(|&(l, n)| (1, l, n)))
+}
+
+/// Widest row the rows-in-registers kernels hold with this layout.
+fn register_capacity(layout: Layout) -> usize {
+    register_instances()
+        .filter(|&(pack, _, _)| pack == layout.pack())
+        .map(|(pack, lanes, packs)| (pack * lanes * packs) as usize)
+        .max()
+        .unwrap_or(0)
+}
+
+/// The smallest rows-in-registers instance that holds `cols`: as few lanes per row as the
+/// width allows (narrow rows share a warp), then as few packs per lane as possible.
+fn register_instance(cols: usize, layout: Layout) -> Option<RegisterKernelName> {
+    let pack = layout.pack();
+    let units = cols.div_ceil(pack as usize);
+    let lanes = units.next_power_of_two().min(WARP_SIZE as usize) as u32;
+    register_instances()
+        .filter(|&(p, l, n)| p == pack && l == lanes && (p * l * n) as usize >= cols)
+        .min_by_key(|&(_, _, n)| n)
+        .map(|(pack, lanes, packs)| RegisterKernelName { pack, lanes, packs })
+}
+
+fn register_launch(instance: RegisterKernelName, rows: u32, cols: u32) -> Launch {
+    let rows_per_block = REGISTER_ROWS_BLOCK / instance.lanes;
+    Launch {
+        kernel: instance.to_string(),
+        grid: rows.div_ceil(rows_per_block),
+        block: REGISTER_ROWS_BLOCK,
+        shared_bytes: 0,
+        cooperative: false,
+        args: vec![Arg::Input, Arg::Output, Arg::U32(rows), Arg::U32(cols)],
+    }
+}
+
+/// Threads for a block that walks `packs` packs: enough for about two rounds of
+/// [`LOADS_IN_FLIGHT`] loads each, within `128..=max`.
+fn slice_threads(packs: usize, max: u32) -> u32 {
+    let wanted = packs.div_ceil(2 * LOADS_IN_FLIGHT as usize).next_power_of_two() as u32;
+    wanted.clamp(128, max)
+}
+
+/// Row slices: one block per row when rows alone fill the GPU; otherwise as many slices per
+/// row as keep every block resident (a cooperative launch), each slice cached in shared
+/// memory when it fits, so the input is read once.
+fn row_slices_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) -> Launch {
+    let pack = layout.pack();
+    let rows = shape.rows as u32;
+    let sms = device.multiprocessors();
+    let scratch_bytes = REDUCTION_SCRATCH_FLOATS * 4;
+    let max_cached_cols = (device.max_shared_per_block() - scratch_bytes) / 4 / pack * pack;
+
+    let configure = |slices: u32, max_threads: u32| {
+        let slice_cols = (shape.cols as u32).div_ceil(slices).next_multiple_of(pack);
+        let threads = slice_threads(slice_cols.div_ceil(pack) as usize, max_threads);
+        let cached = slice_cols <= max_cached_cols;
+        let shared_bytes = scratch_bytes + if cached { slice_cols * 4 } else { 0 };
+        (slice_cols, threads, cached, shared_bytes)
+    };
+
+    let mut slices = 1;
+    let mut config = configure(1, MAX_BLOCK_THREADS);
+    // With fewer rows than two blocks per multiprocessor, a block per row leaves most of the
+    // GPU idle: cut rows into slices until the resident blocks are used.
+    if rows < 2 * sms {
+        let mut candidate = (4 * sms / rows).max(1);
+        while candidate > 1 {
+            let candidate_config = configure(candidate, ROW_SLICE_THREADS);
+            let resident = sms * device.row_slice_blocks_per_sm(pack, candidate_config.1, candidate_config.3);
+            if rows * candidate <= resident {
+                slices = candidate;
+                config = candidate_config;
+                break;
+            }
+            candidate = (resident / rows).min(candidate - 1);
+        }
+    }
+    let (slice_cols, threads, cached, shared_bytes) = config;
+    Launch {
+        kernel: format!("softmax_row_slices_p{pack}"),
+        grid: rows * slices,
+        block: threads,
+        shared_bytes,
+        cooperative: slices > 1,
+        args: vec![
+            Arg::Input,
+            Arg::Output,
+            Arg::U32(shape.cols as u32),
+            Arg::U32(slices),
+            Arg::U32(slice_cols),
+            Arg::U32(cached as u32),
+            Arg::Partials,
+            Arg::Barriers,
+        ],
+    }
+}
+
+/// The five kernels of the unfused baseline.
+fn unfused_launches(shape: Shape, device: &dyn DeviceLimits) -> Vec<Launch> {
+    let (rows, cols) = (shape.rows as u32, shape.cols as u32);
+    let warp_rows_block = WARP_PER_ROW_WARPS_PER_BLOCK * WARP_SIZE;
+    let warp_rows_grid = rows.div_ceil(WARP_PER_ROW_WARPS_PER_BLOCK);
+    let len = shape.len() as u64;
+    // Grid-stride element-wise kernels: enough blocks to fill the GPU several times over.
+    let elementwise_grid = len.div_ceil(ELEMENTWISE_BLOCK as u64).min(u64::from(device.multiprocessors()) * 32) as u32;
+    let launch = |kernel: &str, grid, block, args| Launch {
+        kernel: kernel.to_owned(),
+        grid,
+        block,
+        shared_bytes: 0,
+        cooperative: false,
+        args,
+    };
+    vec![
+        launch(
+            "softmax_unfused_row_max",
+            warp_rows_grid,
+            warp_rows_block,
+            vec![Arg::Input, Arg::RowMax, Arg::U32(rows), Arg::U32(cols)],
+        ),
+        launch(
+            "softmax_unfused_subtract",
+            elementwise_grid,
+            ELEMENTWISE_BLOCK,
+            vec![Arg::Input, Arg::RowMax, Arg::Output, Arg::U32(rows), Arg::U32(cols)],
+        ),
+        launch("softmax_unfused_exp", elementwise_grid, ELEMENTWISE_BLOCK, vec![Arg::Output, Arg::U64(len)]),
+        launch(
+            "softmax_unfused_row_sum",
+            warp_rows_grid,
+            warp_rows_block,
+            vec![Arg::Output, Arg::RowSum, Arg::U32(rows), Arg::U32(cols)],
+        ),
+        launch(
+            "softmax_unfused_divide",
+            elementwise_grid,
+            ELEMENTWISE_BLOCK,
+            vec![Arg::Output, Arg::RowSum, Arg::U32(rows), Arg::U32(cols)],
+        ),
+    ]
+}

@@ -1,0 +1,269 @@
+//! The public entry point: a device, its loaded kernels, a stream and preallocated workspace.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+
+use cust::context::{Context, CurrentContext};
+use cust::event::{Event, EventFlags};
+use cust::memory::{CopyDestination, DeviceBuffer, DeviceSlice};
+use cust::stream::{Stream, StreamFlags};
+use kernels_gpu::launch::{BLOCK_SMEM_AUTOTUNE_CANDIDATES, REDUCTION_SCRATCH_FLOATS};
+
+use crate::device::{self, DeviceInfo};
+use crate::error::{CudaContext, Result};
+use crate::kernels::Kernels;
+use crate::plan::{self, Arg, DeviceLimits, Launch, Layout};
+use crate::shape::Shape;
+use crate::variant::Variant;
+
+/// Most blocks of one kernel a multiprocessor can hold (Hopper: 32); bounds the
+/// row-slices workspace, since its launches keep every block resident.
+const MAX_RESIDENT_BLOCKS_PER_SM: usize = 32;
+
+/// Row-wise softmax on one CUDA device.
+///
+/// Owns a stream: [`Softmax::run`] only enqueues work on it, so results (and errors raised
+/// while kernels run) appear after [`Softmax::synchronize`]. Owns the workspace some
+/// variants need, so it takes `&mut self`: one `Softmax` serves one stream of work at a time.
+/// It is `Send`; threads that work concurrently each create their own (they share the
+/// device's primary context).
+#[derive(Debug)]
+pub struct Softmax {
+    kernels: Kernels,
+    workspace: Workspace,
+    autotuned: HashMap<Shape, u32>,
+    stream: Stream,
+    info: DeviceInfo,
+    /// Dropped last: everything above lives in this context.
+    context: Context,
+}
+
+// SAFETY: the raw function handles inside `Kernels` are driver objects that any thread may
+// use once the owning context is current, and every method that touches the device makes
+// `context` current first. Nothing is shared between instances except the driver's primary
+// context, which the driver synchronizes itself.
+unsafe impl Send for Softmax {}
+
+#[derive(Debug)]
+struct Workspace {
+    /// The unfused variant's row maxima then row sums (`2 · rows`, grown on demand).
+    row_stats: DeviceBuffer<f32>,
+    /// Two floats per block of a sliced row-slices launch.
+    partials: DeviceBuffer<f32>,
+    /// Two words per row of a sliced row-slices launch, zeroed once; the kernel resets them.
+    barriers: DeviceBuffer<u32>,
+}
+
+/// The device's limits as the planner sees them.
+struct Limits<'a> {
+    info: &'a DeviceInfo,
+    kernels: &'a Kernels,
+}
+
+impl DeviceLimits for Limits<'_> {
+    fn multiprocessors(&self) -> u32 {
+        self.info.multiprocessors
+    }
+
+    fn max_shared_per_block(&self) -> u32 {
+        self.info.max_shared_per_block
+    }
+
+    fn row_slice_blocks_per_sm(&self, pack: u32, threads: u32, shared_bytes: u32) -> u32 {
+        if !self.info.supports_cooperative_launch {
+            return 0;
+        }
+        let kernel = format!("softmax_row_slices_p{pack}");
+        // An occupancy query that fails only costs the slicing: one block per row still works.
+        self.kernels.blocks_per_sm(&kernel, threads, shared_bytes).unwrap_or(0)
+    }
+}
+
+impl Softmax {
+    /// Opens the first CUDA device.
+    pub fn new() -> Result<Self> {
+        Self::on_device(0)
+    }
+
+    /// Opens CUDA device `ordinal`, loads the kernels and allocates the workspace.
+    pub fn on_device(ordinal: u32) -> Result<Self> {
+        let (context, _device, info) = device::open(ordinal)?;
+        let kernels = Kernels::load(info.max_shared_per_block)?;
+        let stream = Stream::new(StreamFlags::NON_BLOCKING, None).during("creating a stream")?;
+        let resident = info.multiprocessors as usize * MAX_RESIDENT_BLOCKS_PER_SM;
+        let workspace = Workspace {
+            row_stats: DeviceBuffer::zeroed(2).during("allocating workspace")?,
+            partials: DeviceBuffer::zeroed(2 * resident).during("allocating workspace")?,
+            barriers: DeviceBuffer::zeroed(2 * resident).during("allocating workspace")?,
+        };
+        Ok(Softmax { kernels, workspace, autotuned: HashMap::new(), stream, info, context })
+    }
+
+    /// The device this instance runs on.
+    pub fn device(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    /// The stream every launch is enqueued on.
+    pub fn stream(&self) -> &Stream {
+        &self.stream
+    }
+
+    /// Waits for everything enqueued so far; reports errors raised while kernels ran.
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream.synchronize().during("waiting for the stream")
+    }
+
+    /// Enqueues the softmax of each row of `input` (row-major `shape`) into `output`.
+    ///
+    /// Checks everything before launching anything: buffer lengths against the shape, the
+    /// variant's parameters, whether the variant can run the shape. Empty shapes succeed
+    /// without a launch. Pointers need no particular alignment: 16-byte accesses are used
+    /// only when both are 16-byte aligned and `cols` is a multiple of 4.
+    pub fn run(&mut self, variant: Variant, input: &DeviceSlice<f32>, output: &mut DeviceSlice<f32>, shape: Shape) -> Result<()> {
+        shape.check_lengths(input.len(), output.len())?;
+        variant.validate()?;
+        if shape.is_empty() {
+            return Ok(());
+        }
+        CurrentContext::set_current(&self.context).during("making the context current")?;
+        let input_address = input.as_device_ptr().as_raw();
+        let output_address = output.as_device_ptr().as_raw();
+        let variant = match variant {
+            Variant::BlockPerRowAutotuned => {
+                let threads_per_block = self.autotuned_threads(shape, input_address, output_address)?;
+                Variant::BlockPerRowSmem { threads_per_block }
+            }
+            other => other,
+        };
+        let launches = self.plan(variant, shape, Layout::of(input_address, output_address, shape.cols))?;
+        if launches.iter().any(|l| l.kernel.starts_with("softmax_unfused")) {
+            self.reserve_row_stats(shape.rows)?;
+        }
+        for launch in &launches {
+            // SAFETY: `shape.check_lengths` proved both buffers hold rows × cols floats; the
+            // plan chose the grid, block and shared memory each kernel's contract asks for
+            // this shape and layout (16-byte entries only for aligned layouts); the workspace
+            // buffers are sized for any plan (`reserve_row_stats` for the unfused one).
+            unsafe { self.enqueue(launch, input_address, output_address, shape)? };
+        }
+        Ok(())
+    }
+
+    /// Convenience over host memory: copies `input` to the device, runs, waits, copies back.
+    pub fn run_host(&mut self, variant: Variant, input: &[f32], shape: Shape) -> Result<Vec<f32>> {
+        shape.check_lengths(input.len(), shape.len())?;
+        if shape.is_empty() {
+            return Ok(Vec::new());
+        }
+        CurrentContext::set_current(&self.context).during("making the context current")?;
+        let device_input = DeviceBuffer::from_slice(input).during("copying the input to the device")?;
+        // SAFETY: f32 has no invalid bit patterns and every element is written before it is read.
+        let mut device_output = unsafe { DeviceBuffer::uninitialized(shape.len()) }.during("allocating the output")?;
+        self.run(variant, &device_input, &mut device_output, shape)?;
+        self.synchronize()?;
+        let mut output = vec![0.0; shape.len()];
+        device_output.copy_to(&mut output[..]).during("copying the output to the host")?;
+        Ok(output)
+    }
+
+    /// Names of the kernels `variant` would launch for `shape` on 16-byte aligned buffers.
+    pub fn kernels_for(&self, variant: Variant, shape: Shape) -> Result<Vec<String>> {
+        let variant = match variant {
+            Variant::BlockPerRowAutotuned => match self.autotuned.get(&shape) {
+                Some(&threads_per_block) => Variant::BlockPerRowSmem { threads_per_block },
+                None => return Ok(vec!["softmax_block_per_row_smem (not tuned yet)".to_owned()]),
+            },
+            other => other,
+        };
+        let layout = Layout::of(0, 0, shape.cols);
+        Ok(self.plan(variant, shape, layout)?.into_iter().map(|l| l.kernel).collect())
+    }
+
+    fn plan(&self, variant: Variant, shape: Shape, layout: Layout) -> Result<Vec<Launch>> {
+        plan::plan(variant, shape, layout, &Limits { info: &self.info, kernels: &self.kernels })
+    }
+
+    fn reserve_row_stats(&mut self, rows: usize) -> Result<()> {
+        if self.workspace.row_stats.len() < 2 * rows {
+            self.synchronize()?;
+            self.workspace.row_stats = DeviceBuffer::zeroed(2 * rows).during("growing the workspace")?;
+        }
+        Ok(())
+    }
+
+    /// Threads per block for the autotuned block-per-row variant: the seed's candidates timed
+    /// on this shape with the caller's buffers, the fastest kept for later calls.
+    fn autotuned_threads(&mut self, shape: Shape, input: u64, output: u64) -> Result<u32> {
+        if let Some(&threads) = self.autotuned.get(&shape) {
+            return Ok(threads);
+        }
+        let layout = Layout::of(input, output, shape.cols);
+        let (start, stop) = (Event::new(EventFlags::DEFAULT), Event::new(EventFlags::DEFAULT));
+        let (start, stop) = (start.during("creating an event")?, stop.during("creating an event")?);
+        let mut best = (f32::INFINITY, BLOCK_SMEM_AUTOTUNE_CANDIDATES[0]);
+        for threads_per_block in BLOCK_SMEM_AUTOTUNE_CANDIDATES {
+            let launches = self.plan(Variant::BlockPerRowSmem { threads_per_block }, shape, layout)?;
+            // Warm-up, then three timed launches.
+            for round in 0..4 {
+                if round == 1 {
+                    start.record(&self.stream).during("recording an event")?;
+                }
+                for launch in &launches {
+                    // SAFETY: as in `run`, which checked the shape and buffers before calling.
+                    unsafe { self.enqueue(launch, input, output, shape)? };
+                }
+            }
+            stop.record(&self.stream).during("recording an event")?;
+            stop.synchronize().during("timing an autotune candidate")?;
+            let elapsed = stop.elapsed_time_f32(&start).during("reading an event")?;
+            if elapsed < best.0 {
+                best = (elapsed, threads_per_block);
+            }
+        }
+        self.autotuned.insert(shape, best.1);
+        Ok(best.1)
+    }
+
+    /// Resolves the launch's arguments to values and enqueues it.
+    ///
+    /// # Safety
+    /// `input` and `output` are device addresses of `shape.len()` floats each, and `launch`
+    /// comes from `plan` for this shape and these addresses.
+    unsafe fn enqueue(&self, launch: &Launch, input: u64, output: u64, shape: Shape) -> Result<()> {
+        let row_stats = self.workspace.row_stats.as_device_ptr().as_raw();
+        let mut values: Vec<ParamValue> = launch
+            .args
+            .iter()
+            .map(|arg| match *arg {
+                Arg::Input => ParamValue::U64(input),
+                Arg::Output => ParamValue::U64(output),
+                Arg::RowMax => ParamValue::U64(row_stats),
+                Arg::RowSum => ParamValue::U64(row_stats + 4 * shape.rows as u64),
+                Arg::Partials => ParamValue::U64(self.workspace.partials.as_device_ptr().as_raw()),
+                Arg::Barriers => ParamValue::U64(self.workspace.barriers.as_device_ptr().as_raw()),
+                Arg::U32(v) => ParamValue::U32(v),
+                Arg::U64(v) => ParamValue::U64(v),
+            })
+            .collect();
+        let mut params: Vec<*mut c_void> = values.iter_mut().map(ParamValue::as_param).collect();
+        debug_assert!(launch.shared_bytes >= REDUCTION_SCRATCH_FLOATS * 4 || !launch.kernel.contains("row_slices"));
+        // SAFETY: forwarded from this function's contract; `params` outlives the call.
+        unsafe { self.kernels.launch(launch, &mut params, &self.stream) }
+    }
+}
+
+/// Storage for one kernel parameter; the driver reads it through a pointer.
+enum ParamValue {
+    U32(u32),
+    U64(u64),
+}
+
+impl ParamValue {
+    fn as_param(&mut self) -> *mut c_void {
+        match self {
+            ParamValue::U32(v) => (v as *mut u32).cast(),
+            ParamValue::U64(v) => (v as *mut u64).cast(),
+        }
+    }
+}

@@ -1,0 +1,90 @@
+//! Every PTX special register, barrier and instruction the kernels use, each wrapped once.
+
+use core::arch::{asm, nvptx};
+
+#[inline(always)]
+pub fn thread_idx() -> u32 {
+    // SAFETY: reading a special register has no preconditions.
+    unsafe { nvptx::_thread_idx_x() }
+}
+
+#[inline(always)]
+pub fn block_idx() -> u32 {
+    // SAFETY: reading a special register has no preconditions.
+    unsafe { nvptx::_block_idx_x() }
+}
+
+#[inline(always)]
+pub fn block_dim() -> u32 {
+    // SAFETY: reading a special register has no preconditions.
+    unsafe { nvptx::_block_dim_x() }
+}
+
+#[inline(always)]
+pub fn grid_dim() -> u32 {
+    // SAFETY: reading a special register has no preconditions.
+    unsafe { nvptx::_grid_dim_x() }
+}
+
+/// `bar.sync 0`: every thread of the block must reach it.
+#[inline(always)]
+pub fn sync_threads() {
+    // SAFETY: the kernels call this from block-uniform control flow only.
+    unsafe { nvptx::_syncthreads() }
+}
+
+/// `2^x` with the special-function unit (`ex2.approx.ftz`, about 2 ulp; `2^-inf = 0`).
+#[inline(always)]
+pub fn exp2_approx(x: f32) -> f32 {
+    let y: f32;
+    // SAFETY: a pure arithmetic instruction on registers.
+    unsafe { asm!("ex2.approx.ftz.f32 {y}, {x};", y = out(reg32) y, x = in(reg32) x) };
+    y
+}
+
+/// Value of `value` held by lane `lane ^ mask`. Every lane of the warp must execute it.
+#[inline(always)]
+pub fn shfl_xor_f32(value: f32, mask: u32) -> f32 {
+    let y: f32;
+    // SAFETY: all 32 lanes take part (member mask 0xffffffff) and the kernels call it from
+    // warp-uniform control flow.
+    unsafe {
+        asm!(
+            "shfl.sync.bfly.b32 {y}, {v}, {m}, 0x1f, 0xffffffff;",
+            y = out(reg32) y,
+            v = in(reg32) value,
+            m = in(reg32) mask,
+        )
+    };
+    y
+}
+
+/// `__threadfence()`: orders this thread's global writes before its later ones, device-wide.
+#[inline(always)]
+pub fn fence_device() {
+    // SAFETY: a memory fence has no preconditions.
+    unsafe { asm!("fence.acq_rel.gpu;") };
+}
+
+/// The block's dynamic shared memory, as floats. Its size is the launch's `sharedMemBytes`.
+#[inline(always)]
+pub fn dynamic_shared_f32() -> *mut f32 {
+    core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<f32>()
+}
+
+/// `2^x` on the device, for [`crate::online::OnlineStats`].
+pub enum DeviceExp2 {}
+
+impl crate::online::Exp2 for DeviceExp2 {
+    #[inline(always)]
+    fn exp2(x: f32) -> f32 {
+        exp2_approx(x)
+    }
+}
+
+/// `nanosleep`: backs off a spinning thread so it does not flood the memory system.
+#[inline(always)]
+pub fn sleep_briefly() {
+    // SAFETY: a scheduling hint with no memory effects.
+    unsafe { asm!("nanosleep.u32 64;") };
+}

@@ -1,0 +1,111 @@
+//! Launch constants shared by the kernels and the host: both sides read them from here, so a
+//! block size or a table of instantiations is written once.
+
+/// Threads in a warp.
+pub const WARP_SIZE: u32 = 32;
+
+/// Threads per block for the one-thread-per-row variants.
+pub const THREAD_PER_ROW_BLOCK: u32 = 128;
+
+/// Warps per block for the one-warp-per-row variant: each warp owns one row.
+pub const WARP_PER_ROW_WARPS_PER_BLOCK: u32 = 4;
+
+/// Threads per block of the seed's block-per-row kernel when the caller does not choose.
+pub const BLOCK_SMEM_DEFAULT_THREADS: u32 = 128;
+
+/// Threads per block tried by the autotuned block-per-row variant (the seed's candidates).
+pub const BLOCK_SMEM_AUTOTUNE_CANDIDATES: [u32; 4] = [128, 256, 512, 1024];
+
+/// Smallest and largest threads per block a block-level reduction accepts.
+pub const MIN_BLOCK_THREADS: u32 = WARP_SIZE;
+pub const MAX_BLOCK_THREADS: u32 = 1024;
+
+/// Threads per block of the unfused variant's element-wise kernels.
+pub const ELEMENTWISE_BLOCK: u32 = 256;
+
+/// Floats at the start of dynamic shared memory that block reductions use: one running
+/// maximum and one running sum per warp.
+pub const REDUCTION_SCRATCH_FLOATS: u32 = 2 * (MAX_BLOCK_THREADS / WARP_SIZE);
+
+/// Threads per block of the rows-in-registers kernels; rows per block = this / group width.
+pub const REGISTER_ROWS_BLOCK: u32 = 128;
+
+/// Declares the rows-in-registers instances once: the table the host dispatches from and,
+/// when building for the GPU, one `ptx-kernel` entry per row of it, named as
+/// [`RegisterKernelName`] spells it.
+macro_rules! register_instances {
+    ($(#[$doc:meta])* $table:ident, pack $pack:literal: $(($lanes:literal, $packs:literal)),+ $(,)?) => {
+        $(#[$doc])*
+        pub const $table: &[(u32, u32)] = &[$(($lanes, $packs)),+];
+        $(
+            #[cfg(target_arch = "nvptx64")]
+            const _: () = {
+                /// # Safety
+                /// See [`crate::rows_in_registers::softmax_rows_in_registers`].
+                #[unsafe(export_name = concat!(
+                    "softmax_rows_in_registers_p", $pack, "_l", $lanes, "_n", $packs
+                ))]
+                unsafe extern "ptx-kernel" fn entry(
+                    input: *const f32,
+                    output: *mut f32,
+                    rows: u32,
+                    cols: u32,
+                ) {
+                    // SAFETY: forwarded from this entry's contract.
+                    unsafe {
+                        crate::rows_in_registers::softmax_rows_in_registers::<$pack, $lanes, $packs>(
+                            input, output, rows, cols,
+                        )
+                    }
+                }
+            };
+        )+
+    };
+}
+
+register_instances! {
+    /// The 16-byte rows-in-registers kernels, as `(lanes per row, packs per lane)`: an instance
+    /// holds rows up to `lanes · packs · 4` columns.
+    REGISTER_VECTOR_INSTANCES, pack 4:
+    (1, 1), (2, 1), (4, 1), (8, 1), (16, 1),
+    (32, 1), (32, 2), (32, 3), (32, 4), (32, 5), (32, 6), (32, 7), (32, 8),
+    (32, 9), (32, 10), (32, 11), (32, 12), (32, 13), (32, 14), (32, 15), (32, 16),
+}
+
+register_instances! {
+    /// The 4-byte instances, for rows whose width or address rules out 16-byte access: an
+    /// instance holds rows up to `lanes · packs` columns.
+    REGISTER_SCALAR_INSTANCES, pack 1:
+    (1, 1), (2, 1), (4, 1), (8, 1), (16, 1),
+    (32, 1), (32, 2), (32, 3), (32, 4), (32, 6), (32, 8), (32, 12), (32, 16),
+    (32, 20), (32, 24), (32, 28), (32, 32),
+}
+
+/// Floats in one vector pack of the vectorized kernels (16 bytes).
+pub const VECTOR_PACK: u32 = 4;
+
+/// A rows-in-registers entry: pack width (1 or [`VECTOR_PACK`]), lanes per row and packs per
+/// lane. Its `Display` is the PTX entry name (`softmax_rows_in_registers_p4_l32_n8`), the same
+/// spelling the kernel crate generates its entries with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RegisterKernelName {
+    pub pack: u32,
+    pub lanes: u32,
+    pub packs: u32,
+}
+
+impl core::fmt::Display for RegisterKernelName {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(
+            f,
+            "softmax_rows_in_registers_p{}_l{}_n{}",
+            self.pack, self.lanes, self.packs
+        )
+    }
+}
+
+/// Threads per block of the row-slices kernel.
+pub const ROW_SLICE_THREADS: u32 = 512;
+
+/// Vector packs each thread loads before it uses any of them: the loads in flight per thread.
+pub const LOADS_IN_FLIGHT: u32 = 4;

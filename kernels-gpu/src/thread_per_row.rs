@@ -1,0 +1,80 @@
+//! One thread per row, as in both seeds: rows run in parallel, each row is walked serially,
+//! and neighbouring threads read addresses `cols` floats apart (uncoalesced).
+
+use crate::device::{DeviceExp2, block_dim, block_idx, thread_idx};
+use crate::online::OnlineStats;
+
+/// Three passes per row: maximum, then `e^(x - max)` written to the output while summing,
+/// then the output re-read and scaled. Traffic: 16 bytes per element.
+///
+/// # Safety
+/// `input` and `output` each point to `rows · cols` floats (distinct buffers); `cols > 0`.
+/// Launch with any 1-D block and enough threads in the grid to cover `rows`.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn softmax_thread_per_row_naive(
+    input: *const f32,
+    output: *mut f32,
+    rows: u32,
+    cols: u32,
+) {
+    let row = block_idx() * block_dim() + thread_idx();
+    if row >= rows {
+        return;
+    }
+    let start = row as usize * cols as usize;
+    // SAFETY: row < rows, so the row's `cols` floats lie inside both buffers.
+    let (x, y) = unsafe { (input.add(start), output.add(start)) };
+    let mut max = f32::NEG_INFINITY;
+    for col in 0..cols as usize {
+        // SAFETY: col < cols.
+        max = max.max(unsafe { x.add(col).read() });
+    }
+    let mut sum = 0.0;
+    for col in 0..cols as usize {
+        // SAFETY: col < cols.
+        unsafe {
+            let e = OnlineStats::exp_relative::<DeviceExp2>(x.add(col).read(), max);
+            y.add(col).write(e);
+            sum += e;
+        }
+    }
+    let inv_sum = 1.0 / sum;
+    for col in 0..cols as usize {
+        // SAFETY: col < cols.
+        unsafe { y.add(col).write(y.add(col).read() * inv_sum) };
+    }
+}
+
+/// Two passes per row: the online maximum and sum in one pass, then normalize from the input.
+/// Traffic: 12 bytes per element.
+///
+/// # Safety
+/// As [`softmax_thread_per_row_naive`].
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn softmax_thread_per_row_online(
+    input: *const f32,
+    output: *mut f32,
+    rows: u32,
+    cols: u32,
+) {
+    let row = block_idx() * block_dim() + thread_idx();
+    if row >= rows {
+        return;
+    }
+    let start = row as usize * cols as usize;
+    // SAFETY: row < rows, so the row's `cols` floats lie inside both buffers.
+    let (x, y) = unsafe { (input.add(start), output.add(start)) };
+    let mut stats = OnlineStats::EMPTY;
+    for col in 0..cols as usize {
+        // SAFETY: col < cols.
+        stats.push::<DeviceExp2>(unsafe { x.add(col).read() });
+    }
+    let inv_sum = 1.0 / stats.sum;
+    for col in 0..cols as usize {
+        // SAFETY: col < cols.
+        unsafe {
+            let e = OnlineStats::exp_relative::<DeviceExp2>(x.add(col).read(), stats.max);
+            y.add(col).write(e * inv_sum);
+        }
+    }
+}

@@ -1,0 +1,221 @@
+//! `cargo xtask <command>`: project chores that need no GPU and no CUDA.
+//!
+//! - `build-ptx`: build the kernels to PTX, copy it to `target/kernels.ptx`, list its entries
+//!   and, where `ptxas` is installed, its registers, shared memory and spills per kernel.
+//! - `fetch-driver`: unpack Debian's `libcuda1` under `target/cuda-driver` so machines without
+//!   CUDA can link cust (it reports "no device" at run time).
+//! - `test [ARGS]`: fetch the driver library if linking needs it, then `cargo test --workspace`.
+//! - `device-bundle`: build the release `host` binary and the test binaries into `.gpu/` to run
+//!   on a GPU machine that has no Rust toolchain.
+
+mod ptx_build;
+
+use std::env;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+type Result<T> = std::result::Result<T, String>;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("build-ptx") => build_ptx(),
+        Some("fetch-driver") => fetch_driver().map(|_| ()),
+        Some("test") => test(&args[1..]),
+        Some("device-bundle") => device_bundle(),
+        _ => Err("usage: cargo xtask <build-ptx | fetch-driver | test [ARGS] | device-bundle>".into()),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("xtask: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask/ sits in the workspace").to_path_buf()
+}
+
+fn cargo() -> PathBuf {
+    env::var_os("CARGO").map(PathBuf::from).unwrap_or_else(|| "cargo".into())
+}
+
+fn run(command: &mut Command) -> Result<()> {
+    let status = command.status().map_err(|e| format!("could not start {command:?}: {e}"))?;
+    status.success().then_some(()).ok_or_else(|| format!("{command:?} failed ({status})"))
+}
+
+fn build_ptx() -> Result<()> {
+    let workspace = workspace();
+    let built = ptx_build::build_kernels_ptx(&cargo(), &workspace)?;
+    let stable = workspace.join("target").join("kernels.ptx");
+    fs::copy(&built, &stable).map_err(|e| format!("copying {}: {e}", built.display()))?;
+    let ptx = fs::read_to_string(&stable).map_err(|e| e.to_string())?;
+    println!("PTX ({}): {}", ptx_build::GPU_ARCH, stable.display());
+    let entries = entry_names(&ptx);
+    println!("{} kernel entries:", entries.len());
+    for entry in &entries {
+        let local = if local_memory_in(&ptx, entry) { "  LOCAL MEMORY" } else { "" };
+        println!("  {entry}{local}");
+    }
+    print_ptxas_report(&stable)
+}
+
+/// Names of the `.entry` functions, in file order.
+fn entry_names(ptx: &str) -> Vec<String> {
+    ptx.lines()
+        .filter_map(|line| line.split(".entry ").nth(1))
+        .map(|rest| rest.trim_end_matches('(').trim().to_owned())
+        .collect()
+}
+
+/// Whether the entry declares a local-memory stack frame (an array the compiler could not
+/// keep in registers).
+fn local_memory_in(ptx: &str, entry: &str) -> bool {
+    let Some(start) = ptx.find(&format!(".entry {entry}(")) else { return false };
+    let body = &ptx[start..];
+    let end = body.find("\n}").unwrap_or(body.len());
+    body[..end].contains("__local_depot")
+}
+
+fn find_ptxas() -> Option<PathBuf> {
+    let on_path = env::var_os("PATH")
+        .into_iter()
+        .flat_map(|paths| env::split_paths(&paths).collect::<Vec<_>>())
+        .map(|dir| dir.join("ptxas"));
+    on_path.chain([PathBuf::from("/usr/local/cuda/bin/ptxas")]).find(|p| p.is_file())
+}
+
+fn print_ptxas_report(ptx: &Path) -> Result<()> {
+    let Some(ptxas) = find_ptxas() else {
+        println!("ptxas not found (no CUDA toolkit here): registers, shared memory and spills not reported");
+        return Ok(());
+    };
+    let output = Command::new(&ptxas)
+        .args(["-arch", ptx_build::GPU_ARCH, "-v", "-o", "/dev/null"])
+        .arg(ptx)
+        .output()
+        .map_err(|e| format!("running {}: {e}", ptxas.display()))?;
+    println!("ptxas -v ({}):", ptxas.display());
+    print!("{}", String::from_utf8_lossy(&output.stderr));
+    output.status.success().then_some(()).ok_or_else(|| "ptxas rejected the PTX".into())
+}
+
+/// Directory holding `libcuda.so` for linking; `.cargo/config.toml` points cust at it.
+fn driver_dir(workspace: &Path) -> PathBuf {
+    workspace.join("target").join("cuda-driver")
+}
+
+/// Downloads Debian's `libcuda1` (a real driver library: it links, and without a GPU it
+/// reports "no device") through a private sources list that adds the non-free component,
+/// leaving the system's own lists alone, and unpacks it under `target/cuda-driver/lib64`.
+fn fetch_driver() -> Result<PathBuf> {
+    let root = driver_dir(&workspace());
+    let lib64 = root.join("lib64");
+    if lib64.join("libcuda.so").exists() {
+        return Ok(lib64);
+    }
+    let apt = root.join("apt");
+    for dir in ["lists/partial", "cache/archives/partial", "deb", "unpacked"] {
+        fs::create_dir_all(apt.join(dir)).map_err(|e| e.to_string())?;
+    }
+    let codename = fs::read_to_string("/etc/os-release")
+        .ok()
+        .and_then(|release| {
+            release.lines().find_map(|l| l.strip_prefix("VERSION_CODENAME=").map(str::to_owned))
+        })
+        .ok_or("cannot read VERSION_CODENAME from /etc/os-release (Debian expected)")?;
+    let sources = apt.join("sources.list");
+    fs::write(
+        &sources,
+        format!(
+            "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] \
+             http://deb.debian.org/debian {codename} main non-free\n"
+        ),
+    )
+    .map_err(|e| e.to_string())?;
+    let options = [
+        format!("-oDir::Etc::SourceList={}", sources.display()),
+        "-oDir::Etc::SourceParts=/dev/null".to_owned(),
+        format!("-oDir::State::Lists={}", apt.join("lists").display()),
+        format!("-oDir::Cache={}", apt.join("cache").display()),
+        "-oAPT::Sandbox::User=root".to_owned(),
+        "-qq".to_owned(),
+    ];
+    println!("fetching Debian's libcuda1 into {} (link-time CUDA driver for machines without one)", root.display());
+    run(Command::new("apt-get").args(&options).arg("update"))?;
+    run(Command::new("apt-get").args(&options).args(["download", "libcuda1"]).current_dir(apt.join("deb")))?;
+    let deb = fs::read_dir(apt.join("deb"))
+        .map_err(|e| e.to_string())?
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|x| x == "deb"))
+        .ok_or("apt-get download left no .deb")?;
+    run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(apt.join("unpacked")))?;
+    let versioned = fs::read_dir(apt.join("unpacked/usr/lib/x86_64-linux-gnu/nvidia/current"))
+        .map_err(|e| format!("unexpected libcuda1 layout: {e}"))?
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("libcuda.so.") && !n.to_string_lossy().ends_with(".so.1")))
+        .ok_or("libcuda1 holds no versioned libcuda.so")?;
+    fs::create_dir_all(&lib64).map_err(|e| e.to_string())?;
+    fs::copy(&versioned, lib64.join("libcuda.so.1")).map_err(|e| e.to_string())?;
+    std::os::unix::fs::symlink("libcuda.so.1", lib64.join("libcuda.so")).map_err(|e| e.to_string())?;
+    Ok(lib64)
+}
+
+/// Whether cust can link without the fetched library: a CUDA toolkit where cust's build
+/// script looks, or a `CUDA_LIBRARY_PATH` set by the user.
+fn toolkit_installed() -> bool {
+    let user_path = env::var_os("CUDA_LIBRARY_PATH").is_some_and(|p| !p.is_empty());
+    user_path || ["/usr/local/cuda/lib64", "/opt/cuda/lib64"].iter().any(|d| Path::new(d).is_dir())
+}
+
+fn test(args: &[String]) -> Result<()> {
+    if !toolkit_installed() {
+        fetch_driver()?;
+    }
+    run(Command::new(cargo()).current_dir(workspace()).args(["test", "--workspace"]).args(args))
+}
+
+/// Builds what a GPU machine without Rust needs into `.gpu/` (ignored by git; name it in the
+/// device tool's `carry`): the release `host` binary and every test binary, with a list.
+fn device_bundle() -> Result<()> {
+    let workspace = workspace();
+    let bundle = workspace.join(".gpu");
+    let _ = fs::remove_dir_all(&bundle);
+    fs::create_dir_all(bundle.join("tests")).map_err(|e| e.to_string())?;
+    if !toolkit_installed() {
+        fetch_driver()?;
+    }
+    run(Command::new(cargo()).current_dir(&workspace).args(["build", "--release", "-p", "host"]))?;
+    fs::copy(workspace.join("target/release/host"), bundle.join("host")).map_err(|e| e.to_string())?;
+    let output = Command::new(cargo())
+        .current_dir(&workspace)
+        .args(["test", "--release", "-p", "host", "--no-run", "--message-format=json"])
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !output.status.success() {
+        return Err(String::from_utf8_lossy(&output.stderr).into_owned());
+    }
+    let mut names = Vec::new();
+    for line in String::from_utf8_lossy(&output.stdout).lines() {
+        if let Some(executable) = json_string_field(line, "executable") {
+            let path = PathBuf::from(executable);
+            let name = path.file_name().expect("an executable has a name").to_owned();
+            fs::copy(&path, bundle.join("tests").join(&name)).map_err(|e| e.to_string())?;
+            names.push(name.to_string_lossy().into_owned());
+        }
+    }
+    println!("bundled host and {} test binaries into {}: {}", names.len(), bundle.display(), names.join(" "));
+    Ok(())
+}
+
+/// The value of a string field in one line of cargo's JSON messages (enough for
+/// `"executable":"/path"`; avoids a JSON dependency in the xtask).
+fn json_string_field<'a>(line: &'a str, field: &str) -> Option<&'a str> {
+    let start = line.find(&format!("\"{field}\":\""))? + field.len() + 4;
+    let end = line[start..].find('"')?;
+    Some(&line[start..start + end])
+}
