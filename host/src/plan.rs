@@ -288,3 +288,115 @@ fn unfused_launches(shape: Shape, device: &dyn DeviceLimits) -> Vec<Launch> {
         ),
     ]
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The H200's numbers, with occupancy estimated from threads and shared memory alone.
+    struct FakeH200;
+
+    impl DeviceLimits for FakeH200 {
+        fn multiprocessors(&self) -> u32 {
+            132
+        }
+
+        fn max_shared_per_block(&self) -> u32 {
+            227 * 1024
+        }
+
+        fn row_slice_blocks_per_sm(&self, _pack: u32, threads: u32, shared_bytes: u32) -> u32 {
+            (2048 / threads).min(228 * 1024 / (shared_bytes + 1024)).min(32)
+        }
+    }
+
+    fn shape(rows: usize, cols: usize) -> Shape {
+        Shape::new(rows, cols).unwrap()
+    }
+
+    const ALIGNED: Layout = Layout { vector_aligned: true };
+    const UNALIGNED: Layout = Layout { vector_aligned: false };
+
+    #[test]
+    fn every_planned_kernel_is_in_the_ptx() {
+        for name in all_kernel_names() {
+            assert!(crate::PTX.contains(&format!(".entry {name}(")), "{name} missing from the PTX");
+        }
+    }
+
+    #[test]
+    fn register_instances_cover_every_width_they_claim() {
+        for layout in [ALIGNED, UNALIGNED] {
+            for cols in 1..=register_capacity(layout) {
+                if layout.vector_aligned && cols % 4 != 0 {
+                    continue;
+                }
+                let instance = register_instance(cols, layout).unwrap_or_else(|| panic!("no instance for {cols}"));
+                let capacity = (instance.pack * instance.lanes * instance.packs) as usize;
+                assert!(capacity >= cols, "{instance} holds {capacity} < {cols}");
+                assert!(capacity < 2 * cols + 4 * 32, "{instance} wastes too much for {cols}");
+            }
+            assert!(register_instance(register_capacity(layout) + 4, layout).is_none());
+        }
+        assert_eq!(register_capacity(ALIGNED), 2048);
+        assert_eq!(register_capacity(UNALIGNED), 1024);
+    }
+
+    #[test]
+    fn row_slices_cover_the_row_and_stay_resident() {
+        let shapes = [(1, 1_048_576), (1, 32000), (8, 128256), (32, 151936), (16, 262144), (128, 50257), (3, 100003), (300, 1 << 20), (1000, 65537), (1, 5000), (100_000, 4096)];
+        for (rows, cols) in shapes {
+            for layout in [ALIGNED, UNALIGNED] {
+                if layout.vector_aligned && cols % 4 != 0 {
+                    continue;
+                }
+                let launch = row_slices_launch(shape(rows, cols), layout, &FakeH200);
+                let [.., Arg::U32(slices), Arg::U32(slice_cols), Arg::U32(cached), _, _] = launch.args[..] else {
+                    panic!("unexpected arguments {:?}", launch.args)
+                };
+                assert!((slices * slice_cols) as usize >= cols, "{rows}x{cols}: slices miss columns");
+                assert_eq!(slice_cols % layout.pack(), 0);
+                assert_eq!(launch.grid, rows as u32 * slices);
+                assert!(launch.shared_bytes <= FakeH200.max_shared_per_block());
+                assert_eq!(launch.cooperative, slices > 1);
+                if launch.cooperative {
+                    let resident = 132 * FakeH200.row_slice_blocks_per_sm(layout.pack(), launch.block, launch.shared_bytes);
+                    assert!(launch.grid <= resident, "{rows}x{cols}: {} blocks cannot all be resident", launch.grid);
+                    assert!(launch.grid >= 132, "{rows}x{cols}: a sliced launch should fill the GPU");
+                }
+                if cached == 1 {
+                    assert!(launch.shared_bytes >= REDUCTION_SCRATCH_FLOATS * 4 + slice_cols * 4);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn auto_uses_registers_for_narrow_rows_and_slices_for_wide_ones() {
+        let kernel = |rows, cols, address| {
+            let layout = Layout::of(address, address, cols);
+            plan(Variant::Auto, shape(rows, cols), layout, &FakeH200).unwrap()[0].kernel.clone()
+        };
+        assert_eq!(kernel(4096, 1000, 0), "softmax_rows_in_registers_p4_l32_n8");
+        assert_eq!(kernel(65536, 100, 0), "softmax_rows_in_registers_p4_l32_n1");
+        assert_eq!(kernel(65536, 100, 4), "softmax_rows_in_registers_p1_l32_n4");
+        assert_eq!(kernel(1000, 33, 0), "softmax_rows_in_registers_p1_l32_n2");
+        assert_eq!(kernel(10, 2, 0), "softmax_rows_in_registers_p1_l2_n1");
+        assert_eq!(kernel(10, 4097, 0), "softmax_row_slices_p1");
+        assert_eq!(kernel(10, 4096, 0), "softmax_row_slices_p4");
+    }
+
+    #[test]
+    fn registers_variant_refuses_rows_it_cannot_hold() {
+        let result = plan(Variant::RowsInRegisters, shape(2, 4097), UNALIGNED, &FakeH200);
+        assert!(matches!(result, Err(Error::Unsupported { .. })));
+    }
+
+    #[test]
+    fn layout_needs_both_pointers_aligned_and_whole_packs() {
+        assert!(Layout::of(256, 512, 8).vector_aligned);
+        assert!(!Layout::of(260, 512, 8).vector_aligned);
+        assert!(!Layout::of(256, 516, 8).vector_aligned);
+        assert!(!Layout::of(256, 512, 6).vector_aligned);
+    }
+}

@@ -131,7 +131,7 @@ impl Softmax {
         let output_address = output.as_device_ptr().as_raw();
         let variant = match variant {
             Variant::BlockPerRowAutotuned => {
-                let threads_per_block = self.autotuned_threads(shape, input_address, output_address)?;
+                let threads_per_block = self.tune_block_threads(shape, input_address, output_address)?;
                 Variant::BlockPerRowSmem { threads_per_block }
             }
             other => other,
@@ -167,6 +167,11 @@ impl Softmax {
         Ok(output)
     }
 
+    /// Threads per block the autotuned block-per-row variant chose for `shape`, once it has.
+    pub fn tuned_threads(&self, shape: Shape) -> Option<u32> {
+        self.autotuned.get(&shape).copied()
+    }
+
     /// Names of the kernels `variant` would launch for `shape` on 16-byte aligned buffers.
     pub fn kernels_for(&self, variant: Variant, shape: Shape) -> Result<Vec<String>> {
         let variant = match variant {
@@ -194,7 +199,7 @@ impl Softmax {
 
     /// Threads per block for the autotuned block-per-row variant: the seed's candidates timed
     /// on this shape with the caller's buffers, the fastest kept for later calls.
-    fn autotuned_threads(&mut self, shape: Shape, input: u64, output: u64) -> Result<u32> {
+    fn tune_block_threads(&mut self, shape: Shape, input: u64, output: u64) -> Result<u32> {
         if let Some(&threads) = self.autotuned.get(&shape) {
             return Ok(threads);
         }

@@ -10,19 +10,66 @@ pub trait Exp2 {
     fn exp2(x: f32) -> f32;
 }
 
+/// A sum with Kahan compensation: one thread that adds tens of thousands of terms in `f32`
+/// (a thread-per-row kernel on a 64K-wide row) would otherwise drift past 1e-5.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CompensatedSum {
+    pub sum: f32,
+    /// What the last additions lost to rounding, to subtract from the next term.
+    pub compensation: f32,
+}
+
+impl CompensatedSum {
+    pub const ZERO: Self = Self { sum: 0.0, compensation: 0.0 };
+
+    #[inline(always)]
+    pub fn add(&mut self, term: f32) {
+        let corrected = term - self.compensation;
+        let total = self.sum + corrected;
+        self.compensation = (total - self.sum) - corrected;
+        self.sum = total;
+    }
+
+    /// Multiplies the sum (a change of reference maximum).
+    #[inline(always)]
+    pub fn scale(&mut self, factor: f32) {
+        self.sum *= factor;
+        self.compensation *= factor;
+    }
+
+    /// The best estimate of the sum.
+    #[inline(always)]
+    pub fn value(self) -> f32 {
+        self.sum - self.compensation
+    }
+}
+
 /// Running maximum and the sum of `e^(x - max)` over the elements seen so far.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct OnlineStats {
     pub max: f32,
-    pub sum: f32,
+    pub sum: CompensatedSum,
 }
 
 impl OnlineStats {
     /// The state before any element: it is the identity of [`OnlineStats::merge`].
     pub const EMPTY: Self = Self {
         max: f32::NEG_INFINITY,
-        sum: 0.0,
+        sum: CompensatedSum::ZERO,
     };
+
+    /// Statistics of a part of a row whose sum is already settled (e.g. read from another
+    /// thread).
+    #[inline(always)]
+    pub fn new(max: f32, sum: f32) -> Self {
+        Self { max, sum: CompensatedSum { sum, compensation: 0.0 } }
+    }
+
+    /// The row sum relative to `max`.
+    #[inline(always)]
+    pub fn sum(&self) -> f32 {
+        self.sum.value()
+    }
 
     /// `e^(x - max)`. A maximum of `-inf` (nothing seen yet, or only `-inf`) is taken as 0 so
     /// that `-inf` entries contribute 0 instead of `e^(-inf + inf) = NaN`; a row that is all
@@ -38,22 +85,24 @@ impl OnlineStats {
     #[inline(always)]
     pub fn push<E: Exp2>(&mut self, x: f32) {
         if x > self.max {
-            self.sum = self.sum * Self::exp_relative::<E>(self.max, x) + Self::exp_relative::<E>(x, x);
+            self.sum.scale(Self::exp_relative::<E>(self.max, x));
+            self.sum.add(Self::exp_relative::<E>(x, x));
             self.max = x;
         } else {
-            self.sum += Self::exp_relative::<E>(x, self.max);
+            self.sum.add(Self::exp_relative::<E>(x, self.max));
         }
     }
 
     /// Combines the statistics of two disjoint parts of a row. Commutative and associative up
-    /// to rounding; [`OnlineStats::EMPTY`] is its identity.
+    /// to rounding; [`OnlineStats::EMPTY`] is its identity. Merges happen in trees of small
+    /// depth, so the result carries no compensation.
     #[inline(always)]
     pub fn merge<E: Exp2>(self, other: Self) -> Self {
         let max = self.max.max(other.max);
-        Self {
+        Self::new(
             max,
-            sum: self.sum * Self::exp_relative::<E>(self.max, max)
-                + other.sum * Self::exp_relative::<E>(other.max, max),
-        }
+            self.sum() * Self::exp_relative::<E>(self.max, max)
+                + other.sum() * Self::exp_relative::<E>(other.max, max),
+        )
     }
 }

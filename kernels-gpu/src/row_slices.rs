@@ -109,7 +109,7 @@ unsafe fn softmax_row_slices<const PACK: usize>(
             // SAFETY: block_idx < rows · slices, row < rows: inside both buffers.
             unsafe {
                 partials.add(2 * block_idx() as usize).write_volatile(row_stats.max);
-                partials.add(2 * block_idx() as usize + 1).write_volatile(row_stats.sum);
+                partials.add(2 * block_idx() as usize + 1).write_volatile(row_stats.sum());
                 row_barrier(barriers.add(2 * row), barriers.add(2 * row + 1), slices);
             }
         }
@@ -120,17 +120,14 @@ unsafe fn softmax_row_slices<const PACK: usize>(
             let index = 2 * (row * slices as usize + other);
             // SAFETY: every block of this row wrote its pair before the barrier released.
             let theirs = unsafe {
-                OnlineStats {
-                    max: partials.add(index).read_volatile(),
-                    sum: partials.add(index + 1).read_volatile(),
-                }
+                OnlineStats::new(partials.add(index).read_volatile(), partials.add(index + 1).read_volatile())
             };
             mine = mine.merge::<DeviceExp2>(theirs);
         }
         row_stats = warp_stats(mine);
     }
 
-    let inv_sum = 1.0 / row_stats.sum;
+    let inv_sum = 1.0 / row_stats.sum();
     for pack in (tid..packs).step_by(threads) {
         // SAFETY: the same packs this thread read (and cached) in the first pass.
         unsafe {

@@ -2,7 +2,7 @@
 //! and neighbouring threads read addresses `cols` floats apart (uncoalesced).
 
 use crate::device::{DeviceExp2, block_dim, block_idx, thread_idx};
-use crate::online::OnlineStats;
+use crate::online::{CompensatedSum, OnlineStats};
 
 /// Three passes per row: maximum, then `e^(x - max)` written to the output while summing,
 /// then the output re-read and scaled. Traffic: 16 bytes per element.
@@ -29,16 +29,16 @@ pub unsafe extern "ptx-kernel" fn softmax_thread_per_row_naive(
         // SAFETY: col < cols.
         max = max.max(unsafe { x.add(col).read() });
     }
-    let mut sum = 0.0;
+    let mut sum = CompensatedSum::ZERO;
     for col in 0..cols as usize {
         // SAFETY: col < cols.
         unsafe {
             let e = OnlineStats::exp_relative::<DeviceExp2>(x.add(col).read(), max);
             y.add(col).write(e);
-            sum += e;
+            sum.add(e);
         }
     }
-    let inv_sum = 1.0 / sum;
+    let inv_sum = 1.0 / sum.value();
     for col in 0..cols as usize {
         // SAFETY: col < cols.
         unsafe { y.add(col).write(y.add(col).read() * inv_sum) };
@@ -69,7 +69,7 @@ pub unsafe extern "ptx-kernel" fn softmax_thread_per_row_online(
         // SAFETY: col < cols.
         stats.push::<DeviceExp2>(unsafe { x.add(col).read() });
     }
-    let inv_sum = 1.0 / stats.sum;
+    let inv_sum = 1.0 / stats.sum();
     for col in 0..cols as usize {
         // SAFETY: col < cols.
         unsafe {

@@ -32,7 +32,7 @@ pub unsafe extern "ptx-kernel" fn softmax_warp_per_row_online(
         stats.push::<DeviceExp2>(unsafe { x.add(col).read() });
     }
     let row_stats = warp_stats(stats);
-    let inv_sum = 1.0 / row_stats.sum;
+    let inv_sum = 1.0 / row_stats.sum();
     for col in (lane..cols as usize).step_by(WARP_SIZE as usize) {
         // SAFETY: col < cols.
         unsafe {

@@ -1,0 +1,172 @@
+//! Tests that need no GPU: the reference, the online statistics, shapes and variant names.
+
+use kernels_gpu::online::{CompensatedSum, Exp2, OnlineStats};
+use proptest::prelude::*;
+use softmax::reference::{deviation, softmax_f64};
+use softmax::{Error, Shape, Variant};
+
+enum HostExp2 {}
+
+impl Exp2 for HostExp2 {
+    fn exp2(x: f32) -> f32 {
+        x.exp2()
+    }
+}
+
+#[test]
+fn reference_matches_hand_computed_rows() {
+    let y = softmax_f64(&[1.0, 2.0, 3.0, 0.0, 0.0, 0.0], 2, 3);
+    let e = std::f64::consts::E;
+    let z = 1.0 + e + e * e;
+    let expected = [1.0 / z, e / z, e * e / z, 1.0 / 3.0, 1.0 / 3.0, 1.0 / 3.0];
+    for (a, b) in y.iter().zip(expected) {
+        assert!((a - b).abs() < 1e-15, "{a} vs {b}");
+    }
+}
+
+#[test]
+fn reference_is_shift_invariant_and_stable_for_large_inputs() {
+    let y = softmax_f64(&[10000.0, 10001.0, -10000.0], 1, 3);
+    let e = std::f64::consts::E;
+    assert!((y[0] - 1.0 / (1.0 + e)).abs() < 1e-15);
+    assert!((y[1] - e / (1.0 + e)).abs() < 1e-15);
+    assert_eq!(y[2], 0.0);
+}
+
+#[test]
+fn reference_special_values_follow_pytorch() {
+    let inf = f32::INFINITY;
+    let y = softmax_f64(&[f32::NEG_INFINITY, 0.0, 0.0], 1, 3);
+    assert_eq!(y, vec![0.0, 0.5, 0.5]);
+    for row in [[-inf, -inf, -inf], [1.0, f32::NAN, 2.0], [1.0, inf, 2.0]] {
+        assert!(softmax_f64(&row, 1, 3).iter().all(|v| v.is_nan()), "{row:?} must give all NaN");
+    }
+}
+
+#[test]
+fn deviation_flags_unwritten_and_wrong_outputs() {
+    let expected = softmax_f64(&[0.0, 1.0], 1, 2);
+    let exact: Vec<f32> = expected.iter().map(|&v| v as f32).collect();
+    assert!(deviation(&exact, &expected, 2).within(1e-6));
+    assert!(!deviation(&[exact[0], f32::NAN], &expected, 2).within(1e-6));
+    assert!(!deviation(&[0.5, 0.5], &expected, 2).within(1e-6));
+}
+
+/// One pass of `push` over a row.
+fn one_pass(row: &[f32]) -> OnlineStats {
+    let mut stats = OnlineStats::EMPTY;
+    for &x in row {
+        stats.push::<HostExp2>(x);
+    }
+    stats
+}
+
+fn assert_same_stats(a: OnlineStats, b: OnlineStats) {
+    assert_eq!(a.max, b.max);
+    assert!((a.sum() - b.sum()).abs() <= 1e-5 * b.sum().abs().max(1.0), "{a:?} vs {b:?}");
+}
+
+proptest! {
+    /// Any split of a row into parts, merged in any order, gives the one-pass statistics.
+    #[test]
+    fn merge_of_any_split_in_any_order_equals_one_pass(
+        row in prop::collection::vec(-80.0f32..80.0, 1..200),
+        cuts in prop::collection::vec(0usize..200, 0..8),
+        order_seed in any::<u64>(),
+    ) {
+        let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c % (row.len() + 1)).collect();
+        cuts.extend([0, row.len()]);
+        cuts.sort_unstable();
+        let mut parts: Vec<OnlineStats> = cuts.windows(2).map(|w| one_pass(&row[w[0]..w[1]])).collect();
+        // A deterministic shuffle driven by the seed.
+        let mut state = order_seed | 1;
+        for i in (1..parts.len()).rev() {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            parts.swap(i, (state % (i as u64 + 1)) as usize);
+        }
+        let merged = parts.into_iter().fold(OnlineStats::EMPTY, |a, b| a.merge::<HostExp2>(b));
+        assert_same_stats(merged, one_pass(&row));
+        let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+        let sum: f64 = row.iter().map(|&x| (f64::from(x) - f64::from(max)).exp()).sum();
+        prop_assert_eq!(merged.max, max);
+        prop_assert!((f64::from(merged.sum()) - sum).abs() <= 1e-5 * sum);
+    }
+}
+
+#[test]
+fn online_stats_handle_infinities_like_pytorch() {
+    let inf = f32::INFINITY;
+    let with_neg_inf = one_pass(&[f32::NEG_INFINITY, 1.0, f32::NEG_INFINITY]);
+    assert_eq!((with_neg_inf.max, with_neg_inf.sum()), (1.0, 1.0));
+    assert_eq!(one_pass(&[f32::NEG_INFINITY; 3]), OnlineStats::EMPTY);
+    assert!(one_pass(&[1.0, inf, 2.0]).sum().is_nan());
+    assert!(one_pass(&[1.0, f32::NAN]).sum().is_nan());
+    // An empty part merged with a part of only -inf stays empty, not NaN.
+    let merged = OnlineStats::EMPTY.merge::<HostExp2>(one_pass(&[f32::NEG_INFINITY]));
+    assert_eq!(merged, OnlineStats::EMPTY);
+}
+
+#[test]
+fn compensated_sum_of_many_small_terms_stays_accurate() {
+    // 2^20 terms of 0.1: a plain f32 running sum drifts by about 1e-3 relative.
+    let mut sum = CompensatedSum::ZERO;
+    let mut naive = 0.0f32;
+    for _ in 0..1 << 20 {
+        sum.add(0.1);
+        naive += 0.1;
+    }
+    let exact = 0.1f64 * f64::from(1 << 20);
+    assert!((f64::from(sum.value()) - exact).abs() / exact < 1e-6);
+    assert!((f64::from(naive) - exact).abs() / exact > 1e-4, "the test must be able to tell");
+}
+
+#[test]
+fn shapes_refuse_overflow_and_accept_empty() {
+    assert!(matches!(Shape::new(usize::MAX, 2), Err(Error::ShapeTooLarge { .. })));
+    assert!(matches!(Shape::new(usize::MAX / 2, 2), Err(Error::ShapeTooLarge { .. })));
+    assert!(matches!(Shape::new(1 << 31, 1), Err(Error::ShapeTooLarge { .. })));
+    assert!(Shape::new(0, 5).unwrap().is_empty());
+    assert!(Shape::new(5, 0).unwrap().is_empty());
+    assert_eq!(Shape::new(3, 4).unwrap().min_traffic_bytes(), 96);
+}
+
+#[test]
+fn shapes_parse_from_text() {
+    assert_eq!("3x100003".parse::<Shape>().unwrap(), Shape::new(3, 100003).unwrap());
+    for bad in ["0x10", "10x", "abc", "10x0", "x5", "-1x4", ""] {
+        assert!(bad.parse::<Shape>().is_err(), "{bad} must be refused");
+    }
+}
+
+#[test]
+fn variant_names_round_trip() {
+    for variant in Variant::all() {
+        assert_eq!(variant.name().parse::<Variant>().unwrap(), variant);
+    }
+    assert_eq!(
+        "block-smem:512".parse::<Variant>().unwrap(),
+        Variant::BlockPerRowSmem { threads_per_block: 512 }
+    );
+    assert!(matches!("nope".parse::<Variant>(), Err(Error::UnknownVariant(_))));
+}
+
+#[test]
+fn threads_per_block_must_be_a_power_of_two_in_range() {
+    for bad in [0, 16, 100, 2048, 96] {
+        let variant = Variant::BlockPerRowSmem { threads_per_block: bad };
+        assert!(matches!(variant.validate(), Err(Error::ThreadsPerBlock(t)) if t == bad));
+        assert!(format!("block-smem:{bad}").parse::<Variant>().is_err());
+    }
+    for good in [32, 64, 128, 256, 512, 1024] {
+        assert!(Variant::BlockPerRowSmem { threads_per_block: good }.validate().is_ok());
+    }
+}
+
+#[test]
+fn embedded_ptx_targets_hopper_without_local_memory() {
+    assert!(softmax::PTX.contains(".target sm_90"));
+    assert!(!softmax::PTX.contains("__local_depot"), "a kernel keeps an array in local memory");
+    assert!(softmax::PTX.contains("ld.global.v4"), "the vector kernels must use 16-byte loads");
+}
