@@ -21,6 +21,23 @@ fn main() {
     println!("cargo:rerun-if-changed={}", workspace.join("xtask/src/ptx_build.rs").display());
 
     load_fetched_driver_only_without_a_real_one(&workspace);
+    embed_git_commit(&workspace);
+}
+
+/// `SOFTMAX_GIT_COMMIT`: the commit benchmark results are stamped with ("unknown" outside git).
+fn embed_git_commit(workspace: &Path) {
+    let commit = Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(workspace)
+        .output()
+        .ok()
+        .filter(|out| out.status.success())
+        .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+        .unwrap_or_else(|| "unknown".to_owned());
+    println!("cargo:rustc-env=SOFTMAX_GIT_COMMIT={commit}");
+    for watched in [".git/HEAD", ".git/refs/heads"] {
+        println!("cargo:rerun-if-changed={}", workspace.join(watched).display());
+    }
 }
 
 /// `cargo xtask fetch-driver` unpacks a driver library under `target/cuda-driver` so that

@@ -45,6 +45,14 @@ pub enum Error {
     #[error("variant `{variant}` cannot run shape {rows}×{cols}: {why}")]
     Unsupported { variant: String, rows: usize, cols: usize, why: String },
 
+    /// Reading or writing a file failed.
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+
     /// A variant name that the command line or `Variant::from_str` does not know.
     #[error("unknown variant `{0}` (known: {known})", known = crate::Variant::NAMES.join(", "))]
     UnknownVariant(String),

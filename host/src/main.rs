@@ -1,5 +1,93 @@
-//! The `host` command: a thin CLI over the library.
+//! `host`: the command-line face of the library. `host bench` is the main job.
 
-fn main() -> std::process::ExitCode {
-    std::process::ExitCode::SUCCESS
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use softmax::bench::{self, BenchConfig};
+use softmax::{Shape, Variant};
+
+#[derive(Parser, Debug)]
+#[command(name = "host", version, about = "Row-wise softmax on NVIDIA GPUs, every kernel in Rust")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Time every variant on every shape beside a device-to-device copy (the roofline) and,
+    /// with --peers, PyTorch and Triton; print a table, write CSV, JSON and charts.
+    Bench(BenchArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct BenchArgs {
+    /// Shapes as ROWSxCOLS, comma-separated (default: the seeds' sweep and the LLM shapes).
+    #[arg(long, value_delimiter = ',', value_parser = parse_shape)]
+    shapes: Vec<Shape>,
+    /// Variants, comma-separated (default: all). Names: auto, unfused, thread-naive,
+    /// thread-online, block-smem[:THREADS], block-smem-autotuned, warp-online, registers,
+    /// row-slices.
+    #[arg(long, value_delimiter = ',', value_parser = parse_variant)]
+    variants: Vec<Variant>,
+    /// Timed samples per measurement (the median is reported).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..))]
+    iters: u32,
+    /// Launches before timing.
+    #[arg(long, default_value_t = 5)]
+    warmup: u32,
+    /// Directory for the CSV, JSON and charts.
+    #[arg(long, default_value = "bench/results")]
+    out: PathBuf,
+    /// A few shapes only, for a smoke run.
+    #[arg(long, conflicts_with = "shapes")]
+    quick: bool,
+    /// CUDA device ordinal.
+    #[arg(long, default_value_t = 0)]
+    device: u32,
+    /// Also run bench/peers.py (needs python3 with PyTorch; Triton optional).
+    #[arg(long)]
+    peers: bool,
+}
+
+fn parse_shape(text: &str) -> Result<Shape, String> {
+    text.parse()
+}
+
+fn parse_variant(text: &str) -> Result<Variant, String> {
+    text.parse().map_err(|e: softmax::Error| e.to_string())
+}
+
+fn main() -> ExitCode {
+    let Command::Bench(args) = Cli::parse().command;
+    let shapes = if args.quick {
+        bench::quick_shapes()
+    } else if args.shapes.is_empty() {
+        [bench::seed_sweep_shapes(), bench::llm_shapes()].concat()
+    } else {
+        args.shapes
+    };
+    let variants = if args.variants.is_empty() { Variant::all().to_vec() } else { args.variants };
+    let config = BenchConfig {
+        shapes,
+        variants,
+        iters: args.iters as usize,
+        warmup: args.warmup as usize,
+        out_dir: args.out,
+        device: args.device,
+        peers: args.peers,
+    };
+    match bench::run(&config) {
+        Ok(report) => {
+            println!("{} ({} SMs, driver {}), commit {}, {}", report.device.name, report.device.multiprocessors, report.device.driver_version, report.git_commit, report.date);
+            print!("{}", report.table());
+            println!("\nresults written to {}", config.out_dir.display());
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("host bench: {error}");
+            ExitCode::FAILURE
+        }
+    }
 }

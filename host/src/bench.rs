@@ -1,1 +1,0 @@
-//! Benchmark (filled by the benchmark issue).

@@ -1,0 +1,173 @@
+//! The main job: every variant on every shape, beside a device-to-device copy of the same
+//! tensor measured in the same run, with the peers (PyTorch, Triton) when they are available.
+//!
+//! Bytes are counted the same way for everyone: the input read once plus the output written
+//! once (`2 · rows · cols · 4`), so GB/s and % of copy compare across variants and peers.
+
+mod chart;
+mod peers;
+mod report;
+mod timing;
+
+use std::path::PathBuf;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+pub use report::Report;
+
+use crate::error::Result;
+use crate::shape::Shape;
+use crate::softmax::Softmax;
+use crate::variant::Variant;
+
+/// Row widths of the seeds' sweep: 32, 64, …, 16384.
+pub const SEED_SWEEP_WIDTHS: std::ops::RangeInclusive<u32> = 5..=14;
+
+/// Bytes per tensor in the seeds' sweep (about 200 MB).
+pub const SEED_SWEEP_TENSOR_BYTES: usize = 200 << 20;
+
+/// The seeds' sweep: widths 32…16384 with rows chosen for about 200 MB per tensor.
+pub fn seed_sweep_shapes() -> Vec<Shape> {
+    SEED_SWEEP_WIDTHS
+        .map(|log2| {
+            let cols = 1usize << log2;
+            shape(SEED_SWEEP_TENSOR_BYTES / (4 * cols), cols)
+        })
+        .collect()
+}
+
+/// LLM-vocabulary rows and the odd widths the production kernels are held to.
+pub fn llm_shapes() -> Vec<Shape> {
+    [
+        (1, 32000),
+        (1, 128256),
+        (8, 128256),
+        (32, 151936),
+        (128, 50257),
+        (16, 262144),
+        (1, 1048576),
+        (4096, 1000),
+        (65536, 100),
+    ]
+    .into_iter()
+    .map(|(rows, cols)| shape(rows, cols))
+    .collect()
+}
+
+/// A few shapes for a smoke run.
+pub fn quick_shapes() -> Vec<Shape> {
+    [(51200, 1024), (3200, 16384), (8, 128256), (3, 100003)].into_iter().map(|(r, c)| shape(r, c)).collect()
+}
+
+fn shape(rows: usize, cols: usize) -> Shape {
+    Shape::new(rows, cols).expect("built-in shapes are valid")
+}
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct BenchConfig {
+    pub shapes: Vec<Shape>,
+    pub variants: Vec<Variant>,
+    /// Timed samples per measurement (fewer for launches that take long).
+    pub iters: usize,
+    /// Launches before timing starts.
+    pub warmup: usize,
+    pub out_dir: PathBuf,
+    pub device: u32,
+    /// Run `bench/peers.py` (PyTorch and Triton) on the same shapes and show them beside.
+    pub peers: bool,
+}
+
+/// The result of one variant on one shape.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Measurement {
+    pub variant: String,
+    pub dtype: &'static str,
+    pub rows: usize,
+    pub cols: usize,
+    /// The kernels that ran (for `auto`, what it chose).
+    pub kernels: Vec<String>,
+    pub outcome: Outcome,
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    Timed { median_ms: f64, gbps: f64, pct_of_copy: f64 },
+    /// The variant gave a wrong result and was not timed.
+    Failed(String),
+    /// The variant refused the shape (for example rows too wide for registers).
+    Unsupported(String),
+}
+
+impl Measurement {
+    pub fn shape(&self) -> Shape {
+        shape(self.rows, self.cols)
+    }
+
+    pub fn median_ms(&self) -> Option<f64> {
+        match self.outcome {
+            Outcome::Timed { median_ms, .. } => Some(median_ms),
+            _ => None,
+        }
+    }
+}
+
+/// GB/s of one softmax (or copy) of `shape` that took `ms`, with the common byte count.
+pub fn gigabytes_per_second(shape: Shape, ms: f64) -> f64 {
+    shape.min_traffic_bytes() as f64 / (ms * 1e-3) / 1e9
+}
+
+/// Runs the benchmark and writes its results under `config.out_dir`.
+pub fn run(config: &BenchConfig) -> Result<Report> {
+    let mut softmax = Softmax::on_device(config.device)?;
+    let device = softmax.device().clone();
+    let steps = config.shapes.len() * (config.variants.len() + 1);
+    let progress = ProgressBar::new(steps as u64).with_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}").expect("valid template"),
+    );
+    let mut rng = SmallRng::seed_from_u64(0x5eed);
+    let mut measurements = Vec::new();
+    for &shape in &config.shapes {
+        progress.set_message(format!("{shape}: copy"));
+        let mut pools = timing::Pools::new(shape, device.l2_bytes as usize, &mut rng)?;
+        let copy_ms = pools.time_copy(&mut softmax, config)?;
+        measurements.push(Measurement {
+            variant: "copy".into(),
+            dtype: "f32",
+            rows: shape.rows,
+            cols: shape.cols,
+            kernels: vec!["cuMemcpyDtoDAsync".into()],
+            outcome: Outcome::Timed { median_ms: copy_ms, gbps: gigabytes_per_second(shape, copy_ms), pct_of_copy: 100.0 },
+        });
+        progress.inc(1);
+        for &variant in &config.variants {
+            progress.set_message(format!("{shape}: {variant}"));
+            let outcome = match pools.verify(&mut softmax, variant, &mut rng) {
+                Ok(()) => {
+                    let ms = pools.time_variant(&mut softmax, variant, config)?;
+                    let gbps = gigabytes_per_second(shape, ms);
+                    Outcome::Timed { median_ms: ms, gbps, pct_of_copy: 100.0 * copy_ms / ms }
+                }
+                Err(outcome) => outcome,
+            };
+            let kernels = softmax.kernels_for(variant, shape).unwrap_or_default();
+            measurements.push(Measurement { variant: variant.name(), dtype: "f32", rows: shape.rows, cols: shape.cols, kernels, outcome });
+            progress.inc(1);
+        }
+    }
+    progress.finish_and_clear();
+    if config.peers {
+        measurements.extend(peers::run(&config.shapes, config, &measurements));
+    }
+    let report = Report::new(device, measurements);
+    report.write(&config.out_dir)?;
+    Ok(report)
+}
+
+/// Uniform random floats in [-8, 8].
+fn random_values(rng: &mut SmallRng, len: usize) -> Vec<f32> {
+    (0..len).map(|_| rng.random_range(-8.0..8.0)).collect()
+}

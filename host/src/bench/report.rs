@@ -1,0 +1,122 @@
+//! The benchmark's table, CSV, JSON and charts.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use serde::Serialize;
+
+use super::{Measurement, Outcome, chart};
+use crate::device::DeviceInfo;
+use crate::error::{Error, Result};
+use crate::shape::Shape;
+
+/// Everything one benchmark run measured, with where and when.
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub device: DeviceInfo,
+    /// UTC, ISO 8601.
+    pub date: String,
+    /// The commit the binary was built from.
+    pub git_commit: &'static str,
+    pub measurements: Vec<Measurement>,
+}
+
+impl Report {
+    pub fn new(device: DeviceInfo, measurements: Vec<Measurement>) -> Self {
+        Report { device, date: utc_now(), git_commit: env!("SOFTMAX_GIT_COMMIT"), measurements }
+    }
+
+    /// Shapes in the order they were measured.
+    pub fn shapes(&self) -> Vec<Shape> {
+        let mut shapes: Vec<Shape> = Vec::new();
+        for m in &self.measurements {
+            if !shapes.contains(&m.shape()) {
+                shapes.push(m.shape());
+            }
+        }
+        shapes
+    }
+
+    /// One table per shape: variant, kernels, ms, GB/s, % of copy, speed-up over the slowest.
+    pub fn table(&self) -> String {
+        let mut text = String::new();
+        for shape in self.shapes() {
+            let rows: Vec<&Measurement> = self.measurements.iter().filter(|m| m.shape() == shape).collect();
+            let slowest = rows.iter().filter_map(|m| m.median_ms()).fold(0.0, f64::max);
+            let _ = writeln!(text, "\n{shape} f32 ({:.1} MB per tensor)", shape.len() as f64 * 4e-6);
+            let _ = writeln!(text, "  {:<22} {:>10} {:>9} {:>8} {:>9}  kernels", "variant", "ms", "GB/s", "% copy", "speed-up");
+            for m in rows {
+                let kernels = m.kernels.join(" + ");
+                let _ = match &m.outcome {
+                    Outcome::Timed { median_ms, gbps, pct_of_copy } => writeln!(
+                        text,
+                        "  {:<22} {:>10.4} {:>9.0} {:>7.1}% {:>8.1}x  {kernels}",
+                        m.variant,
+                        median_ms,
+                        gbps,
+                        pct_of_copy,
+                        slowest / median_ms
+                    ),
+                    Outcome::Failed(why) => writeln!(text, "  {:<22} FAILED (not timed): {why}", m.variant),
+                    Outcome::Unsupported(why) => writeln!(text, "  {:<22} n/a: {why}", m.variant),
+                };
+            }
+        }
+        text
+    }
+
+    /// `variant,dtype,rows,cols,median_ms,gbps,pct_of_copy`, one line per timed measurement.
+    pub fn csv(&self) -> String {
+        let mut text = String::from("variant,dtype,rows,cols,median_ms,gbps,pct_of_copy\n");
+        for m in &self.measurements {
+            if let Outcome::Timed { median_ms, gbps, pct_of_copy } = m.outcome {
+                let _ = writeln!(text, "{},{},{},{},{median_ms:.6},{gbps:.2},{pct_of_copy:.2}", m.variant, m.dtype, m.rows, m.cols);
+            }
+        }
+        text
+    }
+
+    /// Writes `<device-slug>.csv`, `.json` and the charts into `dir`.
+    pub fn write(&self, dir: &Path) -> Result<()> {
+        let io = |e: std::io::Error| Error::Io { what: format!("writing results to {}", dir.display()), source: e };
+        std::fs::create_dir_all(dir).map_err(io)?;
+        let stem = dir.join(self.device.slug());
+        std::fs::write(stem.with_extension("csv"), self.csv()).map_err(io)?;
+        let json = serde_json::to_string_pretty(self).expect("the report serializes");
+        std::fs::write(stem.with_extension("json"), json).map_err(io)?;
+        chart::draw_all(self, dir)
+    }
+}
+
+/// The current UTC time as `YYYY-MM-DDTHH:MM:SSZ`.
+fn utc_now() -> String {
+    let seconds = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let (days, rest) = (seconds / 86_400, seconds % 86_400);
+    let (year, month, day) = civil_from_days(days as i64);
+    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", rest / 3600, rest % 3600 / 60, rest % 60)
+}
+
+/// Proleptic Gregorian date of a day count since 1970-01-01 (Howard Hinnant's algorithm).
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let day_of_era = z.rem_euclid(146_097);
+    let year_of_era = (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let month_index = (5 * day_of_year + 2) / 153;
+    let day = (day_of_year - (153 * month_index + 2) / 5 + 1) as u32;
+    let month = if month_index < 10 { month_index + 3 } else { month_index - 9 } as u32;
+    (year_of_era + era * 400 + i64::from(month <= 2), month, day)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::civil_from_days;
+
+    #[test]
+    fn civil_dates() {
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(civil_from_days(20_786), (2026, 11, 29));
+        assert_eq!(civil_from_days(11_016), (2000, 2, 29));
+    }
+}

@@ -1,0 +1,144 @@
+//! Buffers, correctness check and event timing for one shape.
+//!
+//! When the tensor is small next to the L2 cache, launches rotate over several input/output
+//! pairs so that every measurement reads device memory, not the cache; `bench/peers.py`
+//! times the peers the same way.
+
+use cust::event::{Event, EventFlags};
+use cust::memory::{AsyncCopyDestination, CopyDestination, DeviceBuffer, DeviceSlice};
+use rand::Rng;
+use rand::rngs::SmallRng;
+
+use super::{BenchConfig, Outcome, random_values};
+use crate::error::{CudaContext, Error, Result};
+use crate::reference::{deviation, softmax_f64};
+use crate::shape::Shape;
+use crate::softmax::Softmax;
+use crate::variant::Variant;
+
+/// Input and output pairs for a shape: at least this many times the L2 between them.
+const WORKING_SET_OVER_L2: usize = 4;
+/// Floats between the starts of consecutive pairs' tensors (keeps every start 256-byte aligned).
+const SLOT_ALIGN_FLOATS: usize = 64;
+/// Rows compared with the reference per verification.
+const VERIFIED_ROWS: usize = 8;
+/// The tolerance of the GPU tests: relative L2 error and row-sum error.
+const TOLERANCE: f64 = 1e-5;
+/// Each timed sample runs back-to-back launches for about this long.
+const SAMPLE_MS: f64 = 0.5;
+/// Time one measurement may take before it is cut to fewer samples.
+const MEASUREMENT_BUDGET_MS: f64 = 1500.0;
+/// Launches slower than this skip the warm-up (a thread-per-row kernel on a 1M-wide row).
+const SLOW_LAUNCH_MS: f64 = 20.0;
+/// At least this many samples, however slow the launch.
+const MIN_SAMPLES: usize = 3;
+
+pub(super) struct Pools {
+    shape: Shape,
+    input: DeviceBuffer<f32>,
+    output: DeviceBuffer<f32>,
+    host_slot0: Vec<f32>,
+    slots: usize,
+    stride: usize,
+}
+
+impl Pools {
+    pub fn new(shape: Shape, l2_bytes: usize, rng: &mut SmallRng) -> Result<Self> {
+        let stride = shape.len().next_multiple_of(SLOT_ALIGN_FLOATS);
+        let pair_bytes = 2 * stride * 4;
+        let slots = (WORKING_SET_OVER_L2 * l2_bytes).div_ceil(pair_bytes).max(1);
+        let values = random_values(rng, stride * slots);
+        let input = DeviceBuffer::from_slice(&values).during("allocating benchmark inputs")?;
+        // SAFETY: f32 accepts any bits; every output slot is written before it is read.
+        let output = unsafe { DeviceBuffer::uninitialized(stride * slots) }.during("allocating benchmark outputs")?;
+        let host_slot0 = values[..shape.len()].to_vec();
+        Ok(Pools { shape, input, output, host_slot0, slots, stride })
+    }
+
+    fn slot(&mut self, index: usize) -> (DeviceSlice<f32>, DeviceSlice<f32>) {
+        let start = (index % self.slots) * self.stride;
+        let range = start..start + self.shape.len();
+        (self.input.index(range.clone()), self.output.index(range))
+    }
+
+    /// Median milliseconds of a device-to-device copy of the tensor.
+    pub fn time_copy(&mut self, softmax: &mut Softmax, config: &BenchConfig) -> Result<f64> {
+        self.time(softmax, config, |pools, softmax, i| {
+            let (input, mut output) = pools.slot(i);
+            // SAFETY: both slices are live device memory of equal length, in disjoint pools.
+            unsafe { output.async_copy_from(&input, softmax.stream()) }.during("copying device to device")
+        })
+    }
+
+    /// Median milliseconds of one softmax with `variant`.
+    pub fn time_variant(&mut self, softmax: &mut Softmax, variant: Variant, config: &BenchConfig) -> Result<f64> {
+        let shape = self.shape;
+        self.time(softmax, config, |pools, softmax, i| {
+            let (input, mut output) = pools.slot(i);
+            softmax.run(variant, &input, &mut output, shape)
+        })
+    }
+
+    /// Runs `variant` once on a poisoned output and compares sampled rows with the reference.
+    pub fn verify(&mut self, softmax: &mut Softmax, variant: Variant, rng: &mut SmallRng) -> std::result::Result<(), Outcome> {
+        let shape = self.shape;
+        let (input, mut output) = self.slot(0);
+        let failed = |e: Error| Outcome::Failed(e.to_string());
+        output.set_32(f32::NAN.to_bits()).during("poisoning the output").map_err(failed)?;
+        match softmax.run(variant, &input, &mut output, shape) {
+            Err(Error::Unsupported { why, .. }) => return Err(Outcome::Unsupported(why)),
+            Err(error) => return Err(failed(error)),
+            Ok(()) => {}
+        }
+        softmax.synchronize().map_err(failed)?;
+        let mut rows: Vec<usize> = vec![0, shape.rows - 1];
+        rows.extend((0..VERIFIED_ROWS - 2).map(|_| rng.random_range(0..shape.rows)));
+        for row in rows {
+            let range = row * shape.cols..(row + 1) * shape.cols;
+            let mut actual = vec![0.0f32; shape.cols];
+            output.index(range.clone()).copy_to(&mut actual[..]).during("reading a result row").map_err(failed)?;
+            let expected = softmax_f64(&self.host_slot0[range], 1, shape.cols);
+            let deviation = deviation(&actual, &expected, shape.cols);
+            if !deviation.within(TOLERANCE) {
+                return Err(Outcome::Failed(format!("row {row}: {deviation:?}")));
+            }
+        }
+        Ok(())
+    }
+
+    /// Warm-up, then the median over samples of the mean time of back-to-back launches.
+    fn time(
+        &mut self,
+        softmax: &mut Softmax,
+        config: &BenchConfig,
+        mut launch: impl FnMut(&mut Self, &mut Softmax, usize) -> Result<()>,
+    ) -> Result<f64> {
+        let new_event = || Event::new(EventFlags::DEFAULT).during("creating an event");
+        let (start, stop) = (new_event()?, new_event()?);
+        let mut next = 0;
+        let mut timed = |pools: &mut Self, softmax: &mut Softmax, launches: usize| -> Result<f64> {
+            start.record(softmax.stream()).during("recording an event")?;
+            for _ in 0..launches {
+                launch(pools, softmax, next)?;
+                next += 1;
+            }
+            stop.record(softmax.stream()).during("recording an event")?;
+            stop.synchronize().during("waiting for timed launches")?;
+            Ok(f64::from(stop.elapsed_time_f32(&start).during("reading events")?) / launches as f64)
+        };
+        // The first launch also tells whether warming up is affordable.
+        let first = timed(self, softmax, 1)?;
+        let estimate = if first < SLOW_LAUNCH_MS {
+            timed(self, softmax, config.warmup.max(1))?;
+            timed(self, softmax, 1)?.max(1e-4)
+        } else {
+            first
+        };
+        let per_sample = (SAMPLE_MS / estimate).ceil().clamp(1.0, 1000.0) as usize;
+        let affordable = (MEASUREMENT_BUDGET_MS / (estimate * per_sample as f64)) as usize;
+        let samples = config.iters.min(affordable).max(MIN_SAMPLES);
+        let mut times: Vec<f64> = (0..samples).map(|_| timed(self, softmax, per_sample)).collect::<Result<_>>()?;
+        times.sort_by(f64::total_cmp);
+        Ok(times[times.len() / 2])
+    }
+}
