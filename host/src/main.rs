@@ -41,8 +41,11 @@ struct BenchArgs {
     #[arg(long, default_value = "bench/results")]
     out: PathBuf,
     /// A few shapes only, for a smoke run.
-    #[arg(long, conflicts_with = "shapes")]
+    #[arg(long, conflicts_with_all = ["shapes", "boundaries"])]
     quick: bool,
+    /// Widths every 64 columns across each dispatch boundary (the no-cliff check).
+    #[arg(long, conflicts_with = "shapes")]
+    boundaries: bool,
     /// CUDA device ordinal.
     #[arg(long, default_value_t = 0)]
     device: u32,
@@ -63,6 +66,8 @@ fn main() -> ExitCode {
     let Command::Bench(args) = Cli::parse().command;
     let shapes = if args.quick {
         bench::quick_shapes()
+    } else if args.boundaries {
+        bench::boundary_shapes()
     } else if args.shapes.is_empty() {
         [bench::seed_sweep_shapes(), bench::llm_shapes()].concat()
     } else {

@@ -2,9 +2,10 @@
 //! arguments. Pure: it needs only the device's limits, so the CPU tests check it.
 
 use kernels_gpu::launch::{
-    ELEMENTWISE_BLOCK, LOADS_IN_FLIGHT, MAX_BLOCK_THREADS, REDUCTION_SCRATCH_FLOATS, REGISTER_ROWS_BLOCK,
-    REGISTER_SCALAR_INSTANCES, REGISTER_VECTOR_INSTANCES, ROW_SLICE_THREADS, RegisterKernelName,
-    THREAD_PER_ROW_BLOCK, VECTOR_PACK, WARP_PER_ROW_WARPS_PER_BLOCK, WARP_SIZE,
+    BLOCK_REGISTER_SCALAR_PACKS, BLOCK_REGISTER_VECTOR_PACKS, BlockRegisterKernelName, ELEMENTWISE_BLOCK,
+    LOADS_IN_FLIGHT, MAX_BLOCK_THREADS, REDUCTION_SCRATCH_FLOATS, REGISTER_ROWS_BLOCK, REGISTER_SCALAR_INSTANCES,
+    REGISTER_VECTOR_INSTANCES, ROW_SLICE_THREADS, RegisterKernelName, THREAD_PER_ROW_BLOCK, VECTOR_PACK,
+    WARP_PER_ROW_WARPS_PER_BLOCK, WARP_SIZE,
 };
 
 use crate::error::{Error, Result};
@@ -45,20 +46,28 @@ pub(crate) trait DeviceLimits {
     fn multiprocessors(&self) -> u32;
     /// Dynamic shared memory one block may use (the opt-in limit).
     fn max_shared_per_block(&self) -> u32;
-    /// Blocks of the row-slices kernel that fit on one multiprocessor at once.
-    fn row_slice_blocks_per_sm(&self, pack: u32, threads: u32, shared_bytes: u32) -> u32;
+    /// Blocks of `kernel` that fit on one multiprocessor at once in a cooperative launch
+    /// (0 where the device has no cooperative launch).
+    fn cooperative_blocks_per_sm(&self, kernel: &str, threads: u32, shared_bytes: u32) -> u32;
 }
 
-/// How the buffers sit in memory: 16-byte access needs aligned pointers and `cols % 4 == 0`.
+/// How the buffers sit in memory, which decides where 16-byte accesses are possible.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Layout {
+    /// Every row of both buffers starts 16-byte aligned: pointers aligned, `cols % 4 == 0`.
     pub vector_aligned: bool,
+    /// Input and output rows are misaligned alike modulo 16 bytes, so a kernel that peels a
+    /// few leading floats reads and writes the rest 16 bytes at a time.
+    pub vector_peelable: bool,
 }
 
 impl Layout {
     pub fn of(input_address: u64, output_address: u64, cols: usize) -> Self {
         let aligned = |address: u64| address % 16 == 0;
-        Layout { vector_aligned: aligned(input_address) && aligned(output_address) && cols % VECTOR_PACK as usize == 0 }
+        Layout {
+            vector_aligned: aligned(input_address) && aligned(output_address) && cols % VECTOR_PACK as usize == 0,
+            vector_peelable: input_address.abs_diff(output_address) % 16 == 0,
+        }
     }
 
     fn pack(&self) -> u32 {
@@ -82,7 +91,7 @@ pub(crate) fn plan(variant: Variant, shape: Shape, layout: Layout, device: &dyn 
     Ok(match variant {
         Variant::Auto => match register_instance(shape.cols, layout) {
             Some(instance) => vec![register_launch(instance, rows, cols)],
-            None => vec![row_slices_launch(shape, layout, device)],
+            None => vec![block_registers_launch(shape, layout, device).unwrap_or_else(|| row_slices_launch(shape, layout, device))],
         },
         Variant::Unfused => unfused_launches(shape, device),
         Variant::ThreadPerRowNaive => {
@@ -114,12 +123,18 @@ pub(crate) fn plan(variant: Variant, shape: Shape, layout: Layout, device: &dyn 
                 cols: shape.cols,
                 why: format!(
                     "rows wider than {} columns do not fit in registers ({} with this alignment)",
-                    register_capacity(Layout { vector_aligned: true }),
+                    register_capacity(Layout { vector_aligned: true, vector_peelable: true }),
                     register_capacity(layout)
                 ),
             })?;
             vec![register_launch(instance, rows, cols)]
         }
+        Variant::BlockRegisters => vec![block_registers_launch(shape, layout, device).ok_or_else(|| Error::Unsupported {
+            variant: variant.name(),
+            rows: shape.rows,
+            cols: shape.cols,
+            why: "the row (or the slices the GPU has room for) is wider than a block's registers hold".into(),
+        })?],
         Variant::RowSlices => vec![row_slices_launch(shape, layout, device)],
     })
 }
@@ -140,13 +155,95 @@ pub(crate) fn all_kernel_names() -> Vec<String> {
         "softmax_row_slices_p1",
     ];
     let registers = register_instances().map(|(pack, lanes, packs)| RegisterKernelName { pack, lanes, packs }.to_string());
-    fixed.iter().map(|s| s.to_string()).chain(registers).collect()
+    let block_registers = block_register_instances().map(|(pack, packs)| BlockRegisterKernelName { pack, packs }.to_string());
+    fixed.iter().map(|s| s.to_string()).chain(registers).chain(block_registers).collect()
 }
 
 /// `(pack, lanes, packs)` of every rows-in-registers entry.
 fn register_instances() -> impl Iterator<Item = (u32, u32, u32)> {
     let vector = REGISTER_VECTOR_INSTANCES.iter().map(|&(l, n)| (VECTOR_PACK, l, n));
     vector.chain(REGISTER_SCALAR_INSTANCES.iter().map(|&(l, n)| (1, l, n)))
+}
+
+/// `(pack, packs per thread)` of every block-registers entry.
+fn block_register_instances() -> impl Iterator<Item = (u32, u32)> {
+    let vector = BLOCK_REGISTER_VECTOR_PACKS.iter().map(|&n| (VECTOR_PACK, n));
+    vector.chain(BLOCK_REGISTER_SCALAR_PACKS.iter().map(|&n| (1, n)))
+}
+
+/// Threads per block the block-registers kernel is launched with: at most 1024, at least
+/// 128 (the kernel's edge floats need 7 threads; more keeps enough loads in flight).
+const BLOCK_REGISTER_THREADS: std::ops::RangeInclusive<u32> = 128..=1024;
+
+/// Packs per thread the block-registers plans aim for: enough independent 16-byte loads in
+/// flight per thread without crowding out resident blocks.
+const BLOCK_REGISTER_TARGET_PACKS: u32 = 8;
+
+/// Threads and packs per thread of a block-registers launch holding a whole row of
+/// `row_packs` packs, or `None` when the row is wider than the largest instance holds.
+fn block_register_config(row_packs: u32, pack: u32) -> Option<(u32, BlockRegisterKernelName)> {
+    let threads = row_packs
+        .div_ceil(BLOCK_REGISTER_TARGET_PACKS)
+        .next_power_of_two()
+        .clamp(*BLOCK_REGISTER_THREADS.start(), *BLOCK_REGISTER_THREADS.end());
+    let per_thread = row_packs.div_ceil(threads);
+    let packs = block_register_instances().filter(|&(p, n)| p == pack && n >= per_thread).map(|(_, n)| n).min()?;
+    Some((threads, BlockRegisterKernelName { pack, packs }))
+}
+
+/// For rows too few to fill the GPU: the slicing with the fewest packs per thread (then the
+/// fewest threads) whose blocks are all resident at once. `(threads, instance, slices)`.
+fn block_register_slicing(rows: u32, row_packs: u32, pack: u32, device: &dyn DeviceLimits) -> Option<(u32, BlockRegisterKernelName, u32)> {
+    let scratch = REDUCTION_SCRATCH_FLOATS * 4;
+    let mut instances: Vec<u32> = block_register_instances().filter(|&(p, _)| p == pack).map(|(_, n)| n).collect();
+    instances.sort_unstable();
+    for packs in instances {
+        let name = BlockRegisterKernelName { pack, packs };
+        for threads in [128, 256, 512, 1024] {
+            let slices = row_packs.div_ceil(threads * packs);
+            let resident = device.multiprocessors() * device.cooperative_blocks_per_sm(&name.to_string(), threads, scratch);
+            if slices > 1 && rows * slices <= resident {
+                return Some((threads, name, slices));
+            }
+        }
+    }
+    None
+}
+
+/// Block registers: a block per row when rows alone fill the GPU, otherwise each row cut into
+/// slices that keep every block resident (a cooperative launch). `None` when the row fits
+/// neither way.
+fn block_registers_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) -> Option<Launch> {
+    let pack = if layout.vector_peelable { VECTOR_PACK } else { 1 };
+    let rows = shape.rows as u32;
+    let row_packs = (shape.cols as u32).div_ceil(pack);
+    // Rows fill the GPU on their own once there are more than it holds at once (estimated
+    // at 8 blocks per multiprocessor).
+    let few_rows = rows < 8 * device.multiprocessors();
+    let sliced = few_rows.then(|| block_register_slicing(rows, row_packs, pack, device)).flatten();
+    let (threads, name, slices) = match sliced {
+        Some(config) => config,
+        None => {
+            let (threads, name) = block_register_config(row_packs, pack)?;
+            (threads, name, 1)
+        }
+    };
+    Some(Launch {
+        kernel: name.to_string(),
+        grid: rows * slices,
+        block: threads,
+        shared_bytes: REDUCTION_SCRATCH_FLOATS * 4,
+        cooperative: slices > 1,
+        args: vec![
+            Arg::Input,
+            Arg::Output,
+            Arg::U32(shape.cols as u32),
+            Arg::U32(slices),
+            Arg::U32(row_packs.div_ceil(slices)),
+            Arg::Partials,
+            Arg::Barriers,
+        ],
+    })
 }
 
 /// Widest row the rows-in-registers kernels hold with this layout.
@@ -215,7 +312,8 @@ fn row_slices_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) ->
         let mut candidate = (4 * sms / rows).max(1);
         while candidate > 1 {
             let candidate_config = configure(candidate, ROW_SLICE_THREADS);
-            let resident = sms * device.row_slice_blocks_per_sm(pack, candidate_config.1, candidate_config.3);
+            let kernel = format!("softmax_row_slices_p{pack}");
+            let resident = sms * device.cooperative_blocks_per_sm(&kernel, candidate_config.1, candidate_config.3);
             if rows * candidate <= resident {
                 slices = candidate;
                 config = candidate_config;
@@ -305,8 +403,11 @@ mod tests {
             227 * 1024
         }
 
-        fn row_slice_blocks_per_sm(&self, _pack: u32, threads: u32, shared_bytes: u32) -> u32 {
-            (2048 / threads).min(228 * 1024 / (shared_bytes + 1024)).min(32)
+        fn cooperative_blocks_per_sm(&self, kernel: &str, threads: u32, shared_bytes: u32) -> u32 {
+            // Registers per thread: about 32, plus the floats a block-registers thread holds.
+            let held: u32 = kernel.strip_prefix("softmax_block_registers_p4_n").map_or(0, |n| 4 * n.parse::<u32>().unwrap());
+            let by_registers = 65536 / (threads * (32 + held));
+            (2048 / threads).min(228 * 1024 / (shared_bytes + 1024)).min(by_registers).min(32)
         }
     }
 
@@ -314,8 +415,8 @@ mod tests {
         Shape::new(rows, cols).unwrap()
     }
 
-    const ALIGNED: Layout = Layout { vector_aligned: true };
-    const UNALIGNED: Layout = Layout { vector_aligned: false };
+    const ALIGNED: Layout = Layout { vector_aligned: true, vector_peelable: true };
+    const UNALIGNED: Layout = Layout { vector_aligned: false, vector_peelable: false };
 
     #[test]
     fn every_planned_kernel_is_in_the_ptx() {
@@ -360,7 +461,7 @@ mod tests {
                 assert!(launch.shared_bytes <= FakeH200.max_shared_per_block());
                 assert_eq!(launch.cooperative, slices > 1);
                 if launch.cooperative {
-                    let resident = 132 * FakeH200.row_slice_blocks_per_sm(layout.pack(), launch.block, launch.shared_bytes);
+                    let resident = 132 * FakeH200.cooperative_blocks_per_sm(&launch.kernel, launch.block, launch.shared_bytes);
                     assert!(launch.grid <= resident, "{rows}x{cols}: {} blocks cannot all be resident", launch.grid);
                     assert!(launch.grid >= 132, "{rows}x{cols}: a sliced launch should fill the GPU");
                 }
@@ -382,8 +483,35 @@ mod tests {
         assert_eq!(kernel(65536, 100, 4), "softmax_rows_in_registers_p1_l32_n4");
         assert_eq!(kernel(1000, 33, 0), "softmax_rows_in_registers_p1_l32_n2");
         assert_eq!(kernel(10, 2, 0), "softmax_rows_in_registers_p1_l2_n1");
-        assert_eq!(kernel(10, 4097, 0), "softmax_row_slices_p1");
-        assert_eq!(kernel(10, 4096, 0), "softmax_row_slices_p4");
+        assert_eq!(kernel(100_000, 4097, 0), "softmax_block_registers_p4_n5");
+        assert_eq!(kernel(100_000, 4096, 4), "softmax_block_registers_p4_n8");
+        assert_eq!(kernel(3200, 16384, 0), "softmax_block_registers_p4_n8");
+        assert_eq!(kernel(10, 4096, 0), "softmax_block_registers_p4_n1");
+        assert_eq!(kernel(2000, 1 << 20, 0), "softmax_row_slices_p4");
+    }
+
+    #[test]
+    fn block_register_slices_cover_the_row_and_stay_resident() {
+        let shapes = [(1, 1_048_576), (1, 32000), (8, 128256), (32, 151936), (16, 262144), (128, 50257), (3, 100003), (200, 16384), (12800, 4096), (1, 4_000_001)];
+        for (rows, cols) in shapes {
+            for layout in [ALIGNED, UNALIGNED] {
+                let launch = block_registers_launch(shape(rows, cols), layout, &FakeH200).unwrap_or_else(|| panic!("{rows}x{cols} {layout:?} does not fit"));
+                let [.., Arg::U32(slices), Arg::U32(slice_packs), _, _] = launch.args[..] else {
+                    panic!("unexpected arguments {:?}", launch.args)
+                };
+                let pack = if layout.vector_peelable { 4 } else { 1 };
+                let packs: u32 = launch.kernel.rsplit('n').next().unwrap().parse().unwrap();
+                assert!(slices * slice_packs * pack + 3 >= cols as u32, "{rows}x{cols}: slices miss columns");
+                assert!(launch.block * packs >= slice_packs, "{rows}x{cols}: a block cannot hold its slice");
+                assert_eq!(launch.grid, rows as u32 * slices);
+                assert_eq!(launch.cooperative, slices > 1);
+                if launch.cooperative {
+                    let resident = 132 * FakeH200.cooperative_blocks_per_sm(&launch.kernel, launch.block, launch.shared_bytes);
+                    assert!(launch.grid <= resident, "{rows}x{cols}: {} blocks cannot all be resident", launch.grid);
+                }
+            }
+        }
+        assert!(block_registers_launch(shape(2000, 1 << 20), ALIGNED, &FakeH200).is_none());
     }
 
     #[test]
@@ -396,6 +524,8 @@ mod tests {
     fn layout_needs_both_pointers_aligned_and_whole_packs() {
         assert!(Layout::of(256, 512, 8).vector_aligned);
         assert!(!Layout::of(260, 512, 8).vector_aligned);
+        assert!(Layout::of(260, 516, 7).vector_peelable);
+        assert!(!Layout::of(260, 512, 8).vector_peelable);
         assert!(!Layout::of(256, 516, 8).vector_aligned);
         assert!(!Layout::of(256, 512, 6).vector_aligned);
     }

@@ -69,13 +69,12 @@ impl DeviceLimits for Limits<'_> {
         self.info.max_shared_per_block
     }
 
-    fn row_slice_blocks_per_sm(&self, pack: u32, threads: u32, shared_bytes: u32) -> u32 {
+    fn cooperative_blocks_per_sm(&self, kernel: &str, threads: u32, shared_bytes: u32) -> u32 {
         if !self.info.supports_cooperative_launch {
             return 0;
         }
-        let kernel = format!("softmax_row_slices_p{pack}");
         // An occupancy query that fails only costs the slicing: one block per row still works.
-        self.kernels.blocks_per_sm(&kernel, threads, shared_bytes).unwrap_or(0)
+        self.kernels.blocks_per_sm(kernel, threads, shared_bytes).unwrap_or(0)
     }
 }
 

@@ -23,13 +23,16 @@ pub enum Variant {
     WarpPerRowOnline,
     /// Production: rows of up to 2048 columns held in registers by 1 to 32 lanes each.
     RowsInRegisters,
-    /// Production: each row cut into slices held in shared memory, one block per slice.
+    /// Production: a block holds a row, or a slice of one, in registers.
+    BlockRegisters,
+    /// Production fallback for rows too wide for registers: each row cut into slices held
+    /// in shared memory, one block per slice.
     RowSlices,
 }
 
 impl Variant {
     /// Command-line names, in the order [`Variant::all`] lists the variants.
-    pub const NAMES: [&str; 9] = [
+    pub const NAMES: [&str; 10] = [
         "auto",
         "unfused",
         "thread-naive",
@@ -38,11 +41,12 @@ impl Variant {
         "block-smem-autotuned",
         "warp-online",
         "registers",
+        "block-registers",
         "row-slices",
     ];
 
     /// Every variant once, the block-per-row one with its default 128 threads.
-    pub fn all() -> [Variant; 9] {
+    pub fn all() -> [Variant; 10] {
         [
             Variant::Auto,
             Variant::Unfused,
@@ -52,6 +56,7 @@ impl Variant {
             Variant::BlockPerRowAutotuned,
             Variant::WarpPerRowOnline,
             Variant::RowsInRegisters,
+            Variant::BlockRegisters,
             Variant::RowSlices,
         ]
     }

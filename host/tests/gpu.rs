@@ -32,9 +32,9 @@ fn main() -> std::process::ExitCode {
     common::run_harness(TESTS)
 }
 
-/// Whether `variant` may refuse `shape` (only the register kernel, for rows too wide).
+/// Whether `variant` may refuse a shape (the register kernels, for rows too wide for them).
 fn may_refuse(variant: Variant, error: &Error) -> bool {
-    variant == Variant::RowsInRegisters && matches!(error, Error::Unsupported { .. })
+    matches!(variant, Variant::RowsInRegisters | Variant::BlockRegisters) && matches!(error, Error::Unsupported { .. })
 }
 
 /// Runs every variant on `input` and checks each against `expected`.
@@ -102,7 +102,7 @@ fn llm_and_odd_shapes(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     ];
     for (rows, cols) in shapes {
         let shape = Shape::new(rows, cols).unwrap();
-        for variant in [Variant::Auto, Variant::RowSlices, Variant::RowsInRegisters, Variant::WarpPerRowOnline] {
+        for variant in [Variant::Auto, Variant::BlockRegisters, Variant::RowSlices, Variant::RowsInRegisters, Variant::WarpPerRowOnline] {
             // Twice with fresh data: the sliced kernel's barriers must reset themselves.
             for _ in 0..2 {
                 let input = random_matrix(rng, shape, 20.0);
@@ -120,33 +120,36 @@ fn llm_and_odd_shapes(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
 
 fn misaligned_buffers(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     let mut checked = 0;
-    for (rows, cols) in [(5, 1000), (3, 4096), (2, 100_000), (64, 64)] {
+    for (rows, cols) in [(5, 1000), (3, 4096), (2, 100_000), (64, 64), (300, 4097)] {
         let shape = Shape::new(rows, cols).unwrap();
         let input = random_matrix(rng, shape, 10.0);
         let expected = softmax_f64(&input, rows, cols);
         let mut padded = vec![0.0; shape.len() + 1];
         padded[1..].copy_from_slice(&input);
         let device_input = DeviceBuffer::from_slice(&padded).map_err(|e| e.to_string())?;
-        for variant in [Variant::Auto, Variant::RowSlices, Variant::RowsInRegisters] {
-            let device_output = poisoned(shape.len() + 1)?;
-            // One float past a 256-byte aligned allocation: 4-byte aligned, never 16.
-            let mut output_view = device_output.index(1..);
-            match softmax.run(variant, &device_input.index(1..), &mut output_view, shape) {
-                Err(error) if may_refuse(variant, &error) => continue,
-                Err(error) => return Err(format!("{variant} on misaligned {shape}: {error}")),
-                Ok(()) => {}
+        // Output one float (misaligned like the input) or two floats (differently) past a
+        // 256-byte aligned allocation.
+        for output_offset in [1, 2] {
+            for variant in [Variant::Auto, Variant::BlockRegisters, Variant::RowSlices, Variant::RowsInRegisters] {
+                let device_output = poisoned(shape.len() + output_offset)?;
+                let mut output_view = device_output.index(output_offset..);
+                match softmax.run(variant, &device_input.index(1..), &mut output_view, shape) {
+                    Err(error) if may_refuse(variant, &error) => continue,
+                    Err(error) => return Err(format!("{variant} on misaligned {shape}: {error}")),
+                    Ok(()) => {}
+                }
+                softmax.synchronize().map_err(|e| e.to_string())?;
+                let mut result = vec![0.0; shape.len() + output_offset];
+                device_output.copy_to(&mut result[..]).map_err(|e| e.to_string())?;
+                if !result[..output_offset].iter().all(|v| v.is_nan()) {
+                    return Err(format!("{variant} wrote before its misaligned output"));
+                }
+                let deviation = softmax::reference::deviation(&result[output_offset..], &expected, cols);
+                if !deviation.within(TOLERANCE) {
+                    return Err(format!("{variant} on misaligned {shape} (output +{output_offset}): {deviation:?}"));
+                }
+                checked += 1;
             }
-            softmax.synchronize().map_err(|e| e.to_string())?;
-            let mut result = vec![0.0; shape.len() + 1];
-            device_output.copy_to(&mut result[..]).map_err(|e| e.to_string())?;
-            if !result[0].is_nan() {
-                return Err(format!("{variant} wrote before its misaligned output"));
-            }
-            let deviation = softmax::reference::deviation(&result[1..], &expected, cols);
-            if !deviation.within(TOLERANCE) {
-                return Err(format!("{variant} on misaligned {shape}: {deviation:?}"));
-            }
-            checked += 1;
         }
     }
     Ok(format!("{checked} misaligned runs correct"))

@@ -81,6 +81,66 @@ register_instances! {
     (32, 20), (32, 24), (32, 28), (32, 32),
 }
 
+/// Declares the block-registers instances once: the table the host plans from and, when
+/// building for the GPU, one `ptx-kernel` entry per row of it, named as
+/// [`BlockRegisterKernelName`] spells it.
+macro_rules! block_register_instances {
+    ($(#[$doc:meta])* $table:ident, pack $pack:literal: $($packs:literal),+ $(,)?) => {
+        $(#[$doc])*
+        pub const $table: &[u32] = &[$($packs),+];
+        $(
+            #[cfg(target_arch = "nvptx64")]
+            const _: () = {
+                /// # Safety
+                /// See [`crate::block_registers::softmax_block_registers`].
+                #[unsafe(export_name = concat!("softmax_block_registers_p", $pack, "_n", $packs))]
+                unsafe extern "ptx-kernel" fn entry(
+                    input: *const f32,
+                    output: *mut f32,
+                    cols: u32,
+                    slices: u32,
+                    slice_packs: u32,
+                    partials: *mut f32,
+                    barriers: *mut u32,
+                ) {
+                    // SAFETY: forwarded from this entry's contract.
+                    unsafe {
+                        crate::block_registers::softmax_block_registers::<$pack, $packs>(
+                            input, output, cols, slices, slice_packs, partials, barriers,
+                        )
+                    }
+                }
+            };
+        )+
+    };
+}
+
+block_register_instances! {
+    /// Packs per thread of the 16-byte block-registers kernels: a block of `T` threads holds
+    /// `T · packs · 4` floats of a row (plus up to 3 leading and 3 trailing ones).
+    BLOCK_REGISTER_VECTOR_PACKS, pack 4: 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16,
+}
+
+block_register_instances! {
+    /// Floats per thread of the 4-byte block-registers kernels, for input and output that
+    /// are misaligned differently modulo 16 bytes.
+    BLOCK_REGISTER_SCALAR_PACKS, pack 1: 4, 8, 12, 16, 24, 32,
+}
+
+/// A block-registers entry: pack width and packs per thread. Its `Display` is the PTX entry
+/// name (`softmax_block_registers_p4_n8`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockRegisterKernelName {
+    pub pack: u32,
+    pub packs: u32,
+}
+
+impl core::fmt::Display for BlockRegisterKernelName {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "softmax_block_registers_p{}_n{}", self.pack, self.packs)
+    }
+}
+
 /// Floats in one vector pack of the vectorized kernels (16 bytes).
 pub const VECTOR_PACK: u32 = 4;
 

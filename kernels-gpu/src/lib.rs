@@ -37,6 +37,10 @@ mod reduce;
 #[cfg(target_arch = "nvptx64")]
 mod block_per_row_smem;
 #[cfg(target_arch = "nvptx64")]
+mod block_registers;
+#[cfg(target_arch = "nvptx64")]
+mod row_exchange;
+#[cfg(target_arch = "nvptx64")]
 mod row_slices;
 #[cfg(target_arch = "nvptx64")]
 mod rows_in_registers;

@@ -4,42 +4,12 @@
 //! of a row exchange their online statistics through global memory behind a per-row barrier,
 //! which needs every block resident at once: the host launches it cooperatively.
 
-use core::sync::atomic::{AtomicU32, Ordering};
-
-use crate::device::{
-    DeviceExp2, block_dim, block_idx, dynamic_shared_f32, fence_device, sleep_briefly, thread_idx,
-};
-use crate::launch::{LOADS_IN_FLIGHT, REDUCTION_SCRATCH_FLOATS, WARP_SIZE};
+use crate::device::{DeviceExp2, block_dim, block_idx, dynamic_shared_f32, thread_idx};
+use crate::launch::{LOADS_IN_FLIGHT, REDUCTION_SCRATCH_FLOATS};
 use crate::memory::{load_pack, store_pack};
 use crate::online::OnlineStats;
-use crate::reduce::{block_stats, warp_stats};
-
-/// Waits until `participants` blocks have arrived at this row's barrier. Called by one thread
-/// per block. The barrier resets itself, so it is reusable by the next launch without a memset.
-///
-/// # Safety
-/// `counter` and `generation` are this row's two words of the barrier buffer, zeroed once when
-/// it was allocated; all `participants` blocks are resident (cooperative launch).
-unsafe fn row_barrier(counter: *mut u32, generation: *mut u32, participants: u32) {
-    // SAFETY: both words are valid, 4-byte aligned and only accessed atomically or volatile.
-    unsafe {
-        let entered = generation.read_volatile();
-        // Release: this block's partial statistics are visible before its arrival is.
-        fence_device();
-        let arrived = AtomicU32::from_ptr(counter).fetch_add(1, Ordering::Relaxed);
-        if arrived + 1 == participants {
-            counter.write_volatile(0);
-            fence_device();
-            AtomicU32::from_ptr(generation).fetch_add(1, Ordering::Relaxed);
-        } else {
-            while generation.read_volatile() == entered {
-                sleep_briefly();
-            }
-        }
-        // Acquire: the other blocks' statistics are read after their arrival.
-        fence_device();
-    }
-}
+use crate::reduce::block_stats;
+use crate::row_exchange::exchange_row_stats;
 
 /// # Safety
 /// `input` and `output` each point to `rows · cols` floats (distinct buffers), `cols > 0`;
@@ -105,26 +75,8 @@ unsafe fn softmax_row_slices<const PACK: usize>(
     let mut row_stats = unsafe { block_stats(stats, shared) };
 
     if slices > 1 {
-        if tid == 0 {
-            // SAFETY: block_idx < rows · slices, row < rows: inside both buffers.
-            unsafe {
-                partials.add(2 * block_idx() as usize).write_volatile(row_stats.max);
-                partials.add(2 * block_idx() as usize + 1).write_volatile(row_stats.sum());
-                row_barrier(barriers.add(2 * row), barriers.add(2 * row + 1), slices);
-            }
-        }
-        crate::device::sync_threads();
-        let mut mine = OnlineStats::EMPTY;
-        let lane = tid % WARP_SIZE as usize;
-        for other in (lane..slices as usize).step_by(WARP_SIZE as usize) {
-            let index = 2 * (row * slices as usize + other);
-            // SAFETY: every block of this row wrote its pair before the barrier released.
-            let theirs = unsafe {
-                OnlineStats::new(partials.add(index).read_volatile(), partials.add(index + 1).read_volatile())
-            };
-            mine = mine.merge::<DeviceExp2>(theirs);
-        }
-        row_stats = warp_stats(mine);
+        // SAFETY: forwarded from this kernel's contract for sliced launches.
+        row_stats = unsafe { exchange_row_stats(row_stats, partials, barriers, row, slices as usize) };
     }
 
     let inv_sum = 1.0 / row_stats.sum();

@@ -4,7 +4,7 @@
 
 use crate::device::{block_dim, block_idx, exp2_approx, grid_dim, thread_idx};
 use crate::launch::WARP_SIZE;
-use crate::online::LOG2_E;
+use crate::online::{CompensatedSum, LOG2_E};
 use crate::reduce::{group_max, group_sum};
 
 /// Row index and the lane's first column for the warp-per-row reductions, or `None` for
@@ -95,12 +95,12 @@ pub unsafe extern "ptx-kernel" fn softmax_unfused_row_sum(
     let Some((row, lane)) = warp_row(rows) else {
         return;
     };
-    let mut sum = 0.0;
+    let mut sum = CompensatedSum::ZERO;
     for col in (lane..cols as usize).step_by(WARP_SIZE as usize) {
         // SAFETY: row < rows and col < cols.
-        sum += unsafe { data.add(row * cols as usize + col).read() };
+        sum.add(unsafe { data.add(row * cols as usize + col).read() });
     }
-    let sum = group_sum::<WARP_SIZE>(sum);
+    let sum = group_sum::<WARP_SIZE>(sum.value());
     if lane == 0 {
         // SAFETY: row < rows.
         unsafe { row_sum.add(row).write(sum) };

@@ -185,30 +185,35 @@ fn device_bundle() -> Result<()> {
     let workspace = workspace();
     let bundle = workspace.join(".gpu");
     let _ = fs::remove_dir_all(&bundle);
-    fs::create_dir_all(bundle.join("tests")).map_err(|e| e.to_string())?;
+    fs::create_dir_all(&bundle).map_err(|e| e.to_string())?;
     if !toolkit_installed() {
         fetch_driver()?;
     }
     run(Command::new(cargo()).current_dir(&workspace).args(["build", "--release", "-p", "host"]))?;
     fs::copy(workspace.join("target/release/host"), bundle.join("host")).map_err(|e| e.to_string())?;
-    let output = Command::new(cargo())
-        .current_dir(&workspace)
-        .args(["test", "--release", "-p", "host", "--no-run", "--message-format=json"])
-        .output()
-        .map_err(|e| e.to_string())?;
-    if !output.status.success() {
-        return Err(String::from_utf8_lossy(&output.stderr).into_owned());
-    }
-    let mut names = Vec::new();
-    for line in String::from_utf8_lossy(&output.stdout).lines() {
-        if let Some(executable) = json_string_field(line, "executable") {
-            let path = PathBuf::from(executable);
-            let name = path.file_name().expect("an executable has a name").to_owned();
-            fs::copy(&path, bundle.join("tests").join(&name)).map_err(|e| e.to_string())?;
-            names.push(name.to_string_lossy().into_owned());
+    for (command, folder) in [("test", "tests"), ("bench", "benches")] {
+        let output = Command::new(cargo())
+            .current_dir(&workspace)
+            .args([command, "--release", "-p", "host", "--no-run", "--message-format=json"])
+            .output()
+            .map_err(|e| e.to_string())?;
+        if !output.status.success() {
+            return Err(String::from_utf8_lossy(&output.stderr).into_owned());
         }
+        fs::create_dir_all(bundle.join(folder)).map_err(|e| e.to_string())?;
+        let mut names = Vec::new();
+        for line in String::from_utf8_lossy(&output.stdout).lines() {
+            if let Some(executable) = json_string_field(line, "executable") {
+                let path = PathBuf::from(executable);
+                let name = path.file_name().expect("an executable has a name").to_owned();
+                fs::copy(&path, bundle.join(folder).join(&name)).map_err(|e| e.to_string())?;
+                names.push(name.to_string_lossy().into_owned());
+            }
+        }
+        println!("bundled into {}: {}", bundle.join(folder).display(), names.join(" "));
     }
-    println!("bundled host and {} test binaries into {}: {}", names.len(), bundle.display(), names.join(" "));
+    fs::copy(ptx_build::ptx_target_dir(&workspace).join("nvptx64-nvidia-cuda/release/kernels_gpu.ptx"), bundle.join("kernels.ptx"))
+        .map_err(|e| e.to_string())?;
     Ok(())
 }
 

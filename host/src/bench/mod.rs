@@ -50,10 +50,21 @@ pub fn llm_shapes() -> Vec<Shape> {
         (1, 1048576),
         (4096, 1000),
         (65536, 100),
+        (3, 100003),
     ]
     .into_iter()
     .map(|(rows, cols)| shape(rows, cols))
     .collect()
+}
+
+/// Widths every 64 columns across each dispatch boundary, at about 200 MB per tensor: a cliff
+/// between neighbours shows up here.
+pub fn boundary_shapes() -> Vec<Shape> {
+    [960..=1152, 1984..=2176, 4032..=4224, 8128..=8320]
+        .into_iter()
+        .flat_map(|range| range.step_by(64))
+        .map(|cols| shape(SEED_SWEEP_TENSOR_BYTES / (4 * cols), cols))
+        .collect()
 }
 
 /// A few shapes for a smoke run.
@@ -160,6 +171,8 @@ pub fn run(config: &BenchConfig) -> Result<Report> {
     }
     progress.finish_and_clear();
     if config.peers {
+        std::fs::create_dir_all(&config.out_dir)
+            .map_err(|source| crate::error::Error::Io { what: format!("creating {}", config.out_dir.display()), source })?;
         measurements.extend(peers::run(&config.shapes, config, &measurements));
     }
     let report = Report::new(device, measurements);
