@@ -2,7 +2,8 @@
 //! arguments. Pure: it needs only the device's limits, so the CPU tests check it.
 
 use kernels_gpu::launch::{
-    BLOCK_REGISTER_SCALAR_PACKS, BLOCK_REGISTER_VECTOR_PACKS, BlockRegisterKernelName, ELEMENTWISE_BLOCK,
+    BLOCK_REGISTER_SCALAR_PACKS, BLOCK_REGISTER_SCALAR_THREADS, BLOCK_REGISTER_VECTOR_PACKS,
+    BLOCK_REGISTER_VECTOR_THREADS, BlockRegisterKernelName, ELEMENTWISE_BLOCK,
     LOADS_IN_FLIGHT, MAX_BLOCK_THREADS, REDUCTION_SCRATCH_FLOATS, REGISTER_ROWS_BLOCK, REGISTER_SCALAR_INSTANCES,
     REGISTER_VECTOR_INSTANCES, ROW_SLICE_THREADS, RegisterKernelName, THREAD_PER_ROW_BLOCK, VECTOR_PACK,
     WARP_PER_ROW_WARPS_PER_BLOCK, WARP_SIZE,
@@ -46,9 +47,11 @@ pub(crate) trait DeviceLimits {
     fn multiprocessors(&self) -> u32;
     /// Dynamic shared memory one block may use (the opt-in limit).
     fn max_shared_per_block(&self) -> u32;
-    /// Blocks of `kernel` that fit on one multiprocessor at once in a cooperative launch
-    /// (0 where the device has no cooperative launch).
-    fn cooperative_blocks_per_sm(&self, kernel: &str, threads: u32, shared_bytes: u32) -> u32;
+    /// Blocks of `kernel` resident on one multiprocessor at once with this block size and
+    /// shared memory (0 when such a block cannot launch at all, e.g. too many registers).
+    fn blocks_per_sm(&self, kernel: &str, threads: u32, shared_bytes: u32) -> u32;
+    /// Whether cooperative launches (every block resident at once) are available.
+    fn cooperative_launch(&self) -> bool;
 }
 
 /// How the buffers sit in memory, which decides where 16-byte accesses are possible.
@@ -155,7 +158,7 @@ pub(crate) fn all_kernel_names() -> Vec<String> {
         "softmax_row_slices_p1",
     ];
     let registers = register_instances().map(|(pack, lanes, packs)| RegisterKernelName { pack, lanes, packs }.to_string());
-    let block_registers = block_register_instances().map(|(pack, packs)| BlockRegisterKernelName { pack, packs }.to_string());
+    let block_registers = block_register_instances().map(|i| i.to_string());
     fixed.iter().map(|s| s.to_string()).chain(registers).chain(block_registers).collect()
 }
 
@@ -165,73 +168,56 @@ fn register_instances() -> impl Iterator<Item = (u32, u32, u32)> {
     vector.chain(REGISTER_SCALAR_INSTANCES.iter().map(|&(l, n)| (1, l, n)))
 }
 
-/// `(pack, packs per thread)` of every block-registers entry.
-fn block_register_instances() -> impl Iterator<Item = (u32, u32)> {
-    let vector = BLOCK_REGISTER_VECTOR_PACKS.iter().map(|&n| (VECTOR_PACK, n));
-    vector.chain(BLOCK_REGISTER_SCALAR_PACKS.iter().map(|&n| (1, n)))
+/// Every block-registers entry.
+fn block_register_instances() -> impl Iterator<Item = BlockRegisterKernelName> {
+    let family = |pack: u32, threads: &'static [u32], packs: &'static [u32]| {
+        threads.iter().flat_map(move |&threads| packs.iter().map(move |&packs| BlockRegisterKernelName { pack, threads, packs }))
+    };
+    family(VECTOR_PACK, BLOCK_REGISTER_VECTOR_THREADS, BLOCK_REGISTER_VECTOR_PACKS)
+        .chain(family(1, BLOCK_REGISTER_SCALAR_THREADS, BLOCK_REGISTER_SCALAR_PACKS))
 }
 
-/// Threads per block the block-registers kernel is launched with: at most 1024, at least
-/// 128 (the kernel's edge floats need 7 threads; more keeps enough loads in flight).
-const BLOCK_REGISTER_THREADS: std::ops::RangeInclusive<u32> = 128..=1024;
-
-/// Packs per thread the block-registers plans aim for: enough independent 16-byte loads in
-/// flight per thread without crowding out resident blocks.
-const BLOCK_REGISTER_TARGET_PACKS: u32 = 8;
-
-/// Threads and packs per thread of a block-registers launch holding a whole row of
-/// `row_packs` packs, or `None` when the row is wider than the largest instance holds.
-fn block_register_config(row_packs: u32, pack: u32) -> Option<(u32, BlockRegisterKernelName)> {
-    let threads = row_packs
-        .div_ceil(BLOCK_REGISTER_TARGET_PACKS)
-        .next_power_of_two()
-        .clamp(*BLOCK_REGISTER_THREADS.start(), *BLOCK_REGISTER_THREADS.end());
-    let per_thread = row_packs.div_ceil(threads);
-    let packs = block_register_instances().filter(|&(p, n)| p == pack && n >= per_thread).map(|(_, n)| n).min()?;
-    Some((threads, BlockRegisterKernelName { pack, packs }))
+/// The block-registers instance for whole rows of `row_packs` packs: the one that keeps the
+/// most rows resident per multiprocessor, then wastes the fewest lanes, then holds the
+/// fewest packs per thread. `None` when no instance holds the row.
+fn block_register_whole_rows(row_packs: u32, pack: u32, device: &dyn DeviceLimits) -> Option<(BlockRegisterKernelName, u32)> {
+    let scratch = REDUCTION_SCRATCH_FLOATS * 4;
+    block_register_instances()
+        .filter(|i| i.pack == pack && i.threads * i.packs >= row_packs)
+        .map(|i| (i, device.blocks_per_sm(&i.to_string(), i.threads, scratch)))
+        .filter(|&(_, resident)| resident > 0)
+        .max_by_key(|&(i, resident)| (resident, std::cmp::Reverse(i.threads * i.packs), std::cmp::Reverse(i.packs)))
 }
 
 /// For rows too few to fill the GPU: the slicing with the fewest packs per thread (then the
-/// fewest threads) whose blocks are all resident at once. `(threads, instance, slices)`.
-fn block_register_slicing(rows: u32, row_packs: u32, pack: u32, device: &dyn DeviceLimits) -> Option<(u32, BlockRegisterKernelName, u32)> {
+/// fewest threads) whose blocks are all resident at once, with at most one slice per thread
+/// (the statistics exchange reads one per thread). `(instance, slices)`.
+fn block_register_slicing(rows: u32, row_packs: u32, pack: u32, device: &dyn DeviceLimits) -> Option<(BlockRegisterKernelName, u32)> {
     let scratch = REDUCTION_SCRATCH_FLOATS * 4;
-    let mut instances: Vec<u32> = block_register_instances().filter(|&(p, _)| p == pack).map(|(_, n)| n).collect();
-    instances.sort_unstable();
-    for packs in instances {
-        let name = BlockRegisterKernelName { pack, packs };
-        for threads in [128, 256, 512, 1024] {
-            let slices = row_packs.div_ceil(threads * packs);
-            let resident = device.multiprocessors() * device.cooperative_blocks_per_sm(&name.to_string(), threads, scratch);
-            if slices > 1 && rows * slices <= resident {
-                return Some((threads, name, slices));
-            }
-        }
-    }
-    None
+    let mut instances: Vec<BlockRegisterKernelName> = block_register_instances().filter(|i| i.pack == pack).collect();
+    instances.sort_by_key(|i| (i.packs, i.threads));
+    instances.into_iter().find_map(|i| {
+        let slices = row_packs.div_ceil(i.threads * i.packs);
+        let resident = device.multiprocessors() * device.blocks_per_sm(&i.to_string(), i.threads, scratch);
+        (slices > 1 && slices <= i.threads && rows * slices <= resident).then_some((i, slices))
+    })
 }
 
-/// Block registers: a block per row when rows alone fill the GPU, otherwise each row cut into
+/// Block registers: a block per row when rows fill the GPU, otherwise each row cut into
 /// slices that keep every block resident (a cooperative launch). `None` when the row fits
 /// neither way.
 fn block_registers_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) -> Option<Launch> {
     let pack = if layout.vector_peelable { VECTOR_PACK } else { 1 };
     let rows = shape.rows as u32;
     let row_packs = (shape.cols as u32).div_ceil(pack);
-    // Rows fill the GPU on their own once there are more than it holds at once (estimated
-    // at 8 blocks per multiprocessor).
-    let few_rows = rows < 8 * device.multiprocessors();
-    let sliced = few_rows.then(|| block_register_slicing(rows, row_packs, pack, device)).flatten();
-    let (threads, name, slices) = match sliced {
-        Some(config) => config,
-        None => {
-            let (threads, name) = block_register_config(row_packs, pack)?;
-            (threads, name, 1)
-        }
-    };
+    let whole = block_register_whole_rows(row_packs, pack, device);
+    let fills_gpu = whole.is_some_and(|(_, resident)| rows >= device.multiprocessors() * resident);
+    let sliced = (!fills_gpu && device.cooperative_launch()).then(|| block_register_slicing(rows, row_packs, pack, device)).flatten();
+    let (instance, slices) = sliced.or(whole.map(|(instance, _)| (instance, 1)))?;
     Some(Launch {
-        kernel: name.to_string(),
+        kernel: instance.to_string(),
         grid: rows * slices,
-        block: threads,
+        block: instance.threads,
         shared_bytes: REDUCTION_SCRATCH_FLOATS * 4,
         cooperative: slices > 1,
         args: vec![
@@ -287,33 +273,34 @@ fn slice_threads(packs: usize, max: u32) -> u32 {
 }
 
 /// Row slices: one block per row when rows alone fill the GPU; otherwise as many slices per
-/// row as keep every block resident (a cooperative launch), each slice cached in shared
+/// row as keep every block resident (a cooperative launch). Each slice is cached in shared
 /// memory when it fits, so the input is read once.
 fn row_slices_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) -> Launch {
-    let pack = layout.pack();
+    let pack = if layout.vector_peelable { VECTOR_PACK } else { 1 };
     let rows = shape.rows as u32;
+    let row_packs = (shape.cols as u32).div_ceil(pack);
     let sms = device.multiprocessors();
     let scratch_bytes = REDUCTION_SCRATCH_FLOATS * 4;
-    let max_cached_cols = (device.max_shared_per_block() - scratch_bytes) / 4 / pack * pack;
+    let kernel = format!("softmax_row_slices_p{pack}");
 
+    // (slice packs, threads, cached, shared bytes) for a number of slices.
     let configure = |slices: u32, max_threads: u32| {
-        let slice_cols = (shape.cols as u32).div_ceil(slices).next_multiple_of(pack);
-        let threads = slice_threads(slice_cols.div_ceil(pack) as usize, max_threads);
-        let cached = slice_cols <= max_cached_cols;
-        let shared_bytes = scratch_bytes + if cached { slice_cols * 4 } else { 0 };
-        (slice_cols, threads, cached, shared_bytes)
+        let slice_packs = row_packs.div_ceil(slices);
+        let threads = slice_threads(slice_packs as usize, max_threads);
+        let cache_bytes = slice_packs * pack * 4;
+        let cached = scratch_bytes + cache_bytes <= device.max_shared_per_block();
+        (slice_packs, threads, cached, scratch_bytes + if cached { cache_bytes } else { 0 })
     };
 
     let mut slices = 1;
     let mut config = configure(1, MAX_BLOCK_THREADS);
     // With fewer rows than two blocks per multiprocessor, a block per row leaves most of the
     // GPU idle: cut rows into slices until the resident blocks are used.
-    if rows < 2 * sms {
-        let mut candidate = (4 * sms / rows).max(1);
+    if rows < 2 * sms && device.cooperative_launch() {
+        let mut candidate = (4 * sms / rows).clamp(1, ROW_SLICE_THREADS);
         while candidate > 1 {
             let candidate_config = configure(candidate, ROW_SLICE_THREADS);
-            let kernel = format!("softmax_row_slices_p{pack}");
-            let resident = sms * device.cooperative_blocks_per_sm(&kernel, candidate_config.1, candidate_config.3);
+            let resident = sms * device.blocks_per_sm(&kernel, candidate_config.1, candidate_config.3);
             if rows * candidate <= resident {
                 slices = candidate;
                 config = candidate_config;
@@ -322,9 +309,9 @@ fn row_slices_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) ->
             candidate = (resident / rows).min(candidate - 1);
         }
     }
-    let (slice_cols, threads, cached, shared_bytes) = config;
+    let (slice_packs, threads, cached, shared_bytes) = config;
     Launch {
-        kernel: format!("softmax_row_slices_p{pack}"),
+        kernel,
         grid: rows * slices,
         block: threads,
         shared_bytes,
@@ -334,7 +321,7 @@ fn row_slices_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) ->
             Arg::Output,
             Arg::U32(shape.cols as u32),
             Arg::U32(slices),
-            Arg::U32(slice_cols),
+            Arg::U32(slice_packs),
             Arg::U32(cached as u32),
             Arg::Partials,
             Arg::Barriers,
@@ -403,11 +390,21 @@ mod tests {
             227 * 1024
         }
 
-        fn cooperative_blocks_per_sm(&self, kernel: &str, threads: u32, shared_bytes: u32) -> u32 {
-            // Registers per thread: about 32, plus the floats a block-registers thread holds.
-            let held: u32 = kernel.strip_prefix("softmax_block_registers_p4_n").map_or(0, |n| 4 * n.parse::<u32>().unwrap());
-            let by_registers = 65536 / (threads * (32 + held));
+        fn blocks_per_sm(&self, kernel: &str, threads: u32, shared_bytes: u32) -> u32 {
+            // Registers per thread: about 24, plus the floats a block-registers thread holds.
+            let held: u32 = match kernel.strip_prefix("softmax_block_registers_p") {
+                Some(rest) => {
+                    let pack: u32 = rest[..1].parse().unwrap();
+                    pack * rest.rsplit('n').next().unwrap().parse::<u32>().unwrap()
+                }
+                None => 8,
+            };
+            let by_registers = 65536 / (threads * (24 + held));
             (2048 / threads).min(228 * 1024 / (shared_bytes + 1024)).min(by_registers).min(32)
+        }
+
+        fn cooperative_launch(&self) -> bool {
+            true
         }
     }
 
@@ -448,20 +445,18 @@ mod tests {
         let shapes = [(1, 1_048_576), (1, 32000), (8, 128256), (32, 151936), (16, 262144), (128, 50257), (3, 100003), (300, 1 << 20), (1000, 65537), (1, 5000), (100_000, 4096)];
         for (rows, cols) in shapes {
             for layout in [ALIGNED, UNALIGNED] {
-                if layout.vector_aligned && cols % 4 != 0 {
-                    continue;
-                }
                 let launch = row_slices_launch(shape(rows, cols), layout, &FakeH200);
-                let [.., Arg::U32(slices), Arg::U32(slice_cols), Arg::U32(cached), _, _] = launch.args[..] else {
+                let [.., Arg::U32(slices), Arg::U32(slice_packs), Arg::U32(cached), _, _] = launch.args[..] else {
                     panic!("unexpected arguments {:?}", launch.args)
                 };
-                assert!((slices * slice_cols) as usize >= cols, "{rows}x{cols}: slices miss columns");
-                assert_eq!(slice_cols % layout.pack(), 0);
+                let pack = if layout.vector_peelable { 4 } else { 1 };
+                let slice_cols = slice_packs * pack;
+                assert!((slices * slice_cols) as usize + 3 >= cols, "{rows}x{cols}: slices miss columns");
                 assert_eq!(launch.grid, rows as u32 * slices);
                 assert!(launch.shared_bytes <= FakeH200.max_shared_per_block());
                 assert_eq!(launch.cooperative, slices > 1);
                 if launch.cooperative {
-                    let resident = 132 * FakeH200.cooperative_blocks_per_sm(&launch.kernel, launch.block, launch.shared_bytes);
+                    let resident = 132 * FakeH200.blocks_per_sm(&launch.kernel, launch.block, launch.shared_bytes);
                     assert!(launch.grid <= resident, "{rows}x{cols}: {} blocks cannot all be resident", launch.grid);
                     assert!(launch.grid >= 132, "{rows}x{cols}: a sliced launch should fill the GPU");
                 }
@@ -483,31 +478,38 @@ mod tests {
         assert_eq!(kernel(65536, 100, 4), "softmax_rows_in_registers_p1_l32_n4");
         assert_eq!(kernel(1000, 33, 0), "softmax_rows_in_registers_p1_l32_n2");
         assert_eq!(kernel(10, 2, 0), "softmax_rows_in_registers_p1_l2_n1");
-        assert_eq!(kernel(100_000, 4097, 0), "softmax_block_registers_p4_n5");
-        assert_eq!(kernel(100_000, 4096, 4), "softmax_block_registers_p4_n8");
-        assert_eq!(kernel(3200, 16384, 0), "softmax_block_registers_p4_n8");
-        assert_eq!(kernel(10, 4096, 0), "softmax_block_registers_p4_n1");
+        assert_eq!(kernel(100_000, 4097, 0), "softmax_block_registers_p4_t128_n10");
+        assert_eq!(kernel(100_000, 4096, 4), "softmax_block_registers_p4_t128_n8");
+        assert_eq!(kernel(3200, 16384, 0), "softmax_block_registers_p4_t512_n8");
+        assert_eq!(kernel(10, 4096, 0), "softmax_block_registers_p4_t128_n1");
         assert_eq!(kernel(2000, 1 << 20, 0), "softmax_row_slices_p4");
     }
 
     #[test]
     fn block_register_slices_cover_the_row_and_stay_resident() {
-        let shapes = [(1, 1_048_576), (1, 32000), (8, 128256), (32, 151936), (16, 262144), (128, 50257), (3, 100003), (200, 16384), (12800, 4096), (1, 4_000_001)];
+        let shapes = [(1, 1_048_576), (1, 32000), (8, 128256), (32, 151936), (16, 262144), (128, 50257), (3, 100003), (200, 16384), (12800, 4096), (1, 4_000_001), (1000, 65537)];
         for (rows, cols) in shapes {
             for layout in [ALIGNED, UNALIGNED] {
-                let launch = block_registers_launch(shape(rows, cols), layout, &FakeH200).unwrap_or_else(|| panic!("{rows}x{cols} {layout:?} does not fit"));
+                let Some(launch) = block_registers_launch(shape(rows, cols), layout, &FakeH200) else {
+                    // More data than registers hold at once: those go to the row-slices kernel.
+                    assert!(layout == UNALIGNED || rows * cols > 4 << 20, "{rows}x{cols} does not fit");
+                    continue;
+                };
                 let [.., Arg::U32(slices), Arg::U32(slice_packs), _, _] = launch.args[..] else {
                     panic!("unexpected arguments {:?}", launch.args)
                 };
                 let pack = if layout.vector_peelable { 4 } else { 1 };
                 let packs: u32 = launch.kernel.rsplit('n').next().unwrap().parse().unwrap();
+                assert!(launch.kernel.contains(&format!("_t{}_", launch.block)), "{}: block size differs from its instance", launch.kernel);
                 assert!(slices * slice_packs * pack + 3 >= cols as u32, "{rows}x{cols}: slices miss columns");
                 assert!(launch.block * packs >= slice_packs, "{rows}x{cols}: a block cannot hold its slice");
                 assert_eq!(launch.grid, rows as u32 * slices);
                 assert_eq!(launch.cooperative, slices > 1);
+                assert!(FakeH200.blocks_per_sm(&launch.kernel, launch.block, launch.shared_bytes) > 0);
                 if launch.cooperative {
-                    let resident = 132 * FakeH200.cooperative_blocks_per_sm(&launch.kernel, launch.block, launch.shared_bytes);
+                    let resident = 132 * FakeH200.blocks_per_sm(&launch.kernel, launch.block, launch.shared_bytes);
                     assert!(launch.grid <= resident, "{rows}x{cols}: {} blocks cannot all be resident", launch.grid);
+                    assert!(slices <= launch.block, "{rows}x{cols}: more slices than threads to read them");
                 }
             }
         }

@@ -69,12 +69,13 @@ impl DeviceLimits for Limits<'_> {
         self.info.max_shared_per_block
     }
 
-    fn cooperative_blocks_per_sm(&self, kernel: &str, threads: u32, shared_bytes: u32) -> u32 {
-        if !self.info.supports_cooperative_launch {
-            return 0;
-        }
-        // An occupancy query that fails only costs the slicing: one block per row still works.
+    fn blocks_per_sm(&self, kernel: &str, threads: u32, shared_bytes: u32) -> u32 {
+        // A failed occupancy query rules the configuration out; the planner falls back.
         self.kernels.blocks_per_sm(kernel, threads, shared_bytes).unwrap_or(0)
+    }
+
+    fn cooperative_launch(&self) -> bool {
+        self.info.supports_cooperative_launch
     }
 }
 

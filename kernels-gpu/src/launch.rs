@@ -81,19 +81,17 @@ register_instances! {
     (32, 20), (32, 24), (32, 28), (32, 32),
 }
 
-/// Declares the block-registers instances once: the table the host plans from and, when
-/// building for the GPU, one `ptx-kernel` entry per row of it, named as
-/// [`BlockRegisterKernelName`] spells it.
-macro_rules! block_register_instances {
-    ($(#[$doc:meta])* $table:ident, pack $pack:literal: $($packs:literal),+ $(,)?) => {
-        $(#[$doc])*
-        pub const $table: &[u32] = &[$($packs),+];
+/// One block-registers `ptx-kernel` entry for each packs count, at one block size.
+macro_rules! block_register_entries {
+    ($pack:literal, $threads:literal, [$($packs:literal),+]) => {
         $(
             #[cfg(target_arch = "nvptx64")]
             const _: () = {
                 /// # Safety
                 /// See [`crate::block_registers::softmax_block_registers`].
-                #[unsafe(export_name = concat!("softmax_block_registers_p", $pack, "_n", $packs))]
+                #[unsafe(export_name = concat!(
+                    "softmax_block_registers_p", $pack, "_t", $threads, "_n", $packs
+                ))]
                 unsafe extern "ptx-kernel" fn entry(
                     input: *const f32,
                     output: *mut f32,
@@ -105,7 +103,7 @@ macro_rules! block_register_instances {
                 ) {
                     // SAFETY: forwarded from this entry's contract.
                     unsafe {
-                        crate::block_registers::softmax_block_registers::<$pack, $packs>(
+                        crate::block_registers::softmax_block_registers::<$pack, $threads, $packs>(
                             input, output, cols, slices, slice_packs, partials, barriers,
                         )
                     }
@@ -115,29 +113,49 @@ macro_rules! block_register_instances {
     };
 }
 
-block_register_instances! {
-    /// Packs per thread of the 16-byte block-registers kernels: a block of `T` threads holds
-    /// `T · packs · 4` floats of a row (plus up to 3 leading and 3 trailing ones).
-    BLOCK_REGISTER_VECTOR_PACKS, pack 4: 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16,
+/// Declares the block-registers instances once: every (threads, packs) pair of the two lists
+/// gets an entry on the GPU, named as [`BlockRegisterKernelName`] spells it, and the host
+/// plans from the same two lists.
+macro_rules! block_register_instances {
+    ($(#[$doc:meta])* $threads_table:ident, $packs_table:ident, pack $pack:literal:
+     threads [$($threads:literal),+], packs $packs:tt $(,)?) => {
+        $(#[$doc])*
+        pub const $threads_table: &[u32] = &[$($threads),+];
+        $(#[$doc])*
+        pub const $packs_table: &[u32] = &$packs;
+        $(block_register_entries!($pack, $threads, $packs);)+
+    };
 }
 
 block_register_instances! {
-    /// Floats per thread of the 4-byte block-registers kernels, for input and output that
-    /// are misaligned differently modulo 16 bytes.
-    BLOCK_REGISTER_SCALAR_PACKS, pack 1: 4, 8, 12, 16, 24, 32,
+    /// The 16-byte block-registers kernels: a block of `threads` holds `threads · packs · 4`
+    /// floats of a row (plus up to 3 leading and 3 trailing ones). Both are compile-time
+    /// constants so pack addresses are immediate offsets from one base register.
+    BLOCK_REGISTER_VECTOR_THREADS, BLOCK_REGISTER_VECTOR_PACKS, pack 4:
+    threads [128, 256, 512, 1024],
+    packs [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16],
 }
 
-/// A block-registers entry: pack width and packs per thread. Its `Display` is the PTX entry
-/// name (`softmax_block_registers_p4_n8`).
+block_register_instances! {
+    /// The 4-byte block-registers kernels, for input and output misaligned differently
+    /// modulo 16 bytes.
+    BLOCK_REGISTER_SCALAR_THREADS, BLOCK_REGISTER_SCALAR_PACKS, pack 1:
+    threads [256, 1024],
+    packs [4, 8, 16, 32],
+}
+
+/// A block-registers entry: pack width, threads per block and packs per thread. Its
+/// `Display` is the PTX entry name (`softmax_block_registers_p4_t512_n8`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BlockRegisterKernelName {
     pub pack: u32,
+    pub threads: u32,
     pub packs: u32,
 }
 
 impl core::fmt::Display for BlockRegisterKernelName {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        write!(f, "softmax_block_registers_p{}_n{}", self.pack, self.packs)
+        write!(f, "softmax_block_registers_p{}_t{}_n{}", self.pack, self.threads, self.packs)
     }
 }
 

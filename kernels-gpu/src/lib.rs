@@ -41,6 +41,8 @@ mod block_registers;
 #[cfg(target_arch = "nvptx64")]
 mod row_exchange;
 #[cfg(target_arch = "nvptx64")]
+mod row_slice;
+#[cfg(target_arch = "nvptx64")]
 mod row_slices;
 #[cfg(target_arch = "nvptx64")]
 mod rows_in_registers;

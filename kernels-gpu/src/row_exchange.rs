@@ -3,10 +3,9 @@
 
 use core::sync::atomic::{AtomicU32, Ordering};
 
-use crate::device::{DeviceExp2, block_idx, fence_device, sleep_briefly, sync_threads, thread_idx};
-use crate::launch::WARP_SIZE;
+use crate::device::{DeviceExp2, block_dim, block_idx, fence_device, sleep_briefly, sync_threads, thread_idx};
 use crate::online::OnlineStats;
-use crate::reduce::warp_stats;
+use crate::reduce::block_stats;
 
 /// Waits until `participants` blocks have arrived at this row's barrier. Called by one thread
 /// per block. The barrier resets itself, so it is reusable by the next launch without a memset.
@@ -42,10 +41,12 @@ unsafe fn row_barrier(counter: *mut u32, generation: *mut u32, participants: u32
 /// Called by every thread of the block from uniform control flow. The launch has `slices`
 /// blocks per row, consecutive in block index and all resident at once (cooperative launch);
 /// `partials` holds two floats per block of the launch, `barriers` two words per row, zeroed
-/// when allocated and used by one launch at a time.
+/// when allocated and used by one launch at a time; `scratch` is the block-reduction scratch
+/// of [`block_stats`].
 #[inline(always)]
 pub unsafe fn exchange_row_stats(
     block: OnlineStats,
+    scratch: *mut f32,
     partials: *mut f32,
     barriers: *mut u32,
     row: usize,
@@ -60,13 +61,16 @@ pub unsafe fn exchange_row_stats(
         }
     }
     sync_threads();
+    // Every thread reads at most a few blocks' statistics (one when slices ≤ threads), so the
+    // reads of a row go out in parallel; a block reduction merges them.
     let mut merged = OnlineStats::EMPTY;
-    let lane = thread_idx() as usize % WARP_SIZE as usize;
-    for other in (lane..slices).step_by(WARP_SIZE as usize) {
+    for other in (thread_idx() as usize..slices).step_by(block_dim() as usize) {
         let index = 2 * (row * slices + other);
-        // SAFETY: every block of this row wrote its pair before the barrier released.
+        // SAFETY: every block of this row wrote its pair before the barrier released; volatile
+        // reads bypass the multiprocessor's L1, which another row's reads may have filled.
         let theirs = unsafe { OnlineStats::new(partials.add(index).read_volatile(), partials.add(index + 1).read_volatile()) };
         merged = merged.merge::<DeviceExp2>(theirs);
     }
-    warp_stats(merged)
+    // SAFETY: uniform control flow; the scratch is at the start of shared memory.
+    unsafe { block_stats(merged, scratch) }
 }

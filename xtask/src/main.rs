@@ -191,10 +191,11 @@ fn device_bundle() -> Result<()> {
     }
     run(Command::new(cargo()).current_dir(&workspace).args(["build", "--release", "-p", "host"]))?;
     fs::copy(workspace.join("target/release/host"), bundle.join("host")).map_err(|e| e.to_string())?;
-    for (command, folder) in [("test", "tests"), ("bench", "benches")] {
+    for (command, folder) in [(["test", "--release"].as_slice(), "tests"), (["bench"].as_slice(), "benches")] {
         let output = Command::new(cargo())
             .current_dir(&workspace)
-            .args([command, "--release", "-p", "host", "--no-run", "--message-format=json"])
+            .args(command)
+            .args(["-p", "host", "--no-run", "--message-format=json"])
             .output()
             .map_err(|e| e.to_string())?;
         if !output.status.success() {
