@@ -28,6 +28,8 @@ except ImportError:
 
 WORKING_SET_OVER_L2 = 4
 SAMPLE_MS = 0.5
+WARMUP_MS = 30.0
+MAX_WARMUP_LAUNCHES = 5000
 MEASUREMENT_BUDGET_MS = 1500.0
 MIN_SAMPLES = 3
 TOLERANCE = 1e-5
@@ -90,7 +92,9 @@ def time_ms(launch, slots):
 
 def measure(launch, slots, iters, warmup):
     timed = time_ms(launch, slots)
-    timed(max(warmup, 1))
+    first = timed(1)
+    # At least `warmup` launches and WARMUP_MS of back-to-back work (clocks ramp up).
+    timed(min(max(warmup, math.ceil(WARMUP_MS / max(first, 1e-3))), MAX_WARMUP_LAUNCHES))
     estimate = max(timed(1), 1e-4)
     per_sample = int(min(max(math.ceil(SAMPLE_MS / estimate), 1), 1000))
     affordable = int(MEASUREMENT_BUDGET_MS / (estimate * per_sample))

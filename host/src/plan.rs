@@ -139,6 +139,7 @@ pub(crate) fn plan(variant: Variant, shape: Shape, layout: Layout, device: &dyn 
             why: "the row (or the slices the GPU has room for) is wider than a block's registers hold".into(),
         })?],
         Variant::RowSlices => vec![row_slices_launch(shape, layout, device)],
+        Variant::SplitRows => split_rows_launches(shape, layout, device),
     })
 }
 
@@ -156,6 +157,10 @@ pub(crate) fn all_kernel_names() -> Vec<String> {
         "softmax_warp_per_row_online",
         "softmax_row_slices_p4",
         "softmax_row_slices_p1",
+        "softmax_split_stats_p4",
+        "softmax_split_stats_p1",
+        "softmax_split_normalize_p4",
+        "softmax_split_normalize_p1",
     ];
     let registers = register_instances().map(|(pack, lanes, packs)| RegisterKernelName { pack, lanes, packs }.to_string());
     let block_registers = block_register_instances().map(|i| i.to_string());
@@ -327,6 +332,42 @@ fn row_slices_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) ->
             Arg::Barriers,
         ],
     }
+}
+
+/// Threads per block of the split-rows kernels.
+const SPLIT_THREADS: u32 = 256;
+
+/// Split rows: enough slices per row for about two waves of full blocks, each slice at least
+/// a pack per thread.
+fn split_rows_launches(shape: Shape, layout: Layout, device: &dyn DeviceLimits) -> Vec<Launch> {
+    let pack = if layout.vector_peelable { VECTOR_PACK } else { 1 };
+    let rows = shape.rows as u32;
+    let row_packs = (shape.cols as u32).div_ceil(pack);
+    let wanted_blocks = 2 * device.multiprocessors() * (2048 / SPLIT_THREADS);
+    let slices = wanted_blocks.div_ceil(rows).min(row_packs.div_ceil(SPLIT_THREADS)).max(1);
+    let slice_packs = row_packs.div_ceil(slices);
+    let launch = |kernel: String, args| Launch {
+        kernel,
+        grid: rows * slices,
+        block: SPLIT_THREADS,
+        shared_bytes: REDUCTION_SCRATCH_FLOATS * 4,
+        cooperative: false,
+        args,
+    };
+    let slicing = [Arg::U32(shape.cols as u32), Arg::U32(slices), Arg::U32(slice_packs)];
+    vec![
+        launch(format!("softmax_split_stats_p{pack}"), [&[Arg::Input][..], &slicing, &[Arg::Partials]].concat()),
+        launch(
+            format!("softmax_split_normalize_p{pack}"),
+            [&[Arg::Input, Arg::Output][..], &slicing, &[Arg::Partials]].concat(),
+        ),
+    ]
+}
+
+/// Floats of the partial-statistics workspace a plan needs: two per block of any launch
+/// that takes it.
+pub(crate) fn partials_needed(launches: &[Launch]) -> usize {
+    launches.iter().filter(|l| l.args.contains(&Arg::Partials)).map(|l| 2 * l.grid as usize).max().unwrap_or(0)
 }
 
 /// The five kernels of the unfused baseline.

@@ -48,7 +48,7 @@ unsafe impl Send for Softmax {}
 struct Workspace {
     /// The unfused variant's row maxima then row sums (`2 · rows`, grown on demand).
     row_stats: DeviceBuffer<f32>,
-    /// Two floats per block of a sliced row-slices launch.
+    /// Two floats per block of a sliced launch (grown on demand).
     partials: DeviceBuffer<f32>,
     /// Two words per row of a sliced row-slices launch, zeroed once; the kernel resets them.
     barriers: DeviceBuffer<u32>,
@@ -140,6 +140,7 @@ impl Softmax {
         if launches.iter().any(|l| l.kernel.starts_with("softmax_unfused")) {
             self.reserve_row_stats(shape.rows)?;
         }
+        self.reserve_partials(plan::partials_needed(&launches))?;
         for launch in &launches {
             // SAFETY: `shape.check_lengths` proved both buffers hold rows × cols floats; the
             // plan chose the grid, block and shared memory each kernel's contract asks for
@@ -187,6 +188,16 @@ impl Softmax {
 
     fn plan(&self, variant: Variant, shape: Shape, layout: Layout) -> Result<Vec<Launch>> {
         plan::plan(variant, shape, layout, &Limits { info: &self.info, kernels: &self.kernels })
+    }
+
+    /// Grows the partial-statistics workspace (split rows over many rows need more than the
+    /// resident-block bound it starts with).
+    fn reserve_partials(&mut self, floats: usize) -> Result<()> {
+        if self.workspace.partials.len() < floats {
+            self.synchronize()?;
+            self.workspace.partials = DeviceBuffer::zeroed(floats).during("growing the workspace")?;
+        }
+        Ok(())
     }
 
     fn reserve_row_stats(&mut self, rows: usize) -> Result<()> {

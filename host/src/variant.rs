@@ -28,11 +28,14 @@ pub enum Variant {
     /// Production fallback for rows too wide for registers: each row cut into slices held
     /// in shared memory, one block per slice.
     RowSlices,
+    /// Production, for few wide rows: slice statistics in one launch, merge and normalize in
+    /// a second (the input is re-read, from L2 when it fits there).
+    SplitRows,
 }
 
 impl Variant {
     /// Command-line names, in the order [`Variant::all`] lists the variants.
-    pub const NAMES: [&str; 10] = [
+    pub const NAMES: [&str; 11] = [
         "auto",
         "unfused",
         "thread-naive",
@@ -43,10 +46,11 @@ impl Variant {
         "registers",
         "block-registers",
         "row-slices",
+        "split-rows",
     ];
 
     /// Every variant once, the block-per-row one with its default 128 threads.
-    pub fn all() -> [Variant; 10] {
+    pub fn all() -> [Variant; 11] {
         [
             Variant::Auto,
             Variant::Unfused,
@@ -58,6 +62,7 @@ impl Variant {
             Variant::RowsInRegisters,
             Variant::BlockRegisters,
             Variant::RowSlices,
+            Variant::SplitRows,
         ]
     }
 

@@ -102,7 +102,7 @@ fn llm_and_odd_shapes(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     ];
     for (rows, cols) in shapes {
         let shape = Shape::new(rows, cols).unwrap();
-        for variant in [Variant::Auto, Variant::BlockRegisters, Variant::RowSlices, Variant::RowsInRegisters, Variant::WarpPerRowOnline] {
+        for variant in [Variant::Auto, Variant::BlockRegisters, Variant::RowSlices, Variant::SplitRows, Variant::RowsInRegisters, Variant::WarpPerRowOnline] {
             // Twice with fresh data: the sliced kernel's barriers must reset themselves.
             for _ in 0..2 {
                 let input = random_matrix(rng, shape, 20.0);
@@ -130,7 +130,7 @@ fn misaligned_buffers(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
         // Output one float (misaligned like the input) or two floats (differently) past a
         // 256-byte aligned allocation.
         for output_offset in [1, 2] {
-            for variant in [Variant::Auto, Variant::BlockRegisters, Variant::RowSlices, Variant::RowsInRegisters] {
+            for variant in [Variant::Auto, Variant::BlockRegisters, Variant::RowSlices, Variant::SplitRows, Variant::RowsInRegisters] {
                 let device_output = poisoned(shape.len() + output_offset)?;
                 let mut output_view = device_output.index(output_offset..);
                 match softmax.run(variant, &device_input.index(1..), &mut output_view, shape) {

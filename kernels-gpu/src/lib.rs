@@ -47,6 +47,8 @@ mod row_slices;
 #[cfg(target_arch = "nvptx64")]
 mod rows_in_registers;
 #[cfg(target_arch = "nvptx64")]
+mod split_rows;
+#[cfg(target_arch = "nvptx64")]
 mod thread_per_row;
 #[cfg(target_arch = "nvptx64")]
 mod unfused;

@@ -49,3 +49,4 @@ pub unsafe fn store_pack<const PACK: usize>(dst: *mut f32, values: [f32; PACK]) 
         }
     }
 }
+

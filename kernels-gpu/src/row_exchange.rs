@@ -1,5 +1,6 @@
-//! Combining the statistics of the blocks that share a row (a sliced launch): each block
-//! publishes its own, waits at the row's barrier, then merges all of them.
+//! Combining the statistics of the blocks that share a row: each block publishes its own,
+//! then, after the row's barrier (one cooperative launch) or in a later kernel, every block
+//! of the row merges all of them.
 
 use core::sync::atomic::{AtomicU32, Ordering};
 
@@ -55,22 +56,45 @@ pub unsafe fn exchange_row_stats(
     if thread_idx() == 0 {
         // SAFETY: block_idx < rows · slices and row < rows: inside both buffers.
         unsafe {
-            partials.add(2 * block_idx() as usize).write_volatile(block.max);
-            partials.add(2 * block_idx() as usize + 1).write_volatile(block.sum());
+            publish_block_stats(block, partials);
             row_barrier(barriers.add(2 * row), barriers.add(2 * row + 1), slices as u32);
         }
     }
     sync_threads();
-    // Every thread reads at most a few blocks' statistics (one when slices ≤ threads), so the
-    // reads of a row go out in parallel; a block reduction merges them.
+    // SAFETY: forwarded; the barrier has released, so every block of the row has published.
+    unsafe { merge_row_stats(scratch, partials, row, slices) }
+}
+
+/// Writes this block's statistics to its two floats of `partials`.
+///
+/// # Safety
+/// `partials` holds two floats per block of the launch.
+#[inline(always)]
+pub unsafe fn publish_block_stats(block: OnlineStats, partials: *mut f32) {
+    // SAFETY: forwarded from the contract.
+    unsafe {
+        partials.add(2 * block_idx() as usize).write_volatile(block.max);
+        partials.add(2 * block_idx() as usize + 1).write_volatile(block.sum());
+    }
+}
+
+/// Merges the published statistics of the `slices` blocks of `row`; every thread gets the
+/// row's statistics. Every thread reads at most a few (one when slices ≤ threads), so the
+/// reads go out in parallel, and a block reduction merges them.
+///
+/// # Safety
+/// Called by every thread of the block from uniform control flow, after every block of the
+/// row published (a barrier, or an earlier kernel); `scratch` as for [`block_stats`].
+#[inline(always)]
+pub unsafe fn merge_row_stats(scratch: *mut f32, partials: *const f32, row: usize, slices: usize) -> OnlineStats {
     let mut merged = OnlineStats::EMPTY;
     for other in (thread_idx() as usize..slices).step_by(block_dim() as usize) {
         let index = 2 * (row * slices + other);
-        // SAFETY: every block of this row wrote its pair before the barrier released; volatile
-        // reads bypass the multiprocessor's L1, which another row's reads may have filled.
+        // SAFETY: published before; volatile reads bypass the multiprocessor's L1, which
+        // another row's reads may have filled.
         let theirs = unsafe { OnlineStats::new(partials.add(index).read_volatile(), partials.add(index + 1).read_volatile()) };
         merged = merged.merge::<DeviceExp2>(theirs);
     }
-    // SAFETY: uniform control flow; the scratch is at the start of shared memory.
+    // SAFETY: uniform control flow; forwarded scratch.
     unsafe { block_stats(merged, scratch) }
 }

@@ -23,7 +23,7 @@ use crate::row_slice::RowSlice;
 /// allocated and used by one launch at a time, and all blocks are resident together
 /// (cooperative launch).
 #[inline(always)]
-#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+#[allow(clippy::too_many_arguments)]
 unsafe fn softmax_row_slices<const PACK: usize>(
     input: *const f32,
     output: *mut f32,
@@ -36,72 +36,122 @@ unsafe fn softmax_row_slices<const PACK: usize>(
 ) {
     let shared = dynamic_shared_f32();
     // SAFETY: the launch provides the scratch followed by the cache when cached.
-    let cache = unsafe { shared.add(REDUCTION_SCRATCH_FLOATS as usize) };
-    let (cols, slices) = (cols as usize, slices as usize);
-    let row = block_idx() as usize / slices;
-    let slice = block_idx() as usize % slices;
-    let threads = block_dim() as usize;
-    let tid = thread_idx() as usize;
-    let cached = cached != 0;
-    // SAFETY: row < rows, so the row's `cols` floats lie inside both buffers.
-    let (x, y) = unsafe { (input.add(row * cols), output.add(row * cols)) };
-    let part = RowSlice::new::<PACK>(x, cols, slice, slices, slice_packs as usize);
-    let column = |pack: usize| part.row_head + pack * PACK;
-    let cached_at = |pack: usize| (pack - part.first) * PACK;
-
-    let edge_column = part.edge_column(tid);
-    // SAFETY: edge columns are inside the row.
-    let edge = edge_column.map_or(f32::NEG_INFINITY, |c| unsafe { x.add(c).read() });
-    let mut stats = OnlineStats::EMPTY;
-    stats.push::<DeviceExp2>(edge);
-    let mut batch = part.first + tid;
-    while batch < part.end {
-        // Issue several independent loads before the first use.
-        let mut values = [[0.0; PACK]; LOADS_IN_FLIGHT as usize];
-        for k in 0..LOADS_IN_FLIGHT as usize {
-            let pack = batch + k * threads;
-            if pack < part.end {
-                // SAFETY: the pack lies in the row's aligned body.
-                values[k] = unsafe { load_pack::<PACK>(x.add(column(pack))) };
-            }
-        }
-        for k in 0..LOADS_IN_FLIGHT as usize {
-            let pack = batch + k * threads;
-            if pack < part.end {
-                if cached {
-                    // SAFETY: pack - first < slice_packs: inside the cache.
-                    unsafe { store_pack::<PACK>(cache.add(cached_at(pack)), values[k]) };
-                }
-                for i in 0..PACK {
-                    stats.push::<DeviceExp2>(values[k][i]);
-                }
-            }
-        }
-        batch += LOADS_IN_FLIGHT as usize * threads;
-    }
-    // SAFETY: uniform control flow; the scratch is at the start of shared memory.
-    let mut row_stats = unsafe { block_stats(stats, shared) };
-    if slices > 1 {
+    let cache = (cached != 0).then(|| unsafe { shared.add(REDUCTION_SCRATCH_FLOATS as usize) });
+    // SAFETY: forwarded from this kernel's contract.
+    let share = unsafe { Share::<PACK>::of_block(input, output, cols, slices, slice_packs) };
+    // SAFETY: as above; uniform control flow.
+    let mut row_stats = unsafe { block_stats(share.stats(cache), shared) };
+    if share.slices > 1 {
         // SAFETY: forwarded from this kernel's contract for sliced launches.
-        row_stats = unsafe { exchange_row_stats(row_stats, shared, partials, barriers, row, slices) };
+        row_stats = unsafe { exchange_row_stats(row_stats, shared, partials, barriers, share.row, share.slices) };
+    }
+    // SAFETY: as above.
+    unsafe { share.write_normalized(cache, row_stats) };
+}
+
+/// One block's share of a row: where it lies, and the float outside the aligned body this
+/// thread holds.
+pub(crate) struct Share<const PACK: usize> {
+    x: *const f32,
+    y: *mut f32,
+    part: RowSlice,
+    edge_column: Option<usize>,
+    pub row: usize,
+    pub slices: usize,
+}
+
+impl<const PACK: usize> Share<PACK> {
+    /// The share of block `block_idx()`: row `block / slices`, slice `block % slices`.
+    ///
+    /// # Safety
+    /// The row-slices contract: both buffers hold `rows · cols` floats, `rows · slices`
+    /// blocks, `slices · slice_packs · PACK ≥ cols - 3`, equal misalignment when PACK is 4.
+    #[inline(always)]
+    pub unsafe fn of_block(input: *const f32, output: *mut f32, cols: u32, slices: u32, slice_packs: u32) -> Self {
+        let (cols, slices) = (cols as usize, slices as usize);
+        let row = block_idx() as usize / slices;
+        // SAFETY: row < rows, so the row's `cols` floats lie inside the input. The output may
+        // be null (a pass that only reads): `wrapping_add` keeps that defined, and such a
+        // pass never writes.
+        let (x, y) = (unsafe { input.add(row * cols) }, output.wrapping_add(row * cols));
+        let part = RowSlice::new::<PACK>(x, cols, block_idx() as usize % slices, slices, slice_packs as usize);
+        let edge_column = part.edge_column(thread_idx() as usize);
+        Share { x, y, part, edge_column, row, slices }
     }
 
-    let inv_sum = 1.0 / row_stats.sum();
-    let normalize = |v: f32| OnlineStats::exp_relative::<DeviceExp2>(v, row_stats.max) * inv_sum;
-    for pack in (part.first + tid..part.end).step_by(threads) {
-        // SAFETY: the packs this thread read (and cached) in the first pass.
-        unsafe {
-            let values = if cached {
-                load_pack::<PACK>(cache.add(cached_at(pack)))
-            } else {
-                load_pack::<PACK>(x.add(column(pack)))
-            };
-            store_pack::<PACK>(y.add(column(pack)), values.map(normalize));
-        }
+    fn column(&self, pack: usize) -> usize {
+        self.part.row_head + pack * PACK
     }
-    if let Some(c) = edge_column {
-        // SAFETY: as for the edge load.
-        unsafe { y.add(c).write(normalize(edge)) };
+
+    fn cached_at(&self, pack: usize) -> usize {
+        (pack - self.part.first) * PACK
+    }
+
+    /// This thread's online statistics of its packs of the share (and its edge float),
+    /// storing the packs into `cache` when given.
+    ///
+    /// # Safety
+    /// `cache`, when given, holds `slice_packs · PACK` floats of shared memory.
+    #[inline(always)]
+    #[allow(clippy::needless_range_loop)]
+    pub unsafe fn stats(&self, cache: Option<*mut f32>) -> OnlineStats {
+        let threads = block_dim() as usize;
+        let mut stats = OnlineStats::EMPTY;
+        if let Some(c) = self.edge_column {
+            // SAFETY: edge columns are inside the row.
+            stats.push::<DeviceExp2>(unsafe { self.x.add(c).read() });
+        }
+        let mut batch = self.part.first + thread_idx() as usize;
+        while batch < self.part.end {
+            // Issue several independent loads before the first use.
+            let mut values = [[0.0; PACK]; LOADS_IN_FLIGHT as usize];
+            for k in 0..LOADS_IN_FLIGHT as usize {
+                let pack = batch + k * threads;
+                if pack < self.part.end {
+                    // SAFETY: the pack lies in the row's aligned body.
+                    values[k] = unsafe { load_pack::<PACK>(self.x.add(self.column(pack))) };
+                }
+            }
+            for k in 0..LOADS_IN_FLIGHT as usize {
+                let pack = batch + k * threads;
+                if pack < self.part.end {
+                    if let Some(cache) = cache {
+                        // SAFETY: pack - first < slice_packs: inside the cache.
+                        unsafe { store_pack::<PACK>(cache.add(self.cached_at(pack)), values[k]) };
+                    }
+                    for i in 0..PACK {
+                        stats.push::<DeviceExp2>(values[k][i]);
+                    }
+                }
+            }
+            batch += LOADS_IN_FLIGHT as usize * threads;
+        }
+        stats
+    }
+
+    /// Writes the softmax of this thread's packs of the share (and its edge float), reading
+    /// them from `cache` when given, else from the input again.
+    ///
+    /// # Safety
+    /// As [`Share::stats`], with the same `cache`, after it.
+    #[inline(always)]
+    pub unsafe fn write_normalized(&self, cache: Option<*mut f32>, row_stats: OnlineStats) {
+        let inv_sum = 1.0 / row_stats.sum();
+        let normalize = |v: f32| OnlineStats::exp_relative::<DeviceExp2>(v, row_stats.max) * inv_sum;
+        for pack in (self.part.first + thread_idx() as usize..self.part.end).step_by(block_dim() as usize) {
+            // SAFETY: the packs this thread read (and cached) in the first pass.
+            unsafe {
+                let values = match cache {
+                    Some(cache) => load_pack::<PACK>(cache.add(self.cached_at(pack))),
+                    None => load_pack::<PACK>(self.x.add(self.column(pack))),
+                };
+                store_pack::<PACK>(self.y.add(self.column(pack)), values.map(normalize));
+            }
+        }
+        if let Some(c) = self.edge_column {
+            // SAFETY: as for the edge load.
+            unsafe { self.y.add(c).write(normalize(self.x.add(c).read())) };
+        }
     }
 }
 

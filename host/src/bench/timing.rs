@@ -28,6 +28,9 @@ const TOLERANCE: f64 = 1e-5;
 const SAMPLE_MS: f64 = 0.5;
 /// Time one measurement may take before it is cut to fewer samples.
 const MEASUREMENT_BUDGET_MS: f64 = 1500.0;
+/// Warm-up time before each measurement, and a bound on the launches it takes.
+const WARMUP_MS: f64 = 30.0;
+const MAX_WARMUP_LAUNCHES: usize = 5000;
 /// Launches slower than this skip the warm-up (a thread-per-row kernel on a 1M-wide row).
 const SLOW_LAUNCH_MS: f64 = 20.0;
 /// At least this many samples, however slow the launch.
@@ -129,7 +132,10 @@ impl Pools {
         // The first launch also tells whether warming up is affordable.
         let first = timed(self, softmax, 1)?;
         let estimate = if first < SLOW_LAUNCH_MS {
-            timed(self, softmax, config.warmup.max(1))?;
+            // At least `warmup` launches and WARMUP_MS of back-to-back work: the clocks of an
+            // idle GPU take a while to come up, and short kernels would be timed before.
+            let launches = config.warmup.max((WARMUP_MS / first.max(1e-3)).ceil() as usize).min(MAX_WARMUP_LAUNCHES);
+            timed(self, softmax, launches)?;
             timed(self, softmax, 1)?.max(1e-4)
         } else {
             first

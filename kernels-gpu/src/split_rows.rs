@@ -1,0 +1,80 @@
+//! Production kernels for few, wide rows, in two ordinary launches: the first computes the
+//! statistics of each slice of each row, the second merges a row's statistics and writes its
+//! slices. The second pass re-reads the input, from L2 when the tensor fits there, so device
+//! memory still sees about one read and one write; no block waits for another, so nothing
+//! needs to be resident at once.
+
+use crate::device::dynamic_shared_f32;
+use crate::reduce::block_stats;
+use crate::row_exchange::{merge_row_stats, publish_block_stats};
+use crate::row_slices::Share;
+
+/// Pass one: the statistics of each block's share, into `partials`.
+///
+/// # Safety
+/// The row-slices contract without the cache (see `softmax_row_slices`), with `partials`
+/// holding `2 · rows · slices` floats.
+#[inline(always)]
+unsafe fn split_stats<const PACK: usize>(input: *const f32, cols: u32, slices: u32, slice_packs: u32, partials: *mut f32) {
+    let scratch = dynamic_shared_f32();
+    // SAFETY: forwarded; the output is not touched in this pass.
+    let share = unsafe { Share::<PACK>::of_block(input, core::ptr::null_mut(), cols, slices, slice_packs) };
+    // SAFETY: uniform control flow; the launch provides the scratch; no cache.
+    let stats = unsafe { block_stats(share.stats(None), scratch) };
+    if crate::device::thread_idx() == 0 {
+        // SAFETY: forwarded from the contract.
+        unsafe { publish_block_stats(stats, partials) };
+    }
+}
+
+/// Pass two: merges each row's statistics and writes every share.
+///
+/// # Safety
+/// As [`split_stats`] with the same shape and slicing, launched after it on the same stream.
+#[inline(always)]
+unsafe fn split_normalize<const PACK: usize>(
+    input: *const f32,
+    output: *mut f32,
+    cols: u32,
+    slices: u32,
+    slice_packs: u32,
+    partials: *const f32,
+) {
+    let scratch = dynamic_shared_f32();
+    // SAFETY: forwarded from the contract.
+    unsafe {
+        let share = Share::<PACK>::of_block(input, output, cols, slices, slice_packs);
+        let row_stats = merge_row_stats(scratch, partials, share.row, share.slices);
+        share.write_normalized(None, row_stats);
+    }
+}
+
+macro_rules! split_entries {
+    ($stats:ident, $normalize:ident, $pack:literal) => {
+        /// # Safety
+        /// See `split_stats` with `PACK =` the suffix of the name.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $stats(input: *const f32, cols: u32, slices: u32, slice_packs: u32, partials: *mut f32) {
+            // SAFETY: forwarded from this entry's contract.
+            unsafe { split_stats::<$pack>(input, cols, slices, slice_packs, partials) }
+        }
+
+        /// # Safety
+        /// See `split_normalize` with `PACK =` the suffix of the name.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $normalize(
+            input: *const f32,
+            output: *mut f32,
+            cols: u32,
+            slices: u32,
+            slice_packs: u32,
+            partials: *const f32,
+        ) {
+            // SAFETY: forwarded from this entry's contract.
+            unsafe { split_normalize::<$pack>(input, output, cols, slices, slice_packs, partials) }
+        }
+    };
+}
+
+split_entries!(softmax_split_stats_p4, softmax_split_normalize_p4, 4);
+split_entries!(softmax_split_stats_p1, softmax_split_normalize_p1, 1);
