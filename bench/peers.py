@@ -73,34 +73,37 @@ def variants(cols):
         yield "triton", triton_softmax
 
 
-def time_ms(launch, slots):
+def measure_interleaved(launches, slots, iters, warmup):
+    """Median ms per launch of each launcher: warm-up, then rounds of one sample each."""
     start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     counter = [0]
 
-    def timed(launches):
+    def timed(launch, count):
         start.record()
-        for _ in range(launches):
+        for _ in range(count):
             x, out = slots[counter[0] % len(slots)]
             launch(x, out)
             counter[0] += 1
         stop.record()
         stop.synchronize()
-        return start.elapsed_time(stop) / launches
+        return start.elapsed_time(stop) / count
 
-    return timed
-
-
-def measure(launch, slots, iters, warmup):
-    timed = time_ms(launch, slots)
-    first = timed(1)
-    # At least `warmup` launches and WARMUP_MS of back-to-back work (clocks ramp up).
-    timed(min(max(warmup, math.ceil(WARMUP_MS / max(first, 1e-3))), MAX_WARMUP_LAUNCHES))
-    estimate = max(timed(1), 1e-4)
-    per_sample = int(min(max(math.ceil(SAMPLE_MS / estimate), 1), 1000))
-    affordable = int(MEASUREMENT_BUDGET_MS / (estimate * per_sample))
-    samples = max(min(iters, affordable), MIN_SAMPLES)
-    times = sorted(timed(per_sample) for _ in range(samples))
-    return times[len(times) // 2]
+    plans = []
+    for launch in launches:
+        first = timed(launch, 1)
+        share = WARMUP_MS / len(launches)
+        timed(launch, min(max(warmup, math.ceil(share / max(first, 1e-3))), MAX_WARMUP_LAUNCHES))
+        estimate = max(timed(launch, 1), 1e-4)
+        per_sample = int(min(max(math.ceil(SAMPLE_MS / estimate), 1), 1000))
+        affordable = int(MEASUREMENT_BUDGET_MS / (estimate * per_sample))
+        plans.append((per_sample, max(min(iters, affordable), MIN_SAMPLES)))
+    times = [[] for _ in launches]
+    for round_index in range(max(samples for _, samples in plans)):
+        for i, launch in enumerate(launches):
+            per_sample, samples = plans[i]
+            if round_index < samples:
+                times[i].append(timed(launch, per_sample))
+    return [sorted(t)[len(t) // 2] for t in times]
 
 
 def correct(result, x):
@@ -137,16 +140,19 @@ def main():
         outputs = torch.empty_like(inputs)
         slots = [(inputs[i], outputs[i]) for i in range(slots_needed)]
         traffic = 2 * numel * 4
-        copy_ms = measure(lambda x, out: out.copy_(x), slots, args.iters, args.warmup)
+        checked = []
         for name, launch in variants(cols):
             x, out = slots[0]
             out.fill_(float("nan"))
-            result = launch(x, out)
-            ok, relative = correct(result, x)
-            if not ok:
+            ok, relative = correct(launch(x, out), x)
+            if ok:
+                checked.append((name, launch))
+            else:
                 print(f"peers.py: {name} on {text} FAILED the reference check ({relative:.2e}); not timed", file=sys.stderr)
-                continue
-            ms = measure(launch, slots, args.iters, args.warmup)
+        copy = lambda x, out: out.copy_(x)
+        medians = measure_interleaved([copy] + [launch for _, launch in checked], slots, args.iters, args.warmup)
+        copy_ms = medians[0]
+        for (name, _), ms in zip(checked, medians[1:]):
             lines.append(f"{name},f32,{rows},{cols},{ms:.6f},{traffic / ms / 1e6:.2f},{100 * copy_ms / ms:.2f}")
             print(f"peers.py: {text:>14} {name:<14} {ms:9.4f} ms {traffic / ms / 1e6:8.0f} GB/s", file=sys.stderr)
         del inputs, outputs, slots

@@ -16,6 +16,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 pub use report::Report;
+use timing::Contender;
 
 use crate::error::Result;
 use crate::shape::Shape;
@@ -135,39 +136,45 @@ pub fn gigabytes_per_second(shape: Shape, ms: f64) -> f64 {
 pub fn run(config: &BenchConfig) -> Result<Report> {
     let mut softmax = Softmax::on_device(config.device)?;
     let device = softmax.device().clone();
-    let steps = config.shapes.len() * (config.variants.len() + 1);
+    let steps = config.shapes.len();
     let progress = ProgressBar::new(steps as u64).with_style(
         ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}").expect("valid template"),
     );
     let mut rng = SmallRng::seed_from_u64(0x5eed);
     let mut measurements = Vec::new();
     for &shape in &config.shapes {
-        progress.set_message(format!("{shape}: copy"));
         let mut pools = timing::Pools::new(shape, device.l2_bytes as usize, &mut rng)?;
-        let copy_ms = pools.time_copy(&mut softmax, config)?;
+        // Correct first: a variant that fails (or refuses the shape) is reported, not timed.
+        let mut verdicts = Vec::new();
+        for &variant in &config.variants {
+            progress.set_message(format!("{shape}: checking {variant}"));
+            verdicts.push((variant, pools.verify(&mut softmax, variant, &mut rng)));
+        }
+        let contenders: Vec<Contender> = std::iter::once(Contender::Copy)
+            .chain(verdicts.iter().filter(|(_, v)| v.is_ok()).map(|&(variant, _)| Contender::Variant(variant)))
+            .collect();
+        progress.set_message(format!("{shape}: timing {} contenders", contenders.len()));
+        let medians = pools.time_interleaved(&mut softmax, &contenders, config)?;
+        let copy_ms = medians[0];
+        let timed = |ms: f64| Outcome::Timed { median_ms: ms, gbps: gigabytes_per_second(shape, ms), pct_of_copy: 100.0 * copy_ms / ms };
         measurements.push(Measurement {
             variant: "copy".into(),
             dtype: "f32",
             rows: shape.rows,
             cols: shape.cols,
             kernels: vec!["cuMemcpyDtoDAsync".into()],
-            outcome: Outcome::Timed { median_ms: copy_ms, gbps: gigabytes_per_second(shape, copy_ms), pct_of_copy: 100.0 },
+            outcome: timed(copy_ms),
         });
-        progress.inc(1);
-        for &variant in &config.variants {
-            progress.set_message(format!("{shape}: {variant}"));
-            let outcome = match pools.verify(&mut softmax, variant, &mut rng) {
-                Ok(()) => {
-                    let ms = pools.time_variant(&mut softmax, variant, config)?;
-                    let gbps = gigabytes_per_second(shape, ms);
-                    Outcome::Timed { median_ms: ms, gbps, pct_of_copy: 100.0 * copy_ms / ms }
-                }
+        let mut timed_medians = medians[1..].iter();
+        for (variant, verdict) in verdicts {
+            let outcome = match verdict {
+                Ok(()) => timed(*timed_medians.next().expect("one median per verified variant")),
                 Err(outcome) => outcome,
             };
             let kernels = softmax.kernels_for(variant, shape).unwrap_or_default();
             measurements.push(Measurement { variant: variant.name(), dtype: "f32", rows: shape.rows, cols: shape.cols, kernels, outcome });
-            progress.inc(1);
         }
+        progress.inc(1);
     }
     progress.finish_and_clear();
     if config.peers {

@@ -28,7 +28,7 @@ const TOLERANCE: f64 = 1e-5;
 const SAMPLE_MS: f64 = 0.5;
 /// Time one measurement may take before it is cut to fewer samples.
 const MEASUREMENT_BUDGET_MS: f64 = 1500.0;
-/// Warm-up time before each measurement, and a bound on the launches it takes.
+/// Warm-up time per shape (shared by its contenders), and a bound on launches per contender.
 const WARMUP_MS: f64 = 30.0;
 const MAX_WARMUP_LAUNCHES: usize = 5000;
 /// Launches slower than this skip the warm-up (a thread-per-row kernel on a 1M-wide row).
@@ -64,22 +64,15 @@ impl Pools {
         (self.input.index(range.clone()), self.output.index(range))
     }
 
-    /// Median milliseconds of a device-to-device copy of the tensor.
-    pub fn time_copy(&mut self, softmax: &mut Softmax, config: &BenchConfig) -> Result<f64> {
-        self.time(softmax, config, |pools, softmax, i| {
-            let (input, mut output) = pools.slot(i);
-            // SAFETY: both slices are live device memory of equal length, in disjoint pools.
-            unsafe { output.async_copy_from(&input, softmax.stream()) }.during("copying device to device")
-        })
-    }
-
-    /// Median milliseconds of one softmax with `variant`.
-    pub fn time_variant(&mut self, softmax: &mut Softmax, variant: Variant, config: &BenchConfig) -> Result<f64> {
+    /// Enqueues one launch of `contender` on slot `slot`.
+    fn launch(&mut self, softmax: &mut Softmax, contender: Contender, slot: usize) -> Result<()> {
         let shape = self.shape;
-        self.time(softmax, config, |pools, softmax, i| {
-            let (input, mut output) = pools.slot(i);
-            softmax.run(variant, &input, &mut output, shape)
-        })
+        let (input, mut output) = self.slot(slot);
+        match contender {
+            // SAFETY: both slices are live device memory of equal length, in disjoint pools.
+            Contender::Copy => unsafe { output.async_copy_from(&input, softmax.stream()) }.during("copying device to device"),
+            Contender::Variant(variant) => softmax.run(variant, &input, &mut output, shape),
+        }
     }
 
     /// Runs `variant` once on a poisoned output and compares sampled rows with the reference.
@@ -109,42 +102,64 @@ impl Pools {
         Ok(())
     }
 
-    /// Warm-up, then the median over samples of the mean time of back-to-back launches.
-    fn time(
-        &mut self,
-        softmax: &mut Softmax,
-        config: &BenchConfig,
-        mut launch: impl FnMut(&mut Self, &mut Softmax, usize) -> Result<()>,
-    ) -> Result<f64> {
+    /// Median milliseconds per launch of each contender. All are warmed up, then timed in
+    /// rounds, one sample of each per round, so that clock and cache conditions are shared
+    /// instead of favouring whoever runs last. A sample is the mean of back-to-back launches
+    /// (about [`SAMPLE_MS`]); slow contenders take fewer samples (at least [`MIN_SAMPLES`]).
+    pub fn time_interleaved(&mut self, softmax: &mut Softmax, contenders: &[Contender], config: &BenchConfig) -> Result<Vec<f64>> {
         let new_event = || Event::new(EventFlags::DEFAULT).during("creating an event");
         let (start, stop) = (new_event()?, new_event()?);
         let mut next = 0;
-        let mut timed = |pools: &mut Self, softmax: &mut Softmax, launches: usize| -> Result<f64> {
+        let mut timed = |pools: &mut Self, softmax: &mut Softmax, contender: Contender, launches: usize| -> Result<f64> {
             start.record(softmax.stream()).during("recording an event")?;
             for _ in 0..launches {
-                launch(pools, softmax, next)?;
+                pools.launch(softmax, contender, next)?;
                 next += 1;
             }
             stop.record(softmax.stream()).during("recording an event")?;
             stop.synchronize().during("waiting for timed launches")?;
             Ok(f64::from(stop.elapsed_time_f32(&start).during("reading events")?) / launches as f64)
         };
-        // The first launch also tells whether warming up is affordable.
-        let first = timed(self, softmax, 1)?;
-        let estimate = if first < SLOW_LAUNCH_MS {
-            // At least `warmup` launches and WARMUP_MS of back-to-back work: the clocks of an
-            // idle GPU take a while to come up, and short kernels would be timed before.
-            let launches = config.warmup.max((WARMUP_MS / first.max(1e-3)).ceil() as usize).min(MAX_WARMUP_LAUNCHES);
-            timed(self, softmax, launches)?;
-            timed(self, softmax, 1)?.max(1e-4)
-        } else {
-            first
-        };
-        let per_sample = (SAMPLE_MS / estimate).ceil().clamp(1.0, 1000.0) as usize;
-        let affordable = (MEASUREMENT_BUDGET_MS / (estimate * per_sample as f64)) as usize;
-        let samples = config.iters.min(affordable).max(MIN_SAMPLES);
-        let mut times: Vec<f64> = (0..samples).map(|_| timed(self, softmax, per_sample)).collect::<Result<_>>()?;
-        times.sort_by(f64::total_cmp);
-        Ok(times[times.len() / 2])
+        let mut plans = Vec::with_capacity(contenders.len());
+        for &contender in contenders {
+            // The first launch tells whether warming up is affordable: at least `warmup`
+            // launches and a share of WARMUP_MS of back-to-back work (idle clocks ramp up).
+            let first = timed(self, softmax, contender, 1)?;
+            let estimate = if first < SLOW_LAUNCH_MS {
+                let share = WARMUP_MS / contenders.len() as f64;
+                let launches = config.warmup.max((share / first.max(1e-3)).ceil() as usize).min(MAX_WARMUP_LAUNCHES);
+                timed(self, softmax, contender, launches)?;
+                timed(self, softmax, contender, 1)?.max(1e-4)
+            } else {
+                first
+            };
+            let per_sample = (SAMPLE_MS / estimate).ceil().clamp(1.0, 1000.0) as usize;
+            let affordable = (MEASUREMENT_BUDGET_MS / (estimate * per_sample as f64)) as usize;
+            plans.push((per_sample, config.iters.min(affordable).max(MIN_SAMPLES)));
+        }
+        let rounds = plans.iter().map(|&(_, samples)| samples).max().unwrap_or(0);
+        let mut times = vec![Vec::new(); contenders.len()];
+        for round in 0..rounds {
+            for (i, &contender) in contenders.iter().enumerate() {
+                let (per_sample, samples) = plans[i];
+                if round < samples {
+                    times[i].push(timed(self, softmax, contender, per_sample)?);
+                }
+            }
+        }
+        Ok(times
+            .into_iter()
+            .map(|mut t| {
+                t.sort_by(f64::total_cmp);
+                t[t.len() / 2]
+            })
+            .collect())
     }
+}
+
+/// What a measurement launches: the roofline copy or a softmax variant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Contender {
+    Copy,
+    Variant(Variant),
 }
