@@ -165,15 +165,19 @@ fn fetch_driver() -> Result<PathBuf> {
     Ok(lib64)
 }
 
-/// Whether cust can link without the fetched library: a CUDA toolkit where cust's build
-/// script looks, or a `CUDA_LIBRARY_PATH` set by the user.
-fn toolkit_installed() -> bool {
-    let user_path = env::var_os("CUDA_LIBRARY_PATH").is_some_and(|p| !p.is_empty());
-    user_path || ["/usr/local/cuda/lib64", "/opt/cuda/lib64"].iter().any(|d| Path::new(d).is_dir())
+/// Whether cust's build script finds a `libcuda.so` to link against where it looks: under
+/// `lib64` (or `lib64/stubs`) of each `CUDA_LIBRARY_PATH` entry (`.cargo/config.toml` points
+/// it at the fetched library), `/usr/local/cuda` or `/opt/cuda`.
+fn driver_linkable() -> bool {
+    let configured = env::var_os("CUDA_LIBRARY_PATH").map(|p| env::split_paths(&p).collect::<Vec<_>>()).unwrap_or_default();
+    configured
+        .into_iter()
+        .chain(["/usr/local/cuda".into(), "/opt/cuda".into()])
+        .any(|root| ["lib64/libcuda.so", "lib64/stubs/libcuda.so"].iter().any(|lib| root.join(lib).exists()))
 }
 
 fn test(args: &[String]) -> Result<()> {
-    if !toolkit_installed() {
+    if !driver_linkable() {
         fetch_driver()?;
     }
     run(Command::new(cargo()).current_dir(workspace()).args(["test", "--workspace"]).args(args))
@@ -186,7 +190,7 @@ fn device_bundle() -> Result<()> {
     let bundle = workspace.join(".gpu");
     let _ = fs::remove_dir_all(&bundle);
     fs::create_dir_all(&bundle).map_err(|e| e.to_string())?;
-    if !toolkit_installed() {
+    if !driver_linkable() {
         fetch_driver()?;
     }
     run(Command::new(cargo()).current_dir(&workspace).args(["build", "--release", "-p", "host"]))?;
