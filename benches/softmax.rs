@@ -21,7 +21,9 @@ fn softmax_benches(c: &mut Criterion) {
     let mut group = c.benchmark_group("softmax");
     for (rows, cols) in SHAPES {
         let shape = Shape::new(rows, cols).expect("valid shape");
-        let values: Vec<f32> = (0..shape.len()).map(|i| (i % 977) as f32 * 0.01 - 4.0).collect();
+        let values: Vec<f32> = (0..shape.len())
+            .map(|i| (i % 977) as f32 * 0.01 - 4.0)
+            .collect();
         let input = DeviceBuffer::from_slice(&values).expect("device input");
         let mut output = DeviceBuffer::from_slice(&values).expect("device output");
         group.throughput(Throughput::Bytes(shape.min_traffic_bytes()));
@@ -35,7 +37,9 @@ fn softmax_benches(c: &mut Criterion) {
                     softmax.synchronize().expect("idle stream");
                     let start = Instant::now();
                     for _ in 0..iterations {
-                        softmax.run(variant, &input, &mut output, shape).expect("launch");
+                        softmax
+                            .run(variant, &input, &mut output, shape)
+                            .expect("launch");
                     }
                     softmax.synchronize().expect("kernels finish");
                     start.elapsed()

@@ -10,15 +10,24 @@ use std::process::Command;
 
 fn main() {
     let manifest_dir = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("set by cargo"));
-    let workspace = manifest_dir.parent().expect("host/ sits in the workspace").to_path_buf();
+    let workspace = manifest_dir
+        .parent()
+        .expect("host/ sits in the workspace")
+        .to_path_buf();
     let cargo = PathBuf::from(env::var_os("CARGO").expect("set by cargo"));
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("set by cargo"));
 
     let ptx = ptx_build::build_kernels_ptx(&cargo, &workspace).unwrap_or_else(|e| panic!("{e}"));
     std::fs::copy(&ptx, out_dir.join("kernels.ptx"))
         .unwrap_or_else(|e| panic!("copying {}: {e}", ptx.display()));
-    println!("cargo:rerun-if-changed={}", workspace.join("kernels-gpu").display());
-    println!("cargo:rerun-if-changed={}", workspace.join("xtask/src/ptx_build.rs").display());
+    println!(
+        "cargo:rerun-if-changed={}",
+        workspace.join("kernels-gpu").display()
+    );
+    println!(
+        "cargo:rerun-if-changed={}",
+        workspace.join("xtask/src/ptx_build.rs").display()
+    );
 
     load_fetched_driver_only_without_a_real_one(&workspace);
     embed_git_commit(&workspace);
@@ -36,7 +45,10 @@ fn embed_git_commit(workspace: &Path) {
         .unwrap_or_else(|| "unknown".to_owned());
     println!("cargo:rustc-env=SOFTMAX_GIT_COMMIT={commit}");
     for watched in [".git/HEAD", ".git/refs/heads"] {
-        println!("cargo:rerun-if-changed={}", workspace.join(watched).display());
+        println!(
+            "cargo:rerun-if-changed={}",
+            workspace.join(watched).display()
+        );
     }
 }
 
@@ -59,13 +71,18 @@ fn real_driver_installed(fetched: &Path) -> bool {
         .iter()
         .find_map(|ldconfig| Command::new(ldconfig).arg("-p").output().ok())
         .map(|out| {
-            String::from_utf8_lossy(&out.stdout)
-                .lines()
-                .any(|line| line.contains("libcuda.so.1") && !line.contains(&*fetched.to_string_lossy()))
+            String::from_utf8_lossy(&out.stdout).lines().any(|line| {
+                line.contains("libcuda.so.1") && !line.contains(&*fetched.to_string_lossy())
+            })
         })
         .unwrap_or(false);
     let library_path = env::var("LD_LIBRARY_PATH").unwrap_or_default();
-    let well_known = ["/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/local/nvidia/lib64", "/usr/lib/wsl/lib"];
+    let well_known = [
+        "/usr/lib/x86_64-linux-gnu",
+        "/usr/lib64",
+        "/usr/local/nvidia/lib64",
+        "/usr/lib/wsl/lib",
+    ];
     in_loader_cache
         || library_path
             .split(':')

@@ -30,8 +30,16 @@ pub struct DeviceInfo {
 impl DeviceInfo {
     /// A short lowercase name for file names, e.g. `nvidia-h200`.
     pub fn slug(&self) -> String {
-        let slug: String = self.name.to_lowercase().chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
-        slug.split('-').filter(|s| !s.is_empty()).collect::<Vec<_>>().join("-")
+        let slug: String = self
+            .name
+            .to_lowercase()
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .collect();
+        slug.split('-')
+            .filter(|s| !s.is_empty())
+            .collect::<Vec<_>>()
+            .join("-")
     }
 }
 
@@ -41,7 +49,9 @@ pub(crate) fn open(ordinal: u32) -> Result<(Context, Device, DeviceInfo)> {
     cust::init(cust::CudaFlags::empty()).map_err(|e| no_device(e, "cuInit failed"))?;
     let count = Device::num_devices().map_err(|e| no_device(e, "cannot count devices"))?;
     if ordinal >= count {
-        return Err(Error::NoDevice { reason: format!("device {ordinal} requested but {count} present") });
+        return Err(Error::NoDevice {
+            reason: format!("device {ordinal} requested but {count} present"),
+        });
     }
     let device = Device::get_device(ordinal).during("opening the device")?;
     let context = Context::new(device).during("creating the device context")?;
@@ -50,11 +60,18 @@ pub(crate) fn open(ordinal: u32) -> Result<(Context, Device, DeviceInfo)> {
 }
 
 fn no_device(error: CudaError, what: &str) -> Error {
-    Error::NoDevice { reason: format!("{what}: {error}") }
+    Error::NoDevice {
+        reason: format!("{what}: {error}"),
+    }
 }
 
 fn read_info(ordinal: u32, device: Device) -> Result<DeviceInfo> {
-    let attribute = |a: DeviceAttribute| device.get_attribute(a).during("reading device attributes").map(|v| v as u32);
+    let attribute = |a: DeviceAttribute| {
+        device
+            .get_attribute(a)
+            .during("reading device attributes")
+            .map(|v| v as u32)
+    };
     let mut driver_version = 0;
     // SAFETY: writes one int through a valid pointer.
     unsafe { sys::cuDriverGetVersion(&mut driver_version) };
@@ -103,7 +120,13 @@ pub(crate) fn check(status: sys::CUresult, during: &'static str) -> Result<()> {
         "unknown error".to_owned()
     } else {
         // SAFETY: a non-null result is a NUL-terminated static string owned by the driver.
-        unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy().into_owned()
+        unsafe { std::ffi::CStr::from_ptr(name) }
+            .to_string_lossy()
+            .into_owned()
     };
-    Err(Error::CudaStatus { during, code: status as u32, name })
+    Err(Error::CudaStatus {
+        during,
+        code: status as u32,
+        name,
+    })
 }

@@ -22,20 +22,38 @@ pub enum Error {
     /// A driver call that cust does not wrap failed (`name` is the driver's, e.g.
     /// `CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE`).
     #[error("CUDA error while {during}: {name} ({code})")]
-    CudaStatus { during: &'static str, code: u32, name: String },
+    CudaStatus {
+        during: &'static str,
+        code: u32,
+        name: String,
+    },
 
     /// The input buffer does not hold `rows × cols` elements.
     #[error("input holds {len} elements but the shape {rows}×{cols} needs {expected}")]
-    InputLength { len: usize, rows: usize, cols: usize, expected: usize },
+    InputLength {
+        len: usize,
+        rows: usize,
+        cols: usize,
+        expected: usize,
+    },
 
     /// The output buffer does not hold `rows × cols` elements.
     #[error("output holds {len} elements but the shape {rows}×{cols} needs {expected}")]
-    OutputLength { len: usize, rows: usize, cols: usize, expected: usize },
+    OutputLength {
+        len: usize,
+        rows: usize,
+        cols: usize,
+        expected: usize,
+    },
 
     /// `rows × cols` elements, or their size in bytes, do not fit in `usize`, or a dimension
     /// is past what a launch can index.
     #[error("shape {rows}×{cols} is too large: {why}")]
-    ShapeTooLarge { rows: usize, cols: usize, why: &'static str },
+    ShapeTooLarge {
+        rows: usize,
+        cols: usize,
+        why: &'static str,
+    },
 
     /// Threads per block must be a power of two in 32..=1024.
     #[error("threads per block must be a power of two in 32..=1024, got {0}")]
@@ -43,7 +61,12 @@ pub enum Error {
 
     /// The variant cannot run this shape (for example rows too wide to keep in registers).
     #[error("variant `{variant}` cannot run shape {rows}×{cols}: {why}")]
-    Unsupported { variant: String, rows: usize, cols: usize, why: String },
+    Unsupported {
+        variant: String,
+        rows: usize,
+        cols: usize,
+        why: String,
+    },
 
     /// Reading or writing a file failed.
     #[error("{what}: {source}")]

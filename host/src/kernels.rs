@@ -44,9 +44,15 @@ impl Kernels {
                     max_shared_per_block as i32,
                 )
             };
-            check(status, "raising the shared-memory limit of the row-slices kernel")?;
+            check(
+                status,
+                "raising the shared-memory limit of the row-slices kernel",
+            )?;
         }
-        Ok(Kernels { functions, _module: module })
+        Ok(Kernels {
+            functions,
+            _module: module,
+        })
     }
 
     pub fn function(&self, name: &str) -> sys::CUfunction {
@@ -58,7 +64,12 @@ impl Kernels {
         let mut blocks = 0;
         // SAFETY: valid function handle and out-pointer.
         let status = unsafe {
-            sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut blocks, self.function(name), threads as i32, shared_bytes as usize)
+            sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                &mut blocks,
+                self.function(name),
+                threads as i32,
+                shared_bytes as usize,
+            )
         };
         check(status, "querying occupancy")?;
         Ok(blocks as u32)
@@ -69,7 +80,12 @@ impl Kernels {
     /// # Safety
     /// `args` points to the launch's argument values, in the kernel's parameter order, and
     /// every pointer among them satisfies the kernel's `# Safety` contract for this grid.
-    pub unsafe fn launch(&self, launch: &Launch, args: &mut [*mut c_void], stream: &Stream) -> Result<()> {
+    pub unsafe fn launch(
+        &self,
+        launch: &Launch,
+        args: &mut [*mut c_void],
+        stream: &Stream,
+    ) -> Result<()> {
         let function = self.function(&launch.kernel);
         let params = args.as_mut_ptr();
         // SAFETY: the caller vouches for the arguments; grid and block come from the plan.

@@ -8,7 +8,11 @@ use softmax::bench::{self, BenchConfig};
 use softmax::{Shape, Variant};
 
 #[derive(Parser, Debug)]
-#[command(name = "host", version, about = "Row-wise softmax on NVIDIA GPUs, every kernel in Rust")]
+#[command(
+    name = "host",
+    version,
+    about = "Row-wise softmax on NVIDIA GPUs, every kernel in Rust"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -73,7 +77,11 @@ fn main() -> ExitCode {
     } else {
         args.shapes
     };
-    let variants = if args.variants.is_empty() { Variant::all().to_vec() } else { args.variants };
+    let variants = if args.variants.is_empty() {
+        Variant::all().to_vec()
+    } else {
+        args.variants
+    };
     let config = BenchConfig {
         shapes,
         variants,
@@ -85,7 +93,14 @@ fn main() -> ExitCode {
     };
     match bench::run(&config) {
         Ok(report) => {
-            println!("{} ({} SMs, driver {}), commit {}, {}", report.device.name, report.device.multiprocessors, report.device.driver_version, report.git_commit, report.date);
+            println!(
+                "{} ({} SMs, driver {}), commit {}, {}",
+                report.device.name,
+                report.device.multiprocessors,
+                report.device.driver_version,
+                report.git_commit,
+                report.date
+            );
             print!("{}", report.table());
             println!("\nresults written to {}", config.out_dir.display());
             ExitCode::SUCCESS

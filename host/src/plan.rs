@@ -3,10 +3,10 @@
 
 use kernels_gpu::launch::{
     BLOCK_REGISTER_SCALAR_PACKS, BLOCK_REGISTER_SCALAR_THREADS, BLOCK_REGISTER_VECTOR_PACKS,
-    BLOCK_REGISTER_VECTOR_THREADS, BlockRegisterKernelName, ELEMENTWISE_BLOCK,
-    LOADS_IN_FLIGHT, MAX_BLOCK_THREADS, REDUCTION_SCRATCH_FLOATS, REGISTER_ROWS_BLOCK, REGISTER_SCALAR_INSTANCES,
-    REGISTER_VECTOR_INSTANCES, ROW_SLICE_THREADS, RegisterKernelName, THREAD_PER_ROW_BLOCK, VECTOR_PACK,
-    WARP_PER_ROW_WARPS_PER_BLOCK, WARP_SIZE,
+    BLOCK_REGISTER_VECTOR_THREADS, BlockRegisterKernelName, ELEMENTWISE_BLOCK, LOADS_IN_FLIGHT,
+    MAX_BLOCK_THREADS, REDUCTION_SCRATCH_FLOATS, REGISTER_ROWS_BLOCK, REGISTER_SCALAR_INSTANCES,
+    REGISTER_VECTOR_INSTANCES, ROW_SLICE_THREADS, RegisterKernelName, THREAD_PER_ROW_BLOCK,
+    VECTOR_PACK, WARP_PER_ROW_WARPS_PER_BLOCK, WARP_SIZE,
 };
 
 use crate::error::{Error, Result};
@@ -68,7 +68,9 @@ impl Layout {
     pub fn of(input_address: u64, output_address: u64, cols: usize) -> Self {
         let aligned = |address: u64| address % 16 == 0;
         Layout {
-            vector_aligned: aligned(input_address) && aligned(output_address) && cols % VECTOR_PACK as usize == 0,
+            vector_aligned: aligned(input_address)
+                && aligned(output_address)
+                && cols.is_multiple_of(VECTOR_PACK as usize),
             vector_peelable: input_address.abs_diff(output_address) % 16 == 0,
         }
     }
@@ -80,7 +82,12 @@ impl Layout {
 
 /// The launches that compute `variant` on `shape`. The shape must be non-empty and
 /// `BlockPerRowAutotuned` already resolved to a thread count.
-pub(crate) fn plan(variant: Variant, shape: Shape, layout: Layout, device: &dyn DeviceLimits) -> Result<Vec<Launch>> {
+pub(crate) fn plan(
+    variant: Variant,
+    shape: Shape,
+    layout: Layout,
+    device: &dyn DeviceLimits,
+) -> Result<Vec<Launch>> {
     let rows = shape.rows as u32;
     let cols = shape.cols as u32;
     let simple = |kernel: &str, grid: u32, block: u32| Launch {
@@ -162,48 +169,88 @@ pub(crate) fn all_kernel_names() -> Vec<String> {
         "softmax_split_normalize_p4",
         "softmax_split_normalize_p1",
     ];
-    let registers = register_instances().map(|(pack, lanes, packs)| RegisterKernelName { pack, lanes, packs }.to_string());
+    let registers = register_instances()
+        .map(|(pack, lanes, packs)| RegisterKernelName { pack, lanes, packs }.to_string());
     let block_registers = block_register_instances().map(|i| i.to_string());
-    fixed.iter().map(|s| s.to_string()).chain(registers).chain(block_registers).collect()
+    fixed
+        .iter()
+        .map(|s| s.to_string())
+        .chain(registers)
+        .chain(block_registers)
+        .collect()
 }
 
 /// `(pack, lanes, packs)` of every rows-in-registers entry.
 fn register_instances() -> impl Iterator<Item = (u32, u32, u32)> {
-    let vector = REGISTER_VECTOR_INSTANCES.iter().map(|&(l, n)| (VECTOR_PACK, l, n));
+    let vector = REGISTER_VECTOR_INSTANCES
+        .iter()
+        .map(|&(l, n)| (VECTOR_PACK, l, n));
     vector.chain(REGISTER_SCALAR_INSTANCES.iter().map(|&(l, n)| (1, l, n)))
 }
 
 /// Every block-registers entry.
 fn block_register_instances() -> impl Iterator<Item = BlockRegisterKernelName> {
     let family = |pack: u32, threads: &'static [u32], packs: &'static [u32]| {
-        threads.iter().flat_map(move |&threads| packs.iter().map(move |&packs| BlockRegisterKernelName { pack, threads, packs }))
+        threads.iter().flat_map(move |&threads| {
+            packs.iter().map(move |&packs| BlockRegisterKernelName {
+                pack,
+                threads,
+                packs,
+            })
+        })
     };
-    family(VECTOR_PACK, BLOCK_REGISTER_VECTOR_THREADS, BLOCK_REGISTER_VECTOR_PACKS)
-        .chain(family(1, BLOCK_REGISTER_SCALAR_THREADS, BLOCK_REGISTER_SCALAR_PACKS))
+    family(
+        VECTOR_PACK,
+        BLOCK_REGISTER_VECTOR_THREADS,
+        BLOCK_REGISTER_VECTOR_PACKS,
+    )
+    .chain(family(
+        1,
+        BLOCK_REGISTER_SCALAR_THREADS,
+        BLOCK_REGISTER_SCALAR_PACKS,
+    ))
 }
 
 /// The block-registers instance for whole rows of `row_packs` packs: the one that keeps the
 /// most rows resident per multiprocessor, then wastes the fewest lanes, then holds the
 /// fewest packs per thread. `None` when no instance holds the row.
-fn block_register_whole_rows(row_packs: u32, pack: u32, device: &dyn DeviceLimits) -> Option<(BlockRegisterKernelName, u32)> {
+fn block_register_whole_rows(
+    row_packs: u32,
+    pack: u32,
+    device: &dyn DeviceLimits,
+) -> Option<(BlockRegisterKernelName, u32)> {
     let scratch = REDUCTION_SCRATCH_FLOATS * 4;
     block_register_instances()
         .filter(|i| i.pack == pack && i.threads * i.packs >= row_packs)
         .map(|i| (i, device.blocks_per_sm(&i.to_string(), i.threads, scratch)))
         .filter(|&(_, resident)| resident > 0)
-        .max_by_key(|&(i, resident)| (resident, std::cmp::Reverse(i.threads * i.packs), std::cmp::Reverse(i.packs)))
+        .max_by_key(|&(i, resident)| {
+            (
+                resident,
+                std::cmp::Reverse(i.threads * i.packs),
+                std::cmp::Reverse(i.packs),
+            )
+        })
 }
 
 /// For rows too few to fill the GPU: the slicing with the fewest packs per thread (then the
 /// fewest threads) whose blocks are all resident at once, with at most one slice per thread
 /// (the statistics exchange reads one per thread). `(instance, slices)`.
-fn block_register_slicing(rows: u32, row_packs: u32, pack: u32, device: &dyn DeviceLimits) -> Option<(BlockRegisterKernelName, u32)> {
+fn block_register_slicing(
+    rows: u32,
+    row_packs: u32,
+    pack: u32,
+    device: &dyn DeviceLimits,
+) -> Option<(BlockRegisterKernelName, u32)> {
     let scratch = REDUCTION_SCRATCH_FLOATS * 4;
-    let mut instances: Vec<BlockRegisterKernelName> = block_register_instances().filter(|i| i.pack == pack).collect();
+    let mut instances: Vec<BlockRegisterKernelName> = block_register_instances()
+        .filter(|i| i.pack == pack)
+        .collect();
     instances.sort_by_key(|i| (i.packs, i.threads));
     instances.into_iter().find_map(|i| {
         let slices = row_packs.div_ceil(i.threads * i.packs);
-        let resident = device.multiprocessors() * device.blocks_per_sm(&i.to_string(), i.threads, scratch);
+        let resident =
+            device.multiprocessors() * device.blocks_per_sm(&i.to_string(), i.threads, scratch);
         (slices > 1 && slices <= i.threads && rows * slices <= resident).then_some((i, slices))
     })
 }
@@ -211,13 +258,23 @@ fn block_register_slicing(rows: u32, row_packs: u32, pack: u32, device: &dyn Dev
 /// Block registers: a block per row when rows fill the GPU, otherwise each row cut into
 /// slices that keep every block resident (a cooperative launch). `None` when the row fits
 /// neither way.
-fn block_registers_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) -> Option<Launch> {
-    let pack = if layout.vector_peelable { VECTOR_PACK } else { 1 };
+fn block_registers_launch(
+    shape: Shape,
+    layout: Layout,
+    device: &dyn DeviceLimits,
+) -> Option<Launch> {
+    let pack = if layout.vector_peelable {
+        VECTOR_PACK
+    } else {
+        1
+    };
     let rows = shape.rows as u32;
     let row_packs = (shape.cols as u32).div_ceil(pack);
     let whole = block_register_whole_rows(row_packs, pack, device);
     let fills_gpu = whole.is_some_and(|(_, resident)| rows >= device.multiprocessors() * resident);
-    let sliced = (!fills_gpu && device.cooperative_launch()).then(|| block_register_slicing(rows, row_packs, pack, device)).flatten();
+    let sliced = (!fills_gpu && device.cooperative_launch())
+        .then(|| block_register_slicing(rows, row_packs, pack, device))
+        .flatten();
     let (instance, slices) = sliced.or(whole.map(|(instance, _)| (instance, 1)))?;
     Some(Launch {
         kernel: instance.to_string(),
@@ -273,7 +330,9 @@ fn register_launch(instance: RegisterKernelName, rows: u32, cols: u32) -> Launch
 /// Threads for a block that walks `packs` packs: enough for about two rounds of
 /// [`LOADS_IN_FLIGHT`] loads each, within `128..=max`.
 fn slice_threads(packs: usize, max: u32) -> u32 {
-    let wanted = packs.div_ceil(2 * LOADS_IN_FLIGHT as usize).next_power_of_two() as u32;
+    let wanted = packs
+        .div_ceil(2 * LOADS_IN_FLIGHT as usize)
+        .next_power_of_two() as u32;
     wanted.clamp(128, max)
 }
 
@@ -281,7 +340,11 @@ fn slice_threads(packs: usize, max: u32) -> u32 {
 /// row as keep every block resident (a cooperative launch). Each slice is cached in shared
 /// memory when it fits, so the input is read once.
 fn row_slices_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) -> Launch {
-    let pack = if layout.vector_peelable { VECTOR_PACK } else { 1 };
+    let pack = if layout.vector_peelable {
+        VECTOR_PACK
+    } else {
+        1
+    };
     let rows = shape.rows as u32;
     let row_packs = (shape.cols as u32).div_ceil(pack);
     let sms = device.multiprocessors();
@@ -294,7 +357,12 @@ fn row_slices_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) ->
         let threads = slice_threads(slice_packs as usize, max_threads);
         let cache_bytes = slice_packs * pack * 4;
         let cached = scratch_bytes + cache_bytes <= device.max_shared_per_block();
-        (slice_packs, threads, cached, scratch_bytes + if cached { cache_bytes } else { 0 })
+        (
+            slice_packs,
+            threads,
+            cached,
+            scratch_bytes + if cached { cache_bytes } else { 0 },
+        )
     };
 
     let mut slices = 1;
@@ -305,7 +373,8 @@ fn row_slices_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) ->
         let mut candidate = (4 * sms / rows).clamp(1, ROW_SLICE_THREADS);
         while candidate > 1 {
             let candidate_config = configure(candidate, ROW_SLICE_THREADS);
-            let resident = sms * device.blocks_per_sm(&kernel, candidate_config.1, candidate_config.3);
+            let resident =
+                sms * device.blocks_per_sm(&kernel, candidate_config.1, candidate_config.3);
             if rows * candidate <= resident {
                 slices = candidate;
                 config = candidate_config;
@@ -340,11 +409,18 @@ const SPLIT_THREADS: u32 = 256;
 /// Split rows: enough slices per row for about two waves of full blocks, each slice at least
 /// a pack per thread.
 fn split_rows_launches(shape: Shape, layout: Layout, device: &dyn DeviceLimits) -> Vec<Launch> {
-    let pack = if layout.vector_peelable { VECTOR_PACK } else { 1 };
+    let pack = if layout.vector_peelable {
+        VECTOR_PACK
+    } else {
+        1
+    };
     let rows = shape.rows as u32;
     let row_packs = (shape.cols as u32).div_ceil(pack);
     let wanted_blocks = 2 * device.multiprocessors() * (2048 / SPLIT_THREADS);
-    let slices = wanted_blocks.div_ceil(rows).min(row_packs.div_ceil(SPLIT_THREADS)).max(1);
+    let slices = wanted_blocks
+        .div_ceil(rows)
+        .min(row_packs.div_ceil(SPLIT_THREADS))
+        .max(1);
     let slice_packs = row_packs.div_ceil(slices);
     let launch = |kernel: String, args| Launch {
         kernel,
@@ -354,9 +430,16 @@ fn split_rows_launches(shape: Shape, layout: Layout, device: &dyn DeviceLimits) 
         cooperative: false,
         args,
     };
-    let slicing = [Arg::U32(shape.cols as u32), Arg::U32(slices), Arg::U32(slice_packs)];
+    let slicing = [
+        Arg::U32(shape.cols as u32),
+        Arg::U32(slices),
+        Arg::U32(slice_packs),
+    ];
     vec![
-        launch(format!("softmax_split_stats_p{pack}"), [&[Arg::Input][..], &slicing, &[Arg::Partials]].concat()),
+        launch(
+            format!("softmax_split_stats_p{pack}"),
+            [&[Arg::Input][..], &slicing, &[Arg::Partials]].concat(),
+        ),
         launch(
             format!("softmax_split_normalize_p{pack}"),
             [&[Arg::Input, Arg::Output][..], &slicing, &[Arg::Partials]].concat(),
@@ -367,7 +450,12 @@ fn split_rows_launches(shape: Shape, layout: Layout, device: &dyn DeviceLimits) 
 /// Floats of the partial-statistics workspace a plan needs: two per block of any launch
 /// that takes it.
 pub(crate) fn partials_needed(launches: &[Launch]) -> usize {
-    launches.iter().filter(|l| l.args.contains(&Arg::Partials)).map(|l| 2 * l.grid as usize).max().unwrap_or(0)
+    launches
+        .iter()
+        .filter(|l| l.args.contains(&Arg::Partials))
+        .map(|l| 2 * l.grid as usize)
+        .max()
+        .unwrap_or(0)
 }
 
 /// The five kernels of the unfused baseline.
@@ -377,7 +465,9 @@ fn unfused_launches(shape: Shape, device: &dyn DeviceLimits) -> Vec<Launch> {
     let warp_rows_grid = rows.div_ceil(WARP_PER_ROW_WARPS_PER_BLOCK);
     let len = shape.len() as u64;
     // Grid-stride element-wise kernels: enough blocks to fill the GPU several times over.
-    let elementwise_grid = len.div_ceil(ELEMENTWISE_BLOCK as u64).min(u64::from(device.multiprocessors()) * 32) as u32;
+    let elementwise_grid = len
+        .div_ceil(ELEMENTWISE_BLOCK as u64)
+        .min(u64::from(device.multiprocessors()) * 32) as u32;
     let launch = |kernel: &str, grid, block, args| Launch {
         kernel: kernel.to_owned(),
         grid,
@@ -397,9 +487,20 @@ fn unfused_launches(shape: Shape, device: &dyn DeviceLimits) -> Vec<Launch> {
             "softmax_unfused_subtract",
             elementwise_grid,
             ELEMENTWISE_BLOCK,
-            vec![Arg::Input, Arg::RowMax, Arg::Output, Arg::U32(rows), Arg::U32(cols)],
+            vec![
+                Arg::Input,
+                Arg::RowMax,
+                Arg::Output,
+                Arg::U32(rows),
+                Arg::U32(cols),
+            ],
         ),
-        launch("softmax_unfused_exp", elementwise_grid, ELEMENTWISE_BLOCK, vec![Arg::Output, Arg::U64(len)]),
+        launch(
+            "softmax_unfused_exp",
+            elementwise_grid,
+            ELEMENTWISE_BLOCK,
+            vec![Arg::Output, Arg::U64(len)],
+        ),
         launch(
             "softmax_unfused_row_sum",
             warp_rows_grid,
@@ -441,7 +542,10 @@ mod tests {
                 None => 8,
             };
             let by_registers = 65536 / (threads * (24 + held));
-            (2048 / threads).min(228 * 1024 / (shared_bytes + 1024)).min(by_registers).min(32)
+            (2048 / threads)
+                .min(228 * 1024 / (shared_bytes + 1024))
+                .min(by_registers)
+                .min(32)
         }
 
         fn cooperative_launch(&self) -> bool {
@@ -453,13 +557,22 @@ mod tests {
         Shape::new(rows, cols).unwrap()
     }
 
-    const ALIGNED: Layout = Layout { vector_aligned: true, vector_peelable: true };
-    const UNALIGNED: Layout = Layout { vector_aligned: false, vector_peelable: false };
+    const ALIGNED: Layout = Layout {
+        vector_aligned: true,
+        vector_peelable: true,
+    };
+    const UNALIGNED: Layout = Layout {
+        vector_aligned: false,
+        vector_peelable: false,
+    };
 
     #[test]
     fn every_planned_kernel_is_in_the_ptx() {
         for name in all_kernel_names() {
-            assert!(crate::PTX.contains(&format!(".entry {name}(")), "{name} missing from the PTX");
+            assert!(
+                crate::PTX.contains(&format!(".entry {name}(")),
+                "{name} missing from the PTX"
+            );
         }
     }
 
@@ -470,10 +583,14 @@ mod tests {
                 if layout.vector_aligned && cols % 4 != 0 {
                     continue;
                 }
-                let instance = register_instance(cols, layout).unwrap_or_else(|| panic!("no instance for {cols}"));
+                let instance = register_instance(cols, layout)
+                    .unwrap_or_else(|| panic!("no instance for {cols}"));
                 let capacity = (instance.pack * instance.lanes * instance.packs) as usize;
                 assert!(capacity >= cols, "{instance} holds {capacity} < {cols}");
-                assert!(capacity < 2 * cols + 4 * 32, "{instance} wastes too much for {cols}");
+                assert!(
+                    capacity < 2 * cols + 4 * 32,
+                    "{instance} wastes too much for {cols}"
+                );
             }
             assert!(register_instance(register_capacity(layout) + 4, layout).is_none());
         }
@@ -483,23 +600,54 @@ mod tests {
 
     #[test]
     fn row_slices_cover_the_row_and_stay_resident() {
-        let shapes = [(1, 1_048_576), (1, 32000), (8, 128256), (32, 151936), (16, 262144), (128, 50257), (3, 100003), (300, 1 << 20), (1000, 65537), (1, 5000), (100_000, 4096)];
+        let shapes = [
+            (1, 1_048_576),
+            (1, 32000),
+            (8, 128256),
+            (32, 151936),
+            (16, 262144),
+            (128, 50257),
+            (3, 100003),
+            (300, 1 << 20),
+            (1000, 65537),
+            (1, 5000),
+            (100_000, 4096),
+        ];
         for (rows, cols) in shapes {
             for layout in [ALIGNED, UNALIGNED] {
                 let launch = row_slices_launch(shape(rows, cols), layout, &FakeH200);
-                let [.., Arg::U32(slices), Arg::U32(slice_packs), Arg::U32(cached), _, _] = launch.args[..] else {
+                let [
+                    ..,
+                    Arg::U32(slices),
+                    Arg::U32(slice_packs),
+                    Arg::U32(cached),
+                    _,
+                    _,
+                ] = launch.args[..]
+                else {
                     panic!("unexpected arguments {:?}", launch.args)
                 };
                 let pack = if layout.vector_peelable { 4 } else { 1 };
                 let slice_cols = slice_packs * pack;
-                assert!((slices * slice_cols) as usize + 3 >= cols, "{rows}x{cols}: slices miss columns");
+                assert!(
+                    (slices * slice_cols) as usize + 3 >= cols,
+                    "{rows}x{cols}: slices miss columns"
+                );
                 assert_eq!(launch.grid, rows as u32 * slices);
                 assert!(launch.shared_bytes <= FakeH200.max_shared_per_block());
                 assert_eq!(launch.cooperative, slices > 1);
                 if launch.cooperative {
-                    let resident = 132 * FakeH200.blocks_per_sm(&launch.kernel, launch.block, launch.shared_bytes);
-                    assert!(launch.grid <= resident, "{rows}x{cols}: {} blocks cannot all be resident", launch.grid);
-                    assert!(launch.grid >= 132, "{rows}x{cols}: a sliced launch should fill the GPU");
+                    let resident = 132
+                        * FakeH200.blocks_per_sm(&launch.kernel, launch.block, launch.shared_bytes);
+                    assert!(
+                        launch.grid <= resident,
+                        "{rows}x{cols}: {} blocks cannot all be resident",
+                        launch.grid
+                    );
+                    assert!(
+                        launch.grid >= 132,
+                        "{rows}x{cols}: a sliced launch should fill the GPU"
+                    );
                 }
                 if cached == 1 {
                     assert!(launch.shared_bytes >= REDUCTION_SCRATCH_FLOATS * 4 + slice_cols * 4);
@@ -512,15 +660,23 @@ mod tests {
     fn auto_uses_registers_for_narrow_rows_and_slices_for_wide_ones() {
         let kernel = |rows, cols, address| {
             let layout = Layout::of(address, address, cols);
-            plan(Variant::Auto, shape(rows, cols), layout, &FakeH200).unwrap()[0].kernel.clone()
+            plan(Variant::Auto, shape(rows, cols), layout, &FakeH200).unwrap()[0]
+                .kernel
+                .clone()
         };
         assert_eq!(kernel(4096, 1000, 0), "softmax_rows_in_registers_p4_l32_n8");
         assert_eq!(kernel(65536, 100, 0), "softmax_rows_in_registers_p4_l32_n1");
         assert_eq!(kernel(65536, 100, 4), "softmax_rows_in_registers_p1_l32_n4");
         assert_eq!(kernel(1000, 33, 0), "softmax_rows_in_registers_p1_l32_n2");
         assert_eq!(kernel(10, 2, 0), "softmax_rows_in_registers_p1_l2_n1");
-        assert_eq!(kernel(100_000, 4097, 0), "softmax_block_registers_p4_t128_n10");
-        assert_eq!(kernel(100_000, 4096, 4), "softmax_block_registers_p4_t128_n8");
+        assert_eq!(
+            kernel(100_000, 4097, 0),
+            "softmax_block_registers_p4_t128_n10"
+        );
+        assert_eq!(
+            kernel(100_000, 4096, 4),
+            "softmax_block_registers_p4_t128_n8"
+        );
         assert_eq!(kernel(3200, 16384, 0), "softmax_block_registers_p4_t512_n8");
         assert_eq!(kernel(10, 4096, 0), "softmax_block_registers_p4_t128_n1");
         assert_eq!(kernel(2000, 1 << 20, 0), "softmax_row_slices_p4");
@@ -528,12 +684,28 @@ mod tests {
 
     #[test]
     fn block_register_slices_cover_the_row_and_stay_resident() {
-        let shapes = [(1, 1_048_576), (1, 32000), (8, 128256), (32, 151936), (16, 262144), (128, 50257), (3, 100003), (200, 16384), (12800, 4096), (1, 4_000_001), (1000, 65537)];
+        let shapes = [
+            (1, 1_048_576),
+            (1, 32000),
+            (8, 128256),
+            (32, 151936),
+            (16, 262144),
+            (128, 50257),
+            (3, 100003),
+            (200, 16384),
+            (12800, 4096),
+            (1, 4_000_001),
+            (1000, 65537),
+        ];
         for (rows, cols) in shapes {
             for layout in [ALIGNED, UNALIGNED] {
-                let Some(launch) = block_registers_launch(shape(rows, cols), layout, &FakeH200) else {
+                let Some(launch) = block_registers_launch(shape(rows, cols), layout, &FakeH200)
+                else {
                     // More data than registers hold at once: those go to the row-slices kernel.
-                    assert!(layout == UNALIGNED || rows * cols > 4 << 20, "{rows}x{cols} does not fit");
+                    assert!(
+                        layout == UNALIGNED || rows * cols > 4 << 20,
+                        "{rows}x{cols} does not fit"
+                    );
                     continue;
                 };
                 let [.., Arg::U32(slices), Arg::U32(slice_packs), _, _] = launch.args[..] else {
@@ -541,16 +713,36 @@ mod tests {
                 };
                 let pack = if layout.vector_peelable { 4 } else { 1 };
                 let packs: u32 = launch.kernel.rsplit('n').next().unwrap().parse().unwrap();
-                assert!(launch.kernel.contains(&format!("_t{}_", launch.block)), "{}: block size differs from its instance", launch.kernel);
-                assert!(slices * slice_packs * pack + 3 >= cols as u32, "{rows}x{cols}: slices miss columns");
-                assert!(launch.block * packs >= slice_packs, "{rows}x{cols}: a block cannot hold its slice");
+                assert!(
+                    launch.kernel.contains(&format!("_t{}_", launch.block)),
+                    "{}: block size differs from its instance",
+                    launch.kernel
+                );
+                assert!(
+                    slices * slice_packs * pack + 3 >= cols as u32,
+                    "{rows}x{cols}: slices miss columns"
+                );
+                assert!(
+                    launch.block * packs >= slice_packs,
+                    "{rows}x{cols}: a block cannot hold its slice"
+                );
                 assert_eq!(launch.grid, rows as u32 * slices);
                 assert_eq!(launch.cooperative, slices > 1);
-                assert!(FakeH200.blocks_per_sm(&launch.kernel, launch.block, launch.shared_bytes) > 0);
+                assert!(
+                    FakeH200.blocks_per_sm(&launch.kernel, launch.block, launch.shared_bytes) > 0
+                );
                 if launch.cooperative {
-                    let resident = 132 * FakeH200.blocks_per_sm(&launch.kernel, launch.block, launch.shared_bytes);
-                    assert!(launch.grid <= resident, "{rows}x{cols}: {} blocks cannot all be resident", launch.grid);
-                    assert!(slices <= launch.block, "{rows}x{cols}: more slices than threads to read them");
+                    let resident = 132
+                        * FakeH200.blocks_per_sm(&launch.kernel, launch.block, launch.shared_bytes);
+                    assert!(
+                        launch.grid <= resident,
+                        "{rows}x{cols}: {} blocks cannot all be resident",
+                        launch.grid
+                    );
+                    assert!(
+                        slices <= launch.block,
+                        "{rows}x{cols}: more slices than threads to read them"
+                    );
                 }
             }
         }
@@ -559,7 +751,12 @@ mod tests {
 
     #[test]
     fn registers_variant_refuses_rows_it_cannot_hold() {
-        let result = plan(Variant::RowsInRegisters, shape(2, 4097), UNALIGNED, &FakeH200);
+        let result = plan(
+            Variant::RowsInRegisters,
+            shape(2, 4097),
+            UNALIGNED,
+            &FakeH200,
+        );
         assert!(matches!(result, Err(Error::Unsupported { .. })));
     }
 

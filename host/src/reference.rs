@@ -12,7 +12,10 @@ pub fn softmax_f64(input: &[f32], rows: usize, cols: usize) -> Vec<f64> {
     assert_eq!(input.len(), rows * cols, "input length must be rows × cols");
     let mut output = Vec::with_capacity(input.len());
     for row in input.chunks_exact(cols.max(1)).take(rows) {
-        let max = row.iter().map(|&x| f64::from(x)).fold(f64::NEG_INFINITY, nan_propagating_max);
+        let max = row
+            .iter()
+            .map(|&x| f64::from(x))
+            .fold(f64::NEG_INFINITY, nan_propagating_max);
         let exps: Vec<f64> = row.iter().map(|&x| (f64::from(x) - max).exp()).collect();
         let sum: f64 = exps.iter().sum();
         output.extend(exps.iter().map(|e| e / sum));
@@ -22,7 +25,11 @@ pub fn softmax_f64(input: &[f32], rows: usize, cols: usize) -> Vec<f64> {
 
 /// `max` that returns NaN when either side is NaN, as `torch.max` does.
 fn nan_propagating_max(a: f64, b: f64) -> f64 {
-    if a.is_nan() || b.is_nan() { f64::NAN } else { a.max(b) }
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else {
+        a.max(b)
+    }
 }
 
 /// How far a result is from the reference.
@@ -46,7 +53,11 @@ impl Deviation {
 
 /// Compares a `rows × cols` result with the reference.
 pub fn deviation(actual: &[f32], expected: &[f64], cols: usize) -> Deviation {
-    assert_eq!(actual.len(), expected.len(), "result and reference must have the same length");
+    assert_eq!(
+        actual.len(),
+        expected.len(),
+        "result and reference must have the same length"
+    );
     let (mut diff, mut norm, mut nan_mismatches, mut worst_row_sum) = (0.0, 0.0, 0, 0.0_f64);
     for (row_actual, row_expected) in actual.chunks(cols.max(1)).zip(expected.chunks(cols.max(1))) {
         let mut row_sum = 0.0;
@@ -68,6 +79,14 @@ pub fn deviation(actual: &[f32], expected: &[f64], cols: usize) -> Deviation {
             worst_row_sum = worst_row_sum.max((row_sum - 1.0).abs());
         }
     }
-    let relative_l2 = if norm > 0.0 { (diff / norm).sqrt() } else { diff.sqrt() };
-    Deviation { relative_l2, worst_row_sum, nan_mismatches }
+    let relative_l2 = if norm > 0.0 {
+        (diff / norm).sqrt()
+    } else {
+        diff.sqrt()
+    };
+    Deviation {
+        relative_l2,
+        worst_row_sum,
+        nan_mismatches,
+    }
 }

@@ -19,7 +19,9 @@ impl Shape {
     /// dimension fits the kernels' 32-bit indices.
     pub fn new(rows: usize, cols: usize) -> Result<Self> {
         let too_large = |why| Error::ShapeTooLarge { rows, cols, why };
-        let elements = rows.checked_mul(cols).ok_or(too_large("rows × cols overflows usize"))?;
+        let elements = rows
+            .checked_mul(cols)
+            .ok_or(too_large("rows × cols overflows usize"))?;
         elements
             .checked_mul(size_of::<f32>())
             .ok_or(too_large("the size in bytes overflows usize"))?;
@@ -50,10 +52,20 @@ impl Shape {
         let expected = self.len();
         let (rows, cols) = (self.rows, self.cols);
         if input != expected {
-            return Err(Error::InputLength { len: input, rows, cols, expected });
+            return Err(Error::InputLength {
+                len: input,
+                rows,
+                cols,
+                expected,
+            });
         }
         if output != expected {
-            return Err(Error::OutputLength { len: output, rows, cols, expected });
+            return Err(Error::OutputLength {
+                len: output,
+                rows,
+                cols,
+                expected,
+            });
         }
         Ok(())
     }
@@ -70,7 +82,8 @@ impl std::str::FromStr for Shape {
 
     /// Parses `ROWSxCOLS`, for example `4096x1000`.
     fn from_str(text: &str) -> std::result::Result<Self, String> {
-        let bad = || format!("`{text}` is not a shape: expected ROWSxCOLS with both ≥ 1, e.g. 4096x1000");
+        let bad =
+            || format!("`{text}` is not a shape: expected ROWSxCOLS with both ≥ 1, e.g. 4096x1000");
         let (rows, cols) = text.trim().split_once(['x', 'X']).ok_or_else(bad)?;
         let rows: usize = rows.parse().map_err(|_| bad())?;
         let cols: usize = cols.parse().map_err(|_| bad())?;

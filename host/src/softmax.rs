@@ -71,7 +71,9 @@ impl DeviceLimits for Limits<'_> {
 
     fn blocks_per_sm(&self, kernel: &str, threads: u32, shared_bytes: u32) -> u32 {
         // A failed occupancy query rules the configuration out; the planner falls back.
-        self.kernels.blocks_per_sm(kernel, threads, shared_bytes).unwrap_or(0)
+        self.kernels
+            .blocks_per_sm(kernel, threads, shared_bytes)
+            .unwrap_or(0)
     }
 
     fn cooperative_launch(&self) -> bool {
@@ -96,7 +98,14 @@ impl Softmax {
             partials: DeviceBuffer::zeroed(2 * resident).during("allocating workspace")?,
             barriers: DeviceBuffer::zeroed(2 * resident).during("allocating workspace")?,
         };
-        Ok(Softmax { kernels, workspace, autotuned: HashMap::new(), stream, info, context })
+        Ok(Softmax {
+            kernels,
+            workspace,
+            autotuned: HashMap::new(),
+            stream,
+            info,
+            context,
+        })
     }
 
     /// The device this instance runs on.
@@ -120,7 +129,13 @@ impl Softmax {
     /// variant's parameters, whether the variant can run the shape. Empty shapes succeed
     /// without a launch. Pointers need no particular alignment: 16-byte accesses are used
     /// only when both are 16-byte aligned and `cols` is a multiple of 4.
-    pub fn run(&mut self, variant: Variant, input: &DeviceSlice<f32>, output: &mut DeviceSlice<f32>, shape: Shape) -> Result<()> {
+    pub fn run(
+        &mut self,
+        variant: Variant,
+        input: &DeviceSlice<f32>,
+        output: &mut DeviceSlice<f32>,
+        shape: Shape,
+    ) -> Result<()> {
         shape.check_lengths(input.len(), output.len())?;
         variant.validate()?;
         if shape.is_empty() {
@@ -131,13 +146,21 @@ impl Softmax {
         let output_address = output.as_device_ptr().as_raw();
         let variant = match variant {
             Variant::BlockPerRowAutotuned => {
-                let threads_per_block = self.tune_block_threads(shape, input_address, output_address)?;
+                let threads_per_block =
+                    self.tune_block_threads(shape, input_address, output_address)?;
                 Variant::BlockPerRowSmem { threads_per_block }
             }
             other => other,
         };
-        let launches = self.plan(variant, shape, Layout::of(input_address, output_address, shape.cols))?;
-        if launches.iter().any(|l| l.kernel.starts_with("softmax_unfused")) {
+        let launches = self.plan(
+            variant,
+            shape,
+            Layout::of(input_address, output_address, shape.cols),
+        )?;
+        if launches
+            .iter()
+            .any(|l| l.kernel.starts_with("softmax_unfused"))
+        {
             self.reserve_row_stats(shape.rows)?;
         }
         self.reserve_partials(plan::partials_needed(&launches))?;
@@ -158,13 +181,17 @@ impl Softmax {
             return Ok(Vec::new());
         }
         CurrentContext::set_current(&self.context).during("making the context current")?;
-        let device_input = DeviceBuffer::from_slice(input).during("copying the input to the device")?;
+        let device_input =
+            DeviceBuffer::from_slice(input).during("copying the input to the device")?;
         // SAFETY: f32 has no invalid bit patterns and every element is written before it is read.
-        let mut device_output = unsafe { DeviceBuffer::uninitialized(shape.len()) }.during("allocating the output")?;
+        let mut device_output =
+            unsafe { DeviceBuffer::uninitialized(shape.len()) }.during("allocating the output")?;
         self.run(variant, &device_input, &mut device_output, shape)?;
         self.synchronize()?;
         let mut output = vec![0.0; shape.len()];
-        device_output.copy_to(&mut output[..]).during("copying the output to the host")?;
+        device_output
+            .copy_to(&mut output[..])
+            .during("copying the output to the host")?;
         Ok(output)
     }
 
@@ -178,16 +205,32 @@ impl Softmax {
         let variant = match variant {
             Variant::BlockPerRowAutotuned => match self.autotuned.get(&shape) {
                 Some(&threads_per_block) => Variant::BlockPerRowSmem { threads_per_block },
-                None => return Ok(vec!["softmax_block_per_row_smem (not tuned yet)".to_owned()]),
+                None => {
+                    return Ok(vec![
+                        "softmax_block_per_row_smem (not tuned yet)".to_owned(),
+                    ]);
+                }
             },
             other => other,
         };
         let layout = Layout::of(0, 0, shape.cols);
-        Ok(self.plan(variant, shape, layout)?.into_iter().map(|l| l.kernel).collect())
+        Ok(self
+            .plan(variant, shape, layout)?
+            .into_iter()
+            .map(|l| l.kernel)
+            .collect())
     }
 
     fn plan(&self, variant: Variant, shape: Shape, layout: Layout) -> Result<Vec<Launch>> {
-        plan::plan(variant, shape, layout, &Limits { info: &self.info, kernels: &self.kernels })
+        plan::plan(
+            variant,
+            shape,
+            layout,
+            &Limits {
+                info: &self.info,
+                kernels: &self.kernels,
+            },
+        )
     }
 
     /// Grows the partial-statistics workspace (split rows over many rows need more than the
@@ -195,7 +238,8 @@ impl Softmax {
     fn reserve_partials(&mut self, floats: usize) -> Result<()> {
         if self.workspace.partials.len() < floats {
             self.synchronize()?;
-            self.workspace.partials = DeviceBuffer::zeroed(floats).during("growing the workspace")?;
+            self.workspace.partials =
+                DeviceBuffer::zeroed(floats).during("growing the workspace")?;
         }
         Ok(())
     }
@@ -203,7 +247,8 @@ impl Softmax {
     fn reserve_row_stats(&mut self, rows: usize) -> Result<()> {
         if self.workspace.row_stats.len() < 2 * rows {
             self.synchronize()?;
-            self.workspace.row_stats = DeviceBuffer::zeroed(2 * rows).during("growing the workspace")?;
+            self.workspace.row_stats =
+                DeviceBuffer::zeroed(2 * rows).during("growing the workspace")?;
         }
         Ok(())
     }
@@ -215,11 +260,21 @@ impl Softmax {
             return Ok(threads);
         }
         let layout = Layout::of(input, output, shape.cols);
-        let (start, stop) = (Event::new(EventFlags::DEFAULT), Event::new(EventFlags::DEFAULT));
-        let (start, stop) = (start.during("creating an event")?, stop.during("creating an event")?);
+        let (start, stop) = (
+            Event::new(EventFlags::DEFAULT),
+            Event::new(EventFlags::DEFAULT),
+        );
+        let (start, stop) = (
+            start.during("creating an event")?,
+            stop.during("creating an event")?,
+        );
         let mut best = (f32::INFINITY, BLOCK_SMEM_AUTOTUNE_CANDIDATES[0]);
         for threads_per_block in BLOCK_SMEM_AUTOTUNE_CANDIDATES {
-            let launches = self.plan(Variant::BlockPerRowSmem { threads_per_block }, shape, layout)?;
+            let launches = self.plan(
+                Variant::BlockPerRowSmem { threads_per_block },
+                shape,
+                layout,
+            )?;
             // Warm-up, then three timed launches.
             for round in 0..4 {
                 if round == 1 {
@@ -263,7 +318,10 @@ impl Softmax {
             })
             .collect();
         let mut params: Vec<*mut c_void> = values.iter_mut().map(ParamValue::as_param).collect();
-        debug_assert!(launch.shared_bytes >= REDUCTION_SCRATCH_FLOATS * 4 || !launch.kernel.contains("row_slices"));
+        debug_assert!(
+            launch.shared_bytes >= REDUCTION_SCRATCH_FLOATS * 4
+                || !launch.kernel.contains("row_slices")
+        );
         // SAFETY: forwarded from this function's contract; `params` outlives the call.
         unsafe { self.kernels.launch(launch, &mut params, &self.stream) }
     }

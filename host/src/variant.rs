@@ -5,9 +5,10 @@ use kernels_gpu::launch::{BLOCK_SMEM_DEFAULT_THREADS, MAX_BLOCK_THREADS, MIN_BLO
 use crate::error::{Error, Result};
 
 /// Which kernel (or kernels) computes the softmax.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Variant {
     /// Chosen by shape and alignment among the production kernels (the default).
+    #[default]
     Auto,
     /// The naive baseline: five kernels (row max, subtract, exp, row sum, divide).
     Unfused,
@@ -56,7 +57,9 @@ impl Variant {
             Variant::Unfused,
             Variant::ThreadPerRowNaive,
             Variant::ThreadPerRowOnline,
-            Variant::BlockPerRowSmem { threads_per_block: BLOCK_SMEM_DEFAULT_THREADS },
+            Variant::BlockPerRowSmem {
+                threads_per_block: BLOCK_SMEM_DEFAULT_THREADS,
+            },
             Variant::BlockPerRowAutotuned,
             Variant::WarpPerRowOnline,
             Variant::RowsInRegisters,
@@ -68,9 +71,14 @@ impl Variant {
 
     /// The command-line name (`block-smem` carries its thread count when it is not 128).
     pub fn name(&self) -> String {
-        let index = Variant::all().iter().position(|v| v.kind() == self.kind()).expect("listed");
+        let index = Variant::all()
+            .iter()
+            .position(|v| v.kind() == self.kind())
+            .expect("listed");
         match self {
-            Variant::BlockPerRowSmem { threads_per_block } if *threads_per_block != BLOCK_SMEM_DEFAULT_THREADS => {
+            Variant::BlockPerRowSmem { threads_per_block }
+                if *threads_per_block != BLOCK_SMEM_DEFAULT_THREADS =>
+            {
                 format!("block-smem:{threads_per_block}")
             }
             _ => Variant::NAMES[index].to_owned(),
@@ -80,25 +88,23 @@ impl Variant {
     /// The variant with its parameters erased, to compare kinds.
     fn kind(&self) -> Variant {
         match self {
-            Variant::BlockPerRowSmem { .. } => Variant::BlockPerRowSmem { threads_per_block: 0 },
+            Variant::BlockPerRowSmem { .. } => Variant::BlockPerRowSmem {
+                threads_per_block: 0,
+            },
             other => *other,
         }
     }
 
     /// Checks the variant's parameters.
     pub fn validate(&self) -> Result<()> {
-        if let Variant::BlockPerRowSmem { threads_per_block: t } = *self {
-            if !t.is_power_of_two() || !(MIN_BLOCK_THREADS..=MAX_BLOCK_THREADS).contains(&t) {
-                return Err(Error::ThreadsPerBlock(t));
+        match *self {
+            Variant::BlockPerRowSmem {
+                threads_per_block: t,
+            } if !t.is_power_of_two() || !(MIN_BLOCK_THREADS..=MAX_BLOCK_THREADS).contains(&t) => {
+                Err(Error::ThreadsPerBlock(t))
             }
+            _ => Ok(()),
         }
-        Ok(())
-    }
-}
-
-impl Default for Variant {
-    fn default() -> Self {
-        Variant::Auto
     }
 }
 
@@ -115,12 +121,16 @@ impl std::str::FromStr for Variant {
     fn from_str(text: &str) -> Result<Self> {
         let text = text.trim();
         if let Some(threads) = text.strip_prefix("block-smem:") {
-            let threads_per_block = threads.parse().map_err(|_| Error::UnknownVariant(text.to_owned()))?;
+            let threads_per_block = threads
+                .parse()
+                .map_err(|_| Error::UnknownVariant(text.to_owned()))?;
             let variant = Variant::BlockPerRowSmem { threads_per_block };
             variant.validate()?;
             return Ok(variant);
         }
         let index = Variant::NAMES.iter().position(|name| *name == text);
-        index.map(|i| Variant::all()[i]).ok_or_else(|| Error::UnknownVariant(text.to_owned()))
+        index
+            .map(|i| Variant::all()[i])
+            .ok_or_else(|| Error::UnknownVariant(text.to_owned()))
     }
 }

@@ -39,7 +39,10 @@ fn reference_special_values_follow_pytorch() {
     let y = softmax_f64(&[f32::NEG_INFINITY, 0.0, 0.0], 1, 3);
     assert_eq!(y, vec![0.0, 0.5, 0.5]);
     for row in [[-inf, -inf, -inf], [1.0, f32::NAN, 2.0], [1.0, inf, 2.0]] {
-        assert!(softmax_f64(&row, 1, 3).iter().all(|v| v.is_nan()), "{row:?} must give all NaN");
+        assert!(
+            softmax_f64(&row, 1, 3).iter().all(|v| v.is_nan()),
+            "{row:?} must give all NaN"
+        );
     }
 }
 
@@ -63,7 +66,10 @@ fn one_pass(row: &[f32]) -> OnlineStats {
 
 fn assert_same_stats(a: OnlineStats, b: OnlineStats) {
     assert_eq!(a.max, b.max);
-    assert!((a.sum() - b.sum()).abs() <= 1e-5 * b.sum().abs().max(1.0), "{a:?} vs {b:?}");
+    assert!(
+        (a.sum() - b.sum()).abs() <= 1e-5 * b.sum().abs().max(1.0),
+        "{a:?} vs {b:?}"
+    );
 }
 
 proptest! {
@@ -119,14 +125,26 @@ fn compensated_sum_of_many_small_terms_stays_accurate() {
     }
     let exact = 0.1f64 * f64::from(1 << 20);
     assert!((f64::from(sum.value()) - exact).abs() / exact < 1e-6);
-    assert!((f64::from(naive) - exact).abs() / exact > 1e-4, "the test must be able to tell");
+    assert!(
+        (f64::from(naive) - exact).abs() / exact > 1e-4,
+        "the test must be able to tell"
+    );
 }
 
 #[test]
 fn shapes_refuse_overflow_and_accept_empty() {
-    assert!(matches!(Shape::new(usize::MAX, 2), Err(Error::ShapeTooLarge { .. })));
-    assert!(matches!(Shape::new(usize::MAX / 2, 2), Err(Error::ShapeTooLarge { .. })));
-    assert!(matches!(Shape::new(1 << 31, 1), Err(Error::ShapeTooLarge { .. })));
+    assert!(matches!(
+        Shape::new(usize::MAX, 2),
+        Err(Error::ShapeTooLarge { .. })
+    ));
+    assert!(matches!(
+        Shape::new(usize::MAX / 2, 2),
+        Err(Error::ShapeTooLarge { .. })
+    ));
+    assert!(matches!(
+        Shape::new(1 << 31, 1),
+        Err(Error::ShapeTooLarge { .. })
+    ));
     assert!(Shape::new(0, 5).unwrap().is_empty());
     assert!(Shape::new(5, 0).unwrap().is_empty());
     assert_eq!(Shape::new(3, 4).unwrap().min_traffic_bytes(), 96);
@@ -134,7 +152,10 @@ fn shapes_refuse_overflow_and_accept_empty() {
 
 #[test]
 fn shapes_parse_from_text() {
-    assert_eq!("3x100003".parse::<Shape>().unwrap(), Shape::new(3, 100003).unwrap());
+    assert_eq!(
+        "3x100003".parse::<Shape>().unwrap(),
+        Shape::new(3, 100003).unwrap()
+    );
     for bad in ["0x10", "10x", "abc", "10x0", "x5", "-1x4", ""] {
         assert!(bad.parse::<Shape>().is_err(), "{bad} must be refused");
     }
@@ -147,26 +168,45 @@ fn variant_names_round_trip() {
     }
     assert_eq!(
         "block-smem:512".parse::<Variant>().unwrap(),
-        Variant::BlockPerRowSmem { threads_per_block: 512 }
+        Variant::BlockPerRowSmem {
+            threads_per_block: 512
+        }
     );
-    assert!(matches!("nope".parse::<Variant>(), Err(Error::UnknownVariant(_))));
+    assert!(matches!(
+        "nope".parse::<Variant>(),
+        Err(Error::UnknownVariant(_))
+    ));
 }
 
 #[test]
 fn threads_per_block_must_be_a_power_of_two_in_range() {
     for bad in [0, 16, 100, 2048, 96] {
-        let variant = Variant::BlockPerRowSmem { threads_per_block: bad };
+        let variant = Variant::BlockPerRowSmem {
+            threads_per_block: bad,
+        };
         assert!(matches!(variant.validate(), Err(Error::ThreadsPerBlock(t)) if t == bad));
         assert!(format!("block-smem:{bad}").parse::<Variant>().is_err());
     }
     for good in [32, 64, 128, 256, 512, 1024] {
-        assert!(Variant::BlockPerRowSmem { threads_per_block: good }.validate().is_ok());
+        assert!(
+            Variant::BlockPerRowSmem {
+                threads_per_block: good
+            }
+            .validate()
+            .is_ok()
+        );
     }
 }
 
 #[test]
 fn embedded_ptx_targets_hopper_without_local_memory() {
     assert!(softmax::PTX.contains(".target sm_90"));
-    assert!(!softmax::PTX.contains("__local_depot"), "a kernel keeps an array in local memory");
-    assert!(softmax::PTX.contains("ld.global.v4"), "the vector kernels must use 16-byte loads");
+    assert!(
+        !softmax::PTX.contains("__local_depot"),
+        "a kernel keeps an array in local memory"
+    );
+    assert!(
+        softmax::PTX.contains("ld.global.v4"),
+        "the vector kernels must use 16-byte loads"
+    );
 }

@@ -16,12 +16,24 @@ use softmax::{Error, Shape, Softmax, Variant};
 type Outcome = Result<String, String>;
 
 const TESTS: &[common::Test] = &[
-    ("every_variant_matches_the_reference_on_the_shape_list", every_variant_on_the_shape_list),
-    ("special_values_follow_pytorch", special_values_follow_pytorch),
+    (
+        "every_variant_matches_the_reference_on_the_shape_list",
+        every_variant_on_the_shape_list,
+    ),
+    (
+        "special_values_follow_pytorch",
+        special_values_follow_pytorch,
+    ),
     ("llm_and_odd_shapes_match_the_reference", llm_and_odd_shapes),
     ("misaligned_buffers_are_still_correct", misaligned_buffers),
-    ("bad_input_is_refused_before_any_launch", bad_input_is_refused),
-    ("autotuned_threads_are_chosen_once_per_shape", autotuned_threads_are_cached),
+    (
+        "bad_input_is_refused_before_any_launch",
+        bad_input_is_refused,
+    ),
+    (
+        "autotuned_threads_are_chosen_once_per_shape",
+        autotuned_threads_are_cached,
+    ),
 ];
 
 const COLS: [usize; 10] = [1, 2, 31, 32, 33, 127, 1000, 4097, 16384, 65537];
@@ -34,15 +46,23 @@ fn main() -> std::process::ExitCode {
 
 /// Whether `variant` may refuse a shape (the register kernels, for rows too wide for them).
 fn may_refuse(variant: Variant, error: &Error) -> bool {
-    matches!(variant, Variant::RowsInRegisters | Variant::BlockRegisters) && matches!(error, Error::Unsupported { .. })
+    matches!(variant, Variant::RowsInRegisters | Variant::BlockRegisters)
+        && matches!(error, Error::Unsupported { .. })
 }
 
 /// Runs every variant on `input` and checks each against `expected`.
-fn check_all_variants(softmax: &mut Softmax, input: &[f32], shape: Shape, check: &mut Check) -> Result<(), String> {
+fn check_all_variants(
+    softmax: &mut Softmax,
+    input: &[f32],
+    shape: Shape,
+    check: &mut Check,
+) -> Result<(), String> {
     let expected = softmax_f64(input, shape.rows, shape.cols);
     for variant in Variant::all() {
         match check.variant(softmax, variant, input, &expected, shape, TOLERANCE) {
-            Err(common::Failure::Refused(error)) if may_refuse(variant, &error) => check.refused += 1,
+            Err(common::Failure::Refused(error)) if may_refuse(variant, &error) => {
+                check.refused += 1
+            }
             Err(failure) => return Err(format!("{variant} on {shape}: {failure}")),
             Ok(()) => {}
         }
@@ -102,13 +122,22 @@ fn llm_and_odd_shapes(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     ];
     for (rows, cols) in shapes {
         let shape = Shape::new(rows, cols).unwrap();
-        for variant in [Variant::Auto, Variant::BlockRegisters, Variant::RowSlices, Variant::SplitRows, Variant::RowsInRegisters, Variant::WarpPerRowOnline] {
+        for variant in [
+            Variant::Auto,
+            Variant::BlockRegisters,
+            Variant::RowSlices,
+            Variant::SplitRows,
+            Variant::RowsInRegisters,
+            Variant::WarpPerRowOnline,
+        ] {
             // Twice with fresh data: the sliced kernel's barriers must reset themselves.
             for _ in 0..2 {
                 let input = random_matrix(rng, shape, 20.0);
                 let expected = softmax_f64(&input, rows, cols);
                 match check.variant(softmax, variant, &input, &expected, shape, TOLERANCE) {
-                    Err(common::Failure::Refused(error)) if may_refuse(variant, &error) => check.refused += 1,
+                    Err(common::Failure::Refused(error)) if may_refuse(variant, &error) => {
+                        check.refused += 1
+                    }
                     Err(failure) => return Err(format!("{variant} on {shape}: {failure}")),
                     Ok(()) => {}
                 }
@@ -130,7 +159,13 @@ fn misaligned_buffers(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
         // Output one float (misaligned like the input) or two floats (differently) past a
         // 256-byte aligned allocation.
         for output_offset in [1, 2] {
-            for variant in [Variant::Auto, Variant::BlockRegisters, Variant::RowSlices, Variant::SplitRows, Variant::RowsInRegisters] {
+            for variant in [
+                Variant::Auto,
+                Variant::BlockRegisters,
+                Variant::RowSlices,
+                Variant::SplitRows,
+                Variant::RowsInRegisters,
+            ] {
                 let device_output = poisoned(shape.len() + output_offset)?;
                 let mut output_view = device_output.index(output_offset..);
                 match softmax.run(variant, &device_input.index(1..), &mut output_view, shape) {
@@ -140,13 +175,18 @@ fn misaligned_buffers(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
                 }
                 softmax.synchronize().map_err(|e| e.to_string())?;
                 let mut result = vec![0.0; shape.len() + output_offset];
-                device_output.copy_to(&mut result[..]).map_err(|e| e.to_string())?;
+                device_output
+                    .copy_to(&mut result[..])
+                    .map_err(|e| e.to_string())?;
                 if !result[..output_offset].iter().all(|v| v.is_nan()) {
                     return Err(format!("{variant} wrote before its misaligned output"));
                 }
-                let deviation = softmax::reference::deviation(&result[output_offset..], &expected, cols);
+                let deviation =
+                    softmax::reference::deviation(&result[output_offset..], &expected, cols);
                 if !deviation.within(TOLERANCE) {
-                    return Err(format!("{variant} on misaligned {shape} (output +{output_offset}): {deviation:?}"));
+                    return Err(format!(
+                        "{variant} on misaligned {shape} (output +{output_offset}): {deviation:?}"
+                    ));
                 }
                 checked += 1;
             }
@@ -166,10 +206,16 @@ fn bad_input_is_refused(softmax: &mut Softmax, _rng: &mut StdRng) -> Outcome {
         other => Err(format!("{wanted}: got {other:?}")),
     };
     for variant in Variant::all() {
-        expect(softmax.run(variant, &short, &mut output, shape), "short input", |e| matches!(e, Error::InputLength { .. }))?;
-        expect(softmax.run(variant, &input, &mut short_output, shape), "short output", |e| {
-            matches!(e, Error::OutputLength { .. })
-        })?;
+        expect(
+            softmax.run(variant, &short, &mut output, shape),
+            "short input",
+            |e| matches!(e, Error::InputLength { .. }),
+        )?;
+        expect(
+            softmax.run(variant, &input, &mut short_output, shape),
+            "short output",
+            |e| matches!(e, Error::OutputLength { .. }),
+        )?;
         let empty = Shape::new(0, 8).unwrap();
         if let Err(error) = softmax.run(variant, &input.index(..0), &mut output.index(..0), empty) {
             return Err(format!("{variant}: an empty shape is a no-op, got {error}"));
@@ -177,12 +223,14 @@ fn bad_input_is_refused(softmax: &mut Softmax, _rng: &mut StdRng) -> Outcome {
     }
     for threads_per_block in [0, 100, 2048] {
         let variant = Variant::BlockPerRowSmem { threads_per_block };
-        expect(softmax.run(variant, &input, &mut output, shape), "bad threads per block", |e| {
-            matches!(e, Error::ThreadsPerBlock(_))
-        })?;
+        expect(
+            softmax.run(variant, &input, &mut output, shape),
+            "bad threads per block",
+            |e| matches!(e, Error::ThreadsPerBlock(_)),
+        )?;
     }
     softmax.synchronize().map_err(|e| e.to_string())?;
-    let mut after = vec![0.0; 32];
+    let mut after = [0.0; 32];
     output.copy_to(&mut after[..]).map_err(|e| e.to_string())?;
     if !after.iter().all(|v| v.is_nan()) {
         return Err("a refused call wrote to the output".into());
@@ -196,11 +244,27 @@ fn autotuned_threads_are_cached(softmax: &mut Softmax, rng: &mut StdRng) -> Outc
     let expected = softmax_f64(&input, shape.rows, shape.cols);
     let mut check = Check::default();
     check
-        .variant(softmax, Variant::BlockPerRowAutotuned, &input, &expected, shape, TOLERANCE)
+        .variant(
+            softmax,
+            Variant::BlockPerRowAutotuned,
+            &input,
+            &expected,
+            shape,
+            TOLERANCE,
+        )
         .map_err(|f| f.to_string())?;
-    let threads = softmax.tuned_threads(shape).ok_or("the first call left no tuned entry")?;
+    let threads = softmax
+        .tuned_threads(shape)
+        .ok_or("the first call left no tuned entry")?;
     check
-        .variant(softmax, Variant::BlockPerRowAutotuned, &input, &expected, shape, TOLERANCE)
+        .variant(
+            softmax,
+            Variant::BlockPerRowAutotuned,
+            &input,
+            &expected,
+            shape,
+            TOLERANCE,
+        )
         .map_err(|f| f.to_string())?;
     if softmax.tuned_threads(shape) != Some(threads) {
         return Err("the second call tuned again".into());
@@ -208,5 +272,7 @@ fn autotuned_threads_are_cached(softmax: &mut Softmax, rng: &mut StdRng) -> Outc
     if !BLOCK_SMEM_AUTOTUNE_CANDIDATES.contains(&threads) {
         return Err(format!("tuned to {threads}, not a candidate"));
     }
-    Ok(format!("{shape} tuned to {threads} threads per block, reused"))
+    Ok(format!(
+        "{shape} tuned to {threads} threads per block, reused"
+    ))
 }

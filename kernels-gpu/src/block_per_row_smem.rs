@@ -2,7 +2,9 @@
 //! The same kernel serves the fixed-128-thread variant and the autotuned one: threads per
 //! block is a launch parameter.
 
-use crate::device::{DeviceExp2, block_dim, block_idx, dynamic_shared_f32, sync_threads, thread_idx};
+use crate::device::{
+    DeviceExp2, block_dim, block_idx, dynamic_shared_f32, sync_threads, thread_idx,
+};
 use crate::online::OnlineStats;
 
 /// Tree reduction of one value per thread through `shared` (`block_dim()` floats), halving

@@ -25,7 +25,11 @@ use crate::row_slice::RowSlice;
 /// at once (cooperative launch).
 #[inline(always)]
 #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
-pub unsafe fn softmax_block_registers<const PACK: usize, const THREADS: usize, const PACKS: usize>(
+pub unsafe fn softmax_block_registers<
+    const PACK: usize,
+    const THREADS: usize,
+    const PACKS: usize,
+>(
     input: *const f32,
     output: *mut f32,
     cols: u32,
@@ -77,7 +81,8 @@ pub unsafe fn softmax_block_registers<const PACK: usize, const THREADS: usize, c
     let mut row_stats = unsafe { block_stats(local, scratch) };
     if slices > 1 {
         // SAFETY: forwarded from this kernel's contract for sliced launches.
-        row_stats = unsafe { exchange_row_stats(row_stats, scratch, partials, barriers, row, slices) };
+        row_stats =
+            unsafe { exchange_row_stats(row_stats, scratch, partials, barriers, row, slices) };
     }
     // e^(x - local_max) · e^(local_max - max) / sum = e^(x - max) / sum.
     let scale = OnlineStats::exp_relative::<DeviceExp2>(local_max, row_stats.max) / row_stats.sum();
@@ -97,4 +102,3 @@ pub unsafe fn softmax_block_registers<const PACK: usize, const THREADS: usize, c
         unsafe { y.add(c).write(edge * scale) };
     }
 }
-

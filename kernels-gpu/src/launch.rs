@@ -155,7 +155,11 @@ pub struct BlockRegisterKernelName {
 
 impl core::fmt::Display for BlockRegisterKernelName {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        write!(f, "softmax_block_registers_p{}_t{}_n{}", self.pack, self.threads, self.packs)
+        write!(
+            f,
+            "softmax_block_registers_p{}_t{}_n{}",
+            self.pack, self.threads, self.packs
+        )
     }
 }
 

@@ -49,4 +49,3 @@ pub unsafe fn store_pack<const PACK: usize>(dst: *mut f32, values: [f32; PACK]) 
         }
     }
 }
-

@@ -20,7 +20,10 @@ pub struct CompensatedSum {
 }
 
 impl CompensatedSum {
-    pub const ZERO: Self = Self { sum: 0.0, compensation: 0.0 };
+    pub const ZERO: Self = Self {
+        sum: 0.0,
+        compensation: 0.0,
+    };
 
     #[inline(always)]
     pub fn add(&mut self, term: f32) {
@@ -62,7 +65,13 @@ impl OnlineStats {
     /// thread).
     #[inline(always)]
     pub fn new(max: f32, sum: f32) -> Self {
-        Self { max, sum: CompensatedSum { sum, compensation: 0.0 } }
+        Self {
+            max,
+            sum: CompensatedSum {
+                sum,
+                compensation: 0.0,
+            },
+        }
     }
 
     /// The row sum relative to `max`.

@@ -33,7 +33,10 @@ pub fn group_sum<const LANES: u32>(mut value: f32) -> f32 {
 pub fn warp_stats(mut stats: OnlineStats) -> OnlineStats {
     let mut offset = WARP_SIZE / 2;
     while offset > 0 {
-        let other = OnlineStats::new(shfl_xor_f32(stats.max, offset), shfl_xor_f32(stats.sum(), offset));
+        let other = OnlineStats::new(
+            shfl_xor_f32(stats.max, offset),
+            shfl_xor_f32(stats.sum(), offset),
+        );
         stats = stats.merge::<DeviceExp2>(other);
         offset /= 2;
     }
@@ -56,14 +59,19 @@ pub unsafe fn block_stats(stats: OnlineStats, scratch: *mut f32) -> OnlineStats 
         // SAFETY: `warp < 32`, and the scratch holds 32 maxima followed by 32 sums.
         unsafe {
             scratch.add(warp as usize).write(per_warp.max);
-            scratch.add((WARP_SIZE + warp) as usize).write(per_warp.sum());
+            scratch
+                .add((WARP_SIZE + warp) as usize)
+                .write(per_warp.sum());
         }
     }
     sync_threads();
     let mine = if lane < warps {
         // SAFETY: as above; slot `lane` was written before the barrier.
         unsafe {
-            OnlineStats::new(scratch.add(lane as usize).read(), scratch.add((WARP_SIZE + lane) as usize).read())
+            OnlineStats::new(
+                scratch.add(lane as usize).read(),
+                scratch.add((WARP_SIZE + lane) as usize).read(),
+            )
         }
     } else {
         OnlineStats::EMPTY

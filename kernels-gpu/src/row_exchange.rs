@@ -4,7 +4,9 @@
 
 use core::sync::atomic::{AtomicU32, Ordering};
 
-use crate::device::{DeviceExp2, block_dim, block_idx, fence_device, sleep_briefly, sync_threads, thread_idx};
+use crate::device::{
+    DeviceExp2, block_dim, block_idx, fence_device, sleep_briefly, sync_threads, thread_idx,
+};
 use crate::online::OnlineStats;
 use crate::reduce::block_stats;
 
@@ -57,7 +59,11 @@ pub unsafe fn exchange_row_stats(
         // SAFETY: block_idx < rows · slices and row < rows: inside both buffers.
         unsafe {
             publish_block_stats(block, partials);
-            row_barrier(barriers.add(2 * row), barriers.add(2 * row + 1), slices as u32);
+            row_barrier(
+                barriers.add(2 * row),
+                barriers.add(2 * row + 1),
+                slices as u32,
+            );
         }
     }
     sync_threads();
@@ -73,8 +79,12 @@ pub unsafe fn exchange_row_stats(
 pub unsafe fn publish_block_stats(block: OnlineStats, partials: *mut f32) {
     // SAFETY: forwarded from the contract.
     unsafe {
-        partials.add(2 * block_idx() as usize).write_volatile(block.max);
-        partials.add(2 * block_idx() as usize + 1).write_volatile(block.sum());
+        partials
+            .add(2 * block_idx() as usize)
+            .write_volatile(block.max);
+        partials
+            .add(2 * block_idx() as usize + 1)
+            .write_volatile(block.sum());
     }
 }
 
@@ -86,13 +96,23 @@ pub unsafe fn publish_block_stats(block: OnlineStats, partials: *mut f32) {
 /// Called by every thread of the block from uniform control flow, after every block of the
 /// row published (a barrier, or an earlier kernel); `scratch` as for [`block_stats`].
 #[inline(always)]
-pub unsafe fn merge_row_stats(scratch: *mut f32, partials: *const f32, row: usize, slices: usize) -> OnlineStats {
+pub unsafe fn merge_row_stats(
+    scratch: *mut f32,
+    partials: *const f32,
+    row: usize,
+    slices: usize,
+) -> OnlineStats {
     let mut merged = OnlineStats::EMPTY;
     for other in (thread_idx() as usize..slices).step_by(block_dim() as usize) {
         let index = 2 * (row * slices + other);
         // SAFETY: published before; volatile reads bypass the multiprocessor's L1, which
         // another row's reads may have filled.
-        let theirs = unsafe { OnlineStats::new(partials.add(index).read_volatile(), partials.add(index + 1).read_volatile()) };
+        let theirs = unsafe {
+            OnlineStats::new(
+                partials.add(index).read_volatile(),
+                partials.add(index + 1).read_volatile(),
+            )
+        };
         merged = merged.merge::<DeviceExp2>(theirs);
     }
     // SAFETY: uniform control flow; forwarded scratch.

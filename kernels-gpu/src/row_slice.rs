@@ -25,8 +25,18 @@ pub struct RowSlice {
 
 impl RowSlice {
     #[inline(always)]
-    pub fn new<const PACK: usize>(row: *const f32, cols: usize, slice: usize, slices: usize, slice_packs: usize) -> Self {
-        let row_head = if PACK == 1 { 0 } else { ((16 - row as usize % 16) % 16 / 4).min(cols) };
+    pub fn new<const PACK: usize>(
+        row: *const f32,
+        cols: usize,
+        slice: usize,
+        slices: usize,
+        slice_packs: usize,
+    ) -> Self {
+        let row_head = if PACK == 1 {
+            0
+        } else {
+            ((16 - row as usize % 16) % 16 / 4).min(cols)
+        };
         let body_packs = (cols - row_head) / PACK;
         let first = (slice * slice_packs).min(body_packs);
         let end = (first + slice_packs).min(body_packs);
@@ -36,7 +46,11 @@ impl RowSlice {
             first,
             end,
             head: if slice == 0 { row_head } else { 0 },
-            tail: if slice + 1 == slices { cols - tail_start } else { 0 },
+            tail: if slice + 1 == slices {
+                cols - tail_start
+            } else {
+                0
+            },
             tail_start,
         }
     }
@@ -53,4 +67,3 @@ impl RowSlice {
         }
     }
 }
-

@@ -43,7 +43,16 @@ unsafe fn softmax_row_slices<const PACK: usize>(
     let mut row_stats = unsafe { block_stats(share.stats(cache), shared) };
     if share.slices > 1 {
         // SAFETY: forwarded from this kernel's contract for sliced launches.
-        row_stats = unsafe { exchange_row_stats(row_stats, shared, partials, barriers, share.row, share.slices) };
+        row_stats = unsafe {
+            exchange_row_stats(
+                row_stats,
+                shared,
+                partials,
+                barriers,
+                share.row,
+                share.slices,
+            )
+        };
     }
     // SAFETY: as above.
     unsafe { share.write_normalized(cache, row_stats) };
@@ -67,16 +76,38 @@ impl<const PACK: usize> Share<PACK> {
     /// The row-slices contract: both buffers hold `rows · cols` floats, `rows · slices`
     /// blocks, `slices · slice_packs · PACK ≥ cols - 3`, equal misalignment when PACK is 4.
     #[inline(always)]
-    pub unsafe fn of_block(input: *const f32, output: *mut f32, cols: u32, slices: u32, slice_packs: u32) -> Self {
+    pub unsafe fn of_block(
+        input: *const f32,
+        output: *mut f32,
+        cols: u32,
+        slices: u32,
+        slice_packs: u32,
+    ) -> Self {
         let (cols, slices) = (cols as usize, slices as usize);
         let row = block_idx() as usize / slices;
         // SAFETY: row < rows, so the row's `cols` floats lie inside the input. The output may
         // be null (a pass that only reads): `wrapping_add` keeps that defined, and such a
         // pass never writes.
-        let (x, y) = (unsafe { input.add(row * cols) }, output.wrapping_add(row * cols));
-        let part = RowSlice::new::<PACK>(x, cols, block_idx() as usize % slices, slices, slice_packs as usize);
+        let (x, y) = (
+            unsafe { input.add(row * cols) },
+            output.wrapping_add(row * cols),
+        );
+        let part = RowSlice::new::<PACK>(
+            x,
+            cols,
+            block_idx() as usize % slices,
+            slices,
+            slice_packs as usize,
+        );
         let edge_column = part.edge_column(thread_idx() as usize);
-        Share { x, y, part, edge_column, row, slices }
+        Share {
+            x,
+            y,
+            part,
+            edge_column,
+            row,
+            slices,
+        }
     }
 
     fn column(&self, pack: usize) -> usize {
@@ -137,8 +168,11 @@ impl<const PACK: usize> Share<PACK> {
     #[inline(always)]
     pub unsafe fn write_normalized(&self, cache: Option<*mut f32>, row_stats: OnlineStats) {
         let inv_sum = 1.0 / row_stats.sum();
-        let normalize = |v: f32| OnlineStats::exp_relative::<DeviceExp2>(v, row_stats.max) * inv_sum;
-        for pack in (self.part.first + thread_idx() as usize..self.part.end).step_by(block_dim() as usize) {
+        let normalize =
+            |v: f32| OnlineStats::exp_relative::<DeviceExp2>(v, row_stats.max) * inv_sum;
+        for pack in
+            (self.part.first + thread_idx() as usize..self.part.end).step_by(block_dim() as usize)
+        {
             // SAFETY: the packs this thread read (and cached) in the first pass.
             unsafe {
                 let values = match cache {
@@ -174,7 +208,14 @@ macro_rules! row_slices_entry {
             // SAFETY: forwarded from this entry's contract.
             unsafe {
                 softmax_row_slices::<$pack>(
-                    input, output, cols, slices, slice_packs, cached, partials, barriers,
+                    input,
+                    output,
+                    cols,
+                    slices,
+                    slice_packs,
+                    cached,
+                    partials,
+                    barriers,
                 )
             }
         }

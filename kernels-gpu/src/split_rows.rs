@@ -15,10 +15,17 @@ use crate::row_slices::Share;
 /// The row-slices contract without the cache (see `softmax_row_slices`), with `partials`
 /// holding `2 · rows · slices` floats.
 #[inline(always)]
-unsafe fn split_stats<const PACK: usize>(input: *const f32, cols: u32, slices: u32, slice_packs: u32, partials: *mut f32) {
+unsafe fn split_stats<const PACK: usize>(
+    input: *const f32,
+    cols: u32,
+    slices: u32,
+    slice_packs: u32,
+    partials: *mut f32,
+) {
     let scratch = dynamic_shared_f32();
     // SAFETY: forwarded; the output is not touched in this pass.
-    let share = unsafe { Share::<PACK>::of_block(input, core::ptr::null_mut(), cols, slices, slice_packs) };
+    let share =
+        unsafe { Share::<PACK>::of_block(input, core::ptr::null_mut(), cols, slices, slice_packs) };
     // SAFETY: uniform control flow; the launch provides the scratch; no cache.
     let stats = unsafe { block_stats(share.stats(None), scratch) };
     if crate::device::thread_idx() == 0 {
@@ -54,7 +61,13 @@ macro_rules! split_entries {
         /// # Safety
         /// See `split_stats` with `PACK =` the suffix of the name.
         #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $stats(input: *const f32, cols: u32, slices: u32, slice_packs: u32, partials: *mut f32) {
+        pub unsafe extern "ptx-kernel" fn $stats(
+            input: *const f32,
+            cols: u32,
+            slices: u32,
+            slice_packs: u32,
+            partials: *mut f32,
+        ) {
             // SAFETY: forwarded from this entry's contract.
             unsafe { split_stats::<$pack>(input, cols, slices, slice_packs, partials) }
         }

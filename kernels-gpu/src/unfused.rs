@@ -65,7 +65,11 @@ pub unsafe extern "ptx-kernel" fn softmax_unfused_subtract(
 ) {
     for i in grid_stride(rows as u64 * cols as u64) {
         // SAFETY: i < rows · cols and i / cols < rows.
-        unsafe { output.add(i).write(input.add(i).read() - row_max.add(i / cols as usize).read()) };
+        unsafe {
+            output
+                .add(i)
+                .write(input.add(i).read() - row_max.add(i / cols as usize).read())
+        };
     }
 }
 
@@ -120,6 +124,9 @@ pub unsafe extern "ptx-kernel" fn softmax_unfused_divide(
 ) {
     for i in grid_stride(rows as u64 * cols as u64) {
         // SAFETY: i < rows · cols and i / cols < rows.
-        unsafe { data.add(i).write(data.add(i).read() / row_sum.add(i / cols as usize).read()) };
+        unsafe {
+            data.add(i)
+                .write(data.add(i).read() / row_sum.add(i / cols as usize).read())
+        };
     }
 }

@@ -24,7 +24,9 @@ fn main() -> ExitCode {
         Some("fetch-driver") => fetch_driver().map(|_| ()),
         Some("test") => test(&args[1..]),
         Some("device-bundle") => device_bundle(),
-        _ => Err("usage: cargo xtask <build-ptx | fetch-driver | test [ARGS] | device-bundle>".into()),
+        _ => Err(
+            "usage: cargo xtask <build-ptx | fetch-driver | test [ARGS] | device-bundle>".into(),
+        ),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -36,16 +38,26 @@ fn main() -> ExitCode {
 }
 
 fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask/ sits in the workspace").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask/ sits in the workspace")
+        .to_path_buf()
 }
 
 fn cargo() -> PathBuf {
-    env::var_os("CARGO").map(PathBuf::from).unwrap_or_else(|| "cargo".into())
+    env::var_os("CARGO")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| "cargo".into())
 }
 
 fn run(command: &mut Command) -> Result<()> {
-    let status = command.status().map_err(|e| format!("could not start {command:?}: {e}"))?;
-    status.success().then_some(()).ok_or_else(|| format!("{command:?} failed ({status})"))
+    let status = command
+        .status()
+        .map_err(|e| format!("could not start {command:?}: {e}"))?;
+    status
+        .success()
+        .then_some(())
+        .ok_or_else(|| format!("{command:?} failed ({status})"))
 }
 
 fn build_ptx() -> Result<()> {
@@ -58,7 +70,11 @@ fn build_ptx() -> Result<()> {
     let entries = entry_names(&ptx);
     println!("{} kernel entries:", entries.len());
     for entry in &entries {
-        let local = if local_memory_in(&ptx, entry) { "  LOCAL MEMORY" } else { "" };
+        let local = if local_memory_in(&ptx, entry) {
+            "  LOCAL MEMORY"
+        } else {
+            ""
+        };
         println!("  {entry}{local}");
     }
     print_ptxas_report(&stable)
@@ -75,7 +91,9 @@ fn entry_names(ptx: &str) -> Vec<String> {
 /// Whether the entry declares a local-memory stack frame (an array the compiler could not
 /// keep in registers).
 fn local_memory_in(ptx: &str, entry: &str) -> bool {
-    let Some(start) = ptx.find(&format!(".entry {entry}(")) else { return false };
+    let Some(start) = ptx.find(&format!(".entry {entry}(")) else {
+        return false;
+    };
     let body = &ptx[start..];
     let end = body.find("\n}").unwrap_or(body.len());
     body[..end].contains("__local_depot")
@@ -86,12 +104,16 @@ fn find_ptxas() -> Option<PathBuf> {
         .into_iter()
         .flat_map(|paths| env::split_paths(&paths).collect::<Vec<_>>())
         .map(|dir| dir.join("ptxas"));
-    on_path.chain([PathBuf::from("/usr/local/cuda/bin/ptxas")]).find(|p| p.is_file())
+    on_path
+        .chain([PathBuf::from("/usr/local/cuda/bin/ptxas")])
+        .find(|p| p.is_file())
 }
 
 fn print_ptxas_report(ptx: &Path) -> Result<()> {
     let Some(ptxas) = find_ptxas() else {
-        println!("ptxas not found (no CUDA toolkit here): registers, shared memory and spills not reported");
+        println!(
+            "ptxas not found (no CUDA toolkit here): registers, shared memory and spills not reported"
+        );
         return Ok(());
     };
     let output = Command::new(&ptxas)
@@ -101,7 +123,11 @@ fn print_ptxas_report(ptx: &Path) -> Result<()> {
         .map_err(|e| format!("running {}: {e}", ptxas.display()))?;
     println!("ptxas -v ({}):", ptxas.display());
     print!("{}", String::from_utf8_lossy(&output.stderr));
-    output.status.success().then_some(()).ok_or_else(|| "ptxas rejected the PTX".into())
+    output
+        .status
+        .success()
+        .then_some(())
+        .ok_or_else(|| "ptxas rejected the PTX".into())
 }
 
 /// Directory holding `libcuda.so` for linking; `.cargo/config.toml` points cust at it.
@@ -125,7 +151,9 @@ fn fetch_driver() -> Result<PathBuf> {
     let codename = fs::read_to_string("/etc/os-release")
         .ok()
         .and_then(|release| {
-            release.lines().find_map(|l| l.strip_prefix("VERSION_CODENAME=").map(str::to_owned))
+            release
+                .lines()
+                .find_map(|l| l.strip_prefix("VERSION_CODENAME=").map(str::to_owned))
         })
         .ok_or("cannot read VERSION_CODENAME from /etc/os-release (Debian expected)")?;
     let sources = apt.join("sources.list");
@@ -145,23 +173,38 @@ fn fetch_driver() -> Result<PathBuf> {
         "-oAPT::Sandbox::User=root".to_owned(),
         "-qq".to_owned(),
     ];
-    println!("fetching Debian's libcuda1 into {} (link-time CUDA driver for machines without one)", root.display());
+    println!(
+        "fetching Debian's libcuda1 into {} (link-time CUDA driver for machines without one)",
+        root.display()
+    );
     run(Command::new("apt-get").args(&options).arg("update"))?;
-    run(Command::new("apt-get").args(&options).args(["download", "libcuda1"]).current_dir(apt.join("deb")))?;
+    run(Command::new("apt-get")
+        .args(&options)
+        .args(["download", "libcuda1"])
+        .current_dir(apt.join("deb")))?;
     let deb = fs::read_dir(apt.join("deb"))
         .map_err(|e| e.to_string())?
         .filter_map(|entry| entry.ok().map(|e| e.path()))
         .find(|p| p.extension().is_some_and(|x| x == "deb"))
         .ok_or("apt-get download left no .deb")?;
-    run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(apt.join("unpacked")))?;
+    run(Command::new("dpkg-deb")
+        .arg("-x")
+        .arg(&deb)
+        .arg(apt.join("unpacked")))?;
     let versioned = fs::read_dir(apt.join("unpacked/usr/lib/x86_64-linux-gnu/nvidia/current"))
         .map_err(|e| format!("unexpected libcuda1 layout: {e}"))?
         .filter_map(|entry| entry.ok().map(|e| e.path()))
-        .find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("libcuda.so.") && !n.to_string_lossy().ends_with(".so.1")))
+        .find(|p| {
+            p.file_name().is_some_and(|n| {
+                n.to_string_lossy().starts_with("libcuda.so.")
+                    && !n.to_string_lossy().ends_with(".so.1")
+            })
+        })
         .ok_or("libcuda1 holds no versioned libcuda.so")?;
     fs::create_dir_all(&lib64).map_err(|e| e.to_string())?;
     fs::copy(&versioned, lib64.join("libcuda.so.1")).map_err(|e| e.to_string())?;
-    std::os::unix::fs::symlink("libcuda.so.1", lib64.join("libcuda.so")).map_err(|e| e.to_string())?;
+    std::os::unix::fs::symlink("libcuda.so.1", lib64.join("libcuda.so"))
+        .map_err(|e| e.to_string())?;
     Ok(lib64)
 }
 
@@ -169,18 +212,27 @@ fn fetch_driver() -> Result<PathBuf> {
 /// `lib64` (or `lib64/stubs`) of each `CUDA_LIBRARY_PATH` entry (`.cargo/config.toml` points
 /// it at the fetched library), `/usr/local/cuda` or `/opt/cuda`.
 fn driver_linkable() -> bool {
-    let configured = env::var_os("CUDA_LIBRARY_PATH").map(|p| env::split_paths(&p).collect::<Vec<_>>()).unwrap_or_default();
+    let configured = env::var_os("CUDA_LIBRARY_PATH")
+        .map(|p| env::split_paths(&p).collect::<Vec<_>>())
+        .unwrap_or_default();
     configured
         .into_iter()
         .chain(["/usr/local/cuda".into(), "/opt/cuda".into()])
-        .any(|root| ["lib64/libcuda.so", "lib64/stubs/libcuda.so"].iter().any(|lib| root.join(lib).exists()))
+        .any(|root| {
+            ["lib64/libcuda.so", "lib64/stubs/libcuda.so"]
+                .iter()
+                .any(|lib| root.join(lib).exists())
+        })
 }
 
 fn test(args: &[String]) -> Result<()> {
     if !driver_linkable() {
         fetch_driver()?;
     }
-    run(Command::new(cargo()).current_dir(workspace()).args(["test", "--workspace"]).args(args))
+    run(Command::new(cargo())
+        .current_dir(workspace())
+        .args(["test", "--workspace"])
+        .args(args))
 }
 
 /// Builds what a GPU machine without Rust needs into `.gpu/` (ignored by git; name it in the
@@ -193,9 +245,15 @@ fn device_bundle() -> Result<()> {
     if !driver_linkable() {
         fetch_driver()?;
     }
-    run(Command::new(cargo()).current_dir(&workspace).args(["build", "--release", "-p", "host"]))?;
-    fs::copy(workspace.join("target/release/host"), bundle.join("host")).map_err(|e| e.to_string())?;
-    for (command, folder) in [(["test", "--release"].as_slice(), "tests"), (["bench"].as_slice(), "benches")] {
+    run(Command::new(cargo())
+        .current_dir(&workspace)
+        .args(["build", "--release", "-p", "host"]))?;
+    fs::copy(workspace.join("target/release/host"), bundle.join("host"))
+        .map_err(|e| e.to_string())?;
+    for (command, folder) in [
+        (["test", "--release"].as_slice(), "tests"),
+        (["bench"].as_slice(), "benches"),
+    ] {
         let output = Command::new(cargo())
             .current_dir(&workspace)
             .args(command)
@@ -210,15 +268,25 @@ fn device_bundle() -> Result<()> {
         for line in String::from_utf8_lossy(&output.stdout).lines() {
             if let Some(executable) = json_string_field(line, "executable") {
                 let path = PathBuf::from(executable);
-                let name = path.file_name().expect("an executable has a name").to_owned();
+                let name = path
+                    .file_name()
+                    .expect("an executable has a name")
+                    .to_owned();
                 fs::copy(&path, bundle.join(folder).join(&name)).map_err(|e| e.to_string())?;
                 names.push(name.to_string_lossy().into_owned());
             }
         }
-        println!("bundled into {}: {}", bundle.join(folder).display(), names.join(" "));
+        println!(
+            "bundled into {}: {}",
+            bundle.join(folder).display(),
+            names.join(" ")
+        );
     }
-    fs::copy(ptx_build::ptx_target_dir(&workspace).join("nvptx64-nvidia-cuda/release/kernels_gpu.ptx"), bundle.join("kernels.ptx"))
-        .map_err(|e| e.to_string())?;
+    fs::copy(
+        ptx_build::ptx_target_dir(&workspace).join("nvptx64-nvidia-cuda/release/kernels_gpu.ptx"),
+        bundle.join("kernels.ptx"),
+    )
+    .map_err(|e| e.to_string())?;
     Ok(())
 }
 

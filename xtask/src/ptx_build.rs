@@ -26,8 +26,20 @@ pub fn build_kernels_ptx(cargo: &Path, workspace: &Path) -> Result<PathBuf, Stri
     .join("\x1f");
     let status = Command::new(cargo)
         .current_dir(workspace)
-        .args(["rustc", "--package", "kernels-gpu", "--release", "--crate-type", "cdylib"])
-        .args(["--target", "nvptx64-nvidia-cuda", "-Zbuild-std=core", "--target-dir"])
+        .args([
+            "rustc",
+            "--package",
+            "kernels-gpu",
+            "--release",
+            "--crate-type",
+            "cdylib",
+        ])
+        .args([
+            "--target",
+            "nvptx64-nvidia-cuda",
+            "-Zbuild-std=core",
+            "--target-dir",
+        ])
         .arg(&target_dir)
         .env("CARGO_ENCODED_RUSTFLAGS", rustflags)
         // Settings of an outer build (clippy's wrapper, a host target dir, host rustflags)
@@ -40,7 +52,9 @@ pub fn build_kernels_ptx(cargo: &Path, workspace: &Path) -> Result<PathBuf, Stri
         .status()
         .map_err(|e| format!("could not run {}: {e}", cargo.display()))?;
     if !status.success() {
-        return Err(format!("building kernels-gpu for nvptx64 failed ({status})"));
+        return Err(format!(
+            "building kernels-gpu for nvptx64 failed ({status})"
+        ));
     }
     Ok(target_dir
         .join("nvptx64-nvidia-cuda")

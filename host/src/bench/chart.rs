@@ -43,21 +43,48 @@ pub(super) fn draw_all(report: &Report, dir: &Path) -> Result<()> {
         .collect();
     let device = &report.device.name;
     let charts = [
-        ("seed-sweep", ChartSpec { title: format!("Softmax f32, ~200 MB per tensor, {device}"), x_label: "row width (columns)", points: seed_points }),
-        ("llm-shapes", ChartSpec { title: format!("Softmax f32, LLM and odd shapes, {device}"), x_label: "rows x cols", points: other_points }),
+        (
+            "seed-sweep",
+            ChartSpec {
+                title: format!("Softmax f32, ~200 MB per tensor, {device}"),
+                x_label: "row width (columns)",
+                points: seed_points,
+            },
+        ),
+        (
+            "llm-shapes",
+            ChartSpec {
+                title: format!("Softmax f32, LLM and odd shapes, {device}"),
+                x_label: "rows x cols",
+                points: other_points,
+            },
+        ),
     ];
     for (name, spec) in charts.iter().filter(|(_, spec)| !spec.points.is_empty()) {
         let stem = dir.join(format!("{}-{name}", report.device.slug()));
         let png = stem.with_extension("png");
         let svg = stem.with_extension("svg");
-        plot(BitMapBackend::new(&png, (1280, 720)).into_drawing_area(), spec, report).map_err(chart_error)?;
-        plot(SVGBackend::new(&svg, (1280, 720)).into_drawing_area(), spec, report).map_err(chart_error)?;
+        plot(
+            BitMapBackend::new(&png, (1280, 720)).into_drawing_area(),
+            spec,
+            report,
+        )
+        .map_err(chart_error)?;
+        plot(
+            SVGBackend::new(&svg, (1280, 720)).into_drawing_area(),
+            spec,
+            report,
+        )
+        .map_err(chart_error)?;
     }
     Ok(())
 }
 
 fn chart_error(error: impl std::fmt::Display) -> Error {
-    Error::Io { what: "drawing a chart".into(), source: std::io::Error::other(error.to_string()) }
+    Error::Io {
+        what: "drawing a chart".into(),
+        source: std::io::Error::other(error.to_string()),
+    }
 }
 
 /// GB/s of `variant` at each of the spec's points where it was timed.
@@ -65,15 +92,23 @@ fn series(report: &Report, spec: &ChartSpec, variant: &str) -> Vec<(f64, f64)> {
     spec.points
         .iter()
         .filter_map(|(shape, x, _)| {
-            report.measurements.iter().find(|m| m.variant == variant && m.shape() == *shape).and_then(|m| match m.outcome {
-                Outcome::Timed { gbps, .. } => Some((*x, gbps)),
-                _ => None,
-            })
+            report
+                .measurements
+                .iter()
+                .find(|m| m.variant == variant && m.shape() == *shape)
+                .and_then(|m| match m.outcome {
+                    Outcome::Timed { gbps, .. } => Some((*x, gbps)),
+                    _ => None,
+                })
         })
         .collect()
 }
 
-fn plot<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, spec: &ChartSpec, report: &Report) -> std::result::Result<(), String> {
+fn plot<DB: DrawingBackend>(
+    root: DrawingArea<DB, Shift>,
+    spec: &ChartSpec,
+    report: &Report,
+) -> std::result::Result<(), String> {
     let error = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
     root.fill(&WHITE).map_err(error)?;
     let mut variants: Vec<&str> = Vec::new();
@@ -92,9 +127,23 @@ fn plot<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, spec: &ChartSpec, repo
         })
         .fold(100.0, f64::max)
         * 1.08;
-    let x_min = spec.points.iter().map(|p| p.1).fold(f64::INFINITY, f64::min) - 0.3;
-    let x_max = spec.points.iter().map(|p| p.1).fold(f64::NEG_INFINITY, f64::max) + 0.3;
-    let labels: Vec<(f64, String)> = spec.points.iter().map(|(_, x, label)| (*x, label.clone())).collect();
+    let x_min = spec
+        .points
+        .iter()
+        .map(|p| p.1)
+        .fold(f64::INFINITY, f64::min)
+        - 0.3;
+    let x_max = spec
+        .points
+        .iter()
+        .map(|p| p.1)
+        .fold(f64::NEG_INFINITY, f64::max)
+        + 0.3;
+    let labels: Vec<(f64, String)> = spec
+        .points
+        .iter()
+        .map(|(_, x, label)| (*x, label.clone()))
+        .collect();
     let mut chart = ChartBuilder::on(&root)
         .caption(&spec.title, ("sans-serif", 26))
         .margin(16)
@@ -108,13 +157,22 @@ fn plot<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, spec: &ChartSpec, repo
         .y_desc("GB/s (input read once + output written once)")
         .x_labels(labels.len() * 2 + 1)
         .x_label_formatter(&|x| {
-            labels.iter().find(|(at, _)| (at - x).abs() < 0.26).map(|(_, l)| l.clone()).unwrap_or_default()
+            labels
+                .iter()
+                .find(|(at, _)| (at - x).abs() < 0.26)
+                .map(|(_, l)| l.clone())
+                .unwrap_or_default()
         })
         .label_style(("sans-serif", 14))
         .draw()
         .map_err(error)?;
     chart
-        .draw_series(DashedLineSeries::new(copy.clone(), 10, 6, BLACK.stroke_width(3)))
+        .draw_series(DashedLineSeries::new(
+            copy.clone(),
+            10,
+            6,
+            BLACK.stroke_width(3),
+        ))
         .map_err(error)?
         .label("device-to-device copy (roofline)")
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.stroke_width(3)));
@@ -125,8 +183,12 @@ fn plot<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, spec: &ChartSpec, repo
             .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
             .map_err(error)?
             .label(*variant)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
-        chart.draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled()))).map_err(error)?;
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
+        chart
+            .draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))
+            .map_err(error)?;
     }
     chart
         .configure_series_labels()

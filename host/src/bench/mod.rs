@@ -70,7 +70,10 @@ pub fn boundary_shapes() -> Vec<Shape> {
 
 /// A few shapes for a smoke run.
 pub fn quick_shapes() -> Vec<Shape> {
-    [(51200, 1024), (3200, 16384), (8, 128256), (3, 100003)].into_iter().map(|(r, c)| shape(r, c)).collect()
+    [(51200, 1024), (3200, 16384), (8, 128256), (3, 100003)]
+        .into_iter()
+        .map(|(r, c)| shape(r, c))
+        .collect()
 }
 
 fn shape(rows: usize, cols: usize) -> Shape {
@@ -107,7 +110,11 @@ pub struct Measurement {
 #[derive(Clone, Debug, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Outcome {
-    Timed { median_ms: f64, gbps: f64, pct_of_copy: f64 },
+    Timed {
+        median_ms: f64,
+        gbps: f64,
+        pct_of_copy: f64,
+    },
     /// The variant gave a wrong result and was not timed.
     Failed(String),
     /// The variant refused the shape (for example rows too wide for registers).
@@ -151,12 +158,21 @@ pub fn run(config: &BenchConfig) -> Result<Report> {
             verdicts.push((variant, pools.verify(&mut softmax, variant, &mut rng)));
         }
         let contenders: Vec<Contender> = std::iter::once(Contender::Copy)
-            .chain(verdicts.iter().filter(|(_, v)| v.is_ok()).map(|&(variant, _)| Contender::Variant(variant)))
+            .chain(
+                verdicts
+                    .iter()
+                    .filter(|(_, v)| v.is_ok())
+                    .map(|&(variant, _)| Contender::Variant(variant)),
+            )
             .collect();
         progress.set_message(format!("{shape}: timing {} contenders", contenders.len()));
         let medians = pools.time_interleaved(&mut softmax, &contenders, config)?;
         let copy_ms = medians[0];
-        let timed = |ms: f64| Outcome::Timed { median_ms: ms, gbps: gigabytes_per_second(shape, ms), pct_of_copy: 100.0 * copy_ms / ms };
+        let timed = |ms: f64| Outcome::Timed {
+            median_ms: ms,
+            gbps: gigabytes_per_second(shape, ms),
+            pct_of_copy: 100.0 * copy_ms / ms,
+        };
         measurements.push(Measurement {
             variant: "copy".into(),
             dtype: "f32",
@@ -168,18 +184,31 @@ pub fn run(config: &BenchConfig) -> Result<Report> {
         let mut timed_medians = medians[1..].iter();
         for (variant, verdict) in verdicts {
             let outcome = match verdict {
-                Ok(()) => timed(*timed_medians.next().expect("one median per verified variant")),
+                Ok(()) => timed(
+                    *timed_medians
+                        .next()
+                        .expect("one median per verified variant"),
+                ),
                 Err(outcome) => outcome,
             };
             let kernels = softmax.kernels_for(variant, shape).unwrap_or_default();
-            measurements.push(Measurement { variant: variant.name(), dtype: "f32", rows: shape.rows, cols: shape.cols, kernels, outcome });
+            measurements.push(Measurement {
+                variant: variant.name(),
+                dtype: "f32",
+                rows: shape.rows,
+                cols: shape.cols,
+                kernels,
+                outcome,
+            });
         }
         progress.inc(1);
     }
     progress.finish_and_clear();
     if config.peers {
-        std::fs::create_dir_all(&config.out_dir)
-            .map_err(|source| crate::error::Error::Io { what: format!("creating {}", config.out_dir.display()), source })?;
+        std::fs::create_dir_all(&config.out_dir).map_err(|source| crate::error::Error::Io {
+            what: format!("creating {}", config.out_dir.display()),
+            source,
+        })?;
         measurements.extend(peers::run(&config.shapes, config, &measurements));
     }
     let report = Report::new(device, measurements);

@@ -16,17 +16,34 @@ const NO_PYTORCH: i32 = 3;
 /// Runs the peers and returns their measurements, with % of copy taken against the copy this
 /// run measured for the same shape. Without Python, PyTorch or the script it says so and
 /// returns nothing: the benchmark goes on without peers.
-pub(super) fn run(shapes: &[Shape], config: &BenchConfig, ours: &[Measurement]) -> Vec<Measurement> {
+pub(super) fn run(
+    shapes: &[Shape],
+    config: &BenchConfig,
+    ours: &[Measurement],
+) -> Vec<Measurement> {
     if !Path::new(SCRIPT).is_file() {
-        eprintln!("peers: {SCRIPT} not found (run the benchmark from the repository root); going on without peers");
+        eprintln!(
+            "peers: {SCRIPT} not found (run the benchmark from the repository root); going on without peers"
+        );
         return Vec::new();
     }
     let csv = config.out_dir.join("peers.csv");
     let shape_list: Vec<String> = shapes.iter().map(Shape::to_string).collect();
     let status = Command::new("python3")
         .arg(SCRIPT)
-        .args(["--shapes", &shape_list.join(","), "--iters", &config.iters.to_string()])
-        .args(["--warmup", &config.warmup.to_string(), "--device", &config.device.to_string(), "--out"])
+        .args([
+            "--shapes",
+            &shape_list.join(","),
+            "--iters",
+            &config.iters.to_string(),
+        ])
+        .args([
+            "--warmup",
+            &config.warmup.to_string(),
+            "--device",
+            &config.device.to_string(),
+            "--out",
+        ])
         .arg(&csv)
         .status();
     match status {
@@ -45,23 +62,39 @@ pub(super) fn run(shapes: &[Shape], config: &BenchConfig, ours: &[Measurement]) 
         Ok(_) => {}
     }
     let text = std::fs::read_to_string(&csv).unwrap_or_default();
-    text.lines().skip(1).filter_map(|line| parse_row(line, ours)).collect()
+    text.lines()
+        .skip(1)
+        .filter_map(|line| parse_row(line, ours))
+        .collect()
 }
 
 /// One CSV row of the script, re-based on this run's copy.
 fn parse_row(line: &str, ours: &[Measurement]) -> Option<Measurement> {
     let fields: Vec<&str> = line.split(',').collect();
-    let [variant, _dtype, rows, cols, median_ms, gbps, _pct] = fields[..] else { return None };
+    let [variant, _dtype, rows, cols, median_ms, gbps, _pct] = fields[..] else {
+        return None;
+    };
     let (rows, cols): (usize, usize) = (rows.parse().ok()?, cols.parse().ok()?);
     let (median_ms, gbps): (f64, f64) = (median_ms.parse().ok()?, gbps.parse().ok()?);
-    let copy_ms = ours.iter().find(|m| m.variant == "copy" && m.rows == rows && m.cols == cols)?.median_ms()?;
-    let library = if variant.starts_with("triton") { "triton" } else { "pytorch" };
+    let copy_ms = ours
+        .iter()
+        .find(|m| m.variant == "copy" && m.rows == rows && m.cols == cols)?
+        .median_ms()?;
+    let library = if variant.starts_with("triton") {
+        "triton"
+    } else {
+        "pytorch"
+    };
     Some(Measurement {
         variant: variant.to_owned(),
         dtype: "f32",
         rows,
         cols,
         kernels: vec![library.to_owned()],
-        outcome: Outcome::Timed { median_ms, gbps, pct_of_copy: 100.0 * copy_ms / median_ms },
+        outcome: Outcome::Timed {
+            median_ms,
+            gbps,
+            pct_of_copy: 100.0 * copy_ms / median_ms,
+        },
     })
 }

@@ -23,7 +23,12 @@ pub struct Report {
 
 impl Report {
     pub fn new(device: DeviceInfo, measurements: Vec<Measurement>) -> Self {
-        Report { device, date: utc_now(), git_commit: env!("SOFTMAX_GIT_COMMIT"), measurements }
+        Report {
+            device,
+            date: utc_now(),
+            git_commit: env!("SOFTMAX_GIT_COMMIT"),
+            measurements,
+        }
     }
 
     /// Shapes in the order they were measured.
@@ -41,14 +46,33 @@ impl Report {
     pub fn table(&self) -> String {
         let mut text = String::new();
         for shape in self.shapes() {
-            let rows: Vec<&Measurement> = self.measurements.iter().filter(|m| m.shape() == shape).collect();
-            let slowest = rows.iter().filter_map(|m| m.median_ms()).fold(0.0, f64::max);
-            let _ = writeln!(text, "\n{shape} f32 ({:.1} MB per tensor)", shape.len() as f64 * 4e-6);
-            let _ = writeln!(text, "  {:<22} {:>10} {:>9} {:>8} {:>9}  kernels", "variant", "ms", "GB/s", "% copy", "speed-up");
+            let rows: Vec<&Measurement> = self
+                .measurements
+                .iter()
+                .filter(|m| m.shape() == shape)
+                .collect();
+            let slowest = rows
+                .iter()
+                .filter_map(|m| m.median_ms())
+                .fold(0.0, f64::max);
+            let _ = writeln!(
+                text,
+                "\n{shape} f32 ({:.1} MB per tensor)",
+                shape.len() as f64 * 4e-6
+            );
+            let _ = writeln!(
+                text,
+                "  {:<22} {:>10} {:>9} {:>8} {:>9}  kernels",
+                "variant", "ms", "GB/s", "% copy", "speed-up"
+            );
             for m in rows {
                 let kernels = m.kernels.join(" + ");
                 let _ = match &m.outcome {
-                    Outcome::Timed { median_ms, gbps, pct_of_copy } => writeln!(
+                    Outcome::Timed {
+                        median_ms,
+                        gbps,
+                        pct_of_copy,
+                    } => writeln!(
                         text,
                         "  {:<22} {:>10.4} {:>9.0} {:>7.1}% {:>8.1}x  {kernels}",
                         m.variant,
@@ -57,7 +81,9 @@ impl Report {
                         pct_of_copy,
                         slowest / median_ms
                     ),
-                    Outcome::Failed(why) => writeln!(text, "  {:<22} FAILED (not timed): {why}", m.variant),
+                    Outcome::Failed(why) => {
+                        writeln!(text, "  {:<22} FAILED (not timed): {why}", m.variant)
+                    }
                     Outcome::Unsupported(why) => writeln!(text, "  {:<22} n/a: {why}", m.variant),
                 };
             }
@@ -69,8 +95,17 @@ impl Report {
     pub fn csv(&self) -> String {
         let mut text = String::from("variant,dtype,rows,cols,median_ms,gbps,pct_of_copy\n");
         for m in &self.measurements {
-            if let Outcome::Timed { median_ms, gbps, pct_of_copy } = m.outcome {
-                let _ = writeln!(text, "{},{},{},{},{median_ms:.6},{gbps:.2},{pct_of_copy:.2}", m.variant, m.dtype, m.rows, m.cols);
+            if let Outcome::Timed {
+                median_ms,
+                gbps,
+                pct_of_copy,
+            } = m.outcome
+            {
+                let _ = writeln!(
+                    text,
+                    "{},{},{},{},{median_ms:.6},{gbps:.2},{pct_of_copy:.2}",
+                    m.variant, m.dtype, m.rows, m.cols
+                );
             }
         }
         text
@@ -78,7 +113,10 @@ impl Report {
 
     /// Writes `<device-slug>.csv`, `.json` and the charts into `dir`.
     pub fn write(&self, dir: &Path) -> Result<()> {
-        let io = |e: std::io::Error| Error::Io { what: format!("writing results to {}", dir.display()), source: e };
+        let io = |e: std::io::Error| Error::Io {
+            what: format!("writing results to {}", dir.display()),
+            source: e,
+        };
         std::fs::create_dir_all(dir).map_err(io)?;
         let stem = dir.join(self.device.slug());
         std::fs::write(stem.with_extension("csv"), self.csv()).map_err(io)?;
@@ -90,10 +128,17 @@ impl Report {
 
 /// The current UTC time as `YYYY-MM-DDTHH:MM:SSZ`.
 fn utc_now() -> String {
-    let seconds = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let seconds = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
     let (days, rest) = (seconds / 86_400, seconds % 86_400);
     let (year, month, day) = civil_from_days(days as i64);
-    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", rest / 3600, rest % 3600 / 60, rest % 60)
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rest / 3600,
+        rest % 3600 / 60,
+        rest % 60
+    )
 }
 
 /// Proleptic Gregorian date of a day count since 1970-01-01 (Howard Hinnant's algorithm).
@@ -101,11 +146,16 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
     let day_of_era = z.rem_euclid(146_097);
-    let year_of_era = (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let year_of_era =
+        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
     let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
     let month_index = (5 * day_of_year + 2) / 153;
     let day = (day_of_year - (153 * month_index + 2) / 5 + 1) as u32;
-    let month = if month_index < 10 { month_index + 3 } else { month_index - 9 } as u32;
+    let month = if month_index < 10 {
+        month_index + 3
+    } else {
+        month_index - 9
+    } as u32;
     (year_of_era + era * 400 + i64::from(month <= 2), month, day)
 }
 

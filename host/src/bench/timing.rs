@@ -53,9 +53,17 @@ impl Pools {
         let values = random_values(rng, stride * slots);
         let input = DeviceBuffer::from_slice(&values).during("allocating benchmark inputs")?;
         // SAFETY: f32 accepts any bits; every output slot is written before it is read.
-        let output = unsafe { DeviceBuffer::uninitialized(stride * slots) }.during("allocating benchmark outputs")?;
+        let output = unsafe { DeviceBuffer::uninitialized(stride * slots) }
+            .during("allocating benchmark outputs")?;
         let host_slot0 = values[..shape.len()].to_vec();
-        Ok(Pools { shape, input, output, host_slot0, slots, stride })
+        Ok(Pools {
+            shape,
+            input,
+            output,
+            host_slot0,
+            slots,
+            stride,
+        })
     }
 
     fn slot(&mut self, index: usize) -> (DeviceSlice<f32>, DeviceSlice<f32>) {
@@ -70,17 +78,26 @@ impl Pools {
         let (input, mut output) = self.slot(slot);
         match contender {
             // SAFETY: both slices are live device memory of equal length, in disjoint pools.
-            Contender::Copy => unsafe { output.async_copy_from(&input, softmax.stream()) }.during("copying device to device"),
+            Contender::Copy => unsafe { output.async_copy_from(&input, softmax.stream()) }
+                .during("copying device to device"),
             Contender::Variant(variant) => softmax.run(variant, &input, &mut output, shape),
         }
     }
 
     /// Runs `variant` once on a poisoned output and compares sampled rows with the reference.
-    pub fn verify(&mut self, softmax: &mut Softmax, variant: Variant, rng: &mut SmallRng) -> std::result::Result<(), Outcome> {
+    pub fn verify(
+        &mut self,
+        softmax: &mut Softmax,
+        variant: Variant,
+        rng: &mut SmallRng,
+    ) -> std::result::Result<(), Outcome> {
         let shape = self.shape;
         let (input, mut output) = self.slot(0);
         let failed = |e: Error| Outcome::Failed(e.to_string());
-        output.set_32(f32::NAN.to_bits()).during("poisoning the output").map_err(failed)?;
+        output
+            .set_32(f32::NAN.to_bits())
+            .during("poisoning the output")
+            .map_err(failed)?;
         match softmax.run(variant, &input, &mut output, shape) {
             Err(Error::Unsupported { why, .. }) => return Err(Outcome::Unsupported(why)),
             Err(error) => return Err(failed(error)),
@@ -92,7 +109,11 @@ impl Pools {
         for row in rows {
             let range = row * shape.cols..(row + 1) * shape.cols;
             let mut actual = vec![0.0f32; shape.cols];
-            output.index(range.clone()).copy_to(&mut actual[..]).during("reading a result row").map_err(failed)?;
+            output
+                .index(range.clone())
+                .copy_to(&mut actual[..])
+                .during("reading a result row")
+                .map_err(failed)?;
             let expected = softmax_f64(&self.host_slot0[range], 1, shape.cols);
             let deviation = deviation(&actual, &expected, shape.cols);
             if !deviation.within(TOLERANCE) {
@@ -106,19 +127,33 @@ impl Pools {
     /// rounds, one sample of each per round, so that clock and cache conditions are shared
     /// instead of favouring whoever runs last. A sample is the mean of back-to-back launches
     /// (about [`SAMPLE_MS`]); slow contenders take fewer samples (at least [`MIN_SAMPLES`]).
-    pub fn time_interleaved(&mut self, softmax: &mut Softmax, contenders: &[Contender], config: &BenchConfig) -> Result<Vec<f64>> {
+    pub fn time_interleaved(
+        &mut self,
+        softmax: &mut Softmax,
+        contenders: &[Contender],
+        config: &BenchConfig,
+    ) -> Result<Vec<f64>> {
         let new_event = || Event::new(EventFlags::DEFAULT).during("creating an event");
         let (start, stop) = (new_event()?, new_event()?);
         let mut next = 0;
-        let mut timed = |pools: &mut Self, softmax: &mut Softmax, contender: Contender, launches: usize| -> Result<f64> {
-            start.record(softmax.stream()).during("recording an event")?;
+        let mut timed = |pools: &mut Self,
+                         softmax: &mut Softmax,
+                         contender: Contender,
+                         launches: usize|
+         -> Result<f64> {
+            start
+                .record(softmax.stream())
+                .during("recording an event")?;
             for _ in 0..launches {
                 pools.launch(softmax, contender, next)?;
                 next += 1;
             }
             stop.record(softmax.stream()).during("recording an event")?;
             stop.synchronize().during("waiting for timed launches")?;
-            Ok(f64::from(stop.elapsed_time_f32(&start).during("reading events")?) / launches as f64)
+            Ok(
+                f64::from(stop.elapsed_time_f32(&start).during("reading events")?)
+                    / launches as f64,
+            )
         };
         let mut plans = Vec::with_capacity(contenders.len());
         for &contender in contenders {
@@ -127,7 +162,10 @@ impl Pools {
             let first = timed(self, softmax, contender, 1)?;
             let estimate = if first < SLOW_LAUNCH_MS {
                 let share = WARMUP_MS / contenders.len() as f64;
-                let launches = config.warmup.max((share / first.max(1e-3)).ceil() as usize).min(MAX_WARMUP_LAUNCHES);
+                let launches = config
+                    .warmup
+                    .max((share / first.max(1e-3)).ceil() as usize)
+                    .min(MAX_WARMUP_LAUNCHES);
                 timed(self, softmax, contender, launches)?;
                 timed(self, softmax, contender, 1)?.max(1e-4)
             } else {

@@ -11,35 +11,63 @@ use softmax::reference::{Deviation, deviation};
 use softmax::{Error, Shape, Softmax, Variant};
 
 /// A test: gets the device and a seeded generator, returns a one-line summary or a failure.
-pub type Test = (&'static str, fn(&mut Softmax, &mut StdRng) -> Result<String, String>);
+pub type Test = (
+    &'static str,
+    fn(&mut Softmax, &mut StdRng) -> Result<String, String>,
+);
 
 /// Runs `tests` (those whose name contains the first argument, if any) and exits non-zero if
 /// one fails. Without a device, reports each as skipped with the reason and exits zero.
 pub fn run_harness(tests: &[Test]) -> ExitCode {
-    let filter = std::env::args().skip(1).find(|a| !a.starts_with('-')).unwrap_or_default();
-    let selected: Vec<&Test> = tests.iter().filter(|(name, _)| name.contains(&filter)).collect();
+    let filter = std::env::args()
+        .skip(1)
+        .find(|a| !a.starts_with('-'))
+        .unwrap_or_default();
+    let selected: Vec<&Test> = tests
+        .iter()
+        .filter(|(name, _)| name.contains(&filter))
+        .collect();
     let seed = std::env::var("SOFTMAX_TEST_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64);
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        });
     let mut softmax = match Softmax::new() {
         Ok(softmax) => softmax,
         Err(Error::NoDevice { reason }) => {
             for (name, _) in &selected {
                 println!("test {name} ... skipped: no CUDA device ({reason})");
             }
-            println!("\ntest result: 0 passed, 0 failed, {} skipped (no GPU)", selected.len());
+            println!(
+                "\ntest result: 0 passed, 0 failed, {} skipped (no GPU)",
+                selected.len()
+            );
             return ExitCode::SUCCESS;
         }
         Err(error) => panic!("opening the GPU failed for another reason than its absence: {error}"),
     };
-    println!("device: {} (seed {seed}; replay with SOFTMAX_TEST_SEED={seed})", softmax.device().name);
+    println!(
+        "device: {} (seed {seed}; replay with SOFTMAX_TEST_SEED={seed})",
+        softmax.device().name
+    );
     let (mut passed, mut failed) = (0, 0);
     for (name, test) in selected {
         let started = std::time::Instant::now();
         let mut rng = StdRng::seed_from_u64(seed);
         let outcome = catch_unwind(AssertUnwindSafe(|| test(&mut softmax, &mut rng)))
-            .unwrap_or_else(|panic| Err(format!("panicked: {:?}", panic.downcast_ref::<String>().map(String::as_str).or(panic.downcast_ref::<&str>().copied()))));
+            .unwrap_or_else(|panic| {
+                Err(format!(
+                    "panicked: {:?}",
+                    panic
+                        .downcast_ref::<String>()
+                        .map(String::as_str)
+                        .or(panic.downcast_ref::<&str>().copied())
+                ))
+            });
         let seconds = started.elapsed().as_secs_f64();
         match outcome {
             Ok(summary) => {
@@ -53,12 +81,18 @@ pub fn run_harness(tests: &[Test]) -> ExitCode {
         }
     }
     println!("\ntest result: {passed} passed, {failed} failed");
-    if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+    if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
 }
 
 /// Uniform random values in `[-magnitude, magnitude]`.
 pub fn random_matrix(rng: &mut StdRng, shape: Shape, magnitude: f32) -> Vec<f32> {
-    (0..shape.len()).map(|_| rng.random_range(-magnitude..=magnitude)).collect()
+    (0..shape.len())
+        .map(|_| rng.random_range(-magnitude..=magnitude))
+        .collect()
 }
 
 /// A device buffer of `len` NaNs: anything a kernel leaves unwritten stays NaN.
@@ -101,10 +135,17 @@ impl Check {
         shape: Shape,
         tolerance: f64,
     ) -> Result<(), Failure> {
-        let cuda = |e: cust::error::CudaError| Failure::Refused(Error::NoDevice { reason: e.to_string() });
+        let cuda = |e: cust::error::CudaError| {
+            Failure::Refused(Error::NoDevice {
+                reason: e.to_string(),
+            })
+        };
         let device_input = DeviceBuffer::from_slice(input).map_err(cuda)?;
-        let mut device_output = DeviceBuffer::from_slice(&vec![f32::NAN; shape.len()]).map_err(cuda)?;
-        softmax.run(variant, &device_input, &mut device_output, shape).map_err(Failure::Refused)?;
+        let mut device_output =
+            DeviceBuffer::from_slice(&vec![f32::NAN; shape.len()]).map_err(cuda)?;
+        softmax
+            .run(variant, &device_input, &mut device_output, shape)
+            .map_err(Failure::Refused)?;
         softmax.synchronize().map_err(Failure::Refused)?;
         let mut output = vec![0.0; shape.len()];
         device_output.copy_to(&mut output[..]).map_err(cuda)?;
@@ -112,7 +153,10 @@ impl Check {
         if !deviation.within(tolerance) {
             return Err(Failure::Wrong(deviation));
         }
-        self.worst = self.worst.max(deviation.relative_l2).max(deviation.worst_row_sum);
+        self.worst = self
+            .worst
+            .max(deviation.relative_l2)
+            .max(deviation.worst_row_sum);
         self.passed += 1;
         Ok(())
     }
