@@ -55,7 +55,7 @@ pub(crate) trait DeviceLimits {
 }
 
 /// How the buffers sit in memory, which decides where 16-byte accesses are possible.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Layout {
     /// Every row of both buffers starts 16-byte aligned: pointers aligned, `cols % 4 == 0`.
     pub vector_aligned: bool,

@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::ffi::c_void;
+use std::sync::Arc;
 
 use cust::context::{Context, CurrentContext};
 use cust::event::{Event, EventFlags};
@@ -32,6 +33,7 @@ pub struct Softmax {
     kernels: Kernels,
     workspace: Workspace,
     autotuned: HashMap<Shape, u32>,
+    plans: HashMap<(Variant, Shape, Layout), Arc<[Launch]>>,
     stream: Stream,
     info: DeviceInfo,
     /// Dropped last: everything above lives in this context.
@@ -102,6 +104,7 @@ impl Softmax {
             kernels,
             workspace,
             autotuned: HashMap::new(),
+            plans: HashMap::new(),
             stream,
             info,
             context,
@@ -152,7 +155,7 @@ impl Softmax {
             }
             other => other,
         };
-        let launches = self.plan(
+        let launches = self.planned(
             variant,
             shape,
             Layout::of(input_address, output_address, shape.cols),
@@ -164,7 +167,7 @@ impl Softmax {
             self.reserve_row_stats(shape.rows)?;
         }
         self.reserve_partials(plan::partials_needed(&launches))?;
-        for launch in &launches {
+        for launch in launches.iter() {
             // SAFETY: `shape.check_lengths` proved both buffers hold rows × cols floats; the
             // plan chose the grid, block and shared memory each kernel's contract asks for
             // this shape and layout (16-byte entries only for aligned layouts); the workspace
@@ -219,6 +222,18 @@ impl Softmax {
             .into_iter()
             .map(|l| l.kernel)
             .collect())
+    }
+
+    /// The plan for this variant, shape and layout, made once: planning queries the driver
+    /// for occupancy, which costs more host time than a short kernel runs.
+    fn planned(&mut self, variant: Variant, shape: Shape, layout: Layout) -> Result<Arc<[Launch]>> {
+        if let Some(launches) = self.plans.get(&(variant, shape, layout)) {
+            return Ok(Arc::clone(launches));
+        }
+        let launches: Arc<[Launch]> = self.plan(variant, shape, layout)?.into();
+        self.plans
+            .insert((variant, shape, layout), Arc::clone(&launches));
+        Ok(launches)
     }
 
     fn plan(&self, variant: Variant, shape: Shape, layout: Layout) -> Result<Vec<Launch>> {
