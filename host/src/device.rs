@@ -4,12 +4,12 @@ use cust::context::Context;
 use cust::device::{Device, DeviceAttribute};
 use cust::error::CudaError;
 use cust::sys;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::{CudaContext, Error, Result};
 
 /// Facts about the device a [`crate::Softmax`] runs on.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeviceInfo {
     pub ordinal: u32,
     pub name: String,

@@ -23,6 +23,14 @@ enum Command {
     /// Time every variant on every shape beside a device-to-device copy (the roofline) and,
     /// with --peers, PyTorch and Triton; print a table, write CSV, JSON and charts.
     Bench(BenchArgs),
+    /// Redraw the charts of a saved benchmark run (its .json) without a GPU.
+    Chart {
+        /// The run's JSON, e.g. bench/results/nvidia-h200.json.
+        json: PathBuf,
+        /// Directory for the charts (default: the JSON's directory).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
 }
 
 #[derive(clap::Args, Debug)]
@@ -67,7 +75,22 @@ fn parse_variant(text: &str) -> Result<Variant, String> {
 }
 
 fn main() -> ExitCode {
-    let Command::Bench(args) = Cli::parse().command;
+    match Cli::parse().command {
+        Command::Bench(args) => bench(args),
+        Command::Chart { json, out } => {
+            let dir = out.unwrap_or_else(|| json.parent().map(PathBuf::from).unwrap_or_default());
+            match bench::Report::load(&json).and_then(|report| report.draw_charts(&dir)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(error) => {
+                    eprintln!("host chart: {error}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}
+
+fn bench(args: BenchArgs) -> ExitCode {
     let shapes = if args.quick {
         bench::quick_shapes()
     } else if args.boundaries {

@@ -1,5 +1,6 @@
-//! Roofline-style charts (PNG and SVG): GB/s per variant with the copy drawn across, one chart
-//! for the seeds' width sweep and one for the LLM shapes.
+//! Roofline-style charts (PNG and SVG): one for the seeds' width sweep (GB/s, with the copy
+//! drawn across) and one for the LLM and odd shapes (% of the copy of the same tensor, since
+//! their copies run at very different speeds). The legend sits beside the plot.
 
 use std::path::Path;
 use std::sync::Once;
@@ -15,11 +16,41 @@ use crate::shape::Shape;
 /// (DejaVu Sans, Bitstream Vera license: `assets/DejaVuSans-LICENSE.txt`).
 const FONT: &[u8] = include_bytes!("../../assets/DejaVuSans.ttf");
 
-/// One chart: an x position and label per shape, and GB/s per series.
+/// Distinct, saturated colours; the copy is always black.
+const PALETTE: [RGBColor; 16] = [
+    RGBColor(214, 39, 40),
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(127, 127, 127),
+    RGBColor(188, 189, 34),
+    RGBColor(23, 190, 207),
+    RGBColor(0, 0, 128),
+    RGBColor(128, 0, 0),
+    RGBColor(0, 128, 128),
+    RGBColor(255, 187, 120),
+    RGBColor(152, 223, 138),
+    RGBColor(197, 176, 213),
+];
+
+const SIZE: (u32, u32) = (1400, 760);
+const LEGEND_WIDTH: u32 = 270;
+
+/// What the y axis shows.
+#[derive(Clone, Copy)]
+enum Metric {
+    GigabytesPerSecond,
+    PercentOfCopy,
+}
+
+/// One chart: an x position and tick label per shape.
 struct ChartSpec {
     title: String,
     x_label: &'static str,
-    /// The shapes along x, with the x coordinate of each and its tick label.
+    metric: Metric,
     points: Vec<(Shape, f64, String)>,
 }
 
@@ -30,49 +61,44 @@ pub(super) fn draw_all(report: &Report, dir: &Path) -> Result<()> {
     });
     let sweep = seed_sweep_shapes();
     let measured = report.shapes();
-    let seed_points: Vec<(Shape, f64, String)> = measured
-        .iter()
-        .filter(|s| sweep.contains(s))
-        .map(|&s| (s, (s.cols as f64).log2(), s.cols.to_string()))
-        .collect();
-    let other_points: Vec<(Shape, f64, String)> = measured
-        .iter()
-        .filter(|s| !sweep.contains(s))
-        .enumerate()
-        .map(|(i, &s)| (s, i as f64, s.to_string()))
-        .collect();
     let device = &report.device.name;
-    let charts = [
-        (
-            "seed-sweep",
-            ChartSpec {
-                title: format!("Softmax f32, ~200 MB per tensor, {device}"),
-                x_label: "row width (columns)",
-                points: seed_points,
-            },
-        ),
-        (
-            "llm-shapes",
-            ChartSpec {
-                title: format!("Softmax f32, LLM and odd shapes, {device}"),
-                x_label: "rows x cols",
-                points: other_points,
-            },
-        ),
-    ];
-    for (name, spec) in charts.iter().filter(|(_, spec)| !spec.points.is_empty()) {
+    let seed = ChartSpec {
+        title: format!("Softmax f32, ~200 MB per tensor, {device}"),
+        x_label: "row width (columns)",
+        metric: Metric::GigabytesPerSecond,
+        points: measured
+            .iter()
+            .filter(|s| sweep.contains(s))
+            .map(|&s| (s, (s.cols as f64).log2(), s.cols.to_string()))
+            .collect(),
+    };
+    let others = ChartSpec {
+        title: format!("Softmax f32, LLM and odd shapes, {device}"),
+        x_label: "rows x cols",
+        metric: Metric::PercentOfCopy,
+        points: measured
+            .iter()
+            .filter(|s| !sweep.contains(s))
+            .enumerate()
+            .map(|(i, &s)| (s, i as f64, s.to_string()))
+            .collect(),
+    };
+    for (name, spec) in [("seed-sweep", seed), ("llm-shapes", others)] {
+        if spec.points.is_empty() {
+            continue;
+        }
         let stem = dir.join(format!("{}-{name}", report.device.slug()));
         let png = stem.with_extension("png");
         let svg = stem.with_extension("svg");
         plot(
-            BitMapBackend::new(&png, (1280, 720)).into_drawing_area(),
-            spec,
+            BitMapBackend::new(&png, SIZE).into_drawing_area(),
+            &spec,
             report,
         )
         .map_err(chart_error)?;
         plot(
-            SVGBackend::new(&svg, (1280, 720)).into_drawing_area(),
-            spec,
+            SVGBackend::new(&svg, SIZE).into_drawing_area(),
+            &spec,
             report,
         )
         .map_err(chart_error)?;
@@ -87,19 +113,22 @@ fn chart_error(error: impl std::fmt::Display) -> Error {
     }
 }
 
-/// GB/s of `variant` at each of the spec's points where it was timed.
+/// The metric of `variant` at each of the spec's points where it was timed.
 fn series(report: &Report, spec: &ChartSpec, variant: &str) -> Vec<(f64, f64)> {
     spec.points
         .iter()
         .filter_map(|(shape, x, _)| {
-            report
+            let m = report
                 .measurements
                 .iter()
-                .find(|m| m.variant == variant && m.shape() == *shape)
-                .and_then(|m| match m.outcome {
-                    Outcome::Timed { gbps, .. } => Some((*x, gbps)),
-                    _ => None,
-                })
+                .find(|m| m.variant == variant && m.shape() == *shape)?;
+            match (m.outcome.clone(), spec.metric) {
+                (Outcome::Timed { gbps, .. }, Metric::GigabytesPerSecond) => Some((*x, gbps)),
+                (Outcome::Timed { pct_of_copy, .. }, Metric::PercentOfCopy) => {
+                    Some((*x, pct_of_copy))
+                }
+                _ => None,
+            }
         })
         .collect()
 }
@@ -111,22 +140,15 @@ fn plot<DB: DrawingBackend>(
 ) -> std::result::Result<(), String> {
     let error = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
     root.fill(&WHITE).map_err(error)?;
-    let mut variants: Vec<&str> = Vec::new();
+    let (plot_area, legend_area) = root.split_horizontally(SIZE.0 - LEGEND_WIDTH);
+    let mut variants: Vec<&str> = vec!["copy"];
     for m in &report.measurements {
-        if m.variant != "copy" && !variants.contains(&m.variant.as_str()) {
+        if !variants.contains(&m.variant.as_str()) {
             variants.push(&m.variant);
         }
     }
-    let copy = series(report, spec, "copy");
-    let y_max = report
-        .measurements
-        .iter()
-        .filter_map(|m| match m.outcome {
-            Outcome::Timed { gbps, .. } => Some(gbps),
-            _ => None,
-        })
-        .fold(100.0, f64::max)
-        * 1.08;
+    let all: Vec<Vec<(f64, f64)>> = variants.iter().map(|v| series(report, spec, v)).collect();
+    let y_max = all.iter().flatten().map(|p| p.1).fold(100.0, f64::max) * 1.06;
     let x_min = spec
         .points
         .iter()
@@ -144,7 +166,11 @@ fn plot<DB: DrawingBackend>(
         .iter()
         .map(|(_, x, label)| (*x, label.clone()))
         .collect();
-    let mut chart = ChartBuilder::on(&root)
+    let y_description = match spec.metric {
+        Metric::GigabytesPerSecond => "GB/s (input read once + output written once)",
+        Metric::PercentOfCopy => "% of a device-to-device copy of the same tensor",
+    };
+    let mut chart = ChartBuilder::on(&plot_area)
         .caption(&spec.title, ("sans-serif", 26))
         .margin(16)
         .x_label_area_size(56)
@@ -154,7 +180,7 @@ fn plot<DB: DrawingBackend>(
     chart
         .configure_mesh()
         .x_desc(spec.x_label)
-        .y_desc("GB/s (input read once + output written once)")
+        .y_desc(y_description)
         .x_labels(labels.len() * 2 + 1)
         .x_label_formatter(&|x| {
             labels
@@ -163,40 +189,54 @@ fn plot<DB: DrawingBackend>(
                 .map(|(_, l)| l.clone())
                 .unwrap_or_default()
         })
+        .y_label_formatter(&|y| format!("{y:.0}"))
         .label_style(("sans-serif", 14))
         .draw()
         .map_err(error)?;
-    chart
-        .draw_series(DashedLineSeries::new(
-            copy.clone(),
-            10,
-            6,
-            BLACK.stroke_width(3),
-        ))
-        .map_err(error)?
-        .label("device-to-device copy (roofline)")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.stroke_width(3)));
-    for (index, variant) in variants.iter().enumerate() {
-        let color = Palette99::pick(index).to_rgba();
-        let points = series(report, spec, variant);
+    let colors: Vec<RGBColor> = (0..variants.len())
+        .map(|i| {
+            if i == 0 {
+                BLACK
+            } else {
+                PALETTE[(i - 1) % PALETTE.len()]
+            }
+        })
+        .collect();
+    for (i, points) in all.iter().enumerate() {
+        let style = colors[i].stroke_width(if i == 0 { 3 } else { 2 });
+        if i == 0 {
+            chart
+                .draw_series(DashedLineSeries::new(points.clone(), 10, 6, style))
+                .map_err(error)?;
+        } else {
+            chart
+                .draw_series(LineSeries::new(points.clone(), style))
+                .map_err(error)?;
+        }
         chart
-            .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
-            .map_err(error)?
-            .label(*variant)
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-            });
-        chart
-            .draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))
+            .draw_series(
+                points
+                    .iter()
+                    .map(|&p| Circle::new(p, 3, colors[i].filled())),
+            )
             .map_err(error)?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font(("sans-serif", 14))
-        .draw()
-        .map_err(error)?;
+    for (i, variant) in variants.iter().enumerate() {
+        let y = 70 + 24 * i as i32;
+        let label = if i == 0 { "copy (roofline)" } else { variant };
+        legend_area
+            .draw(&PathElement::new(
+                vec![(10, y), (40, y)],
+                colors[i].stroke_width(3),
+            ))
+            .map_err(error)?;
+        legend_area
+            .draw(&Text::new(
+                label.to_string(),
+                (50, y - 8),
+                ("sans-serif", 16),
+            ))
+            .map_err(error)?;
+    }
     root.present().map_err(error)
 }

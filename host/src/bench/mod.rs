@@ -96,10 +96,10 @@ pub struct BenchConfig {
 }
 
 /// The result of one variant on one shape.
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Measurement {
     pub variant: String,
-    pub dtype: &'static str,
+    pub dtype: String,
     pub rows: usize,
     pub cols: usize,
     /// The kernels that ran (for `auto`, what it chose).
@@ -107,7 +107,7 @@ pub struct Measurement {
     pub outcome: Outcome,
 }
 
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Outcome {
     Timed {
@@ -175,7 +175,7 @@ pub fn run(config: &BenchConfig) -> Result<Report> {
         };
         measurements.push(Measurement {
             variant: "copy".into(),
-            dtype: "f32",
+            dtype: "f32".into(),
             rows: shape.rows,
             cols: shape.cols,
             kernels: vec!["cuMemcpyDtoDAsync".into()],
@@ -194,7 +194,7 @@ pub fn run(config: &BenchConfig) -> Result<Report> {
             let kernels = softmax.kernels_for(variant, shape).unwrap_or_default();
             measurements.push(Measurement {
                 variant: variant.name(),
-                dtype: "f32",
+                dtype: "f32".into(),
                 rows: shape.rows,
                 cols: shape.cols,
                 kernels,

@@ -87,7 +87,7 @@ fn parse_row(line: &str, ours: &[Measurement]) -> Option<Measurement> {
     };
     Some(Measurement {
         variant: variant.to_owned(),
-        dtype: "f32",
+        dtype: "f32".into(),
         rows,
         cols,
         kernels: vec![library.to_owned()],

@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{Measurement, Outcome, chart};
 use crate::device::DeviceInfo;
@@ -11,13 +11,13 @@ use crate::error::{Error, Result};
 use crate::shape::Shape;
 
 /// Everything one benchmark run measured, with where and when.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Report {
     pub device: DeviceInfo,
     /// UTC, ISO 8601.
     pub date: String,
     /// The commit the binary was built from.
-    pub git_commit: &'static str,
+    pub git_commit: String,
     pub measurements: Vec<Measurement>,
 }
 
@@ -26,7 +26,7 @@ impl Report {
         Report {
             device,
             date: utc_now(),
-            git_commit: env!("SOFTMAX_GIT_COMMIT"),
+            git_commit: env!("SOFTMAX_GIT_COMMIT").into(),
             measurements,
         }
     }
@@ -109,6 +109,21 @@ impl Report {
             }
         }
         text
+    }
+
+    /// Reads a report written by [`Report::write`] (its `.json`).
+    pub fn load(json: &Path) -> Result<Self> {
+        let io = |e: std::io::Error| Error::Io {
+            what: format!("reading {}", json.display()),
+            source: e,
+        };
+        let text = std::fs::read_to_string(json).map_err(io)?;
+        serde_json::from_str(&text).map_err(|e| io(std::io::Error::other(e)))
+    }
+
+    /// Draws the charts of this report into `dir` (PNG and SVG).
+    pub fn draw_charts(&self, dir: &Path) -> Result<()> {
+        chart::draw_all(self, dir)
     }
 
     /// Writes `<device-slug>.csv`, `.json` and the charts into `dir`.
