@@ -6,13 +6,16 @@ set -uo pipefail
 out=${OUT:-device-out}
 mkdir -p "$out"
 export PATH=$PATH:/usr/local/cuda/bin PYTHONUNBUFFERED=1
-gpu_tests=$(ls .gpu/tests/gpu-* | head -n1)
+gpu_tests=$(ls .gpu/tests/gpu-* | grep -v stress | head -n1)
+stress_tests=$(ls .gpu/tests/gpu_stress-* | head -n1)
 
 ptxas -arch=sm_90 -v .gpu/kernels.ptx -o /dev/null > "$out/ptxas.txt" 2>&1
 "$gpu_tests" 2>&1 | tee "$out/gpu-tests.txt"
+"$stress_tests" 2>&1 | tee "$out/gpu-stress.txt"
 timeout 360 .gpu/host bench --peers --out bench/results > "$out/bench.txt" 2>&1
 timeout 120 .gpu/host bench --boundaries --variants auto,registers,block-registers --out bench/results/boundaries > "$out/boundaries.txt" 2>&1
 {
+    timeout 300 compute-sanitizer --tool memcheck "$gpu_tests" every_variant
     for tool in memcheck initcheck synccheck; do
         timeout 120 compute-sanitizer --tool "$tool" "$gpu_tests" misaligned
         timeout 120 compute-sanitizer --tool "$tool" "$gpu_tests" special

@@ -13,6 +13,7 @@
 //! Special values follow `torch.softmax`: a row holding a NaN or a `+inf` comes out all NaN,
 //! a row that is entirely `-inf` comes out all NaN, and a `-inf` entry in any other row gives 0.
 
+pub mod autotune;
 pub mod bench;
 mod device;
 mod error;

@@ -23,6 +23,19 @@ enum Command {
     /// Time every variant on every shape beside a device-to-device copy (the roofline) and,
     /// with --peers, PyTorch and Triton; print a table, write CSV, JSON and charts.
     Bench(BenchArgs),
+    /// Time the production kernels on each shape and record the fastest for `auto` in the
+    /// tune cache file, so later runs of `auto` use it (auto never tunes by itself).
+    Tune {
+        /// Shapes as ROWSxCOLS, comma-separated.
+        #[arg(long, value_delimiter = ',', value_parser = parse_shape, required = true)]
+        shapes: Vec<Shape>,
+        /// The cache file (default: $SOFTMAX_TUNE_CACHE, else ~/.cache/softmax-rs/tune.json).
+        #[arg(long)]
+        cache: Option<PathBuf>,
+        /// CUDA device ordinal.
+        #[arg(long, default_value_t = 0)]
+        device: u32,
+    },
     /// Redraw the charts of a saved benchmark run (its .json) without a GPU.
     Chart {
         /// The run's JSON, e.g. bench/results/nvidia-h200.json.
@@ -77,6 +90,17 @@ fn parse_variant(text: &str) -> Result<Variant, String> {
 fn main() -> ExitCode {
     match Cli::parse().command {
         Command::Bench(args) => bench(args),
+        Command::Tune {
+            shapes,
+            cache,
+            device,
+        } => match tune(&shapes, cache, device) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("host tune: {error}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Chart { json, out } => {
             let dir = out.unwrap_or_else(|| json.parent().map(PathBuf::from).unwrap_or_default());
             match bench::Report::load(&json).and_then(|report| report.draw_charts(&dir)) {
@@ -133,4 +157,26 @@ fn bench(args: BenchArgs) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn tune(shapes: &[Shape], cache: Option<PathBuf>, device: u32) -> softmax::Result<()> {
+    use softmax::cust::memory::DeviceBuffer;
+    let mut softmax = softmax::Softmax::on_device(device)?;
+    if let Some(path) = cache {
+        softmax = softmax.with_tune_cache(Some(path));
+    }
+    for &shape in shapes {
+        let values: Vec<f32> = (0..shape.len())
+            .map(|i| ((i * 7919) % 1000) as f32 * 0.01 - 5.0)
+            .collect();
+        let cuda = |source| softmax::Error::Cuda {
+            during: "allocating tuning buffers",
+            source,
+        };
+        let input = DeviceBuffer::from_slice(&values).map_err(cuda)?;
+        let mut output = DeviceBuffer::from_slice(&values).map_err(cuda)?;
+        let chosen = softmax.tune(&input, &mut output, shape)?;
+        println!("{shape}: auto runs {chosen}");
+    }
+    Ok(())
 }

@@ -151,7 +151,7 @@ pub(crate) fn plan(
 }
 
 /// Every kernel entry any plan can name: the module must hold them all.
-pub(crate) fn all_kernel_names() -> Vec<String> {
+pub fn all_kernel_names() -> Vec<String> {
     let fixed = [
         "softmax_unfused_row_max",
         "softmax_unfused_subtract",

@@ -10,6 +10,7 @@ use cust::memory::{CopyDestination, DeviceBuffer, DeviceSlice};
 use cust::stream::{Stream, StreamFlags};
 use kernels_gpu::launch::{BLOCK_SMEM_AUTOTUNE_CANDIDATES, REDUCTION_SCRATCH_FLOATS};
 
+use crate::autotune::{self, TuneCache, TuneKey};
 use crate::device::{self, DeviceInfo};
 use crate::error::{CudaContext, Result};
 use crate::kernels::Kernels;
@@ -34,6 +35,7 @@ pub struct Softmax {
     workspace: Workspace,
     autotuned: HashMap<Shape, u32>,
     plans: HashMap<(Variant, Shape, Layout), Arc<[Launch]>>,
+    tune_cache: TuneCache,
     stream: Stream,
     info: DeviceInfo,
     /// Dropped last: everything above lives in this context.
@@ -105,6 +107,7 @@ impl Softmax {
             workspace,
             autotuned: HashMap::new(),
             plans: HashMap::new(),
+            tune_cache: TuneCache::open(autotune::default_path()),
             stream,
             info,
             context,
@@ -147,19 +150,17 @@ impl Softmax {
         CurrentContext::set_current(&self.context).during("making the context current")?;
         let input_address = input.as_device_ptr().as_raw();
         let output_address = output.as_device_ptr().as_raw();
+        let layout = Layout::of(input_address, output_address, shape.cols);
         let variant = match variant {
             Variant::BlockPerRowAutotuned => {
                 let threads_per_block =
                     self.tune_block_threads(shape, input_address, output_address)?;
                 Variant::BlockPerRowSmem { threads_per_block }
             }
+            Variant::Auto => self.tuned_auto(shape, layout),
             other => other,
         };
-        let launches = self.planned(
-            variant,
-            shape,
-            Layout::of(input_address, output_address, shape.cols),
-        )?;
+        let launches = self.planned(variant, shape, layout)?;
         if launches
             .iter()
             .any(|l| l.kernel.starts_with("softmax_unfused"))
@@ -214,6 +215,7 @@ impl Softmax {
                     ]);
                 }
             },
+            Variant::Auto => self.tuned_auto(shape, Layout::of(0, 0, shape.cols)),
             other => other,
         };
         let layout = Layout::of(0, 0, shape.cols);
@@ -274,6 +276,78 @@ impl Softmax {
         if let Some(&threads) = self.autotuned.get(&shape) {
             return Ok(threads);
         }
+        let candidates = BLOCK_SMEM_AUTOTUNE_CANDIDATES
+            .map(|threads_per_block| Variant::BlockPerRowSmem { threads_per_block });
+        let Variant::BlockPerRowSmem { threads_per_block } =
+            self.fastest(&candidates, shape, input, output)?
+        else {
+            unreachable!("every candidate is a block-per-row variant")
+        };
+        self.autotuned.insert(shape, threads_per_block);
+        Ok(threads_per_block)
+    }
+
+    /// What `Variant::Auto` runs for this shape and layout: a tuned choice when
+    /// [`Softmax::tune`] recorded one for the device and rounded shape, else the heuristic.
+    fn tuned_auto(&self, shape: Shape, layout: Layout) -> Variant {
+        let key = TuneKey::new(&self.info.slug(), shape, layout.vector_peelable);
+        self.tune_cache.get(&key).unwrap_or(Variant::Auto)
+    }
+
+    /// Times the production variants that can run `shape` on these buffers (overwriting the
+    /// output), and makes the fastest what `Variant::Auto` runs for this device and rounded
+    /// shape from now on, saving it to the tune cache file. `Auto` never tunes by itself:
+    /// call this (or `host tune --shapes …`) ahead of the calls that matter.
+    pub fn tune(
+        &mut self,
+        input: &DeviceSlice<f32>,
+        output: &mut DeviceSlice<f32>,
+        shape: Shape,
+    ) -> Result<Variant> {
+        shape.check_lengths(input.len(), output.len())?;
+        if shape.is_empty() {
+            return Ok(Variant::Auto);
+        }
+        CurrentContext::set_current(&self.context).during("making the context current")?;
+        let (input, output) = (
+            input.as_device_ptr().as_raw(),
+            output.as_device_ptr().as_raw(),
+        );
+        let layout = Layout::of(input, output, shape.cols);
+        let candidates: Vec<Variant> = [
+            Variant::RowsInRegisters,
+            Variant::BlockRegisters,
+            Variant::RowSlices,
+            Variant::SplitRows,
+        ]
+        .into_iter()
+        .filter(|&variant| self.plan(variant, shape, layout).is_ok())
+        .collect();
+        let best = self.fastest(&candidates, shape, input, output)?;
+        self.tune_cache.insert(
+            TuneKey::new(&self.info.slug(), shape, layout.vector_peelable),
+            best,
+        );
+        self.tune_cache.save()?;
+        Ok(best)
+    }
+
+    /// Uses `path` (or nothing: in memory only) as the tune cache instead of the default
+    /// (`$SOFTMAX_TUNE_CACHE`, else the user's cache directory).
+    pub fn with_tune_cache(mut self, path: Option<std::path::PathBuf>) -> Self {
+        self.tune_cache = TuneCache::open(path);
+        self
+    }
+
+    /// The fastest of `candidates` on this shape and these buffers: each warmed up, then the
+    /// best of five timed launches.
+    fn fastest(
+        &mut self,
+        candidates: &[Variant],
+        shape: Shape,
+        input: u64,
+        output: u64,
+    ) -> Result<Variant> {
         let layout = Layout::of(input, output, shape.cols);
         let (start, stop) = (
             Event::new(EventFlags::DEFAULT),
@@ -283,31 +357,24 @@ impl Softmax {
             start.during("creating an event")?,
             stop.during("creating an event")?,
         );
-        let mut best = (f32::INFINITY, BLOCK_SMEM_AUTOTUNE_CANDIDATES[0]);
-        for threads_per_block in BLOCK_SMEM_AUTOTUNE_CANDIDATES {
-            let launches = self.plan(
-                Variant::BlockPerRowSmem { threads_per_block },
-                shape,
-                layout,
-            )?;
-            // Warm-up, then three timed launches.
-            for round in 0..4 {
-                if round == 1 {
-                    start.record(&self.stream).during("recording an event")?;
-                }
-                for launch in &launches {
-                    // SAFETY: as in `run`, which checked the shape and buffers before calling.
+        let mut best = (f32::INFINITY, candidates[0]);
+        for &candidate in candidates {
+            let launches = self.planned(candidate, shape, layout)?;
+            for round in 0..6 {
+                start.record(&self.stream).during("recording an event")?;
+                for launch in launches.iter() {
+                    // SAFETY: as in `run`: the callers checked the shape against both buffers.
                     unsafe { self.enqueue(launch, input, output, shape)? };
                 }
-            }
-            stop.record(&self.stream).during("recording an event")?;
-            stop.synchronize().during("timing an autotune candidate")?;
-            let elapsed = stop.elapsed_time_f32(&start).during("reading an event")?;
-            if elapsed < best.0 {
-                best = (elapsed, threads_per_block);
+                stop.record(&self.stream).during("recording an event")?;
+                stop.synchronize().during("timing a tuning candidate")?;
+                let elapsed = stop.elapsed_time_f32(&start).during("reading an event")?;
+                // Round 0 is the warm-up.
+                if round > 0 && elapsed < best.0 {
+                    best = (elapsed, candidate);
+                }
             }
         }
-        self.autotuned.insert(shape, best.1);
         Ok(best.1)
     }
 

@@ -34,6 +34,7 @@ const TESTS: &[common::Test] = &[
         "autotuned_threads_are_chosen_once_per_shape",
         autotuned_threads_are_cached,
     ),
+    ("tuning_auto_is_explicit_persisted_and_correct", tuning_auto),
 ];
 
 const COLS: [usize; 10] = [1, 2, 31, 32, 33, 127, 1000, 4097, 16384, 65537];
@@ -275,4 +276,76 @@ fn autotuned_threads_are_cached(softmax: &mut Softmax, rng: &mut StdRng) -> Outc
     Ok(format!(
         "{shape} tuned to {threads} threads per block, reused"
     ))
+}
+
+fn tuning_auto(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
+    let cache = std::env::temp_dir().join(format!(
+        "softmax-rs-gpu-test-{}/tune.json",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&cache);
+    let mut tuned = Softmax::new()
+        .map_err(|e| e.to_string())?
+        .with_tune_cache(Some(cache.clone()));
+    let mut summary = Vec::new();
+    for (rows, cols) in [(32, 151936), (128, 50257), (8, 128256)] {
+        let shape = Shape::new(rows, cols).unwrap();
+        let input = random_matrix(rng, shape, 20.0);
+        let expected = softmax_f64(&input, rows, cols);
+        let heuristic = tuned
+            .kernels_for(Variant::Auto, shape)
+            .map_err(|e| e.to_string())?;
+        let device_input = DeviceBuffer::from_slice(&input).map_err(|e| e.to_string())?;
+        let mut device_output = poisoned(shape.len())?;
+        let chosen = tuned
+            .tune(&device_input, &mut device_output, shape)
+            .map_err(|e| e.to_string())?;
+        let after = tuned
+            .kernels_for(Variant::Auto, shape)
+            .map_err(|e| e.to_string())?;
+        if after
+            != tuned
+                .kernels_for(chosen, shape)
+                .map_err(|e| e.to_string())?
+        {
+            return Err(format!(
+                "{shape}: auto does not run the tuned {chosen}: {after:?}"
+            ));
+        }
+        let mut check = Check::default();
+        check
+            .variant(
+                &mut tuned,
+                Variant::Auto,
+                &input,
+                &expected,
+                shape,
+                TOLERANCE,
+            )
+            .map_err(|f| f.to_string())?;
+        // A fresh instance reads the choice back from the file.
+        let reloaded = Softmax::new()
+            .map_err(|e| e.to_string())?
+            .with_tune_cache(Some(cache.clone()));
+        if reloaded
+            .kernels_for(Variant::Auto, shape)
+            .map_err(|e| e.to_string())?
+            != after
+        {
+            return Err(format!("{shape}: the tuned choice did not persist"));
+        }
+        summary.push(format!("{shape}: {heuristic:?} -> {chosen}"));
+    }
+    // The harness's instance keeps its own (default) cache: tuning one instance changes no other.
+    let shape = Shape::new(32, 151936).unwrap();
+    if softmax
+        .kernels_for(Variant::Auto, shape)
+        .map_err(|e| e.to_string())?
+        == tuned
+            .kernels_for(Variant::Auto, shape)
+            .map_err(|e| e.to_string())?
+    {
+        summary.push("(tuned choice equals the heuristic for 32x151936)".into());
+    }
+    Ok(summary.join("; "))
 }

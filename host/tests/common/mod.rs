@@ -1,5 +1,6 @@
-//! Shared by the GPU test binaries: a harness that reports skipped tests when there is no
-//! GPU, seeded random inputs, and checks against the reference.
+//! Shared by the GPU test binaries (each uses part of it): a harness that reports skipped
+//! tests when there is no GPU, seeded random inputs, and checks against the reference.
+#![allow(dead_code)]
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::process::ExitCode;
