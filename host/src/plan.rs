@@ -557,6 +557,17 @@ mod tests {
         Shape::new(rows, cols).unwrap()
     }
 
+    /// A cooperative launch must fit on the GPU at once.
+    fn assert_all_resident(launch: &Launch, rows: usize, cols: usize) {
+        let resident =
+            132 * FakeH200.blocks_per_sm(&launch.kernel, launch.block, launch.shared_bytes);
+        assert!(
+            launch.grid <= resident,
+            "{rows}x{cols}: {} blocks cannot all be resident",
+            launch.grid
+        );
+    }
+
     const ALIGNED: Layout = Layout {
         vector_aligned: true,
         vector_peelable: true,
@@ -637,13 +648,7 @@ mod tests {
                 assert!(launch.shared_bytes <= FakeH200.max_shared_per_block());
                 assert_eq!(launch.cooperative, slices > 1);
                 if launch.cooperative {
-                    let resident = 132
-                        * FakeH200.blocks_per_sm(&launch.kernel, launch.block, launch.shared_bytes);
-                    assert!(
-                        launch.grid <= resident,
-                        "{rows}x{cols}: {} blocks cannot all be resident",
-                        launch.grid
-                    );
+                    assert_all_resident(&launch, rows, cols);
                     assert!(
                         launch.grid >= 132,
                         "{rows}x{cols}: a sliced launch should fill the GPU"
@@ -732,13 +737,7 @@ mod tests {
                     FakeH200.blocks_per_sm(&launch.kernel, launch.block, launch.shared_bytes) > 0
                 );
                 if launch.cooperative {
-                    let resident = 132
-                        * FakeH200.blocks_per_sm(&launch.kernel, launch.block, launch.shared_bytes);
-                    assert!(
-                        launch.grid <= resident,
-                        "{rows}x{cols}: {} blocks cannot all be resident",
-                        launch.grid
-                    );
+                    assert_all_resident(&launch, rows, cols);
                     assert!(
                         slices <= launch.block,
                         "{rows}x{cols}: more slices than threads to read them"

@@ -4,6 +4,23 @@
 use crate::device::{DeviceExp2, block_dim, block_idx, thread_idx};
 use crate::online::{CompensatedSum, OnlineStats};
 
+/// The input and output rows of this thread, or `None` past the last row.
+///
+/// # Safety
+/// Both buffers hold `rows · cols` floats.
+#[inline(always)]
+unsafe fn this_threads_row(
+    input: *const f32,
+    output: *mut f32,
+    rows: u32,
+    cols: u32,
+) -> Option<(*const f32, *mut f32)> {
+    let row = block_idx() * block_dim() + thread_idx();
+    let start = row as usize * cols as usize;
+    // SAFETY: row < rows, so the row's `cols` floats lie inside both buffers.
+    (row < rows).then(|| unsafe { (input.add(start), output.add(start)) })
+}
+
 /// Three passes per row: maximum, then `e^(x - max)` written to the output while summing,
 /// then the output re-read and scaled. Traffic: 16 bytes per element.
 ///
@@ -17,13 +34,10 @@ pub unsafe extern "ptx-kernel" fn softmax_thread_per_row_naive(
     rows: u32,
     cols: u32,
 ) {
-    let row = block_idx() * block_dim() + thread_idx();
-    if row >= rows {
+    // SAFETY: forwarded from this kernel's contract.
+    let Some((x, y)) = (unsafe { this_threads_row(input, output, rows, cols) }) else {
         return;
-    }
-    let start = row as usize * cols as usize;
-    // SAFETY: row < rows, so the row's `cols` floats lie inside both buffers.
-    let (x, y) = unsafe { (input.add(start), output.add(start)) };
+    };
     let mut max = f32::NEG_INFINITY;
     for col in 0..cols as usize {
         // SAFETY: col < cols.
@@ -57,13 +71,10 @@ pub unsafe extern "ptx-kernel" fn softmax_thread_per_row_online(
     rows: u32,
     cols: u32,
 ) {
-    let row = block_idx() * block_dim() + thread_idx();
-    if row >= rows {
+    // SAFETY: forwarded from this kernel's contract.
+    let Some((x, y)) = (unsafe { this_threads_row(input, output, rows, cols) }) else {
         return;
-    }
-    let start = row as usize * cols as usize;
-    // SAFETY: row < rows, so the row's `cols` floats lie inside both buffers.
-    let (x, y) = unsafe { (input.add(start), output.add(start)) };
+    };
     let mut stats = OnlineStats::EMPTY;
     for col in 0..cols as usize {
         // SAFETY: col < cols.
