@@ -210,3 +210,42 @@ fn embedded_ptx_targets_hopper_without_local_memory() {
         "the vector kernels must use 16-byte loads"
     );
 }
+
+proptest! {
+    /// `Shape::new` accepts exactly the shapes whose bytes fit in `usize` and whose dimensions
+    /// fit the kernels' 32-bit indices, and the length check accepts exactly `rows × cols`.
+    #[test]
+    fn shape_checks_accept_exactly_the_addressable_shapes(rows in any::<usize>(), cols in any::<usize>()) {
+        let addressable = rows.checked_mul(cols).and_then(|n| n.checked_mul(4)).is_some()
+            && rows < 1 << 31
+            && cols < 1 << 31;
+        prop_assert_eq!(Shape::new(rows, cols).is_ok(), addressable);
+    }
+
+    #[test]
+    fn shapes_round_trip_through_text(rows in 1usize..1 << 20, cols in 1usize..1 << 20) {
+        let shape = Shape::new(rows, cols).unwrap();
+        prop_assert_eq!(shape.to_string().parse::<Shape>().unwrap(), shape);
+    }
+
+    /// The reference's rows are probability distributions whenever the row is finite.
+    #[test]
+    fn reference_rows_sum_to_one(row in prop::collection::vec(-1e4f32..1e4, 1..300)) {
+        let y = softmax_f64(&row, 1, row.len());
+        prop_assert!((y.iter().sum::<f64>() - 1.0).abs() < 1e-12);
+        prop_assert!(y.iter().all(|&v| (0.0..=1.0).contains(&v)));
+    }
+}
+
+#[test]
+fn reference_handles_denormals_single_columns_and_dominant_values() {
+    // A single column is always 1, whatever its value (NaN and +inf excepted).
+    assert_eq!(softmax_f64(&[-3e38, 0.0, 3e38, 1e-40], 4, 1), vec![1.0; 4]);
+    // Denormal inputs behave like zeros next to each other.
+    let y = softmax_f64(&[1e-40, -1e-40, 0.0], 1, 3);
+    assert!(y.iter().all(|v| (v - 1.0 / 3.0).abs() < 1e-15));
+    // One value 100 above the rest takes all the mass to within e^-100.
+    let y = softmax_f64(&[100.0, 0.0, 0.0], 1, 3);
+    assert_eq!(y[0], 1.0);
+    assert!((y[1] / (-100f64).exp() - 1.0).abs() < 1e-12, "{}", y[1]);
+}
