@@ -229,10 +229,51 @@ fn test(args: &[String]) -> Result<()> {
     if !driver_linkable() {
         fetch_driver()?;
     }
-    run(Command::new(cargo())
+    let mut child = Command::new(cargo())
         .current_dir(workspace())
         .args(["test", "--workspace"])
-        .args(args))
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("could not start cargo test: {e}"))?;
+    // Pass the output through and add up every harness's closing line, so the run ends with
+    // one total (the last harness, a crate's doc-tests, often has nothing to run).
+    let mut totals = [0u64; 3];
+    let stdout = child.stdout.take().expect("piped");
+    for line in std::io::BufRead::lines(std::io::BufReader::new(stdout)) {
+        let line = line.map_err(|e| e.to_string())?;
+        println!("{line}");
+        if let Some(result) = line.trim().strip_prefix("test result:") {
+            for (total, word) in totals.iter_mut().zip(["passed", "failed", "skipped"]) {
+                *total += count_before(result, word);
+            }
+        }
+    }
+    let status = child.wait().map_err(|e| e.to_string())?;
+    let [passed, failed, skipped] = totals;
+    println!("\nsummary: {passed} passed, {failed} failed, {skipped} skipped");
+    status
+        .success()
+        .then_some(())
+        .ok_or_else(|| format!("cargo test failed ({status})"))
+}
+
+/// The number just before `word` in a harness's result line (`ok. 12 passed; 0 failed; …`).
+fn count_before(result: &str, word: &str) -> u64 {
+    let Some(at) = result.find(&format!(" {word}")) else {
+        return 0;
+    };
+    let digits: String = result[..at]
+        .chars()
+        .rev()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits
+        .chars()
+        .rev()
+        .collect::<String>()
+        .parse()
+        .unwrap_or(0)
 }
 
 /// Builds what a GPU machine without Rust needs into `.gpu/` (ignored by git; name it in the
