@@ -52,8 +52,8 @@ struct BenchArgs {
     #[arg(long, value_delimiter = ',', value_parser = parse_shape)]
     shapes: Vec<Shape>,
     /// Variants, comma-separated (default: all). Names: auto, unfused, thread-naive,
-    /// thread-online, block-smem[:THREADS], block-smem-autotuned, warp-online, registers,
-    /// row-slices.
+    /// thread-online, block-smem (or `block-smem:THREADS`), block-smem-autotuned, warp-online,
+    /// registers, block-registers, row-slices, split-rows.
     #[arg(long, value_delimiter = ',', value_parser = parse_variant)]
     variants: Vec<Variant>,
     /// Timed samples per measurement (the median is reported).
