@@ -51,6 +51,9 @@ fn help_lists_every_option() {
     ] {
         assert!(help.contains(option), "--help does not mention {option}");
     }
+    for name in softmax::Variant::NAMES {
+        assert!(help.contains(name), "--help does not name the variant {name}");
+    }
 }
 
 #[test]
