@@ -52,7 +52,10 @@ fn help_lists_every_option() {
         assert!(help.contains(option), "--help does not mention {option}");
     }
     for name in softmax::Variant::NAMES {
-        assert!(help.contains(name), "--help does not name the variant {name}");
+        assert!(
+            help.contains(name),
+            "--help does not name the variant {name}"
+        );
     }
 }
 
