@@ -557,6 +557,17 @@ mod tests {
         Shape::new(rows, cols).unwrap()
     }
 
+    /// Few wide rows (LLM vocabularies, odd widths): where slicing matters.
+    const FEW_WIDE_ROWS: [(usize, usize); 7] = [
+        (1, 1_048_576),
+        (1, 32000),
+        (8, 128256),
+        (32, 151936),
+        (16, 262144),
+        (128, 50257),
+        (3, 100003),
+    ];
+
     /// A cooperative launch must fit on the GPU at once.
     fn assert_all_resident(launch: &Launch, rows: usize, cols: usize) {
         let resident =
@@ -611,20 +622,8 @@ mod tests {
 
     #[test]
     fn row_slices_cover_the_row_and_stay_resident() {
-        let shapes = [
-            (1, 1_048_576),
-            (1, 32000),
-            (8, 128256),
-            (32, 151936),
-            (16, 262144),
-            (128, 50257),
-            (3, 100003),
-            (300, 1 << 20),
-            (1000, 65537),
-            (1, 5000),
-            (100_000, 4096),
-        ];
-        for (rows, cols) in shapes {
+        let extra = [(300, 1 << 20), (1000, 65537), (1, 5000), (100_000, 4096)];
+        for (rows, cols) in FEW_WIDE_ROWS.into_iter().chain(extra) {
             for layout in [ALIGNED, UNALIGNED] {
                 let launch = row_slices_launch(shape(rows, cols), layout, &FakeH200);
                 let [
@@ -689,20 +688,8 @@ mod tests {
 
     #[test]
     fn block_register_slices_cover_the_row_and_stay_resident() {
-        let shapes = [
-            (1, 1_048_576),
-            (1, 32000),
-            (8, 128256),
-            (32, 151936),
-            (16, 262144),
-            (128, 50257),
-            (3, 100003),
-            (200, 16384),
-            (12800, 4096),
-            (1, 4_000_001),
-            (1000, 65537),
-        ];
-        for (rows, cols) in shapes {
+        let extra = [(200, 16384), (12800, 4096), (1, 4_000_001), (1000, 65537)];
+        for (rows, cols) in FEW_WIDE_ROWS.into_iter().chain(extra) {
             for layout in [ALIGNED, UNALIGNED] {
                 let Some(launch) = block_registers_launch(shape(rows, cols), layout, &FakeH200)
                 else {

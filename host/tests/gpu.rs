@@ -244,29 +244,23 @@ fn autotuned_threads_are_cached(softmax: &mut Softmax, rng: &mut StdRng) -> Outc
     let input = random_matrix(rng, shape, 10.0);
     let expected = softmax_f64(&input, shape.rows, shape.cols);
     let mut check = Check::default();
-    check
-        .variant(
-            softmax,
-            Variant::BlockPerRowAutotuned,
-            &input,
-            &expected,
-            shape,
-            TOLERANCE,
-        )
-        .map_err(|f| f.to_string())?;
+    let mut run_checked = |softmax: &mut Softmax| {
+        check
+            .variant(
+                softmax,
+                Variant::BlockPerRowAutotuned,
+                &input,
+                &expected,
+                shape,
+                TOLERANCE,
+            )
+            .map_err(|f| f.to_string())
+    };
+    run_checked(softmax)?;
     let threads = softmax
         .tuned_threads(shape)
         .ok_or("the first call left no tuned entry")?;
-    check
-        .variant(
-            softmax,
-            Variant::BlockPerRowAutotuned,
-            &input,
-            &expected,
-            shape,
-            TOLERANCE,
-        )
-        .map_err(|f| f.to_string())?;
+    run_checked(softmax)?;
     if softmax.tuned_threads(shape) != Some(threads) {
         return Err("the second call tuned again".into());
     }
