@@ -17,9 +17,7 @@ fn main() {
     let cargo = PathBuf::from(env::var_os("CARGO").expect("set by cargo"));
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("set by cargo"));
 
-    let ptx = ptx_build::build_kernels_ptx(&cargo, &workspace).unwrap_or_else(|e| panic!("{e}"));
-    std::fs::copy(&ptx, out_dir.join("kernels.ptx"))
-        .unwrap_or_else(|e| panic!("copying {}: {e}", ptx.display()));
+    ptx_build::build_all_ptx(&cargo, &workspace, &out_dir).unwrap_or_else(|e| panic!("{e}"));
     println!(
         "cargo:rerun-if-changed={}",
         workspace.join("kernels-gpu").display()

@@ -68,6 +68,62 @@ pub enum Error {
         why: String,
     },
 
+    /// Two views that must have one shape do not.
+    #[error("{what} has shape {actual} but the input has shape {expected}")]
+    ShapeMismatch {
+        what: &'static str,
+        expected: crate::Shape,
+        actual: crate::Shape,
+    },
+
+    /// A strided view's stride is below its width.
+    #[error("{what} stride {stride} is smaller than the row width {cols}")]
+    Stride {
+        what: &'static str,
+        stride: usize,
+        cols: usize,
+    },
+
+    /// A strided view's buffer ends before its last row does.
+    #[error(
+        "{what} holds {len} elements but {rows}×{cols} rows at stride {stride} need {needed}"
+    )]
+    ViewLength {
+        what: &'static str,
+        len: usize,
+        needed: usize,
+        rows: usize,
+        cols: usize,
+        stride: usize,
+    },
+
+    /// The scale is not a finite positive number (a temperature ≤ 0, NaN or infinite).
+    #[error("scale must be finite and > 0 (scale = 1 / temperature), got {0}")]
+    Scale(f32),
+
+    /// The per-row scale buffer does not hold one float per row.
+    #[error("per-row scale holds {len} floats but there are {rows} rows")]
+    RowScaleLength { len: usize, rows: usize },
+
+    /// The mask is not `k × cols` elements with `k` dividing the number of rows.
+    #[error(
+        "mask holds {len} elements: it must be k × {cols} with k dividing the {rows} rows"
+    )]
+    MaskLength { len: usize, rows: usize, cols: usize },
+
+    /// The causal mask needs square score blocks stacked along the rows.
+    #[error("causal masking needs rows ({rows}) to be a multiple of cols ({cols})")]
+    Causal { rows: usize, cols: usize },
+
+    /// A per-row buffer (log-sum-exp, row states) does not hold what the shape needs.
+    #[error("{what} holds {len} elements but {rows} rows need {expected}")]
+    PerRowLength {
+        what: &'static str,
+        len: usize,
+        rows: usize,
+        expected: usize,
+    },
+
     /// Reading or writing a file failed.
     #[error("{what}: {source}")]
     Io {

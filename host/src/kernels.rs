@@ -1,4 +1,5 @@
-//! The embedded PTX module: loaded once, every entry looked up once, launched raw.
+//! The embedded PTX modules: each loaded once, when first needed, every entry looked up once,
+//! launched raw.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -10,11 +11,21 @@ use cust::sys;
 use crate::device::check;
 use crate::error::{CudaContext, Error, Result};
 use crate::plan::{self, Launch};
+use kernels_gpu::row_ops::{DType, OpKernelName};
 
-/// The PTX built from `kernels-gpu` by `build.rs`.
-pub const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/kernels.ptx"));
+/// The f32 softmax variants' PTX, built from `kernels-gpu` by `build.rs`.
+pub const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/softmax.ptx"));
 
-/// The loaded module and a handle for each entry.
+/// The operation kernels' PTX for one input type.
+pub fn op_ptx(input: DType) -> &'static str {
+    match input {
+        DType::F32 => include_str!(concat!(env!("OUT_DIR"), "/ops-f32.ptx")),
+        DType::Bf16 => include_str!(concat!(env!("OUT_DIR"), "/ops-bf16.ptx")),
+        DType::F16 => include_str!(concat!(env!("OUT_DIR"), "/ops-f16.ptx")),
+    }
+}
+
+/// One loaded module and a handle for each entry.
 #[derive(Debug)]
 pub(crate) struct Kernels {
     functions: HashMap<String, sys::CUfunction>,
@@ -23,36 +34,52 @@ pub(crate) struct Kernels {
 }
 
 impl Kernels {
-    /// Loads the PTX (the driver compiles it for the device) and resolves every entry a plan
-    /// can name; a missing entry is an error now rather than at the first launch.
-    pub fn load(max_shared_per_block: u32) -> Result<Self> {
-        let module = Module::from_ptx(PTX, &[]).during("loading the PTX module")?;
+    /// Loads the softmax variants' module.
+    pub fn load_softmax(max_shared_per_block: u32) -> Result<Self> {
+        let kernels = Self::load(PTX, plan::all_kernel_names())?;
+        for name in ["softmax_row_slices_p4", "softmax_row_slices_p1"] {
+            kernels.allow_shared_bytes(name, max_shared_per_block)?;
+        }
+        Ok(kernels)
+    }
+
+    /// Loads the operation kernels of one input type.
+    pub fn load_ops(input: DType) -> Result<Self> {
+        Self::load(
+            op_ptx(input),
+            OpKernelName::all_for(input).map(|name| name.to_string()),
+        )
+    }
+
+    /// Loads `ptx` (the driver compiles it for the device) and resolves every entry of
+    /// `names`: a missing entry is an error now rather than at the first launch.
+    fn load(ptx: &str, names: impl IntoIterator<Item = String>) -> Result<Self> {
+        let module = Module::from_ptx(ptx, &[]).during("loading a PTX module")?;
         let mut functions = HashMap::new();
-        for name in plan::all_kernel_names() {
+        for name in names {
             let function = module.get_function(&name).map_err(|source| Error::Cuda {
                 during: "looking up a kernel entry in the PTX module",
                 source,
             })?;
             functions.insert(name, function.to_raw());
         }
-        for name in ["softmax_row_slices_p4", "softmax_row_slices_p1"] {
-            // SAFETY: the handle comes from the loaded module; the attribute takes an int.
-            let status = unsafe {
-                sys::cuFuncSetAttribute(
-                    functions[name],
-                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    max_shared_per_block as i32,
-                )
-            };
-            check(
-                status,
-                "raising the shared-memory limit of the row-slices kernel",
-            )?;
-        }
         Ok(Kernels {
             functions,
             _module: module,
         })
+    }
+
+    /// Lets `name` use up to `bytes` of dynamic shared memory (the opt-in limit).
+    fn allow_shared_bytes(&self, name: &str, bytes: u32) -> Result<()> {
+        // SAFETY: the handle comes from the loaded module; the attribute takes an int.
+        let status = unsafe {
+            sys::cuFuncSetAttribute(
+                self.function(name),
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes as i32,
+            )
+        };
+        check(status, "raising a kernel's shared-memory limit")
     }
 
     pub fn function(&self, name: &str) -> sys::CUfunction {

@@ -18,6 +18,8 @@ pub mod bench;
 mod device;
 mod error;
 mod kernels;
+mod op_plan;
+mod ops;
 mod plan;
 pub mod reference;
 mod shape;
@@ -26,10 +28,16 @@ mod variant;
 
 pub use device::DeviceInfo;
 pub use error::{Error, Result};
-pub use kernels::PTX;
+pub use kernels::{PTX, op_ptx};
+pub use ops::{
+    DType, Element, Mask, MaskedRows, Operation, Options, RowState, Rows, RowsMut,
+    merge_row_states,
+};
 pub use shape::Shape;
 pub use softmax::Softmax;
 pub use variant::Variant;
 
 /// cust, re-exported so users build device buffers with the same version the API takes.
 pub use cust;
+/// half, re-exported: its `bf16` and `f16` are the 16-bit element types the API takes.
+pub use half;

@@ -517,11 +517,11 @@ fn unfused_launches(shape: Shape, device: &dyn DeviceLimits) -> Vec<Launch> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// The H200's numbers, with occupancy estimated from threads and shared memory alone.
-    struct FakeH200;
+    pub(crate) struct FakeH200;
 
     impl DeviceLimits for FakeH200 {
         fn multiprocessors(&self) -> u32 {

@@ -14,9 +14,14 @@ use crate::autotune::{self, TuneCache, TuneKey};
 use crate::device::{self, DeviceInfo};
 use crate::error::{CudaContext, Result};
 use crate::kernels::Kernels;
+use crate::op_plan::OpLaunch;
 use crate::plan::{self, Arg, DeviceLimits, Launch, Layout};
+use kernels_gpu::row_ops::{DType, Direction, RowState};
 use crate::shape::Shape;
 use crate::variant::Variant;
+
+#[path = "operations.rs"]
+mod operations;
 
 /// Most blocks of one kernel a multiprocessor can hold (Hopper: 32); bounds the
 /// row-slices workspace, since its launches keep every block resident.
@@ -35,6 +40,9 @@ pub struct Softmax {
     workspace: Workspace,
     autotuned: HashMap<Shape, u32>,
     plans: HashMap<(Variant, Shape, Layout), Arc<[Launch]>>,
+    /// The operation modules, by input type, loaded on first use.
+    op_kernels: [Option<Kernels>; 3],
+    op_plans: HashMap<OpPlanKey, Option<OpLaunch>>,
     tune_cache: TuneCache,
     stream: Stream,
     info: DeviceInfo,
@@ -48,6 +56,9 @@ pub struct Softmax {
 // context, which the driver synchronizes itself.
 unsafe impl Send for Softmax {}
 
+/// Direction, input type, rows, cols and whether 16-byte packs fit.
+type OpPlanKey = (Direction, DType, u32, u32, bool);
+
 #[derive(Debug)]
 struct Workspace {
     /// The unfused variant's row maxima then row sums (`2 · rows`, grown on demand).
@@ -56,6 +67,8 @@ struct Workspace {
     partials: DeviceBuffer<f32>,
     /// Two words per row of a sliced row-slices launch, zeroed once; the kernel resets them.
     barriers: DeviceBuffer<u32>,
+    /// Per-row, per-chunk states of operations on rows too wide for one launch.
+    states: DeviceBuffer<RowState>,
 }
 
 /// The device's limits as the planner sees them.
@@ -94,19 +107,24 @@ impl Softmax {
     /// Opens CUDA device `ordinal`, loads the kernels and allocates the workspace.
     pub fn on_device(ordinal: u32) -> Result<Self> {
         let (context, _device, info) = device::open(ordinal)?;
-        let kernels = Kernels::load(info.max_shared_per_block)?;
+        let kernels = Kernels::load_softmax(info.max_shared_per_block)?;
         let stream = Stream::new(StreamFlags::NON_BLOCKING, None).during("creating a stream")?;
         let resident = info.multiprocessors as usize * MAX_RESIDENT_BLOCKS_PER_SM;
         let workspace = Workspace {
             row_stats: DeviceBuffer::zeroed(2).during("allocating workspace")?,
             partials: DeviceBuffer::zeroed(2 * resident).during("allocating workspace")?,
             barriers: DeviceBuffer::zeroed(2 * resident).during("allocating workspace")?,
+            // SAFETY: any bit pattern is a valid pair of floats; states are stored before
+            // they are read.
+            states: unsafe { DeviceBuffer::uninitialized(1) }.during("allocating workspace")?,
         };
         Ok(Softmax {
             kernels,
             workspace,
             autotuned: HashMap::new(),
             plans: HashMap::new(),
+            op_kernels: [None, None, None],
+            op_plans: HashMap::new(),
             tune_cache: TuneCache::open(autotune::default_path()),
             stream,
             info,
@@ -147,9 +165,23 @@ impl Softmax {
         if shape.is_empty() {
             return Ok(());
         }
+        self.run_addresses(
+            variant,
+            input.as_device_ptr().as_raw(),
+            output.as_device_ptr().as_raw(),
+            shape,
+        )
+    }
+
+    /// [`Softmax::run`] after its checks, on device addresses.
+    fn run_addresses(
+        &mut self,
+        variant: Variant,
+        input_address: u64,
+        output_address: u64,
+        shape: Shape,
+    ) -> Result<()> {
         CurrentContext::set_current(&self.context).during("making the context current")?;
-        let input_address = input.as_device_ptr().as_raw();
-        let output_address = output.as_device_ptr().as_raw();
         let layout = Layout::of(input_address, output_address, shape.cols);
         let variant = match variant {
             Variant::BlockPerRowAutotuned => {

@@ -10,7 +10,7 @@
 use crate::device::{DeviceExp2, block_idx, dynamic_shared_f32, thread_idx};
 use crate::memory::{load_pack, store_pack};
 use crate::online::OnlineStats;
-use crate::reduce::block_stats;
+use crate::reduce::block_reduce;
 use crate::row_exchange::exchange_row_stats;
 use crate::row_slice::RowSlice;
 
@@ -78,7 +78,7 @@ pub unsafe fn softmax_block_registers<
 
     let scratch = dynamic_shared_f32();
     // SAFETY: uniform control flow; the launch provides the reduction scratch.
-    let mut row_stats = unsafe { block_stats(local, scratch) };
+    let mut row_stats = unsafe { block_reduce(local, scratch) };
     if slices > 1 {
         // SAFETY: forwarded from this kernel's contract for sliced launches.
         row_stats =

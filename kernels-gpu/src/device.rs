@@ -42,6 +42,15 @@ pub fn exp2_approx(x: f32) -> f32 {
     y
 }
 
+/// `log2(x)` with the special-function unit (`lg2.approx.ftz`; `log2(0) = -inf`).
+#[inline(always)]
+pub fn log2_approx(x: f32) -> f32 {
+    let y: f32;
+    // SAFETY: a pure arithmetic instruction on registers.
+    unsafe { asm!("lg2.approx.ftz.f32 {y}, {x};", y = out(reg32) y, x = in(reg32) x) };
+    y
+}
+
 /// Value of `value` held by lane `lane ^ mask`. Every lane of the warp must execute it.
 #[inline(always)]
 pub fn shfl_xor_f32(value: f32, mask: u32) -> f32 {

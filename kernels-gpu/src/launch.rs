@@ -38,7 +38,7 @@ macro_rules! register_instances {
         $(#[$doc])*
         pub const $table: &[(u32, u32)] = &[$(($lanes, $packs)),+];
         $(
-            #[cfg(target_arch = "nvptx64")]
+            #[cfg(all(target_arch = "nvptx64", feature = "softmax"))]
             const _: () = {
                 /// # Safety
                 /// See [`crate::rows_in_registers::softmax_rows_in_registers`].
@@ -85,7 +85,7 @@ register_instances! {
 macro_rules! block_register_entries {
     ($pack:literal, $threads:literal, [$($packs:literal),+]) => {
         $(
-            #[cfg(target_arch = "nvptx64")]
+            #[cfg(all(target_arch = "nvptx64", feature = "softmax"))]
             const _: () = {
                 /// # Safety
                 /// See [`crate::block_registers::softmax_block_registers`].

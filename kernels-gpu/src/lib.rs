@@ -23,37 +23,61 @@
     )
 )]
 #![cfg_attr(target_arch = "nvptx64", allow(internal_features))]
+// Each PTX module is built from one feature's kernels, so helpers another module uses are
+// unused in it.
+#![cfg_attr(
+    all(
+        target_arch = "nvptx64",
+        not(all(
+            feature = "softmax",
+            feature = "ops-f32",
+            feature = "ops-bf16",
+            feature = "ops-f16"
+        ))
+    ),
+    allow(dead_code, unused_imports)
+)]
 
 pub mod launch;
 pub mod online;
+pub mod row_ops;
 
 #[cfg(target_arch = "nvptx64")]
 mod device;
 #[cfg(target_arch = "nvptx64")]
-mod memory;
-#[cfg(target_arch = "nvptx64")]
 mod reduce;
-
-#[cfg(target_arch = "nvptx64")]
-mod block_per_row_smem;
-#[cfg(target_arch = "nvptx64")]
-mod block_registers;
 #[cfg(target_arch = "nvptx64")]
 mod row_exchange;
-#[cfg(target_arch = "nvptx64")]
+
+/// The f32 softmax variants (the seeds and the production kernels): the `softmax` module.
+#[cfg(all(target_arch = "nvptx64", feature = "softmax"))]
+mod block_per_row_smem;
+#[cfg(all(target_arch = "nvptx64", feature = "softmax"))]
+mod block_registers;
+#[cfg(all(target_arch = "nvptx64", feature = "softmax"))]
+mod memory;
+#[cfg(all(target_arch = "nvptx64", feature = "softmax"))]
 mod row_slice;
-#[cfg(target_arch = "nvptx64")]
+#[cfg(all(target_arch = "nvptx64", feature = "softmax"))]
 mod row_slices;
-#[cfg(target_arch = "nvptx64")]
+#[cfg(all(target_arch = "nvptx64", feature = "softmax"))]
 mod rows_in_registers;
-#[cfg(target_arch = "nvptx64")]
+#[cfg(all(target_arch = "nvptx64", feature = "softmax"))]
 mod split_rows;
-#[cfg(target_arch = "nvptx64")]
+#[cfg(all(target_arch = "nvptx64", feature = "softmax"))]
 mod thread_per_row;
-#[cfg(target_arch = "nvptx64")]
+#[cfg(all(target_arch = "nvptx64", feature = "softmax"))]
 mod unfused;
-#[cfg(target_arch = "nvptx64")]
+#[cfg(all(target_arch = "nvptx64", feature = "softmax"))]
 mod warp_per_row;
+
+/// The operation kernels (any dtype, options, backward): one module per input type.
+#[cfg(target_arch = "nvptx64")]
+mod element;
+#[cfg(target_arch = "nvptx64")]
+mod op_templates;
+#[cfg(target_arch = "nvptx64")]
+mod row_kernel;
 
 #[cfg(target_arch = "nvptx64")]
 #[panic_handler]

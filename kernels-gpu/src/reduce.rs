@@ -1,9 +1,66 @@
 //! Reductions across lanes (butterfly shuffles: every lane ends with the result, so no
-//! broadcast step is needed) and across the warps of a block (through shared memory).
+//! broadcast step is needed) and across the warps of a block (through shared memory), for any
+//! [`Partial`] result: the online-softmax statistics, or a plain sum.
 
 use crate::device::{DeviceExp2, block_dim, shfl_xor_f32, sync_threads, thread_idx};
 use crate::launch::WARP_SIZE;
 use crate::online::OnlineStats;
+
+/// A partial result over part of a row that two disjoint parts combine into one, carried as
+/// at most two floats (what a shuffle or a shared-memory slot moves).
+pub trait Partial: Copy {
+    /// The result over no element: the identity of [`Partial::merge`].
+    const EMPTY: Self;
+    /// Floats of [`Partial::to_floats`] that carry information (1 or 2).
+    const FLOATS: usize;
+    fn merge(self, other: Self) -> Self;
+    fn to_floats(self) -> [f32; 2];
+    fn from_floats(floats: [f32; 2]) -> Self;
+}
+
+impl Partial for OnlineStats {
+    const EMPTY: Self = OnlineStats::EMPTY;
+    const FLOATS: usize = 2;
+
+    #[inline(always)]
+    fn merge(self, other: Self) -> Self {
+        OnlineStats::merge::<DeviceExp2>(self, other)
+    }
+
+    #[inline(always)]
+    fn to_floats(self) -> [f32; 2] {
+        [self.max, self.sum()]
+    }
+
+    #[inline(always)]
+    fn from_floats([max, sum]: [f32; 2]) -> Self {
+        OnlineStats::new(max, sum)
+    }
+}
+
+/// A sum over part of a row (the backward pass's `Σ dy·y` or `Σ dy`).
+#[derive(Clone, Copy)]
+pub struct Sum(pub f32);
+
+impl Partial for Sum {
+    const EMPTY: Self = Sum(0.0);
+    const FLOATS: usize = 1;
+
+    #[inline(always)]
+    fn merge(self, other: Self) -> Self {
+        Sum(self.0 + other.0)
+    }
+
+    #[inline(always)]
+    fn to_floats(self) -> [f32; 2] {
+        [self.0, 0.0]
+    }
+
+    #[inline(always)]
+    fn from_floats([sum, _]: [f32; 2]) -> Self {
+        Sum(sum)
+    }
+}
 
 /// Maximum over each aligned group of `LANES` lanes (a power of two up to 32); every lane of a
 /// group gets its group's result. All 32 lanes must call it.
@@ -28,55 +85,66 @@ pub fn group_sum<const LANES: u32>(mut value: f32) -> f32 {
     value
 }
 
-/// Merges the online statistics of all 32 lanes; every lane gets the warp's statistics.
+/// Merges the partial results of each aligned group of `LANES` lanes (a power of two up to
+/// 32); every lane of a group gets its group's result. All 32 lanes must call it.
 #[inline(always)]
-pub fn warp_stats(mut stats: OnlineStats) -> OnlineStats {
-    let mut offset = WARP_SIZE / 2;
+pub fn group_reduce<S: Partial, const LANES: u32>(mut partial: S) -> S {
+    let mut offset = LANES / 2;
     while offset > 0 {
-        let other = OnlineStats::new(
-            shfl_xor_f32(stats.max, offset),
-            shfl_xor_f32(stats.sum(), offset),
-        );
-        stats = stats.merge::<DeviceExp2>(other);
+        let [first, second] = partial.to_floats();
+        let theirs = [
+            shfl_xor_f32(first, offset),
+            // A constant condition: a one-float partial shuffles once.
+            if S::FLOATS > 1 {
+                shfl_xor_f32(second, offset)
+            } else {
+                second
+            },
+        ];
+        partial = partial.merge(S::from_floats(theirs));
         offset /= 2;
     }
-    stats
+    partial
 }
 
-/// Merges the online statistics of every thread of the block; every thread gets the result.
+/// Merges the partial results of every thread of the block; every thread gets the result.
 ///
 /// # Safety
 /// Called by all threads of the block from uniform control flow, with a block of whole warps
 /// (at most 1024 threads). `scratch` points to [`crate::launch::REDUCTION_SCRATCH_FLOATS`]
 /// floats of shared memory that nothing else uses during the call.
 #[inline(always)]
-pub unsafe fn block_stats(stats: OnlineStats, scratch: *mut f32) -> OnlineStats {
+pub unsafe fn block_reduce<S: Partial>(partial: S, scratch: *mut f32) -> S {
     let warps = block_dim() / WARP_SIZE;
     let warp = thread_idx() / WARP_SIZE;
     let lane = thread_idx() % WARP_SIZE;
-    let per_warp = warp_stats(stats);
+    let [first, second] = group_reduce::<S, WARP_SIZE>(partial).to_floats();
     if lane == 0 {
-        // SAFETY: `warp < 32`, and the scratch holds 32 maxima followed by 32 sums.
+        // SAFETY: `warp < 32`, and the scratch holds 32 first floats then 32 second ones.
         unsafe {
-            scratch.add(warp as usize).write(per_warp.max);
-            scratch
-                .add((WARP_SIZE + warp) as usize)
-                .write(per_warp.sum());
+            scratch.add(warp as usize).write(first);
+            if S::FLOATS > 1 {
+                scratch.add((WARP_SIZE + warp) as usize).write(second);
+            }
         }
     }
     sync_threads();
     let mine = if lane < warps {
         // SAFETY: as above; slot `lane` was written before the barrier.
         unsafe {
-            OnlineStats::new(
+            S::from_floats([
                 scratch.add(lane as usize).read(),
-                scratch.add((WARP_SIZE + lane) as usize).read(),
-            )
+                if S::FLOATS > 1 {
+                    scratch.add((WARP_SIZE + lane) as usize).read()
+                } else {
+                    0.0
+                },
+            ])
         }
     } else {
-        OnlineStats::EMPTY
+        S::EMPTY
     };
-    let block = warp_stats(mine);
+    let block = group_reduce::<S, WARP_SIZE>(mine);
     // Nobody may overwrite the scratch (a later reduction) before every warp has read it.
     sync_threads();
     block

@@ -5,10 +5,9 @@
 use core::sync::atomic::{AtomicU32, Ordering};
 
 use crate::device::{
-    DeviceExp2, block_dim, block_idx, fence_device, sleep_briefly, sync_threads, thread_idx,
+    block_dim, block_idx, fence_device, sleep_briefly, sync_threads, thread_idx,
 };
-use crate::online::OnlineStats;
-use crate::reduce::block_stats;
+use crate::reduce::{Partial, block_reduce};
 
 /// Waits until `participants` blocks have arrived at this row's barrier. Called by one thread
 /// per block. The barrier resets itself, so it is reusable by the next launch without a memset.
@@ -45,16 +44,16 @@ unsafe fn row_barrier(counter: *mut u32, generation: *mut u32, participants: u32
 /// blocks per row, consecutive in block index and all resident at once (cooperative launch);
 /// `partials` holds two floats per block of the launch, `barriers` two words per row, zeroed
 /// when allocated and used by one launch at a time; `scratch` is the block-reduction scratch
-/// of [`block_stats`].
+/// of [`block_reduce`].
 #[inline(always)]
-pub unsafe fn exchange_row_stats(
-    block: OnlineStats,
+pub unsafe fn exchange_row_stats<S: Partial>(
+    block: S,
     scratch: *mut f32,
     partials: *mut f32,
     barriers: *mut u32,
     row: usize,
     slices: usize,
-) -> OnlineStats {
+) -> S {
     if thread_idx() == 0 {
         // SAFETY: block_idx < rows · slices and row < rows: inside both buffers.
         unsafe {
@@ -76,15 +75,15 @@ pub unsafe fn exchange_row_stats(
 /// # Safety
 /// `partials` holds two floats per block of the launch.
 #[inline(always)]
-pub unsafe fn publish_block_stats(block: OnlineStats, partials: *mut f32) {
+pub unsafe fn publish_block_stats<S: Partial>(block: S, partials: *mut f32) {
+    let [first, second] = block.to_floats();
+    let mine = partials.wrapping_add(2 * block_idx() as usize);
     // SAFETY: forwarded from the contract.
     unsafe {
-        partials
-            .add(2 * block_idx() as usize)
-            .write_volatile(block.max);
-        partials
-            .add(2 * block_idx() as usize + 1)
-            .write_volatile(block.sum());
+        mine.write_volatile(first);
+        if S::FLOATS > 1 {
+            mine.add(1).write_volatile(second);
+        }
     }
 }
 
@@ -94,27 +93,31 @@ pub unsafe fn publish_block_stats(block: OnlineStats, partials: *mut f32) {
 ///
 /// # Safety
 /// Called by every thread of the block from uniform control flow, after every block of the
-/// row published (a barrier, or an earlier kernel); `scratch` as for [`block_stats`].
+/// row published (a barrier, or an earlier kernel); `scratch` as for [`block_reduce`].
 #[inline(always)]
-pub unsafe fn merge_row_stats(
+pub unsafe fn merge_row_stats<S: Partial>(
     scratch: *mut f32,
     partials: *const f32,
     row: usize,
     slices: usize,
-) -> OnlineStats {
-    let mut merged = OnlineStats::EMPTY;
+) -> S {
+    let mut merged = S::EMPTY;
     for other in (thread_idx() as usize..slices).step_by(block_dim() as usize) {
         let index = 2 * (row * slices + other);
         // SAFETY: published before; volatile reads bypass the multiprocessor's L1, which
         // another row's reads may have filled.
         let theirs = unsafe {
-            OnlineStats::new(
+            [
                 partials.add(index).read_volatile(),
-                partials.add(index + 1).read_volatile(),
-            )
+                if S::FLOATS > 1 {
+                    partials.add(index + 1).read_volatile()
+                } else {
+                    0.0
+                },
+            ]
         };
-        merged = merged.merge::<DeviceExp2>(theirs);
+        merged = merged.merge(S::from_floats(theirs));
     }
     // SAFETY: uniform control flow; forwarded scratch.
-    unsafe { block_stats(merged, scratch) }
+    unsafe { block_reduce(merged, scratch) }
 }

@@ -9,7 +9,7 @@ use crate::device::{DeviceExp2, block_dim, block_idx, dynamic_shared_f32, thread
 use crate::launch::{LOADS_IN_FLIGHT, REDUCTION_SCRATCH_FLOATS};
 use crate::memory::{load_pack, store_pack};
 use crate::online::OnlineStats;
-use crate::reduce::block_stats;
+use crate::reduce::block_reduce;
 use crate::row_exchange::exchange_row_stats;
 use crate::row_slice::RowSlice;
 
@@ -40,7 +40,7 @@ unsafe fn softmax_row_slices<const PACK: usize>(
     // SAFETY: forwarded from this kernel's contract.
     let share = unsafe { Share::<PACK>::of_block(input, output, cols, slices, slice_packs) };
     // SAFETY: as above; uniform control flow.
-    let mut row_stats = unsafe { block_stats(share.stats(cache), shared) };
+    let mut row_stats = unsafe { block_reduce(share.stats(cache), shared) };
     if share.slices > 1 {
         // SAFETY: forwarded from this kernel's contract for sliced launches.
         row_stats = unsafe {

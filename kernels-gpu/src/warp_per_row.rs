@@ -4,7 +4,7 @@
 use crate::device::{DeviceExp2, block_dim, block_idx, thread_idx};
 use crate::launch::WARP_SIZE;
 use crate::online::OnlineStats;
-use crate::reduce::warp_stats;
+use crate::reduce::group_reduce;
 
 /// # Safety
 /// `input` and `output` each point to `rows · cols` floats (distinct buffers); `cols > 0`.
@@ -31,7 +31,7 @@ pub unsafe extern "ptx-kernel" fn softmax_warp_per_row_online(
         // SAFETY: col < cols.
         stats.push::<DeviceExp2>(unsafe { x.add(col).read() });
     }
-    let row_stats = warp_stats(stats);
+    let row_stats = group_reduce::<_, WARP_SIZE>(stats);
     let inv_sum = 1.0 / row_stats.sum();
     for col in (lane..cols as usize).step_by(WARP_SIZE as usize) {
         // SAFETY: col < cols.

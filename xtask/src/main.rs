@@ -1,7 +1,7 @@
 //! `cargo xtask <command>`: project chores that need no GPU and no CUDA.
 //!
-//! - `build-ptx`: build the kernels to PTX, copy it to `target/kernels.ptx`, list its entries
-//!   and, where `ptxas` is installed, its registers, shared memory and spills per kernel.
+//! - `build-ptx`: build every PTX module into `target/ptx-modules/`, list its entries and,
+//!   where `ptxas` is installed, its registers, shared memory and spills per kernel.
 //! - `fetch-driver`: unpack Debian's `libcuda1` under `target/cuda-driver` so machines without
 //!   CUDA can link cust (it reports "no device" at run time).
 //! - `test [ARGS]`: fetch the driver library if linking needs it, then `cargo test --workspace`.
@@ -62,22 +62,30 @@ fn run(command: &mut Command) -> Result<()> {
 
 fn build_ptx() -> Result<()> {
     let workspace = workspace();
-    let built = ptx_build::build_kernels_ptx(&cargo(), &workspace)?;
-    let stable = workspace.join("target").join("kernels.ptx");
-    fs::copy(&built, &stable).map_err(|e| format!("copying {}: {e}", built.display()))?;
-    let ptx = fs::read_to_string(&stable).map_err(|e| e.to_string())?;
-    println!("PTX ({}): {}", ptx_build::GPU_ARCH, stable.display());
-    let entries = entry_names(&ptx);
-    println!("{} kernel entries:", entries.len());
-    for entry in &entries {
-        let local = if local_memory_in(&ptx, entry) {
-            "  LOCAL MEMORY"
-        } else {
-            ""
-        };
-        println!("  {entry}{local}");
+    let modules = ptx_modules_dir(&workspace);
+    ptx_build::build_all_ptx(&cargo(), &workspace, &modules)?;
+    for module in ptx_build::PTX_MODULES {
+        let path = modules.join(format!("{module}.ptx"));
+        let ptx = fs::read_to_string(&path).map_err(|e| e.to_string())?;
+        println!("PTX module `{module}` ({}): {}", ptx_build::GPU_ARCH, path.display());
+        let entries = entry_names(&ptx);
+        println!("{} kernel entries:", entries.len());
+        for entry in &entries {
+            let local = if local_memory_in(&ptx, entry) {
+                "  LOCAL MEMORY"
+            } else {
+                ""
+            };
+            println!("  {entry}{local}");
+        }
+        print_ptxas_report(&path)?;
     }
-    print_ptxas_report(&stable)
+    Ok(())
+}
+
+/// Where `build-ptx` and `device-bundle` leave one `<module>.ptx` per PTX module.
+fn ptx_modules_dir(workspace: &Path) -> PathBuf {
+    workspace.join("target").join("ptx-modules")
 }
 
 /// Names of the `.entry` functions, in file order.
@@ -323,12 +331,7 @@ fn device_bundle() -> Result<()> {
             names.join(" ")
         );
     }
-    fs::copy(
-        ptx_build::ptx_target_dir(&workspace).join("nvptx64-nvidia-cuda/release/kernels_gpu.ptx"),
-        bundle.join("kernels.ptx"),
-    )
-    .map_err(|e| e.to_string())?;
-    Ok(())
+    ptx_build::build_all_ptx(&cargo(), &workspace, &bundle.join("ptx"))
 }
 
 /// The value of a string field in one line of cargo's JSON messages (enough for

@@ -9,13 +9,29 @@ pub const GPU_ARCH: &str = "sm_90";
 
 /// Where the nested build puts its artifacts, apart from the host build's own target dir so
 /// the two never wait on each other's lock.
-pub fn ptx_target_dir(workspace: &Path) -> PathBuf {
+fn ptx_target_dir(workspace: &Path) -> PathBuf {
     workspace.join("target").join("ptx")
 }
 
-/// Runs `cargo rustc -p kernels-gpu` for `nvptx64-nvidia-cuda` with `cargo` and returns the
-/// path of the PTX it wrote.
-pub fn build_kernels_ptx(cargo: &Path, workspace: &Path) -> Result<PathBuf, String> {
+/// The PTX modules: each is `kernels-gpu` built with the feature of that name. `softmax` holds
+/// the f32 softmax variants, `ops-<type>` the operation kernels for one input type; the host
+/// loads a module the first time it needs one of its kernels.
+pub const PTX_MODULES: [&str; 4] = ["softmax", "ops-f32", "ops-bf16", "ops-f16"];
+
+/// Builds every module of [`PTX_MODULES`] into `dest_dir/<module>.ptx`.
+pub fn build_all_ptx(cargo: &Path, workspace: &Path, dest_dir: &Path) -> Result<(), String> {
+    std::fs::create_dir_all(dest_dir).map_err(|e| format!("creating {}: {e}", dest_dir.display()))?;
+    for module in PTX_MODULES {
+        let built = build_kernels_ptx(cargo, workspace, module)?;
+        let dest = dest_dir.join(format!("{module}.ptx"));
+        std::fs::copy(&built, &dest).map_err(|e| format!("copying {}: {e}", built.display()))?;
+    }
+    Ok(())
+}
+
+/// Runs `cargo rustc -p kernels-gpu --features <feature>` for `nvptx64-nvidia-cuda` with
+/// `cargo` and returns the path of the PTX it wrote (overwritten by the next build).
+fn build_kernels_ptx(cargo: &Path, workspace: &Path, feature: &str) -> Result<PathBuf, String> {
     let target_dir = ptx_target_dir(workspace);
     // Unrolling must be allowed to finish the constant-trip loops of the widest register
     // kernels, or their row arrays go to local memory.
@@ -33,6 +49,8 @@ pub fn build_kernels_ptx(cargo: &Path, workspace: &Path) -> Result<PathBuf, Stri
             "--release",
             "--crate-type",
             "cdylib",
+            "--features",
+            feature,
         ])
         .args([
             "--target",
@@ -53,7 +71,7 @@ pub fn build_kernels_ptx(cargo: &Path, workspace: &Path) -> Result<PathBuf, Stri
         .map_err(|e| format!("could not run {}: {e}", cargo.display()))?;
     if !status.success() {
         return Err(format!(
-            "building kernels-gpu for nvptx64 failed ({status})"
+            "building kernels-gpu ({feature}) for nvptx64 failed ({status})"
         ));
     }
     Ok(target_dir

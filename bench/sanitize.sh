@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# compute-sanitizer over the GPU tests, on a GPU machine, from the repository root, using the
+# bundle `cargo xtask device-bundle` built into .gpu/ (no Rust toolchain needed there):
+#
+#   bash bench/sanitize.sh [EXTRA_FILTER ...]
+#
+# Runs each tool (memcheck, racecheck, initcheck, synccheck) over the gpu test binary once per
+# test filter: `every_variant`, `special`, `misaligned`, `llm`, then any filters given as
+# arguments (a filter selects the tests whose name contains it, so later tests can be added
+# without editing this file). `every_variant` is the foundation shape list: every variant on
+# cols {1, 2, 31, 32, 33, 127, 1000, 4097, 16384, 65537} x rows {1, 3, 1000}.
+#
+# Writes the full log to $OUT/sanitizer.txt and one line per (tool, filter) to
+# $OUT/sanitizer-summary.txt (OUT defaults to ./device-out): the tool's error count (its
+# ERROR SUMMARY; racecheck's RACECHECK SUMMARY), the harness's `test result:` line and the exit
+# code. Exits non-zero if any tool reported an error, a test failed, a filter matched no test,
+# or a run timed out.
+#
+# Every run has a timeout. racecheck and initcheck are much slower than the uninstrumented
+# run (racecheck most), so racecheck gets its own, longer one. Environment:
+#   SANITIZE_TOOLS              tools to run (default "memcheck racecheck initcheck synccheck";
+#                               a subset splits the work over several shorter calls)
+#   SANITIZE_TIMEOUT            seconds per run for memcheck, initcheck, synccheck (default 600)
+#   SANITIZE_RACECHECK_TIMEOUT  seconds per racecheck run (default 1800)
+#   SOFTMAX_TEST_SEED           passed through to the tests (replays their random inputs)
+set -uo pipefail
+out=${OUT:-device-out}
+mkdir -p "$out"
+export PATH=$PATH:/usr/local/cuda/bin
+log="$out/sanitizer.txt"
+summary="$out/sanitizer-summary.txt"
+
+read -ra tools <<< "${SANITIZE_TOOLS:-memcheck racecheck initcheck synccheck}"
+filters=(every_variant special misaligned llm "$@")
+timeout_default=${SANITIZE_TIMEOUT:-600}
+timeout_racecheck=${SANITIZE_RACECHECK_TIMEOUT:-1800}
+
+# The `gpu` test binary (`gpu-<hash>`; gpu_stress and gpu_fault are named with an underscore).
+gpu_tests=""
+for candidate in .gpu/tests/gpu-*; do
+    [ -x "$candidate" ] && gpu_tests=$candidate && break
+done
+if [ -z "$gpu_tests" ]; then
+    echo "sanitize: no .gpu/tests/gpu-* test binary (run \`cargo xtask device-bundle\` and bring .gpu/ along)" >&2
+    exit 2
+fi
+if ! command -v compute-sanitizer > /dev/null; then
+    echo "sanitize: compute-sanitizer is not on PATH (nor in /usr/local/cuda/bin)" >&2
+    exit 2
+fi
+
+{
+    echo "# compute-sanitizer over $gpu_tests, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    compute-sanitizer --version 2>&1 | grep -i version | head -n1 | sed 's/^/# /'
+} | tee "$summary" > "$log"
+
+# One number out of a run's log: the error count of the tool's summary.
+error_count() {
+    local tool=$1 file=$2
+    local count=""
+    if [ "$tool" = racecheck ]; then
+        # ========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)
+        count=$(grep -oE 'RACECHECK SUMMARY: .*\(([0-9]+) errors?' "$file" | tail -n1 |
+            grep -oE '\([0-9]+' | tr -d '(')
+    fi
+    if [ -z "$count" ]; then
+        # ========= ERROR SUMMARY: 0 errors
+        count=$(grep -oE 'ERROR SUMMARY: [0-9]+ errors?' "$file" | tail -n1 | grep -oE '[0-9]+')
+    fi
+    echo "$count"
+}
+
+failures=0
+run_log=$(mktemp)
+trap 'rm -f "$run_log"' EXIT
+for tool in "${tools[@]}"; do
+    limit=$timeout_default
+    [ "$tool" = racecheck ] && limit=$timeout_racecheck
+    for filter in "${filters[@]}"; do
+        started=$(date +%s)
+        # --error-exitcode makes errors found visible in the exit code too; the timeout's kill
+        # follows its TERM after 30 s if the sanitizer does not stop.
+        timeout -k 30 "$limit" compute-sanitizer --tool "$tool" --error-exitcode 86 \
+            "$gpu_tests" "$filter" > "$run_log" 2>&1
+        code=$?
+        seconds=$(($(date +%s) - started))
+        {
+            echo
+            echo "##### $tool / $filter (limit ${limit} s): exit $code after ${seconds} s"
+            cat "$run_log"
+        } >> "$log"
+        errors=$(error_count "$tool" "$run_log")
+        result=$(grep -m1 '^test result:' "$run_log")
+        warnings=""
+        if [ "$tool" = racecheck ]; then
+            w=$(grep -oE 'RACECHECK SUMMARY: .*, ([0-9]+) warnings?' "$run_log" | tail -n1 |
+                grep -oE '[0-9]+ warnings?' | grep -oE '[0-9]+')
+            [ -n "$w" ] && warnings=" ($w warnings)"
+        fi
+        if [ "$code" -eq 124 ] || [ "$code" -eq 137 ]; then
+            verdict="TIMEOUT after ${limit} s"
+        elif [ -z "$errors" ]; then
+            verdict="FAILED: no sanitizer summary"
+        elif [ "$errors" -ne 0 ]; then
+            verdict="ERRORS"
+        elif [ -z "$result" ]; then
+            verdict="FAILED: no test result line"
+        elif grep -q 'skipped (no GPU)' <<< "$result"; then
+            verdict="FAILED: the tests saw no GPU"
+        elif ! grep -qE '^test result: [0-9]+ passed, 0 failed' <<< "$result"; then
+            verdict="FAILED: a test failed"
+        elif grep -qE '^test result: 0 passed' <<< "$result"; then
+            verdict="FAILED: no test matched the filter"
+        elif [ "$code" -ne 0 ]; then
+            verdict="FAILED: exit $code"
+        else
+            verdict="ok"
+        fi
+        [ "$verdict" = ok ] || failures=$((failures + 1))
+        printf '%-9s %-14s errors %-15s exit %-3s %4s s  %-38s %s\n' \
+            "$tool" "$filter" "${errors:-?}$warnings" "$code" "$seconds" \
+            "${result:-(no test result line)}" "$verdict" | tee -a "$summary"
+    done
+done
+
+runs=$((${#tools[@]} * ${#filters[@]}))
+if [ "$failures" -eq 0 ]; then
+    echo "sanitize: all $runs runs clean" | tee -a "$summary"
+else
+    echo "sanitize: $failures of $runs runs not clean (full log: $log)" | tee -a "$summary"
+    exit 1
+fi

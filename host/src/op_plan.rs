@@ -1,0 +1,210 @@
+//! Which operation kernel runs a shape, with what grid and slicing. Pure, like [`crate::plan`]:
+//! the CPU tests check it against a model of the H200.
+
+use kernels_gpu::launch::REDUCTION_SCRATCH_FLOATS;
+use kernels_gpu::row_ops::{
+    DType, Direction, OP_BLOCK_SCALAR, OP_BLOCK_VECTOR, OP_ROWS_BLOCK, OP_ROWS_SCALAR,
+    OP_ROWS_VECTOR, OpKernelName, OpKernelShape,
+};
+
+use crate::plan::DeviceLimits;
+
+/// One operation launch over whole rows (or over a column chunk of them, see [`chunks`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct OpLaunch {
+    pub kernel: OpKernelName,
+    pub grid: u32,
+    pub block: u32,
+    pub shared_bytes: u32,
+    /// Blocks per row (> 1: a cooperative launch).
+    pub slices: u32,
+    pub slice_packs: u32,
+}
+
+/// The launch for rows of `cols` columns, or `None` when no instance holds such a row (the
+/// caller then cuts the columns into [`chunks`]). `vector`: every row of every buffer starts
+/// aligned for 16-byte packs and `cols` is a multiple of the pack.
+pub(crate) fn plan_op(
+    direction: Direction,
+    input: DType,
+    rows: u32,
+    cols: u32,
+    vector: bool,
+    device: &dyn DeviceLimits,
+) -> Option<OpLaunch> {
+    let pack = if vector { input.vector_pack() } else { 1 };
+    let instances = |shape_of: fn(u32) -> OpKernelShape, table: &'static [(u32, u32)]| {
+        table.iter().map(move |&(width, packs)| OpKernelName {
+            direction,
+            input,
+            pack,
+            shape: shape_of(width),
+            packs,
+        })
+    };
+    let (rows_table, block_table) = if vector {
+        (OP_ROWS_VECTOR, OP_BLOCK_VECTOR)
+    } else {
+        (OP_ROWS_SCALAR, OP_BLOCK_SCALAR)
+    };
+
+    // Narrow rows: a group of lanes per row, as few lanes as the width allows.
+    let lanes = cols.div_ceil(pack).next_power_of_two().min(32);
+    let group = instances(|lanes| OpKernelShape::Rows { lanes }, rows_table)
+        .filter(|k| k.threads_per_row() == lanes && k.capacity() >= cols)
+        .min_by_key(|k| k.packs);
+    if let Some(kernel) = group {
+        return Some(OpLaunch {
+            kernel,
+            grid: rows.div_ceil(OP_ROWS_BLOCK / lanes),
+            block: OP_ROWS_BLOCK,
+            shared_bytes: 0,
+            slices: 1,
+            slice_packs: cols.div_ceil(pack),
+        });
+    }
+
+    let scratch = REDUCTION_SCRATCH_FLOATS * 4;
+    let resident = |k: &OpKernelName| {
+        device.blocks_per_sm(&k.to_string(), k.threads_per_row(), scratch)
+    };
+    let blocks: Vec<(OpKernelName, u32)> =
+        instances(|threads| OpKernelShape::Block { threads }, block_table)
+            .map(|k| (k, resident(&k)))
+            .filter(|&(_, resident)| resident > 0)
+            .collect();
+    let row_packs = cols / pack;
+    let launch = |kernel: OpKernelName, slices: u32| OpLaunch {
+        kernel,
+        grid: rows * slices,
+        block: kernel.threads_per_row(),
+        shared_bytes: scratch,
+        slices,
+        slice_packs: row_packs.div_ceil(slices),
+    };
+    // Whole rows: most rows resident per multiprocessor, then the smallest instance.
+    let whole = blocks
+        .iter()
+        .filter(|(k, _)| k.capacity() >= cols)
+        .max_by_key(|&&(k, resident)| (resident, std::cmp::Reverse(k.capacity())))
+        .copied();
+    let fills_gpu = whole.is_some_and(|(_, r)| rows >= device.multiprocessors() * r);
+    if fills_gpu || !device.cooperative_launch() {
+        return whole.map(|(k, _)| launch(k, 1));
+    }
+    // Few rows: slices of the row in as many blocks as can be resident at once, with the
+    // fewest packs per thread (the most memory parallelism), at most one slice per thread
+    // (the statistics exchange reads one each).
+    let mut by_packs = blocks.clone();
+    by_packs.sort_by_key(|&(k, _)| (k.packs, k.threads_per_row()));
+    let sliced = by_packs.into_iter().find_map(|(k, resident)| {
+        let slices = row_packs.div_ceil(k.threads_per_row() * k.packs);
+        let fits = slices > 1
+            && slices <= k.threads_per_row()
+            && u64::from(rows) * u64::from(slices)
+                <= u64::from(device.multiprocessors() * resident);
+        fits.then(|| launch(k, slices))
+    });
+    sliced.or(whole.map(|(k, _)| launch(k, 1)))
+}
+
+/// Column chunks for rows too wide for [`plan_op`]: `(first column, width)` pairs, each width
+/// one that plans (the widest whole-row block instance, rounded to the pack), the last one
+/// taking the rest.
+pub(crate) fn chunks(
+    direction: Direction,
+    input: DType,
+    rows: u32,
+    cols: u32,
+    vector: bool,
+    device: &dyn DeviceLimits,
+) -> Vec<(u32, u32)> {
+    let pack = if vector { input.vector_pack() } else { 1 };
+    let mut width = cols.div_ceil(2).next_multiple_of(pack);
+    while width > pack && plan_op(direction, input, rows, width, vector, device).is_none() {
+        width = (width / 2).next_multiple_of(pack);
+    }
+    (0..cols)
+        .step_by(width as usize)
+        .map(|first| (first, width.min(cols - first)))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::tests::FakeH200;
+
+    fn planned(direction: Direction, input: DType, rows: u32, cols: u32) -> Option<OpLaunch> {
+        plan_op(direction, input, rows, cols, true, &FakeH200)
+    }
+
+    #[test]
+    fn every_planned_instance_holds_its_row_and_stays_resident() {
+        for input in DType::ALL {
+            for direction in [Direction::Forward, Direction::Backward] {
+                for (rows, cols) in [
+                    (4096, 32),
+                    (1000, 1000),
+                    (65536, 100),
+                    (256, 16384),
+                    (8, 128256),
+                    (32, 151936),
+                    (1, 1_048_576),
+                    (3, 100_000),
+                ] {
+                    for vector in [true, false] {
+                        let pack = if vector { input.vector_pack() } else { 1 };
+                        if cols % pack != 0 {
+                            continue;
+                        }
+                        let Some(launch) =
+                            plan_op(direction, input, rows, cols, vector, &FakeH200)
+                        else {
+                            // Too wide for one launch: the chunks must each plan.
+                            for (_, width) in chunks(direction, input, rows, cols, vector, &FakeH200) {
+                                assert!(plan_op(direction, input, rows, width, vector, &FakeH200).is_some());
+                            }
+                            continue;
+                        };
+                        let k = launch.kernel;
+                        assert_eq!(k.pack, pack);
+                        assert!(
+                            launch.slices * launch.slice_packs * pack >= cols,
+                            "{rows}x{cols} {k}: slices do not cover the row"
+                        );
+                        assert!(k.threads_per_row() * k.packs >= launch.slice_packs);
+                        if launch.slices > 1 {
+                            let resident = 132
+                                * FakeH200.blocks_per_sm(&k.to_string(), launch.block, launch.shared_bytes);
+                            assert!(launch.grid <= resident, "{rows}x{cols}: not all resident");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn narrow_rows_share_warps_and_wide_few_rows_are_sliced() {
+        let narrow = planned(Direction::Forward, DType::Bf16, 4096, 32).unwrap();
+        assert_eq!(narrow.kernel.shape, OpKernelShape::Rows { lanes: 4 });
+        let llm = planned(Direction::Forward, DType::F32, 8, 128256).unwrap();
+        assert!(llm.slices > 1, "{llm:?}");
+        let backward = planned(Direction::Backward, DType::F32, 1, 1 << 20).unwrap();
+        assert!(backward.slices > 1);
+    }
+
+    #[test]
+    fn chunks_cover_the_row_exactly() {
+        let parts = chunks(Direction::Forward, DType::F32, 100_000, 1_000_000, true, &FakeH200);
+        assert!(parts.len() > 1);
+        let mut next = 0;
+        for (first, width) in parts {
+            assert_eq!(first, next);
+            assert_eq!(first % 4, 0);
+            next = first + width;
+        }
+        assert_eq!(next, 1_000_000);
+    }
+}

@@ -1,0 +1,532 @@
+//! The operation API of [`Softmax`]: forward (softmax, log-softmax, log-sum-exp) with scales,
+//! masks and strides, backward, and the partial-state API, for f32, bf16 and f16 data.
+//!
+//! Each public method checks every buffer against the shape, then fills one
+//! [`RowOpParams`] and enqueues it on the planned kernel. Rows too wide for any single launch
+//! are cut into column chunks: a pass storing each chunk's [`RowState`], then a pass that
+//! merges them and writes.
+
+use std::ffi::c_void;
+
+use cust::context::CurrentContext;
+use cust::memory::{DeviceBuffer, DeviceSlice};
+use kernels_gpu::row_ops::{DType, Direction, RowOpParams, RowState, mode};
+
+use super::Softmax;
+use crate::error::{CudaContext, Error, Result};
+use crate::kernels::Kernels;
+use crate::op_plan::{OpLaunch, chunks, plan_op};
+use crate::ops::{Element, Mask, MaskedRows, Operation, Options, Rows, RowsMut};
+use crate::plan::Launch;
+use crate::shape::Shape;
+use crate::variant::Variant;
+
+/// Device address and row stride of one buffer an operation touches, for the alignment check.
+struct Operand {
+    address: u64,
+    stride_bytes: u64,
+    element_bytes: u32,
+}
+
+impl Operand {
+    fn of<T: cust::memory::DeviceCopy>(data: &DeviceSlice<T>, stride: usize) -> Self {
+        Operand {
+            address: data.as_device_ptr().as_raw(),
+            stride_bytes: (stride * size_of::<T>()) as u64,
+            element_bytes: size_of::<T>() as u32,
+        }
+    }
+}
+
+/// Whether 16-byte packs of `input` can be used: `cols` a multiple of the pack and every row
+/// of every operand aligned for its share of a pack.
+fn vector_layout(input: DType, cols: usize, operands: &[Operand]) -> bool {
+    let pack = input.vector_pack();
+    cols.is_multiple_of(pack as usize)
+        && operands.iter().all(|o| {
+            let align = u64::from((pack * o.element_bytes).min(16));
+            o.address.is_multiple_of(align) && o.stride_bytes.is_multiple_of(align)
+        })
+}
+
+fn check_shapes(input: Shape, output: Shape, what: &'static str) -> Result<()> {
+    if input != output {
+        return Err(Error::ShapeMismatch {
+            what,
+            expected: input,
+            actual: output,
+        });
+    }
+    Ok(())
+}
+
+fn check_per_row(len: usize, rows: usize, what: &'static str) -> Result<()> {
+    if len != rows {
+        return Err(Error::PerRowLength {
+            what,
+            len,
+            rows,
+            expected: rows,
+        });
+    }
+    Ok(())
+}
+
+/// One checked operation, ready to enqueue.
+struct Call {
+    direction: Direction,
+    input: DType,
+    shape: Shape,
+    vector: bool,
+    params: RowOpParams,
+}
+
+impl Softmax {
+    /// Enqueues softmax or log-softmax of each row of `input · scale + mask` into `output`.
+    ///
+    /// Input and output element types are independent (bf16 in, f32 out included); both may
+    /// be strided. Every buffer is checked before anything is launched; empty shapes launch
+    /// nothing. f32 softmax without options on contiguous rows runs [`Variant::Auto`].
+    pub fn forward<I: Element, O: Element>(
+        &mut self,
+        op: Operation,
+        input: Rows<'_, I>,
+        output: RowsMut<'_, O>,
+        options: &Options<'_>,
+    ) -> Result<()> {
+        check_shapes(input.shape, output.shape, "output")?;
+        options.check(input.shape)?;
+        if input.shape.is_empty() {
+            return Ok(());
+        }
+        let contiguous = input.stride == input.shape.cols && output.stride == output.shape.cols;
+        let plain = options.row_scale.is_none()
+            && options.mask.is_none()
+            && !options.causal
+            && options.scale == 1.0;
+        if I::DTYPE == DType::F32 && O::DTYPE == DType::F32 && op == Operation::Softmax {
+            if contiguous && plain {
+                return self.run_addresses(
+                    Variant::Auto,
+                    input.data.as_device_ptr().as_raw(),
+                    output.data.as_device_ptr().as_raw(),
+                    input.shape,
+                );
+            }
+        }
+        let (x, y) = (
+            Operand::of(input.data, input.stride),
+            Operand::of(output.data, output.stride),
+        );
+        let mut call = self.call::<I>(Direction::Forward, input.shape, options, [x, y]);
+        call.params.op = op.code();
+        call.params.input = input.data.as_device_ptr().as_raw();
+        call.params.input_stride = input.stride as u64;
+        call.params.output = output.data.as_device_ptr().as_raw();
+        call.params.output_stride = output.stride as u64;
+        call.params.output_dtype = O::DTYPE as u32;
+        self.enqueue_call(call)
+    }
+
+    /// [`Softmax::forward`] with the output written over the input.
+    pub fn forward_in_place<T: Element>(
+        &mut self,
+        op: Operation,
+        data: RowsMut<'_, T>,
+        options: &Options<'_>,
+    ) -> Result<()> {
+        options.check(data.shape)?;
+        if data.shape.is_empty() {
+            return Ok(());
+        }
+        let address = data.data.as_device_ptr().as_raw();
+        let operand = || Operand::of(data.data, data.stride);
+        let mut call = self.call::<T>(Direction::Forward, data.shape, options, [operand(), operand()]);
+        call.params.op = op.code();
+        call.params.input = address;
+        call.params.input_stride = data.stride as u64;
+        call.params.output = address;
+        call.params.output_stride = data.stride as u64;
+        call.params.output_dtype = T::DTYPE as u32;
+        self.enqueue_call(call)
+    }
+
+    /// Enqueues the log-sum-exp of each row of `input · scale + mask` into `lse` (one f32
+    /// per row; `-inf` for a row masked everywhere).
+    pub fn log_sum_exp<I: Element>(
+        &mut self,
+        input: Rows<'_, I>,
+        lse: &mut DeviceSlice<f32>,
+        options: &Options<'_>,
+    ) -> Result<()> {
+        options.check(input.shape)?;
+        check_per_row(lse.len(), input.shape.rows, "log-sum-exp output")?;
+        if input.shape.is_empty() {
+            return Ok(());
+        }
+        let x = Operand::of(input.data, input.stride);
+        let mut call = self.call::<I>(Direction::Forward, input.shape, options, [x]);
+        call.params.input = input.data.as_device_ptr().as_raw();
+        call.params.input_stride = input.stride as u64;
+        call.params.log_sum_exp = lse.as_device_ptr().as_raw();
+        self.enqueue_call(call)
+    }
+
+    /// Enqueues the gradient of softmax (`dx = y ⊙ (dy − Σ dy⊙y)`) or log-softmax
+    /// (`dx = dy − e^y ⊙ Σ dy`) from the forward output `y` and the incoming gradient `dy`,
+    /// times the options' scales. Masks and causality are forward options: masked elements
+    /// already have `y = 0` (`-inf` for log-softmax), so they are refused here.
+    pub fn backward<T: Element, O: Element>(
+        &mut self,
+        op: Operation,
+        y: Rows<'_, T>,
+        dy: Rows<'_, T>,
+        dx: RowsMut<'_, O>,
+        options: &Options<'_>,
+    ) -> Result<()> {
+        check_shapes(y.shape, dy.shape, "gradient")?;
+        check_shapes(y.shape, dx.shape, "gradient output")?;
+        let dx_address = dx.data.as_device_ptr().as_raw();
+        let dx_operand = Operand::of(dx.data, dx.stride);
+        self.backward_call::<T>(op, &y, &dy, dx_operand, dx_address, dx.stride, O::DTYPE, options)
+    }
+
+    /// [`Softmax::backward`] with `dx` written over `dy`.
+    pub fn backward_in_place<T: Element>(
+        &mut self,
+        op: Operation,
+        y: Rows<'_, T>,
+        dy: RowsMut<'_, T>,
+        options: &Options<'_>,
+    ) -> Result<()> {
+        check_shapes(y.shape, dy.shape, "gradient")?;
+        let address = dy.data.as_device_ptr().as_raw();
+        let gradient = Rows {
+            data: &*dy.data,
+            shape: dy.shape,
+            stride: dy.stride,
+        };
+        let operand = Operand::of(dy.data, dy.stride);
+        self.backward_call::<T>(op, &y, &gradient, operand, address, dy.stride, T::DTYPE, options)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn backward_call<T: Element>(
+        &mut self,
+        op: Operation,
+        y: &Rows<'_, T>,
+        dy: &Rows<'_, T>,
+        dx: Operand,
+        dx_address: u64,
+        dx_stride: usize,
+        dx_dtype: DType,
+        options: &Options<'_>,
+    ) -> Result<()> {
+        options.check(y.shape)?;
+        if options.mask.is_some() || options.causal {
+            return Err(Error::Unsupported {
+                variant: "backward".into(),
+                rows: y.shape.rows,
+                cols: y.shape.cols,
+                why: "masks and causal masking are forward options (masked elements already have y = 0)".into(),
+            });
+        }
+        if y.shape.is_empty() {
+            return Ok(());
+        }
+        let operands = [
+            Operand::of(y.data, y.stride),
+            Operand::of(dy.data, dy.stride),
+            dx,
+        ];
+        let mut call = self.call::<T>(Direction::Backward, y.shape, options, operands);
+        call.params.op = op.code();
+        call.params.input = y.data.as_device_ptr().as_raw();
+        call.params.input_stride = y.stride as u64;
+        call.params.grad = dy.data.as_device_ptr().as_raw();
+        call.params.grad_stride = dy.stride as u64;
+        call.params.output = dx_address;
+        call.params.output_stride = dx_stride as u64;
+        call.params.output_dtype = dx_dtype as u32;
+        self.enqueue_call(call)
+    }
+
+    /// Enqueues the [`RowState`] (maximum and `Σ e^(x − max)` of `x · scale + mask`) of each
+    /// row of `input` into `states`, one per row: the statistics of one slice of columns
+    /// (split vocabularies, tensor parallelism). Merge the slices' states with
+    /// [`crate::merge_row_states`] (host) or by passing them all to
+    /// [`Softmax::normalize_with_states`].
+    pub fn row_states<I: Element>(
+        &mut self,
+        input: Rows<'_, I>,
+        states: &mut DeviceSlice<RowState>,
+        options: &Options<'_>,
+    ) -> Result<()> {
+        options.check(input.shape)?;
+        check_per_row(states.len(), input.shape.rows, "row states")?;
+        if input.shape.is_empty() {
+            return Ok(());
+        }
+        let x = Operand::of(input.data, input.stride);
+        let mut call = self.call::<I>(Direction::Forward, input.shape, options, [x]);
+        call.params.input = input.data.as_device_ptr().as_raw();
+        call.params.input_stride = input.stride as u64;
+        call.params.mode = mode::STATES;
+        call.params.states = states.as_device_ptr().as_raw();
+        let rows = input.shape.rows as u32;
+        let cols = input.shape.cols as u32;
+        if self.op_plan(Direction::Forward, I::DTYPE, rows, cols, call.vector)?.is_none() {
+            return Err(Error::Unsupported {
+                variant: "row_states".into(),
+                rows: input.shape.rows,
+                cols: input.shape.cols,
+                why: "the slice is wider than one launch holds: split it into narrower slices and merge their states".into(),
+            });
+        }
+        self.enqueue_call(call)
+    }
+
+    /// Enqueues softmax or log-softmax of `input`'s rows normalized with stored states:
+    /// `states` holds `k` states per row (row-major, `k ≥ 1`), which are merged first. With
+    /// the states of every slice of a row, this normalizes one slice as if the whole row had
+    /// been seen. The options must be those the states were computed with.
+    pub fn normalize_with_states<I: Element, O: Element>(
+        &mut self,
+        op: Operation,
+        input: Rows<'_, I>,
+        states: &DeviceSlice<RowState>,
+        output: RowsMut<'_, O>,
+        options: &Options<'_>,
+    ) -> Result<()> {
+        check_shapes(input.shape, output.shape, "output")?;
+        options.check(input.shape)?;
+        let rows = input.shape.rows;
+        if rows > 0 && (states.is_empty() || !states.len().is_multiple_of(rows)) {
+            return Err(Error::PerRowLength {
+                what: "row states",
+                len: states.len(),
+                rows,
+                expected: rows,
+            });
+        }
+        if input.shape.is_empty() {
+            return Ok(());
+        }
+        let (x, y) = (
+            Operand::of(input.data, input.stride),
+            Operand::of(output.data, output.stride),
+        );
+        let mut call = self.call::<I>(Direction::Forward, input.shape, options, [x, y]);
+        call.params.op = op.code();
+        call.params.input = input.data.as_device_ptr().as_raw();
+        call.params.input_stride = input.stride as u64;
+        call.params.output = output.data.as_device_ptr().as_raw();
+        call.params.output_stride = output.stride as u64;
+        call.params.output_dtype = O::DTYPE as u32;
+        call.params.mode = mode::APPLY_STATES;
+        call.params.states = states.as_device_ptr().as_raw();
+        call.params.state_slots = (states.len() / rows) as u32;
+        self.enqueue_call(call)
+    }
+
+    /// The parameters every operation shares: shape, options, and whether 16-byte packs fit
+    /// all of `operands` (plus the mask).
+    fn call<I: Element>(
+        &self,
+        direction: Direction,
+        shape: Shape,
+        options: &Options<'_>,
+        operands: impl IntoIterator<Item = Operand>,
+    ) -> Call {
+        let mut params = RowOpParams {
+            rows: shape.rows as u32,
+            cols: shape.cols as u32,
+            scale: options.scale,
+            row_scale: options.row_scale.map_or(0, |s| s.as_device_ptr().as_raw()),
+            mask_stride: shape.cols as u64,
+            causal_period: if options.causal { shape.cols as u32 } else { 0 },
+            masked_rows_zero: (options.masked_rows == MaskedRows::Zero) as u32,
+            mode: mode::FULL,
+            state_slots: 1,
+            slices: 1,
+            ..RowOpParams::default()
+        };
+        let mut operands: Vec<Operand> = operands.into_iter().collect();
+        if let Some(mask) = options.mask {
+            params.mask_rows = (mask.len() / shape.cols) as u32;
+            match mask {
+                Mask::Additive(m) => {
+                    params.additive_mask = m.as_device_ptr().as_raw();
+                    operands.push(Operand::of(m, shape.cols));
+                }
+                Mask::Allowed(m) => {
+                    params.allowed_mask = m.as_device_ptr().as_raw();
+                    operands.push(Operand::of(m, shape.cols));
+                }
+            }
+        }
+        Call {
+            direction,
+            input: I::DTYPE,
+            shape,
+            vector: vector_layout(I::DTYPE, shape.cols, &operands),
+            params,
+        }
+    }
+
+    /// The cached plan for whole rows of `cols` columns (`None`: too wide for one launch).
+    fn op_plan(
+        &mut self,
+        direction: Direction,
+        input: DType,
+        rows: u32,
+        cols: u32,
+        vector: bool,
+    ) -> Result<Option<OpLaunch>> {
+        let key = (direction, input, rows, cols, vector);
+        if let Some(plan) = self.op_plans.get(&key) {
+            return Ok(*plan);
+        }
+        self.op_kernels(input)?;
+        let limits = super::Limits {
+            info: &self.info,
+            kernels: self.op_kernels[input as usize].as_ref().expect("loaded above"),
+        };
+        let plan = plan_op(direction, input, rows, cols, vector, &limits);
+        self.op_plans.insert(key, plan);
+        Ok(plan)
+    }
+
+    /// The operation module of `input`, loaded on first use.
+    fn op_kernels(&mut self, input: DType) -> Result<&Kernels> {
+        let slot = &mut self.op_kernels[input as usize];
+        if slot.is_none() {
+            CurrentContext::set_current(&self.context).during("making the context current")?;
+            *slot = Some(Kernels::load_ops(input)?);
+        }
+        Ok(slot.as_ref().expect("loaded above"))
+    }
+
+    /// Enqueues a checked call: one launch when the row fits one, else two passes over
+    /// column chunks joined by per-chunk states in the workspace.
+    fn enqueue_call(&mut self, call: Call) -> Result<()> {
+        CurrentContext::set_current(&self.context).during("making the context current")?;
+        let (rows, cols) = (call.shape.rows as u32, call.shape.cols as u32);
+        if let Some(launch) = self.op_plan(call.direction, call.input, rows, cols, call.vector)? {
+            return self.launch_op(call.input, launch, call.params);
+        }
+        let parts = chunks(
+            call.direction,
+            call.input,
+            rows,
+            cols,
+            call.vector,
+            &super::Limits {
+                info: &self.info,
+                kernels: self.op_kernels[call.input as usize]
+                    .as_ref()
+                    .expect("planning loaded the module"),
+            },
+        );
+        let slots = parts.len();
+        let chunk = |first: u32, width: u32| {
+            let mut params = call.params;
+            let shift = |address: u64, bytes: u32| {
+                if address == 0 {
+                    0
+                } else {
+                    address + u64::from(first) * u64::from(bytes)
+                }
+            };
+            let input_bytes = call.input.bytes();
+            params.input = shift(params.input, input_bytes);
+            params.grad = shift(params.grad, input_bytes);
+            params.output = shift(params.output, output_bytes(params.output_dtype));
+            params.additive_mask = shift(params.additive_mask, 4);
+            params.allowed_mask = shift(params.allowed_mask, 1);
+            params.cols = width;
+            params.first_column = first;
+            params
+        };
+        if call.params.mode == mode::FULL {
+            self.reserve_states(call.shape.rows * slots)?;
+            let states = self.workspace.states.as_device_ptr().as_raw();
+            for (slot, &(first, width)) in parts.iter().enumerate() {
+                let mut params = chunk(first, width);
+                params.mode = mode::STATES;
+                params.states = states;
+                params.state_slot = slot as u32;
+                params.state_slots = slots as u32;
+                self.launch_chunk(&call, params)?;
+            }
+            for (slot, &(first, width)) in parts.iter().enumerate() {
+                let mut params = chunk(first, width);
+                params.mode = mode::APPLY_STATES;
+                params.states = states;
+                params.state_slots = slots as u32;
+                if slot > 0 {
+                    params.log_sum_exp = 0;
+                }
+                self.launch_chunk(&call, params)?;
+            }
+            Ok(())
+        } else {
+            // Normalizing with the caller's states needs no statistics pass.
+            for &(first, width) in &parts {
+                self.launch_chunk(&call, chunk(first, width))?;
+            }
+            Ok(())
+        }
+    }
+
+    fn launch_chunk(&mut self, call: &Call, params: RowOpParams) -> Result<()> {
+        let launch = self
+            .op_plan(call.direction, call.input, params.rows, params.cols, call.vector)?
+            .expect("chunks are planned to fit one launch");
+        self.launch_op(call.input, launch, params)
+    }
+
+    fn launch_op(&mut self, input: DType, launch: OpLaunch, mut params: RowOpParams) -> Result<()> {
+        params.slices = launch.slices;
+        params.slice_packs = launch.slice_packs;
+        if launch.slices > 1 {
+            self.reserve_partials(2 * launch.grid as usize)?;
+            params.partials = self.workspace.partials.as_device_ptr().as_raw();
+            params.barriers = self.workspace.barriers.as_device_ptr().as_raw();
+        }
+        let raw = Launch {
+            kernel: launch.kernel.to_string(),
+            grid: launch.grid,
+            block: launch.block,
+            shared_bytes: launch.shared_bytes,
+            cooperative: launch.slices > 1,
+            args: Vec::new(),
+        };
+        let mut argument: *mut c_void = (&mut params as *mut RowOpParams).cast();
+        let kernels = self.op_kernels[input as usize]
+            .as_ref()
+            .expect("planning loaded the module");
+        // SAFETY: every public operation checked each buffer named in `params` against the
+        // shape and strides (views, masks, per-row buffers); `vector_layout` allowed 16-byte
+        // packs only where every row of every operand is aligned for them; the plan chose an
+        // instance that holds the row (or slice) and, for sliced launches, keeps every block
+        // resident, with the workspace sized for its partials and barriers. `params` outlives
+        // the call, which copies it.
+        unsafe { kernels.launch(&raw, std::slice::from_mut(&mut argument), &self.stream) }
+    }
+
+    fn reserve_states(&mut self, states: usize) -> Result<()> {
+        if self.workspace.states.len() < states {
+            self.synchronize()?;
+            // SAFETY: any bit pattern is a valid pair of floats, and each state is stored by
+            // the statistics pass before the writing pass reads it.
+            self.workspace.states =
+                unsafe { DeviceBuffer::uninitialized(states) }.during("growing the workspace")?;
+        }
+        Ok(())
+    }
+}
+
+fn output_bytes(dtype: u32) -> u32 {
+    if dtype == DType::F32 as u32 { 4 } else { 2 }
+}

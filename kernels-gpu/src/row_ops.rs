@@ -1,0 +1,274 @@
+//! The general row operations (softmax and log-softmax forward with options, their backward
+//! passes, per-row log-sum-exp and partial statistics) for f32, bf16 and f16 data: the
+//! parameter block both sides share, and the instance tables the host plans from.
+//!
+//! Every operation kernel takes one [`RowOpParams`] by value. The input element type is a
+//! compile-time parameter (it fixes the width of a 16-byte pack); the output type, the
+//! operation and every option are runtime fields, uniform across the launch.
+
+/// An element type of the data a kernel reads or writes.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DType {
+    F32 = 0,
+    Bf16 = 1,
+    F16 = 2,
+}
+
+impl DType {
+    pub const ALL: [DType; 3] = [DType::F32, DType::Bf16, DType::F16];
+
+    pub const fn bytes(self) -> u32 {
+        match self {
+            DType::F32 => 4,
+            DType::Bf16 | DType::F16 => 2,
+        }
+    }
+
+    /// Lower-case name, as kernel names and the command line spell it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::Bf16 => "bf16",
+            DType::F16 => "f16",
+        }
+    }
+
+    /// Elements of this type in one 16-byte pack.
+    pub const fn vector_pack(self) -> u32 {
+        16 / self.bytes()
+    }
+}
+
+/// What a forward kernel writes per element, or which backward pass it computes.
+pub mod op {
+    /// `y = e^(x - max) / Σ e^(x - max)`; backward `dx = y ⊙ (dy − Σ dy⊙y)`.
+    pub const SOFTMAX: u32 = 0;
+    /// `y = x - max - ln Σ e^(x - max)`; backward `dx = dy − e^y ⊙ Σ dy`.
+    pub const LOG_SOFTMAX: u32 = 1;
+}
+
+/// Which part of the computation a launch does.
+pub mod mode {
+    /// Reduce each row, then write the outputs (elements and/or per-row log-sum-exp).
+    pub const FULL: u32 = 0;
+    /// Reduce each row and store its [`RowState`] in slot `state_slot` of `states`; write
+    /// nothing else.
+    pub const STATES: u32 = 1;
+    /// Merge the `state_slots` states stored for each row instead of reducing, then write the
+    /// outputs as [`FULL`] does.
+    pub const APPLY_STATES: u32 = 2;
+}
+
+/// The statistics of (part of) a row: its maximum and `Σ e^(x - max)` for a forward pass, or
+/// the backward pass's sum in `sum` (with `max` unused). Stored per row and slot.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Default)]
+pub struct RowState {
+    pub max: f32,
+    pub sum: f32,
+}
+
+// SAFETY: two floats, no pointers: any bit pattern is valid on either side.
+#[cfg(feature = "host")]
+unsafe impl cust_core::DeviceCopy for RowState {}
+
+/// Everything an operation kernel needs, passed by value (one kernel parameter). Pointers are
+/// device addresses (0 = absent); strides count elements of the buffer they belong to.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct RowOpParams {
+    /// `x` (forward) or `y` (backward), of the kernel's input type.
+    pub input: u64,
+    pub input_stride: u64,
+    /// `dy` (backward only), of the kernel's input type.
+    pub grad: u64,
+    pub grad_stride: u64,
+    /// The element output (`y`, `log y` or `dx`), of type `output_dtype`; 0 = not written.
+    pub output: u64,
+    pub output_stride: u64,
+    /// f32 per row multiplying the scores (after `scale`); 0 = none.
+    pub row_scale: u64,
+    /// f32 added to the scaled scores; row `r` uses mask row `r % mask_rows`. 0 = none.
+    pub additive_mask: u64,
+    /// One byte per element: 0 masks the element out (as `-inf`), anything else keeps it.
+    /// Row `r` uses mask row `r % mask_rows`. 0 = none.
+    pub allowed_mask: u64,
+    /// Elements between consecutive mask rows (both masks).
+    pub mask_stride: u64,
+    /// f32 per row: the row's log-sum-exp (after scale and masks); 0 = not written.
+    pub log_sum_exp: u64,
+    /// [`RowState`]s, `state_slots` per row (see [`mode`]).
+    pub states: u64,
+    /// Two floats per block (cooperative slices exchange their statistics through them).
+    pub partials: u64,
+    /// Two words per row, zeroed once (the cooperative slices' barrier).
+    pub barriers: u64,
+    pub rows: u32,
+    pub cols: u32,
+    pub mask_rows: u32,
+    /// 0 = no causal mask; otherwise column `c` of row `r` is masked when
+    /// `c > r % causal_period` (square score blocks stacked along the rows).
+    pub causal_period: u32,
+    /// Multiplies every score (1 / temperature) in the forward pass, and the gradient in the
+    /// backward pass.
+    pub scale: f32,
+    /// [`op`]
+    pub op: u32,
+    /// [`DType`] of the element output, as `u32`.
+    pub output_dtype: u32,
+    /// [`mode`]
+    pub mode: u32,
+    pub state_slot: u32,
+    pub state_slots: u32,
+    /// Rows that are masked everywhere (maximum `-inf`): 0 writes NaN as PyTorch does, 1 writes
+    /// a zero probability (log-softmax and log-sum-exp: `-inf`).
+    pub masked_rows_zero: u32,
+    /// Blocks sharing one row (block kernels; the rest of the row's slice geometry follows).
+    pub slices: u32,
+    /// Packs of a row each slice holds.
+    pub slice_packs: u32,
+    /// Column of the full row where this launch's columns start (the causal mask counts
+    /// from the full row when a launch covers a column chunk).
+    pub first_column: u32,
+}
+
+/// Threads per block of the group-per-row operation kernels.
+pub const OP_ROWS_BLOCK: u32 = 128;
+
+/// `(lanes per row, packs per lane)` of the group-per-row operation kernels (each entry is
+/// instantiated with 16-byte packs for the input type): rows up to `lanes · packs · pack`.
+pub const OP_ROWS_VECTOR: &[(u32, u32)] = &[
+    (1, 1),
+    (2, 1),
+    (4, 1),
+    (8, 1),
+    (16, 1),
+    (32, 1),
+    (32, 2),
+    (32, 4),
+    (32, 8),
+];
+
+/// The same with one element per pack, for layouts that rule out 16-byte access.
+pub const OP_ROWS_SCALAR: &[(u32, u32)] = &[
+    (1, 1),
+    (2, 1),
+    (4, 1),
+    (8, 1),
+    (16, 1),
+    (32, 1),
+    (32, 4),
+];
+
+/// `(threads, packs per thread)` of the block operation kernels (one block per row, or per
+/// slice of a row in a cooperative launch). A block of 1024 threads gets at most 64 registers
+/// per thread, so the planner checks with the driver that an instance can launch at all.
+pub const OP_BLOCK_VECTOR: &[(u32, u32)] = &[
+    (128, 2),
+    (256, 2),
+    (256, 4),
+    (512, 4),
+    (512, 8),
+    (1024, 4),
+    (1024, 8),
+];
+
+/// The same with one element per pack.
+pub const OP_BLOCK_SCALAR: &[(u32, u32)] = &[(256, 4), (1024, 16)];
+
+/// The direction of an operation kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Direction {
+    Forward,
+    Backward,
+}
+
+impl Direction {
+    const fn tag(self) -> &'static str {
+        match self {
+            Direction::Forward => "fwd",
+            Direction::Backward => "bwd",
+        }
+    }
+}
+
+/// The two operation-kernel layouts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OpKernelShape {
+    /// `lanes` threads (≤ 32) per row, `OP_ROWS_BLOCK / lanes` rows per block.
+    Rows { lanes: u32 },
+    /// One block of `threads` per row or slice of a row.
+    Block { threads: u32 },
+}
+
+/// One operation entry. Its `Display` is the PTX entry name, the spelling the kernel crate
+/// generates (`op_rows_fwd_bf16_p8_l32_n4`, `op_block_bwd_f32_p4_t1024_n8`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct OpKernelName {
+    pub direction: Direction,
+    pub input: DType,
+    pub pack: u32,
+    pub shape: OpKernelShape,
+    pub packs: u32,
+}
+
+impl OpKernelName {
+    /// Threads of one row's group (or block).
+    pub fn threads_per_row(&self) -> u32 {
+        match self.shape {
+            OpKernelShape::Rows { lanes } => lanes,
+            OpKernelShape::Block { threads } => threads,
+        }
+    }
+
+    /// Widest row (or slice) one group or block holds.
+    pub fn capacity(&self) -> u32 {
+        self.threads_per_row() * self.packs * self.pack
+    }
+
+    /// Every entry of one input type: both directions, both layouts, 16-byte and scalar packs.
+    pub fn all_for(input: DType) -> impl Iterator<Item = OpKernelName> {
+        let vector = input.vector_pack();
+        let rows = |pack: u32, table: &'static [(u32, u32)]| {
+            table.iter().map(move |&(lanes, packs)| {
+                (pack, OpKernelShape::Rows { lanes }, packs)
+            })
+        };
+        let blocks = |pack: u32, table: &'static [(u32, u32)]| {
+            table.iter().map(move |&(threads, packs)| {
+                (pack, OpKernelShape::Block { threads }, packs)
+            })
+        };
+        let layouts = rows(vector, OP_ROWS_VECTOR)
+            .chain(rows(1, OP_ROWS_SCALAR))
+            .chain(blocks(vector, OP_BLOCK_VECTOR))
+            .chain(blocks(1, OP_BLOCK_SCALAR));
+        layouts.flat_map(move |(pack, shape, packs)| {
+            [Direction::Forward, Direction::Backward].map(|direction| OpKernelName {
+                direction,
+                input,
+                pack,
+                shape,
+                packs,
+            })
+        })
+    }
+}
+
+impl core::fmt::Display for OpKernelName {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let (family, letter, width) = match self.shape {
+            OpKernelShape::Rows { lanes } => ("rows", 'l', lanes),
+            OpKernelShape::Block { threads } => ("block", 't', threads),
+        };
+        write!(
+            f,
+            "op_{family}_{}_{}_p{}_{letter}{width}_n{}",
+            self.direction.tag(),
+            self.input.name(),
+            self.pack,
+            self.packs
+        )
+    }
+}
