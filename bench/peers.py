@@ -1,11 +1,16 @@
 #!/usr/bin/env python3
 """Times the peers of softmax-rs on the benchmark's shapes and writes the benchmark's CSV.
 
-Variants: `torch` (torch.softmax), `torch_unfused` (the seed's five separate PyTorch ops) and
-`triton` (a fused Triton kernel, one row per program, the whole row in one block). The timing
-method is the Rust benchmark's: inputs rotate over enough buffers to keep the working set at
-4x the L2 cache, each sample times ~0.5 ms of back-to-back launches with CUDA events, and the
-median sample is reported. Bytes: input read once + output written once.
+Variants for f32 softmax (the default): `torch` (torch.softmax), `torch_unfused` (the seed's
+five separate PyTorch ops) and `triton` (a fused Triton kernel, one row per program, the whole
+row in one block). With `--op` / `--dtype`: `torch` only, in that dtype: torch.softmax,
+torch.log_softmax, or for `backward` PyTorch's fused softmax backward kernel
+(torch._softmax_backward_data(dy, y, 1, dtype), from y = a softmax of random logits and a
+random dy). The timing method is the Rust benchmark's: inputs rotate over enough buffers to
+keep the working set at 4x the L2 cache, each sample times ~0.5 ms of back-to-back launches
+with CUDA events, and the median sample is reported. Bytes: input read once + output written
+once (backward: y and dy read once + dx written once); % of copy is GB/s over the GB/s of a
+device-to-device copy of the input tensor.
 
 Exit status 3 means PyTorch is missing (the benchmark then goes on without peers).
 """
@@ -32,8 +37,11 @@ WARMUP_MS = 30.0
 MAX_WARMUP_LAUNCHES = 5000
 MEASUREMENT_BUDGET_MS = 1500.0
 MIN_SAMPLES = 3
-TOLERANCE = 1e-5
 TRITON_MAX_BLOCK = 1 << 20
+OPS = ("softmax", "log-softmax", "backward")
+DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+# Relative L2 error allowed against the f64 reference rounded to the dtype (as the Rust side).
+TOLERANCE = {"f32": 1e-5, "bf16": 2e-2, "f16": 2e-3}
 
 
 def unfused_softmax(x):
@@ -66,8 +74,17 @@ if triton is not None:
         return out
 
 
-def variants(cols):
-    yield "torch", lambda x, out: torch.softmax(x, dim=1)
+def variants(cols, op="softmax", dtype="f32"):
+    """(name, launch) pairs; a launch takes one slot's tensors and returns the result."""
+    if op == "softmax":
+        yield "torch", lambda x, out: torch.softmax(x, dim=1)
+    elif op == "log-softmax":
+        yield "torch", lambda x, out: torch.log_softmax(x, dim=1)
+    else:
+        torch_dtype = DTYPES[dtype]
+        yield "torch", lambda y, dy, out: torch._softmax_backward_data(dy, y, 1, torch_dtype)
+    if op != "softmax" or dtype != "f32":
+        return
     yield "torch_unfused", lambda x, out: unfused_softmax(x)
     if triton is not None and triton.next_power_of_2(cols) <= TRITON_MAX_BLOCK:
         yield "triton", triton_softmax
@@ -81,8 +98,7 @@ def measure_interleaved(launches, slots, iters, warmup):
     def timed(launch, count):
         start.record()
         for _ in range(count):
-            x, out = slots[counter[0] % len(slots)]
-            launch(x, out)
+            launch(*slots[counter[0] % len(slots)])
             counter[0] += 1
         stop.record()
         stop.synchronize()
@@ -106,13 +122,43 @@ def measure_interleaved(launches, slots, iters, warmup):
     return [sorted(t)[len(t) // 2] for t in times]
 
 
-def correct(result, x):
+def correct(result, slot, op="softmax", dtype="f32"):
+    """Relative L2 error (and, for softmax, row sums) of sampled rows against the f64
+    reference rounded to the result's dtype."""
+    x = slot[0]
     rows = sorted({0, x.shape[0] - 1, x.shape[0] // 2})
-    expected = torch.softmax(x[rows].double(), dim=1)
+    if op == "softmax":
+        expected = torch.softmax(x[rows].double(), dim=1)
+    elif op == "log-softmax":
+        expected = torch.log_softmax(x[rows].double(), dim=1)
+    else:
+        y, dy = x[rows].double(), slot[1][rows].double()
+        expected = y * (dy - (dy * y).sum(dim=1, keepdim=True))
+    expected = expected.to(result.dtype).double()
     got = result[rows].double()
+    tolerance = TOLERANCE[dtype]
     relative = (torch.linalg.norm(got - expected) / torch.linalg.norm(expected)).item()
-    row_sums = (got.sum(dim=1) - 1).abs().max().item()
-    return relative < TOLERANCE and row_sums < TOLERANCE, relative
+    ok = relative < tolerance
+    if op == "softmax":
+        ok = ok and (got.sum(dim=1) - 1).abs().max().item() < tolerance
+    return ok, relative
+
+
+def make_slots(op, dtype, rows, cols, count):
+    """`count` slots of the tensors one call touches: (x, out) forward, (y, dy, dx) backward."""
+    generator = torch.Generator(device="cuda").manual_seed(0x5EED)
+    shape = (count, rows, cols)
+    logits = torch.rand(shape, device="cuda", generator=generator) * 16 - 8
+    if op == "backward":
+        y = torch.softmax(logits, dim=2).to(DTYPES[dtype])
+        del logits
+        dy = (torch.rand(shape, device="cuda", generator=generator) * 2 - 1).to(DTYPES[dtype])
+        dx = torch.empty_like(y)
+        return [(y[i], dy[i], dx[i]) for i in range(count)]
+    x = logits.to(DTYPES[dtype])
+    del logits
+    out = torch.empty_like(x)
+    return [(x[i], out[i]) for i in range(count)]
 
 
 def main():
@@ -122,40 +168,46 @@ def main():
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--device", type=int, default=0)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--op", choices=OPS, default="softmax",
+                        help="softmax, log-softmax or backward (softmax gradient)")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="f32",
+                        help="element type of every tensor")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("peers.py: PyTorch sees no CUDA device", file=sys.stderr)
         sys.exit(3)
     torch.cuda.set_device(args.device)
     l2 = torch.cuda.get_device_properties(args.device).L2_cache_size
-    if triton is None:
+    default_run = args.op == "softmax" and args.dtype == "f32"
+    if triton is None and default_run:
         print("peers.py: Triton is not installed; timing PyTorch only", file=sys.stderr)
+    element = torch.tensor([], dtype=DTYPES[args.dtype]).element_size()
+    tensors = 3 if args.op == "backward" else 2
     lines = ["variant,dtype,rows,cols,median_ms,gbps,pct_of_copy"]
     for text in args.shapes.split(","):
         rows, cols = (int(v) for v in text.lower().split("x"))
         numel = rows * cols
-        slots_needed = max(1, math.ceil(WORKING_SET_OVER_L2 * l2 / (2 * 4 * numel)))
-        generator = torch.Generator(device="cuda").manual_seed(0x5EED)
-        inputs = (torch.rand(slots_needed, rows, cols, device="cuda", generator=generator) * 16 - 8)
-        outputs = torch.empty_like(inputs)
-        slots = [(inputs[i], outputs[i]) for i in range(slots_needed)]
-        traffic = 2 * numel * 4
+        slots_needed = max(1, math.ceil(WORKING_SET_OVER_L2 * l2 / (tensors * element * numel)))
+        slots = make_slots(args.op, args.dtype, rows, cols, slots_needed)
+        traffic = tensors * numel * element
+        copy_traffic = 2 * numel * element
         checked = []
-        for name, launch in variants(cols):
-            x, out = slots[0]
-            out.fill_(float("nan"))
-            ok, relative = correct(launch(x, out), x)
+        for name, launch in variants(cols, args.op, args.dtype):
+            slot = slots[0]
+            slot[-1].fill_(float("nan"))
+            ok, relative = correct(launch(*slot), slot, args.op, args.dtype)
             if ok:
                 checked.append((name, launch))
             else:
                 print(f"peers.py: {name} on {text} FAILED the reference check ({relative:.2e}); not timed", file=sys.stderr)
-        copy = lambda x, out: out.copy_(x)
+        copy = lambda *slot: slot[-1].copy_(slot[0])
         medians = measure_interleaved([copy] + [launch for _, launch in checked], slots, args.iters, args.warmup)
-        copy_ms = medians[0]
+        copy_gbps = copy_traffic / medians[0] / 1e6
         for (name, _), ms in zip(checked, medians[1:]):
-            lines.append(f"{name},f32,{rows},{cols},{ms:.6f},{traffic / ms / 1e6:.2f},{100 * copy_ms / ms:.2f}")
-            print(f"peers.py: {text:>14} {name:<14} {ms:9.4f} ms {traffic / ms / 1e6:8.0f} GB/s", file=sys.stderr)
-        del inputs, outputs, slots
+            gbps = traffic / ms / 1e6
+            lines.append(f"{name},{args.dtype},{rows},{cols},{ms:.6f},{gbps:.2f},{100 * gbps / copy_gbps:.2f}")
+            print(f"peers.py: {text:>14} {args.op} {args.dtype} {name:<14} {ms:9.4f} ms {gbps:8.0f} GB/s", file=sys.stderr)
+        del slots
         torch.cuda.empty_cache()
     with open(args.out, "w") as out:
         out.write("\n".join(lines) + "\n")

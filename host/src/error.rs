@@ -85,9 +85,7 @@ pub enum Error {
     },
 
     /// A strided view's buffer ends before its last row does.
-    #[error(
-        "{what} holds {len} elements but {rows}×{cols} rows at stride {stride} need {needed}"
-    )]
+    #[error("{what} holds {len} elements but {rows}×{cols} rows at stride {stride} need {needed}")]
     ViewLength {
         what: &'static str,
         len: usize,
@@ -106,10 +104,12 @@ pub enum Error {
     RowScaleLength { len: usize, rows: usize },
 
     /// The mask is not `k × cols` elements with `k` dividing the number of rows.
-    #[error(
-        "mask holds {len} elements: it must be k × {cols} with k dividing the {rows} rows"
-    )]
-    MaskLength { len: usize, rows: usize, cols: usize },
+    #[error("mask holds {len} elements: it must be k × {cols} with k dividing the {rows} rows")]
+    MaskLength {
+        len: usize,
+        rows: usize,
+        cols: usize,
+    },
 
     /// The causal mask needs square score blocks stacked along the rows.
     #[error("causal masking needs rows ({rows}) to be a multiple of cols ({cols})")]

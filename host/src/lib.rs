@@ -30,8 +30,7 @@ pub use device::DeviceInfo;
 pub use error::{Error, Result};
 pub use kernels::{PTX, op_ptx};
 pub use ops::{
-    DType, Element, Mask, MaskedRows, Operation, Options, RowState, Rows, RowsMut,
-    merge_row_states,
+    DType, Element, Mask, MaskedRows, Operation, Options, RowState, Rows, RowsMut, merge_row_states,
 };
 pub use shape::Shape;
 pub use softmax::Softmax;

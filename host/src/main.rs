@@ -4,8 +4,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use softmax::bench::{self, BenchConfig};
-use softmax::{Shape, Variant};
+use softmax::bench::{self, BenchConfig, BenchOp};
+use softmax::{DType, Shape, Variant};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -77,9 +77,22 @@ struct BenchArgs {
     /// Also run bench/peers.py (needs python3 with PyTorch; Triton optional).
     #[arg(long)]
     peers: bool,
+    /// What to time: softmax, log-softmax, or backward (the softmax gradient from y and dy;
+    /// bytes: y and dy read, dx written). Anything but f32 softmax times `auto` through the
+    /// operation API beside the copy and the peers.
+    #[arg(long, default_value = "softmax", value_parser = parse_op)]
+    op: BenchOp,
+    /// Element type of every tensor, input and output alike: f32, bf16 or f16. The seeds'
+    /// sweep keeps about 200 MB per input tensor of that type.
+    #[arg(long, default_value = "f32", value_parser = bench::parse_dtype)]
+    dtype: DType,
 }
 
 fn parse_shape(text: &str) -> Result<Shape, String> {
+    text.parse()
+}
+
+fn parse_op(text: &str) -> Result<BenchOp, String> {
     text.parse()
 }
 
@@ -115,12 +128,26 @@ fn main() -> ExitCode {
 }
 
 fn bench(args: BenchArgs) -> ExitCode {
+    let default_run = bench::is_default_run(args.op, args.dtype);
+    if !default_run && args.variants.iter().any(|&v| v != Variant::Auto) {
+        eprintln!(
+            "host bench: --variants applies to f32 softmax only; --op {} --dtype {} times `auto` \
+             through the operation API",
+            args.op,
+            args.dtype.name()
+        );
+        return ExitCode::from(2);
+    }
     let shapes = if args.quick {
         bench::quick_shapes()
     } else if args.boundaries {
-        bench::boundary_shapes()
+        bench::boundary_shapes_for(args.dtype)
     } else if args.shapes.is_empty() {
-        [bench::seed_sweep_shapes(), bench::llm_shapes()].concat()
+        [
+            bench::seed_sweep_shapes_for(args.dtype),
+            bench::llm_shapes(),
+        ]
+        .concat()
     } else {
         args.shapes
     };
@@ -137,6 +164,8 @@ fn bench(args: BenchArgs) -> ExitCode {
         out_dir: args.out,
         device: args.device,
         peers: args.peers,
+        op: args.op,
+        dtype: args.dtype,
     };
     match bench::run(&config) {
         Ok(report) => {

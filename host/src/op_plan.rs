@@ -65,9 +65,8 @@ pub(crate) fn plan_op(
     }
 
     let scratch = REDUCTION_SCRATCH_FLOATS * 4;
-    let resident = |k: &OpKernelName| {
-        device.blocks_per_sm(&k.to_string(), k.threads_per_row(), scratch)
-    };
+    let resident =
+        |k: &OpKernelName| device.blocks_per_sm(&k.to_string(), k.threads_per_row(), scratch);
     let blocks: Vec<(OpKernelName, u32)> =
         instances(|threads| OpKernelShape::Block { threads }, block_table)
             .map(|k| (k, resident(&k)))
@@ -158,12 +157,16 @@ mod tests {
                         if cols % pack != 0 {
                             continue;
                         }
-                        let Some(launch) =
-                            plan_op(direction, input, rows, cols, vector, &FakeH200)
+                        let Some(launch) = plan_op(direction, input, rows, cols, vector, &FakeH200)
                         else {
                             // Too wide for one launch: the chunks must each plan.
-                            for (_, width) in chunks(direction, input, rows, cols, vector, &FakeH200) {
-                                assert!(plan_op(direction, input, rows, width, vector, &FakeH200).is_some());
+                            for (_, width) in
+                                chunks(direction, input, rows, cols, vector, &FakeH200)
+                            {
+                                assert!(
+                                    plan_op(direction, input, rows, width, vector, &FakeH200)
+                                        .is_some()
+                                );
                             }
                             continue;
                         };
@@ -176,7 +179,11 @@ mod tests {
                         assert!(k.threads_per_row() * k.packs >= launch.slice_packs);
                         if launch.slices > 1 {
                             let resident = 132
-                                * FakeH200.blocks_per_sm(&k.to_string(), launch.block, launch.shared_bytes);
+                                * FakeH200.blocks_per_sm(
+                                    &k.to_string(),
+                                    launch.block,
+                                    launch.shared_bytes,
+                                );
                             assert!(launch.grid <= resident, "{rows}x{cols}: not all resident");
                         }
                     }
@@ -197,7 +204,14 @@ mod tests {
 
     #[test]
     fn chunks_cover_the_row_exactly() {
-        let parts = chunks(Direction::Forward, DType::F32, 100_000, 1_000_000, true, &FakeH200);
+        let parts = chunks(
+            Direction::Forward,
+            DType::F32,
+            100_000,
+            1_000_000,
+            true,
+            &FakeH200,
+        );
         assert!(parts.len() > 1);
         let mut next = 0;
         for (first, width) in parts {

@@ -104,15 +104,15 @@ impl Softmax {
             && options.mask.is_none()
             && !options.causal
             && options.scale == 1.0;
-        if I::DTYPE == DType::F32 && O::DTYPE == DType::F32 && op == Operation::Softmax {
-            if contiguous && plain {
-                return self.run_addresses(
-                    Variant::Auto,
-                    input.data.as_device_ptr().as_raw(),
-                    output.data.as_device_ptr().as_raw(),
-                    input.shape,
-                );
-            }
+        let f32_softmax =
+            I::DTYPE == DType::F32 && O::DTYPE == DType::F32 && op == Operation::Softmax;
+        if f32_softmax && contiguous && plain {
+            return self.run_addresses(
+                Variant::Auto,
+                input.data.as_device_ptr().as_raw(),
+                output.data.as_device_ptr().as_raw(),
+                input.shape,
+            );
         }
         let (x, y) = (
             Operand::of(input.data, input.stride),
@@ -141,7 +141,12 @@ impl Softmax {
         }
         let address = data.data.as_device_ptr().as_raw();
         let operand = || Operand::of(data.data, data.stride);
-        let mut call = self.call::<T>(Direction::Forward, data.shape, options, [operand(), operand()]);
+        let mut call = self.call::<T>(
+            Direction::Forward,
+            data.shape,
+            options,
+            [operand(), operand()],
+        );
         call.params.op = op.code();
         call.params.input = address;
         call.params.input_stride = data.stride as u64;
@@ -188,7 +193,16 @@ impl Softmax {
         check_shapes(y.shape, dx.shape, "gradient output")?;
         let dx_address = dx.data.as_device_ptr().as_raw();
         let dx_operand = Operand::of(dx.data, dx.stride);
-        self.backward_call::<T>(op, &y, &dy, dx_operand, dx_address, dx.stride, O::DTYPE, options)
+        self.backward_call::<T>(
+            op,
+            &y,
+            &dy,
+            dx_operand,
+            dx_address,
+            dx.stride,
+            O::DTYPE,
+            options,
+        )
     }
 
     /// [`Softmax::backward`] with `dx` written over `dy`.
@@ -207,7 +221,16 @@ impl Softmax {
             stride: dy.stride,
         };
         let operand = Operand::of(dy.data, dy.stride);
-        self.backward_call::<T>(op, &y, &gradient, operand, address, dy.stride, T::DTYPE, options)
+        self.backward_call::<T>(
+            op,
+            &y,
+            &gradient,
+            operand,
+            address,
+            dy.stride,
+            T::DTYPE,
+            options,
+        )
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -275,7 +298,10 @@ impl Softmax {
         call.params.states = states.as_device_ptr().as_raw();
         let rows = input.shape.rows as u32;
         let cols = input.shape.cols as u32;
-        if self.op_plan(Direction::Forward, I::DTYPE, rows, cols, call.vector)?.is_none() {
+        if self
+            .op_plan(Direction::Forward, I::DTYPE, rows, cols, call.vector)?
+            .is_none()
+        {
             return Err(Error::Unsupported {
                 variant: "row_states".into(),
                 rows: input.shape.rows,
@@ -287,7 +313,8 @@ impl Softmax {
     }
 
     /// Enqueues softmax or log-softmax of `input`'s rows normalized with stored states:
-    /// `states` holds `k` states per row (row-major, `k ≥ 1`), which are merged first. With
+    /// `states` holds `k ≥ 1` runs of one state per row (the outputs of `k`
+    /// [`Softmax::row_states`] calls laid end to end), merged per row first. With
     /// the states of every slice of a row, this normalizes one slice as if the whole row had
     /// been seen. The options must be those the states were computed with.
     pub fn normalize_with_states<I: Element, O: Element>(
@@ -390,7 +417,9 @@ impl Softmax {
         self.op_kernels(input)?;
         let limits = super::Limits {
             info: &self.info,
-            kernels: self.op_kernels[input as usize].as_ref().expect("loaded above"),
+            kernels: self.op_kernels[input as usize]
+                .as_ref()
+                .expect("loaded above"),
         };
         let plan = plan_op(direction, input, rows, cols, vector, &limits);
         self.op_plans.insert(key, plan);
@@ -481,7 +510,13 @@ impl Softmax {
 
     fn launch_chunk(&mut self, call: &Call, params: RowOpParams) -> Result<()> {
         let launch = self
-            .op_plan(call.direction, call.input, params.rows, params.cols, call.vector)?
+            .op_plan(
+                call.direction,
+                call.input,
+                params.rows,
+                params.cols,
+                call.vector,
+            )?
             .expect("chunks are planned to fit one launch");
         self.launch_op(call.input, launch, params)
     }

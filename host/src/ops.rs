@@ -331,3 +331,50 @@ pub fn merge_row_states(a: RowState, b: RowState) -> RowState {
         sum: merged.sum(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(rows: usize, cols: usize) -> Shape {
+        Shape::new(rows, cols).unwrap()
+    }
+
+    #[test]
+    fn views_need_a_stride_of_at_least_cols_and_a_buffer_reaching_the_last_row() {
+        assert!(check_view(3 * 10 + 4, shape(4, 4), 10, "input").is_ok());
+        assert!(matches!(
+            check_view(100, shape(4, 4), 3, "input"),
+            Err(Error::Stride { stride: 3, .. })
+        ));
+        assert!(matches!(
+            check_view(3 * 10 + 3, shape(4, 4), 10, "output"),
+            Err(Error::ViewLength { needed: 34, .. })
+        ));
+        assert!(check_view(0, shape(0, 4), 4, "input").is_ok());
+        assert!(matches!(
+            check_view(10, shape(1 << 30, 4), usize::MAX >> 20, "input"),
+            Err(Error::ShapeTooLarge { .. })
+        ));
+    }
+
+    #[test]
+    fn scales_must_be_finite_and_positive() {
+        for bad in [0.0, -2.0, f32::NAN, f32::INFINITY] {
+            assert!(matches!(
+                Options::new().temperature(bad).check(shape(2, 2)),
+                Err(Error::Scale(_))
+            ));
+            assert!(matches!(
+                Options::new().scale(bad).check(shape(2, 2)),
+                Err(Error::Scale(_))
+            ));
+        }
+        assert!(Options::new().temperature(0.5).check(shape(2, 2)).is_ok());
+        assert!(matches!(
+            Options::new().causal().check(shape(6, 4)),
+            Err(Error::Causal { .. })
+        ));
+        assert!(Options::new().causal().check(shape(8, 4)).is_ok());
+    }
+}

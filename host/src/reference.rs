@@ -90,3 +90,164 @@ pub fn deviation(actual: &[f32], expected: &[f64], cols: usize) -> Deviation {
         nan_mismatches,
     }
 }
+
+/// The score transform of the forward operations, for the reference: `x · scale ·
+/// row_scale[r] + additive[r % k]`, with `allowed[r % k] == 0` and (when `causal`) columns
+/// past `r % cols` masked to `-inf`. Masks hold `k × cols` values.
+#[derive(Clone, Copy, Debug)]
+pub struct Scores<'a> {
+    pub scale: f32,
+    pub row_scale: Option<&'a [f32]>,
+    pub additive_mask: Option<&'a [f32]>,
+    pub allowed_mask: Option<&'a [u8]>,
+    pub causal: bool,
+    /// Rows masked everywhere give zero probability (log: `-inf`) instead of NaN.
+    pub zero_masked_rows: bool,
+}
+
+impl Default for Scores<'_> {
+    fn default() -> Self {
+        Scores {
+            scale: 1.0,
+            row_scale: None,
+            additive_mask: None,
+            allowed_mask: None,
+            causal: false,
+            zero_masked_rows: false,
+        }
+    }
+}
+
+impl Scores<'_> {
+    /// Row `r`'s scores in f64.
+    fn row(&self, input: &[f32], r: usize, cols: usize) -> Vec<f64> {
+        let scale = f64::from(self.scale) * self.row_scale.map_or(1.0, |s| f64::from(s[r]));
+        (0..cols)
+            .map(|c| {
+                let mut score = f64::from(input[r * cols + c]) * scale;
+                if let Some(mask) = self.additive_mask {
+                    score += f64::from(mask[(r % (mask.len() / cols)) * cols + c]);
+                }
+                let allowed = self
+                    .allowed_mask
+                    .is_none_or(|mask| mask[(r % (mask.len() / cols)) * cols + c] != 0);
+                if !allowed || (self.causal && c > r % cols) {
+                    score = f64::NEG_INFINITY;
+                }
+                score
+            })
+            .collect()
+    }
+
+    /// Row maximum (NaN-propagating) and `Σ e^(s − max)` of each row's scores.
+    pub fn states(&self, input: &[f32], rows: usize, cols: usize) -> Vec<(f64, f64)> {
+        (0..rows)
+            .map(|r| {
+                let scores = self.row(input, r, cols);
+                let max = scores
+                    .iter()
+                    .copied()
+                    .fold(f64::NEG_INFINITY, nan_propagating_max);
+                let shift = if max == f64::NEG_INFINITY { 0.0 } else { max };
+                (max, scores.iter().map(|s| (s - shift).exp()).sum())
+            })
+            .collect()
+    }
+
+    /// Softmax (or log-softmax, when `log`) of each row's scores.
+    pub fn forward(&self, log: bool, input: &[f32], rows: usize, cols: usize) -> Vec<f64> {
+        assert_eq!(input.len(), rows * cols, "input length must be rows × cols");
+        let mut output = Vec::with_capacity(input.len());
+        for (r, (max, sum)) in self.states(input, rows, cols).into_iter().enumerate() {
+            let scores = self.row(input, r, cols);
+            if max == f64::NEG_INFINITY {
+                let masked = match (self.zero_masked_rows, log) {
+                    (true, false) => 0.0,
+                    (true, true) => f64::NEG_INFINITY,
+                    (false, _) => f64::NAN,
+                };
+                output.extend(std::iter::repeat_n(masked, cols));
+            } else if log {
+                output.extend(scores.iter().map(|s| s - max - sum.ln()));
+            } else {
+                output.extend(scores.iter().map(|s| (s - max).exp() / sum));
+            }
+        }
+        output
+    }
+
+    /// Log-sum-exp of each row's scores (`-inf` for a row masked everywhere).
+    pub fn log_sum_exp(&self, input: &[f32], rows: usize, cols: usize) -> Vec<f64> {
+        self.states(input, rows, cols)
+            .into_iter()
+            .map(|(max, sum)| {
+                if max == f64::NEG_INFINITY {
+                    f64::NEG_INFINITY
+                } else {
+                    max + sum.ln()
+                }
+            })
+            .collect()
+    }
+}
+
+/// Gradient of softmax (`dx = y ⊙ (dy − Σ dy⊙y)`) or, when `log`, of log-softmax
+/// (`dx = dy − e^y ⊙ Σ dy`) for each row, times `scale[r]`.
+pub fn backward_f64(log: bool, y: &[f32], dy: &[f32], cols: usize, scale: &[f64]) -> Vec<f64> {
+    assert_eq!(y.len(), dy.len(), "y and dy must have the same length");
+    let mut dx = Vec::with_capacity(y.len());
+    for ((y, dy), &scale) in y.chunks(cols).zip(dy.chunks(cols)).zip(scale) {
+        let (y, dy) = (
+            y.iter().map(|&v| f64::from(v)),
+            dy.iter().map(|&v| f64::from(v)),
+        );
+        let pairs: Vec<(f64, f64)> = y.zip(dy).collect();
+        let sum: f64 = if log {
+            pairs.iter().map(|(_, dy)| dy).sum()
+        } else {
+            pairs.iter().map(|(y, dy)| y * dy).sum()
+        };
+        dx.extend(pairs.iter().map(|&(y, dy)| {
+            scale
+                * if log {
+                    dy - y.exp() * sum
+                } else {
+                    y * (dy - sum)
+                }
+        }));
+    }
+    dx
+}
+
+/// How far `actual` is from `expected` element by element (no row-sum check: for
+/// log-softmax, log-sum-exp and gradients): relative L2 over finite references, and a
+/// mismatch for every element whose reference is NaN or infinite and that differs.
+pub fn value_deviation(actual: &[f32], expected: &[f64]) -> Deviation {
+    assert_eq!(
+        actual.len(),
+        expected.len(),
+        "result and reference must have the same length"
+    );
+    let (mut diff, mut norm, mut nan_mismatches) = (0.0, 0.0, 0);
+    for (&a, &e) in actual.iter().zip(expected) {
+        let a = f64::from(a);
+        if e.is_finite() {
+            if !a.is_finite() {
+                nan_mismatches += 1;
+            }
+            diff += (a - e) * (a - e);
+            norm += e * e;
+        } else if !(a == e || (a.is_nan() && e.is_nan())) {
+            nan_mismatches += 1;
+        }
+    }
+    Deviation {
+        relative_l2: if norm > 0.0 {
+            (diff / norm).sqrt()
+        } else {
+            diff.sqrt()
+        },
+        worst_row_sum: 0.0,
+        nan_mismatches,
+    }
+}

@@ -16,9 +16,9 @@ use crate::error::{CudaContext, Result};
 use crate::kernels::Kernels;
 use crate::op_plan::OpLaunch;
 use crate::plan::{self, Arg, DeviceLimits, Launch, Layout};
-use kernels_gpu::row_ops::{DType, Direction, RowState};
 use crate::shape::Shape;
 use crate::variant::Variant;
+use kernels_gpu::row_ops::{DType, Direction, RowState};
 
 #[path = "operations.rs"]
 mod operations;

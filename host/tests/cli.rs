@@ -48,6 +48,8 @@ fn help_lists_every_option() {
         "--quick",
         "--device",
         "--peers",
+        "--op",
+        "--dtype",
     ] {
         assert!(help.contains(option), "--help does not mention {option}");
     }
@@ -55,6 +57,96 @@ fn help_lists_every_option() {
         assert!(
             help.contains(name),
             "--help does not name the variant {name}"
+        );
+    }
+    for name in softmax::bench::BenchOp::NAMES
+        .into_iter()
+        .chain(["f32", "bf16", "f16"])
+    {
+        assert!(help.contains(name), "--help does not name {name}");
+    }
+}
+
+#[test]
+fn bad_ops_and_dtypes_are_refused_with_a_clear_message() {
+    for (flag, bad, says) in [
+        (
+            "--op",
+            "softmx",
+            "unknown op `softmx`: expected softmax, log-softmax or backward",
+        ),
+        ("--op", "", "unknown op"),
+        ("--op", "forward", "unknown op `forward`"),
+        (
+            "--dtype",
+            "fp32",
+            "unknown dtype `fp32`: expected f32, bf16 or f16",
+        ),
+        ("--dtype", "f64", "unknown dtype `f64`"),
+        ("--dtype", "BF16", "unknown dtype `BF16`"),
+    ] {
+        let out = host(&["bench", flag, bad]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{flag} {bad} was accepted");
+        assert_eq!(out.status.code(), Some(2), "{flag} {bad}: {stderr}");
+        assert!(
+            stderr.contains(says),
+            "{flag} {bad}: unclear message: {stderr}"
+        );
+    }
+}
+
+#[test]
+fn ops_and_dtypes_parse() {
+    assert_eq!(
+        "log-softmax".parse::<softmax::bench::BenchOp>(),
+        Ok(softmax::bench::BenchOp::LogSoftmax)
+    );
+    assert_eq!(
+        softmax::bench::parse_dtype("bf16"),
+        Ok(softmax::DType::Bf16)
+    );
+    for op in softmax::bench::BenchOp::NAMES {
+        let parsed: softmax::bench::BenchOp = op.parse().expect("listed names parse");
+        assert_eq!(parsed.name(), op);
+    }
+    // Every valid value gets past parsing: the run then stops only for want of a GPU.
+    for (op, dtype) in [
+        ("softmax", "f32"),
+        ("log-softmax", "f16"),
+        ("backward", "bf16"),
+    ] {
+        let out = host(&[
+            "bench",
+            "--op",
+            op,
+            "--dtype",
+            dtype,
+            "--shapes",
+            "4x4",
+            "--out",
+            env!("CARGO_TARGET_TMPDIR"),
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() || stderr.contains("no CUDA device"),
+            "--op {op} --dtype {dtype}: {stderr}"
+        );
+    }
+}
+
+#[test]
+fn variants_other_than_auto_need_f32_softmax() {
+    for args in [
+        ["--op", "backward", "--variants", "registers"],
+        ["--dtype", "bf16", "--variants", "auto,unfused"],
+    ] {
+        let out = host(&[&["bench"], &args[..]].concat());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} was accepted");
+        assert!(
+            stderr.contains("--variants applies to f32 softmax only"),
+            "{args:?}: unclear message: {stderr}"
         );
     }
 }

@@ -2,8 +2,8 @@
 
 use kernels_gpu::online::{CompensatedSum, Exp2, OnlineStats};
 use proptest::prelude::*;
-use softmax::reference::{deviation, softmax_f64};
-use softmax::{Error, Shape, Variant};
+use softmax::reference::{Scores, deviation, softmax_f64};
+use softmax::{DType, Error, RowState, Shape, Variant, merge_row_states};
 
 enum HostExp2 {}
 
@@ -73,6 +73,24 @@ fn assert_same_stats(a: OnlineStats, b: OnlineStats) {
 }
 
 proptest! {
+    /// Merging the states of two column slices gives the state of the whole row, in either
+    /// order, and the empty state changes nothing.
+    #[test]
+    fn merged_slice_states_equal_the_whole_row(
+        row in prop::collection::vec(-80f32..80.0, 2..400),
+        cut in any::<prop::sample::Index>(),
+    ) {
+        let cut = 1 + cut.index(row.len() - 1);
+        let (left, right) = (state_of(&row[..cut]), state_of(&row[cut..]));
+        let merged = merge_row_states(left, right);
+        prop_assert_eq!(merged, merge_row_states(right, left));
+        let whole = state_of(&row);
+        let scaled = f64::from(merged.sum) * (f64::from(merged.max) - f64::from(whole.max)).exp();
+        prop_assert!((scaled / f64::from(whole.sum) - 1.0).abs() < 1e-5, "{merged:?} vs {whole:?}");
+        let empty = RowState { max: f32::NEG_INFINITY, sum: 0.0 };
+        prop_assert_eq!(merge_row_states(left, empty), left);
+    }
+
     /// Any split of a row into parts, merged in any order, gives the one-pass statistics.
     #[test]
     fn merge_of_any_split_in_any_order_equals_one_pass(
@@ -200,15 +218,29 @@ fn threads_per_block_must_be_a_power_of_two_in_range() {
 
 #[test]
 fn embedded_ptx_targets_hopper_without_local_memory() {
-    assert!(softmax::PTX.contains(".target sm_90"));
-    assert!(
-        !softmax::PTX.contains("__local_depot"),
-        "a kernel keeps an array in local memory"
-    );
-    assert!(
-        softmax::PTX.contains("ld.global.v4"),
-        "the vector kernels must use 16-byte loads"
-    );
+    let modules = [softmax::PTX]
+        .into_iter()
+        .chain(DType::ALL.map(softmax::op_ptx));
+    for ptx in modules {
+        assert!(ptx.contains(".target sm_90"));
+        assert!(
+            !ptx.contains("__local_depot"),
+            "a kernel keeps an array in local memory"
+        );
+        assert!(
+            ptx.contains("ld.global.v4"),
+            "the vector kernels must use 16-byte loads"
+        );
+    }
+}
+
+/// The statistics of a row, as the kernels store them (f32), computed in f64.
+fn state_of(row: &[f32]) -> RowState {
+    let (max, sum) = Scores::default().states(row, 1, row.len())[0];
+    RowState {
+        max: max as f32,
+        sum: sum as f32,
+    }
 }
 
 proptest! {

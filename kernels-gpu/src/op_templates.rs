@@ -21,7 +21,12 @@ use crate::row_ops::{RowOpParams, mode};
 /// `ceil(rows / (block_dim / LANES))` blocks. In-place operation (output = input) is allowed:
 /// each element is read before it is written, by the same thread.
 #[inline(always)]
-pub unsafe fn op_rows<K: RowKernel<PACK>, const PACK: usize, const LANES: u32, const PACKS: usize>(
+pub unsafe fn op_rows<
+    K: RowKernel<PACK>,
+    const PACK: usize,
+    const LANES: u32,
+    const PACKS: usize,
+>(
     p: &RowOpParams,
 ) {
     let lane = (thread_idx() % LANES) as usize;
@@ -208,12 +213,45 @@ macro_rules! op_block_entries {
 /// that each name it plans with exists).
 macro_rules! op_entries_for {
     ($feature:literal, $input:ty, $name:literal, $vector:literal) => {
-        op_rows_entries!($feature, $input, $name, $vector,
-            [(1, 1), (2, 1), (4, 1), (8, 1), (16, 1), (32, 1), (32, 2), (32, 4), (32, 8)]);
-        op_rows_entries!($feature, $input, $name, 1,
-            [(1, 1), (2, 1), (4, 1), (8, 1), (16, 1), (32, 1), (32, 4)]);
-        op_block_entries!($feature, $input, $name, $vector,
-            [(128, 2), (256, 2), (256, 4), (512, 4), (512, 8), (1024, 4), (1024, 8)]);
+        op_rows_entries!(
+            $feature,
+            $input,
+            $name,
+            $vector,
+            [
+                (1, 1),
+                (2, 1),
+                (4, 1),
+                (8, 1),
+                (16, 1),
+                (32, 1),
+                (32, 2),
+                (32, 4),
+                (32, 8)
+            ]
+        );
+        op_rows_entries!(
+            $feature,
+            $input,
+            $name,
+            1,
+            [(1, 1), (2, 1), (4, 1), (8, 1), (16, 1), (32, 1), (32, 4)]
+        );
+        op_block_entries!(
+            $feature,
+            $input,
+            $name,
+            $vector,
+            [
+                (128, 2),
+                (256, 2),
+                (256, 4),
+                (512, 4),
+                (512, 8),
+                (1024, 4),
+                (1024, 8)
+            ]
+        );
         op_block_entries!($feature, $input, $name, 1, [(256, 4), (1024, 16)]);
     };
 }

@@ -4,9 +4,7 @@
 
 use core::sync::atomic::{AtomicU32, Ordering};
 
-use crate::device::{
-    block_dim, block_idx, fence_device, sleep_briefly, sync_threads, thread_idx,
-};
+use crate::device::{block_dim, block_idx, fence_device, sleep_briefly, sync_threads, thread_idx};
 use crate::reduce::{Partial, block_reduce};
 
 /// Waits until `participants` blocks have arrived at this row's barrier. Called by one thread

@@ -52,16 +52,21 @@ fn row_start(base: u64, row: usize, stride: u64, dtype: DType) -> u64 {
     base + row as u64 * stride * dtype.bytes() as u64
 }
 
-/// Stores `stats` in slot `params.state_slot` of the row's states.
+/// Stores `stats` as the row's state in slot `params.state_slot`: slots are consecutive runs
+/// of `rows` states (slot-major, as states gathered from several slices or devices lie).
 ///
 /// # Safety
 /// `params.states` holds `rows · state_slots` [`RowState`]s and `row < rows`.
 #[inline(always)]
 pub unsafe fn store_state<S: Partial>(params: &RowOpParams, row: usize, stats: S) {
     let [max, sum] = stats.to_floats();
-    let slot = row * params.state_slots as usize + params.state_slot as usize;
+    let slot = params.state_slot as usize * params.rows as usize + row;
     // SAFETY: forwarded from the contract.
-    unsafe { (params.states as *mut RowState).add(slot).write(RowState { max, sum }) };
+    unsafe {
+        (params.states as *mut RowState)
+            .add(slot)
+            .write(RowState { max, sum })
+    };
 }
 
 /// Merges the `state_slots` stored states of `row`.
@@ -70,11 +75,15 @@ pub unsafe fn store_state<S: Partial>(params: &RowOpParams, row: usize, stats: S
 /// As [`store_state`].
 #[inline(always)]
 pub unsafe fn merged_states<S: Partial>(params: &RowOpParams, row: usize) -> S {
-    let slots = params.state_slots as usize;
+    let rows = params.rows as usize;
     let mut merged = S::EMPTY;
-    for slot in 0..slots {
+    for slot in 0..params.state_slots as usize {
         // SAFETY: forwarded from the contract.
-        let state = unsafe { (params.states as *const RowState).add(row * slots + slot).read() };
+        let state = unsafe {
+            (params.states as *const RowState)
+                .add(slot * rows + row)
+                .read()
+        };
         merged = merged.merge(S::from_floats([state.max, state.sum]));
     }
     merged

@@ -98,7 +98,7 @@ pub struct RowOpParams {
     pub mask_stride: u64,
     /// f32 per row: the row's log-sum-exp (after scale and masks); 0 = not written.
     pub log_sum_exp: u64,
-    /// [`RowState`]s, `state_slots` per row (see [`mode`]).
+    /// [`RowState`]s: `state_slots` slots of `rows` states each, slot-major (see [`mode`]).
     pub states: u64,
     /// Two floats per block (cooperative slices exchange their statistics through them).
     pub partials: u64,
@@ -151,15 +151,8 @@ pub const OP_ROWS_VECTOR: &[(u32, u32)] = &[
 ];
 
 /// The same with one element per pack, for layouts that rule out 16-byte access.
-pub const OP_ROWS_SCALAR: &[(u32, u32)] = &[
-    (1, 1),
-    (2, 1),
-    (4, 1),
-    (8, 1),
-    (16, 1),
-    (32, 1),
-    (32, 4),
-];
+pub const OP_ROWS_SCALAR: &[(u32, u32)] =
+    &[(1, 1), (2, 1), (4, 1), (8, 1), (16, 1), (32, 1), (32, 4)];
 
 /// `(threads, packs per thread)` of the block operation kernels (one block per row, or per
 /// slice of a row in a cooperative launch). A block of 1024 threads gets at most 64 registers
@@ -231,14 +224,14 @@ impl OpKernelName {
     pub fn all_for(input: DType) -> impl Iterator<Item = OpKernelName> {
         let vector = input.vector_pack();
         let rows = |pack: u32, table: &'static [(u32, u32)]| {
-            table.iter().map(move |&(lanes, packs)| {
-                (pack, OpKernelShape::Rows { lanes }, packs)
-            })
+            table
+                .iter()
+                .map(move |&(lanes, packs)| (pack, OpKernelShape::Rows { lanes }, packs))
         };
         let blocks = |pack: u32, table: &'static [(u32, u32)]| {
-            table.iter().map(move |&(threads, packs)| {
-                (pack, OpKernelShape::Block { threads }, packs)
-            })
+            table
+                .iter()
+                .map(move |&(threads, packs)| (pack, OpKernelShape::Block { threads }, packs))
         };
         let layouts = rows(vector, OP_ROWS_VECTOR)
             .chain(rows(1, OP_ROWS_SCALAR))

@@ -67,7 +67,11 @@ fn build_ptx() -> Result<()> {
     for module in ptx_build::PTX_MODULES {
         let path = modules.join(format!("{module}.ptx"));
         let ptx = fs::read_to_string(&path).map_err(|e| e.to_string())?;
-        println!("PTX module `{module}` ({}): {}", ptx_build::GPU_ARCH, path.display());
+        println!(
+            "PTX module `{module}` ({}): {}",
+            ptx_build::GPU_ARCH,
+            path.display()
+        );
         let entries = entry_names(&ptx);
         println!("{} kernel entries:", entries.len());
         for entry in &entries {
@@ -299,9 +303,11 @@ fn device_bundle() -> Result<()> {
         .args(["build", "--release", "-p", "host"]))?;
     fs::copy(workspace.join("target/release/host"), bundle.join("host"))
         .map_err(|e| e.to_string())?;
-    for (command, folder) in [
-        (["test", "--release"].as_slice(), "tests"),
-        (["bench"].as_slice(), "benches"),
+    // Only what needs the GPU: the `gpu*` test binaries and the criterion benches (the CPU
+    // tests run here, and the carry to the GPU machine is limited in size).
+    for (command, folder, kind, prefix) in [
+        (["test", "--release"].as_slice(), "tests", "test", "gpu"),
+        (["bench"].as_slice(), "benches", "bench", ""),
     ] {
         let output = Command::new(cargo())
             .current_dir(&workspace)
@@ -321,6 +327,11 @@ fn device_bundle() -> Result<()> {
                     .file_name()
                     .expect("an executable has a name")
                     .to_owned();
+                let wanted = line.contains(&format!("\"kind\":[\"{kind}\"]"))
+                    && name.to_string_lossy().starts_with(prefix);
+                if !wanted {
+                    continue;
+                }
                 fs::copy(&path, bundle.join(folder).join(&name)).map_err(|e| e.to_string())?;
                 names.push(name.to_string_lossy().into_owned());
             }

@@ -20,7 +20,8 @@ pub const PTX_MODULES: [&str; 4] = ["softmax", "ops-f32", "ops-bf16", "ops-f16"]
 
 /// Builds every module of [`PTX_MODULES`] into `dest_dir/<module>.ptx`.
 pub fn build_all_ptx(cargo: &Path, workspace: &Path, dest_dir: &Path) -> Result<(), String> {
-    std::fs::create_dir_all(dest_dir).map_err(|e| format!("creating {}: {e}", dest_dir.display()))?;
+    std::fs::create_dir_all(dest_dir)
+        .map_err(|e| format!("creating {}: {e}", dest_dir.display()))?;
     for module in PTX_MODULES {
         let built = build_kernels_ptx(cargo, workspace, module)?;
         let dest = dest_dir.join(format!("{module}.ptx"));
@@ -30,9 +31,11 @@ pub fn build_all_ptx(cargo: &Path, workspace: &Path, dest_dir: &Path) -> Result<
 }
 
 /// Runs `cargo rustc -p kernels-gpu --features <feature>` for `nvptx64-nvidia-cuda` with
-/// `cargo` and returns the path of the PTX it wrote (overwritten by the next build).
+/// `cargo` and returns the path of the PTX it wrote. Each module has a target dir of its own:
+/// builds running at once (a `cargo build` beside a `cargo xtask`) then never overwrite each
+/// other's `kernels_gpu.ptx` between a build and its copy.
 fn build_kernels_ptx(cargo: &Path, workspace: &Path, feature: &str) -> Result<PathBuf, String> {
-    let target_dir = ptx_target_dir(workspace);
+    let target_dir = ptx_target_dir(workspace).join(feature);
     // Unrolling must be allowed to finish the constant-trip loops of the widest register
     // kernels, or their row arrays go to local memory.
     let rustflags = [

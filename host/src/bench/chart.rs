@@ -8,7 +8,7 @@ use std::sync::Once;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-use super::{Outcome, Report, seed_sweep_shapes};
+use super::{BenchOp, Outcome, Report, seed_sweep_shapes_for};
 use crate::error::{Error, Result};
 use crate::shape::Shape;
 
@@ -59,11 +59,21 @@ pub(super) fn draw_all(report: &Report, dir: &Path) -> Result<()> {
     REGISTER_FONT.call_once(|| {
         let _ = plotters::style::register_font("sans-serif", FontStyle::Normal, FONT);
     });
-    let sweep = seed_sweep_shapes();
+    let (op, dtype) = (report.bench_op(), report.bench_dtype());
+    let sweep = seed_sweep_shapes_for(dtype);
     let measured = report.shapes();
     let device = &report.device.name;
+    let what = match op {
+        BenchOp::Softmax => format!("Softmax {}", dtype.name()),
+        BenchOp::LogSoftmax => format!("Log-softmax {}", dtype.name()),
+        BenchOp::Backward => format!("Softmax backward {}", dtype.name()),
+    };
+    let per_tensor = match op {
+        BenchOp::Backward => "~200 MB per input tensor",
+        BenchOp::Softmax | BenchOp::LogSoftmax => "~200 MB per tensor",
+    };
     let seed = ChartSpec {
-        title: format!("Softmax f32, ~200 MB per tensor, {device}"),
+        title: format!("{what}, {per_tensor}, {device}"),
         x_label: "row width (columns)",
         metric: Metric::GigabytesPerSecond,
         points: measured
@@ -73,7 +83,7 @@ pub(super) fn draw_all(report: &Report, dir: &Path) -> Result<()> {
             .collect(),
     };
     let others = ChartSpec {
-        title: format!("Softmax f32, LLM and odd shapes, {device}"),
+        title: format!("{what}, LLM and odd shapes, {device}"),
         x_label: "rows x cols",
         metric: Metric::PercentOfCopy,
         points: measured
@@ -87,7 +97,7 @@ pub(super) fn draw_all(report: &Report, dir: &Path) -> Result<()> {
         if spec.points.is_empty() {
             continue;
         }
-        let stem = dir.join(format!("{}-{name}", report.device.slug()));
+        let stem = dir.join(format!("{}-{name}", report.file_stem()));
         let png = stem.with_extension("png");
         let svg = stem.with_extension("svg");
         plot(
@@ -166,9 +176,12 @@ fn plot<DB: DrawingBackend>(
         .iter()
         .map(|(_, x, label)| (*x, label.clone()))
         .collect();
-    let y_description = match spec.metric {
-        Metric::GigabytesPerSecond => "GB/s (input read once + output written once)",
-        Metric::PercentOfCopy => "% of a device-to-device copy of the same tensor",
+    let backward = report.bench_op() == BenchOp::Backward;
+    let y_description = match (spec.metric, backward) {
+        (Metric::GigabytesPerSecond, false) => "GB/s (input read once + output written once)",
+        (Metric::GigabytesPerSecond, true) => "GB/s (y and dy read once + dx written once)",
+        (Metric::PercentOfCopy, false) => "% of a device-to-device copy of the same tensor",
+        (Metric::PercentOfCopy, true) => "% of the GB/s of a copy of y (copy-equivalent)",
     };
     let mut chart = ChartBuilder::on(&plot_area)
         .caption(&spec.title, ("sans-serif", 26))

@@ -2,9 +2,14 @@
 //! tensor measured in the same run, with the peers (PyTorch, Triton) when they are available.
 //!
 //! Bytes are counted the same way for everyone: the input read once plus the output written
-//! once (`2 · rows · cols · 4`), so GB/s and % of copy compare across variants and peers.
+//! once (`2 · rows · cols · 4` for f32 softmax), so GB/s and % of copy compare across variants
+//! and peers. With `--op` and `--dtype` other than f32 softmax, `auto` runs through the
+//! operation API ([`Softmax::forward`], [`Softmax::backward`]) beside the copy and the peers;
+//! backward moves `3 · rows · cols · bytes` (reads y and dy, writes dx), and its % of copy is
+//! its GB/s over the copy's (copy-equivalent bandwidth).
 
 mod chart;
+mod operation;
 mod peers;
 mod report;
 mod timing;
@@ -19,6 +24,7 @@ pub use report::Report;
 use timing::Contender;
 
 use crate::error::Result;
+use crate::ops::DType;
 use crate::shape::Shape;
 use crate::softmax::Softmax;
 use crate::variant::Variant;
@@ -29,14 +35,93 @@ pub const SEED_SWEEP_WIDTHS: std::ops::RangeInclusive<u32> = 5..=14;
 /// Bytes per tensor in the seeds' sweep (about 200 MB).
 pub const SEED_SWEEP_TENSOR_BYTES: usize = 200 << 20;
 
-/// The seeds' sweep: widths 32…16384 with rows chosen for about 200 MB per tensor.
+/// What the benchmark times.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum BenchOp {
+    /// Forward softmax (with `--dtype f32`: every variant).
+    #[default]
+    Softmax,
+    /// Forward log-softmax.
+    LogSoftmax,
+    /// The softmax gradient `dx = y ⊙ (dy − Σ dy⊙y)` from the forward output and `dy`.
+    Backward,
+}
+
+impl BenchOp {
+    pub const NAMES: [&str; 3] = ["softmax", "log-softmax", "backward"];
+
+    /// The command-line name.
+    pub fn name(self) -> &'static str {
+        match self {
+            BenchOp::Softmax => "softmax",
+            BenchOp::LogSoftmax => "log-softmax",
+            BenchOp::Backward => "backward",
+        }
+    }
+
+    /// Tensors one call reads or writes, each `rows × cols` elements: input and output
+    /// forward; y, dy and dx backward.
+    pub fn tensors(self) -> u64 {
+        match self {
+            BenchOp::Softmax | BenchOp::LogSoftmax => 2,
+            BenchOp::Backward => 3,
+        }
+    }
+}
+
+impl std::fmt::Display for BenchOp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for BenchOp {
+    type Err = String;
+
+    fn from_str(text: &str) -> std::result::Result<Self, String> {
+        match text.trim() {
+            "softmax" => Ok(BenchOp::Softmax),
+            "log-softmax" => Ok(BenchOp::LogSoftmax),
+            "backward" => Ok(BenchOp::Backward),
+            _ => Err(format!(
+                "unknown op `{text}`: expected softmax, log-softmax or backward"
+            )),
+        }
+    }
+}
+
+/// Parses an element type as the command line spells it: `f32`, `bf16` or `f16`.
+pub fn parse_dtype(text: &str) -> std::result::Result<DType, String> {
+    DType::ALL
+        .into_iter()
+        .find(|d| d.name() == text.trim())
+        .ok_or_else(|| format!("unknown dtype `{text}`: expected f32, bf16 or f16"))
+}
+
+/// Whether `op` and `dtype` are the default run (f32 softmax, every variant), whose files
+/// keep their historical names.
+pub fn is_default_run(op: BenchOp, dtype: DType) -> bool {
+    op == BenchOp::Softmax && dtype == DType::F32
+}
+
+/// The seeds' sweep: widths 32…16384 with rows chosen for about 200 MB per f32 tensor.
 pub fn seed_sweep_shapes() -> Vec<Shape> {
+    seed_sweep_shapes_for(DType::F32)
+}
+
+/// The seeds' sweep for `dtype`: about 200 MB per input tensor of that type.
+pub fn seed_sweep_shapes_for(dtype: DType) -> Vec<Shape> {
     SEED_SWEEP_WIDTHS
         .map(|log2| {
             let cols = 1usize << log2;
-            shape(SEED_SWEEP_TENSOR_BYTES / (4 * cols), cols)
+            shape(sweep_rows(dtype, cols), cols)
         })
         .collect()
+}
+
+/// Rows of a `cols`-wide tensor of `dtype` holding about [`SEED_SWEEP_TENSOR_BYTES`].
+fn sweep_rows(dtype: DType, cols: usize) -> usize {
+    SEED_SWEEP_TENSOR_BYTES / (dtype.bytes() as usize * cols)
 }
 
 /// LLM-vocabulary rows and the odd widths the production kernels are held to.
@@ -61,10 +146,15 @@ pub fn llm_shapes() -> Vec<Shape> {
 /// Widths every 64 columns across each dispatch boundary, at about 200 MB per tensor: a cliff
 /// between neighbours shows up here.
 pub fn boundary_shapes() -> Vec<Shape> {
+    boundary_shapes_for(DType::F32)
+}
+
+/// [`boundary_shapes`] at about 200 MB per input tensor of `dtype`.
+pub fn boundary_shapes_for(dtype: DType) -> Vec<Shape> {
     [960..=1152, 1984..=2176, 4032..=4224, 8128..=8320]
         .into_iter()
         .flat_map(|range| range.step_by(64))
-        .map(|cols| shape(SEED_SWEEP_TENSOR_BYTES / (4 * cols), cols))
+        .map(|cols| shape(sweep_rows(dtype, cols), cols))
         .collect()
 }
 
@@ -93,6 +183,11 @@ pub struct BenchConfig {
     pub device: u32,
     /// Run `bench/peers.py` (PyTorch and Triton) on the same shapes and show them beside.
     pub peers: bool,
+    /// What is timed. Anything but f32 softmax times `auto` through the operation API
+    /// (`variants` is then ignored).
+    pub op: BenchOp,
+    /// Element type of every tensor (input and output alike).
+    pub dtype: DType,
 }
 
 /// The result of one variant on one shape.
@@ -134,13 +229,37 @@ impl Measurement {
     }
 }
 
-/// GB/s of one softmax (or copy) of `shape` that took `ms`, with the common byte count.
+/// GB/s of one f32 softmax (or copy) of `shape` that took `ms`, with the common byte count.
 pub fn gigabytes_per_second(shape: Shape, ms: f64) -> f64 {
     shape.min_traffic_bytes() as f64 / (ms * 1e-3) / 1e9
 }
 
+/// Bytes one call of `op` on `dtype` data moves at the minimum, the count every contender's
+/// GB/s is computed from: each tensor read or written once (forward `2 · rows · cols · bytes`,
+/// backward `3 · rows · cols · bytes`). A copy of the input moves what a forward call does.
+pub fn traffic_bytes(op: BenchOp, dtype: DType, shape: Shape) -> u64 {
+    op.tensors() * shape.len() as u64 * u64::from(dtype.bytes())
+}
+
+/// A timed outcome: GB/s from `bytes`, % of copy as GB/s over the copy's GB/s.
+fn timed_outcome(bytes: u64, ms: f64, copy_gbps: f64) -> Outcome {
+    let gbps = bytes as f64 / (ms * 1e-3) / 1e9;
+    Outcome::Timed {
+        median_ms: ms,
+        gbps,
+        pct_of_copy: 100.0 * gbps / copy_gbps,
+    }
+}
+
 /// Runs the benchmark and writes its results under `config.out_dir`.
 pub fn run(config: &BenchConfig) -> Result<Report> {
+    if !is_default_run(config.op, config.dtype) {
+        return match config.dtype {
+            DType::F32 => operation::run::<f32>(config),
+            DType::Bf16 => operation::run::<half::bf16>(config),
+            DType::F16 => operation::run::<half::f16>(config),
+        };
+    }
     let mut softmax = Softmax::on_device(config.device)?;
     let device = softmax.device().clone();
     let steps = config.shapes.len();
@@ -166,7 +285,7 @@ pub fn run(config: &BenchConfig) -> Result<Report> {
             )
             .collect();
         progress.set_message(format!("{shape}: timing {} contenders", contenders.len()));
-        let medians = pools.time_interleaved(&mut softmax, &contenders, config)?;
+        let medians = timing::time_interleaved(&mut pools, &mut softmax, &contenders, config)?;
         let copy_ms = medians[0];
         let timed = |ms: f64| Outcome::Timed {
             median_ms: ms,
@@ -204,6 +323,15 @@ pub fn run(config: &BenchConfig) -> Result<Report> {
         progress.inc(1);
     }
     progress.finish_and_clear();
+    finish(config, device, measurements)
+}
+
+/// Adds the peers (when asked for), then writes the report.
+fn finish(
+    config: &BenchConfig,
+    device: crate::device::DeviceInfo,
+    mut measurements: Vec<Measurement>,
+) -> Result<Report> {
     if config.peers {
         std::fs::create_dir_all(&config.out_dir).map_err(|source| crate::error::Error::Io {
             what: format!("creating {}", config.out_dir.display()),
@@ -211,7 +339,7 @@ pub fn run(config: &BenchConfig) -> Result<Report> {
         })?;
         measurements.extend(peers::run(&config.shapes, config, &measurements));
     }
-    let report = Report::new(device, measurements);
+    let report = Report::new(device, config.op, config.dtype, measurements);
     report.write(&config.out_dir)?;
     Ok(report)
 }

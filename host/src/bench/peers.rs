@@ -1,11 +1,13 @@
 //! The peers, side by side: `bench/peers.py` times `torch.softmax`, the seed's five-op PyTorch
 //! softmax and a one-row-per-program Triton kernel on the same shapes, with the same byte
-//! count and the same timing method, and writes rows in the benchmark's CSV format.
+//! count and the same timing method, and writes rows in the benchmark's CSV format. With
+//! `--op`/`--dtype` it times `torch.softmax`, `torch.log_softmax` or PyTorch's fused softmax
+//! backward (`torch._softmax_backward_data`) in that dtype.
 
 use std::path::Path;
 use std::process::Command;
 
-use super::{BenchConfig, Measurement, Outcome};
+use super::{BenchConfig, Measurement, Outcome, is_default_run};
 use crate::shape::Shape;
 
 /// Where the script lives, relative to the repository root the benchmark runs from.
@@ -27,7 +29,13 @@ pub(super) fn run(
         );
         return Vec::new();
     }
-    let csv = config.out_dir.join("peers.csv");
+    let csv = config
+        .out_dir
+        .join(if is_default_run(config.op, config.dtype) {
+            "peers.csv".to_owned()
+        } else {
+            format!("peers-{}-{}.csv", config.op, config.dtype.name())
+        });
     let shape_list: Vec<String> = shapes.iter().map(Shape::to_string).collect();
     let status = Command::new("python3")
         .arg(SCRIPT)
@@ -42,8 +50,9 @@ pub(super) fn run(
             &config.warmup.to_string(),
             "--device",
             &config.device.to_string(),
-            "--out",
         ])
+        .args(["--op", config.op.name(), "--dtype", config.dtype.name()])
+        .arg("--out")
         .arg(&csv)
         .status();
     match status {
@@ -68,18 +77,25 @@ pub(super) fn run(
         .collect()
 }
 
-/// One CSV row of the script, re-based on this run's copy.
+/// One CSV row of the script, re-based on this run's copy: % of copy is the peer's GB/s over
+/// the GB/s of the copy this run measured (the same as the ratio of times when both move the
+/// same bytes, as forward calls do).
 fn parse_row(line: &str, ours: &[Measurement]) -> Option<Measurement> {
     let fields: Vec<&str> = line.split(',').collect();
-    let [variant, _dtype, rows, cols, median_ms, gbps, _pct] = fields[..] else {
+    let [variant, dtype, rows, cols, median_ms, gbps, _pct] = fields[..] else {
         return None;
     };
     let (rows, cols): (usize, usize) = (rows.parse().ok()?, cols.parse().ok()?);
     let (median_ms, gbps): (f64, f64) = (median_ms.parse().ok()?, gbps.parse().ok()?);
-    let copy_ms = ours
+    let copy = ours
         .iter()
-        .find(|m| m.variant == "copy" && m.rows == rows && m.cols == cols)?
-        .median_ms()?;
+        .find(|m| m.variant == "copy" && m.rows == rows && m.cols == cols)?;
+    let Outcome::Timed {
+        gbps: copy_gbps, ..
+    } = copy.outcome
+    else {
+        return None;
+    };
     let library = if variant.starts_with("triton") {
         "triton"
     } else {
@@ -87,14 +103,14 @@ fn parse_row(line: &str, ours: &[Measurement]) -> Option<Measurement> {
     };
     Some(Measurement {
         variant: variant.to_owned(),
-        dtype: "f32".into(),
+        dtype: dtype.to_owned(),
         rows,
         cols,
         kernels: vec![library.to_owned()],
         outcome: Outcome::Timed {
             median_ms,
             gbps,
-            pct_of_copy: 100.0 * copy_ms / median_ms,
+            pct_of_copy: 100.0 * gbps / copy_gbps,
         },
     })
 }

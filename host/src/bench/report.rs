@@ -5,9 +5,10 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Measurement, Outcome, chart};
+use super::{BenchOp, Measurement, Outcome, chart, is_default_run, parse_dtype};
 use crate::device::DeviceInfo;
 use crate::error::{Error, Result};
+use crate::ops::DType;
 use crate::shape::Shape;
 
 /// Everything one benchmark run measured, with where and when.
@@ -18,16 +19,71 @@ pub struct Report {
     pub date: String,
     /// The commit the binary was built from.
     pub git_commit: String,
+    /// What was timed: `softmax`, `log-softmax` or `backward` (absent in older reports:
+    /// softmax).
+    #[serde(default = "default_op")]
+    pub op: String,
+    /// The element type of every tensor: `f32`, `bf16` or `f16` (absent in older reports:
+    /// f32).
+    #[serde(default = "default_dtype")]
+    pub dtype: String,
     pub measurements: Vec<Measurement>,
 }
 
+fn default_op() -> String {
+    BenchOp::Softmax.name().into()
+}
+
+fn default_dtype() -> String {
+    DType::F32.name().into()
+}
+
 impl Report {
-    pub fn new(device: DeviceInfo, measurements: Vec<Measurement>) -> Self {
+    pub fn new(
+        device: DeviceInfo,
+        op: BenchOp,
+        dtype: DType,
+        measurements: Vec<Measurement>,
+    ) -> Self {
         Report {
             device,
             date: utc_now(),
             git_commit: env!("SOFTMAX_GIT_COMMIT").into(),
+            op: op.name().into(),
+            dtype: dtype.name().into(),
             measurements,
+        }
+    }
+
+    /// The operation measured (softmax when the report names none this build knows).
+    pub fn bench_op(&self) -> BenchOp {
+        self.op.parse().unwrap_or_default()
+    }
+
+    /// The element type measured (f32 when the report names none this build knows).
+    pub fn bench_dtype(&self) -> DType {
+        parse_dtype(&self.dtype).unwrap_or(DType::F32)
+    }
+
+    /// The start of every file name this report writes: `<device-slug>` for f32 softmax
+    /// (`nvidia-h200`), `<device-slug>-<op>-<dtype>` otherwise (`nvidia-h200-backward-f32`).
+    pub fn file_stem(&self) -> String {
+        let (op, dtype) = (self.bench_op(), self.bench_dtype());
+        if is_default_run(op, dtype) {
+            self.device.slug()
+        } else {
+            format!("{}-{}-{}", self.device.slug(), op.name(), dtype.name())
+        }
+    }
+
+    /// How the table and charts name what was measured: `f32` for the default run, else e.g.
+    /// `bf16 log-softmax`.
+    fn what(&self) -> String {
+        let (op, dtype) = (self.bench_op(), self.bench_dtype());
+        if is_default_run(op, dtype) {
+            dtype.name().into()
+        } else {
+            format!("{} {}", dtype.name(), op.name())
         }
     }
 
@@ -57,8 +113,9 @@ impl Report {
                 .fold(0.0, f64::max);
             let _ = writeln!(
                 text,
-                "\n{shape} f32 ({:.1} MB per tensor)",
-                shape.len() as f64 * 4e-6
+                "\n{shape} {} ({:.1} MB per tensor)",
+                self.what(),
+                shape.len() as f64 * f64::from(self.bench_dtype().bytes()) * 1e-6
             );
             let _ = writeln!(
                 text,
@@ -126,14 +183,14 @@ impl Report {
         chart::draw_all(self, dir)
     }
 
-    /// Writes `<device-slug>.csv`, `.json` and the charts into `dir`.
+    /// Writes `<file stem>.csv`, `.json` and the charts into `dir` (see [`Report::file_stem`]).
     pub fn write(&self, dir: &Path) -> Result<()> {
         let io = |e: std::io::Error| Error::Io {
             what: format!("writing results to {}", dir.display()),
             source: e,
         };
         std::fs::create_dir_all(dir).map_err(io)?;
-        let stem = dir.join(self.device.slug());
+        let stem = dir.join(self.file_stem());
         std::fs::write(stem.with_extension("csv"), self.csv()).map_err(io)?;
         let json = serde_json::to_string_pretty(self).expect("the report serializes");
         std::fs::write(stem.with_extension("json"), json).map_err(io)?;
@@ -176,7 +233,89 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
 
 #[cfg(test)]
 mod tests {
-    use super::civil_from_days;
+    use super::*;
+
+    fn device() -> DeviceInfo {
+        DeviceInfo {
+            ordinal: 0,
+            name: "NVIDIA H200".into(),
+            compute_capability: (9, 0),
+            multiprocessors: 132,
+            max_shared_per_block: 232_448,
+            l2_bytes: 60 << 20,
+            total_memory_bytes: 140 << 30,
+            sm_clock_mhz: 1980,
+            memory_clock_mhz: 3201,
+            driver_version: 13000,
+            supports_cooperative_launch: true,
+        }
+    }
+
+    #[test]
+    fn file_names_carry_op_and_dtype_unless_default() {
+        let stem = |op, dtype| Report::new(device(), op, dtype, Vec::new()).file_stem();
+        assert_eq!(stem(BenchOp::Softmax, DType::F32), "nvidia-h200");
+        assert_eq!(
+            stem(BenchOp::Backward, DType::F32),
+            "nvidia-h200-backward-f32"
+        );
+        assert_eq!(
+            stem(BenchOp::Softmax, DType::Bf16),
+            "nvidia-h200-softmax-bf16"
+        );
+        assert_eq!(
+            stem(BenchOp::LogSoftmax, DType::F16),
+            "nvidia-h200-log-softmax-f16"
+        );
+    }
+
+    #[test]
+    fn reports_without_op_and_dtype_are_f32_softmax() {
+        let mut json = serde_json::to_value(Report::new(
+            device(),
+            BenchOp::Backward,
+            DType::Bf16,
+            Vec::new(),
+        ))
+        .unwrap();
+        assert_eq!(json["op"], "backward");
+        assert_eq!(json["dtype"], "bf16");
+        let object = json.as_object_mut().unwrap();
+        object.remove("op");
+        object.remove("dtype");
+        let old: Report = serde_json::from_value(json).unwrap();
+        assert_eq!(
+            (old.bench_op(), old.bench_dtype()),
+            (BenchOp::Softmax, DType::F32)
+        );
+        assert_eq!(old.file_stem(), "nvidia-h200");
+    }
+
+    #[test]
+    fn csv_header_and_dtype_column() {
+        let report = Report::new(
+            device(),
+            BenchOp::Backward,
+            DType::Bf16,
+            vec![Measurement {
+                variant: "auto".into(),
+                dtype: "bf16".into(),
+                rows: 2,
+                cols: 3,
+                kernels: Vec::new(),
+                outcome: Outcome::Timed {
+                    median_ms: 0.5,
+                    gbps: 1.0,
+                    pct_of_copy: 90.0,
+                },
+            }],
+        );
+        assert_eq!(
+            report.csv(),
+            "variant,dtype,rows,cols,median_ms,gbps,pct_of_copy\n\
+             auto,bf16,2,3,0.500000,1.00,90.00\n"
+        );
+    }
 
     #[test]
     fn civil_dates() {

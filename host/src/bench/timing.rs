@@ -17,11 +17,11 @@ use crate::softmax::Softmax;
 use crate::variant::Variant;
 
 /// Input and output pairs for a shape: at least this many times the L2 between them.
-const WORKING_SET_OVER_L2: usize = 4;
+pub(super) const WORKING_SET_OVER_L2: usize = 4;
 /// Floats between the starts of consecutive pairs' tensors (keeps every start 256-byte aligned).
 const SLOT_ALIGN_FLOATS: usize = 64;
 /// Rows compared with the reference per verification.
-const VERIFIED_ROWS: usize = 8;
+pub(super) const VERIFIED_ROWS: usize = 8;
 /// The tolerance of the GPU tests: relative L2 error and row-sum error.
 const TOLERANCE: f64 = 1e-5;
 /// Each timed sample runs back-to-back launches for about this long.
@@ -72,18 +72,6 @@ impl Pools {
         (self.input.index(range.clone()), self.output.index(range))
     }
 
-    /// Enqueues one launch of `contender` on slot `slot`.
-    fn launch(&mut self, softmax: &mut Softmax, contender: Contender, slot: usize) -> Result<()> {
-        let shape = self.shape;
-        let (input, mut output) = self.slot(slot);
-        match contender {
-            // SAFETY: both slices are live device memory of equal length, in disjoint pools.
-            Contender::Copy => unsafe { output.async_copy_from(&input, softmax.stream()) }
-                .during("copying device to device"),
-            Contender::Variant(variant) => softmax.run(variant, &input, &mut output, shape),
-        }
-    }
-
     /// Runs `variant` once on a poisoned output and compares sampled rows with the reference.
     pub fn verify(
         &mut self,
@@ -122,76 +110,20 @@ impl Pools {
         }
         Ok(())
     }
+}
 
-    /// Median milliseconds per launch of each contender. All are warmed up, then timed in
-    /// rounds, one sample of each per round, so that clock and cache conditions are shared
-    /// instead of favouring whoever runs last. A sample is the mean of back-to-back launches
-    /// (about [`SAMPLE_MS`]); slow contenders take fewer samples (at least [`MIN_SAMPLES`]).
-    pub fn time_interleaved(
-        &mut self,
-        softmax: &mut Softmax,
-        contenders: &[Contender],
-        config: &BenchConfig,
-    ) -> Result<Vec<f64>> {
-        let new_event = || Event::new(EventFlags::DEFAULT).during("creating an event");
-        let (start, stop) = (new_event()?, new_event()?);
-        let mut next = 0;
-        let mut timed = |pools: &mut Self,
-                         softmax: &mut Softmax,
-                         contender: Contender,
-                         launches: usize|
-         -> Result<f64> {
-            start
-                .record(softmax.stream())
-                .during("recording an event")?;
-            for _ in 0..launches {
-                pools.launch(softmax, contender, next)?;
-                next += 1;
-            }
-            stop.record(softmax.stream()).during("recording an event")?;
-            stop.synchronize().during("waiting for timed launches")?;
-            Ok(
-                f64::from(stop.elapsed_time_f32(&start).during("reading events")?)
-                    / launches as f64,
-            )
-        };
-        let mut plans = Vec::with_capacity(contenders.len());
-        for &contender in contenders {
-            // The first launch tells whether warming up is affordable: at least `warmup`
-            // launches and a share of WARMUP_MS of back-to-back work (idle clocks ramp up).
-            let first = timed(self, softmax, contender, 1)?;
-            let estimate = if first < SLOW_LAUNCH_MS {
-                let share = WARMUP_MS / contenders.len() as f64;
-                let launches = config
-                    .warmup
-                    .max((share / first.max(1e-3)).ceil() as usize)
-                    .min(MAX_WARMUP_LAUNCHES);
-                timed(self, softmax, contender, launches)?;
-                timed(self, softmax, contender, 1)?.max(1e-4)
-            } else {
-                first
-            };
-            let per_sample = (SAMPLE_MS / estimate).ceil().clamp(1.0, 1000.0) as usize;
-            let affordable = (MEASUREMENT_BUDGET_MS / (estimate * per_sample as f64)) as usize;
-            plans.push((per_sample, config.iters.min(affordable).max(MIN_SAMPLES)));
+impl Launcher for Pools {
+    type Contender = Contender;
+
+    fn launch(&mut self, softmax: &mut Softmax, contender: Contender, slot: usize) -> Result<()> {
+        let shape = self.shape;
+        let (input, mut output) = self.slot(slot);
+        match contender {
+            // SAFETY: both slices are live device memory of equal length, in disjoint pools.
+            Contender::Copy => unsafe { output.async_copy_from(&input, softmax.stream()) }
+                .during("copying device to device"),
+            Contender::Variant(variant) => softmax.run(variant, &input, &mut output, shape),
         }
-        let rounds = plans.iter().map(|&(_, samples)| samples).max().unwrap_or(0);
-        let mut times = vec![Vec::new(); contenders.len()];
-        for round in 0..rounds {
-            for (i, &contender) in contenders.iter().enumerate() {
-                let (per_sample, samples) = plans[i];
-                if round < samples {
-                    times[i].push(timed(self, softmax, contender, per_sample)?);
-                }
-            }
-        }
-        Ok(times
-            .into_iter()
-            .map(|mut t| {
-                t.sort_by(f64::total_cmp);
-                t[t.len() / 2]
-            })
-            .collect())
     }
 }
 
@@ -200,4 +132,85 @@ impl Pools {
 pub(super) enum Contender {
     Copy,
     Variant(Variant),
+}
+
+/// Buffers that the timing loop launches contenders on, rotating over their slots.
+pub(super) trait Launcher {
+    type Contender: Copy;
+
+    /// Enqueues one launch of `contender` on slot `slot` (taken modulo the slots there are).
+    fn launch(
+        &mut self,
+        softmax: &mut Softmax,
+        contender: Self::Contender,
+        slot: usize,
+    ) -> Result<()>;
+}
+
+/// Median milliseconds per launch of each contender. All are warmed up, then timed in
+/// rounds, one sample of each per round, so that clock and cache conditions are shared
+/// instead of favouring whoever runs last. A sample is the mean of back-to-back launches
+/// (about [`SAMPLE_MS`]); slow contenders take fewer samples (at least [`MIN_SAMPLES`]).
+pub(super) fn time_interleaved<L: Launcher>(
+    pools: &mut L,
+    softmax: &mut Softmax,
+    contenders: &[L::Contender],
+    config: &BenchConfig,
+) -> Result<Vec<f64>> {
+    let new_event = || Event::new(EventFlags::DEFAULT).during("creating an event");
+    let (start, stop) = (new_event()?, new_event()?);
+    let mut next = 0;
+    let mut timed = |pools: &mut L,
+                     softmax: &mut Softmax,
+                     contender: L::Contender,
+                     launches: usize|
+     -> Result<f64> {
+        start
+            .record(softmax.stream())
+            .during("recording an event")?;
+        for _ in 0..launches {
+            pools.launch(softmax, contender, next)?;
+            next += 1;
+        }
+        stop.record(softmax.stream()).during("recording an event")?;
+        stop.synchronize().during("waiting for timed launches")?;
+        Ok(f64::from(stop.elapsed_time_f32(&start).during("reading events")?) / launches as f64)
+    };
+    let mut plans = Vec::with_capacity(contenders.len());
+    for &contender in contenders {
+        // The first launch tells whether warming up is affordable: at least `warmup`
+        // launches and a share of WARMUP_MS of back-to-back work (idle clocks ramp up).
+        let first = timed(pools, softmax, contender, 1)?;
+        let estimate = if first < SLOW_LAUNCH_MS {
+            let share = WARMUP_MS / contenders.len() as f64;
+            let launches = config
+                .warmup
+                .max((share / first.max(1e-3)).ceil() as usize)
+                .min(MAX_WARMUP_LAUNCHES);
+            timed(pools, softmax, contender, launches)?;
+            timed(pools, softmax, contender, 1)?.max(1e-4)
+        } else {
+            first
+        };
+        let per_sample = (SAMPLE_MS / estimate).ceil().clamp(1.0, 1000.0) as usize;
+        let affordable = (MEASUREMENT_BUDGET_MS / (estimate * per_sample as f64)) as usize;
+        plans.push((per_sample, config.iters.min(affordable).max(MIN_SAMPLES)));
+    }
+    let rounds = plans.iter().map(|&(_, samples)| samples).max().unwrap_or(0);
+    let mut times = vec![Vec::new(); contenders.len()];
+    for round in 0..rounds {
+        for (i, &contender) in contenders.iter().enumerate() {
+            let (per_sample, samples) = plans[i];
+            if round < samples {
+                times[i].push(timed(pools, softmax, contender, per_sample)?);
+            }
+        }
+    }
+    Ok(times
+        .into_iter()
+        .map(|mut t| {
+            t.sort_by(f64::total_cmp);
+            t[t.len() / 2]
+        })
+        .collect())
 }

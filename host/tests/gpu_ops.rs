@@ -1,0 +1,680 @@
+//! GPU tests of the operation API: every operation × input type × output type against the
+//! f64 reference on the foundation's shape list, the options (scales, masks, causal, fully
+//! masked rows), strides and in-place, the partial-state API, and bad input. Without a CUDA
+//! device each test is reported as skipped, with the reason, and the run passes.
+//!
+//! Tolerances (relative L2 over the finite reference values) are set by the output type:
+//! f32 1e-5, f16 2e-3, bf16 1.5e-2 (one rounding of the output: 2^-11 and 2^-8 relative at
+//! worst). Inputs are rounded to their type first and the reference reads the rounded values.
+
+mod common;
+
+use common::random_matrix;
+use cust::memory::{CopyDestination, DeviceBuffer};
+use rand::Rng;
+use rand::rngs::StdRng;
+use softmax::half::{bf16, f16};
+use softmax::reference::{Deviation, Scores, backward_f64, deviation, value_deviation};
+use softmax::{
+    DType, Element, Error, Mask, MaskedRows, Operation, Options, RowState, Rows, RowsMut, Shape,
+    Softmax, merge_row_states,
+};
+
+type Outcome = Result<String, String>;
+
+const TESTS: &[common::Test] = &[
+    (
+        "ops_every_operation_and_type_pair_on_the_shape_list",
+        every_operation_and_type_pair,
+    ),
+    ("ops_scales_masks_and_causal", scales_masks_and_causal),
+    ("ops_strides_and_in_place", strides_and_in_place),
+    ("ops_partial_states_merge_across_slices", partial_states),
+    ("ops_bad_input_is_refused", bad_input_is_refused),
+];
+
+const COLS: [usize; 10] = [1, 2, 31, 32, 33, 127, 1000, 4097, 16384, 65537];
+const ROWS: [usize; 3] = [1, 3, 1000];
+
+fn main() -> std::process::ExitCode {
+    common::run_harness(TESTS)
+}
+
+fn tolerance(output: DType) -> f64 {
+    match output {
+        DType::F32 => 1e-5,
+        DType::F16 => 2e-3,
+        DType::Bf16 => 1.5e-2,
+    }
+}
+
+fn text<E: std::fmt::Display>(error: E) -> String {
+    error.to_string()
+}
+
+/// `values` rounded to `T` and back: what the kernels read.
+fn rounded<T: Element>(values: &[f32]) -> Vec<f32> {
+    values.iter().map(|&v| T::from_f32(v).to_f32()).collect()
+}
+
+fn upload<T: Element>(values: &[f32]) -> Result<DeviceBuffer<T>, String> {
+    let converted: Vec<T> = values.iter().map(|&v| T::from_f32(v)).collect();
+    DeviceBuffer::from_slice(&converted).map_err(text)
+}
+
+fn download<T: Element>(buffer: &DeviceBuffer<T>) -> Result<Vec<f32>, String> {
+    let mut host = vec![T::from_f32(0.0); buffer.len()];
+    buffer.copy_to(&mut host[..]).map_err(text)?;
+    Ok(host.into_iter().map(T::to_f32).collect())
+}
+
+/// A buffer of `len` NaNs of type `T`: anything left unwritten stays NaN.
+fn poisoned<T: Element>(len: usize) -> Result<DeviceBuffer<T>, String> {
+    upload::<T>(&vec![f32::NAN; len])
+}
+
+/// Counts checks for a test's summary line.
+#[derive(Default)]
+struct Tally {
+    runs: usize,
+    worst: f64,
+}
+
+impl Tally {
+    fn record(&mut self, what: &str, deviation: Deviation, tolerance: f64) -> Result<(), String> {
+        if !deviation.within(tolerance) {
+            return Err(format!("{what}: {deviation:?} (tolerance {tolerance:.0e})"));
+        }
+        self.runs += 1;
+        self.worst = self.worst.max(deviation.relative_l2 / tolerance);
+        Ok(())
+    }
+
+    fn summary(&self) -> String {
+        format!(
+            "{} runs matched the reference (worst error {:.2} of its tolerance)",
+            self.runs, self.worst
+        )
+    }
+}
+
+/// Runs a forward operation from `I` to `O` and compares with `expected`.
+fn check_forward<I: Element, O: Element>(
+    softmax: &mut Softmax,
+    tally: &mut Tally,
+    op: Operation,
+    x: &[f32],
+    expected: &[f64],
+    shape: Shape,
+    options: &Options<'_>,
+) -> Result<(), String> {
+    let input = upload::<I>(x)?;
+    let mut output = poisoned::<O>(shape.len())?;
+    let what = format!("{op:?} {:?}->{:?} {shape}", I::DTYPE, O::DTYPE);
+    softmax
+        .forward(
+            op,
+            Rows::new(&input, shape).map_err(text)?,
+            RowsMut::new(&mut output, shape).map_err(text)?,
+            options,
+        )
+        .map_err(|e| format!("{what}: {e}"))?;
+    softmax.synchronize().map_err(text)?;
+    // Element by element: rows masked everywhere may rightly sum to 0.
+    let actual = download(&output)?;
+    tally.record(
+        &what,
+        value_deviation(&actual, expected),
+        tolerance(O::DTYPE),
+    )
+}
+
+/// Runs a backward operation from `T` to `O` and compares with `expected`.
+#[allow(clippy::too_many_arguments)]
+fn check_backward<T: Element, O: Element>(
+    softmax: &mut Softmax,
+    tally: &mut Tally,
+    op: Operation,
+    y: &[f32],
+    dy: &[f32],
+    expected: &[f64],
+    shape: Shape,
+    options: &Options<'_>,
+) -> Result<(), String> {
+    let (y_device, dy_device) = (upload::<T>(y)?, upload::<T>(dy)?);
+    let mut dx = poisoned::<O>(shape.len())?;
+    let what = format!("backward {op:?} {:?}->{:?} {shape}", T::DTYPE, O::DTYPE);
+    softmax
+        .backward(
+            op,
+            Rows::new(&y_device, shape).map_err(text)?,
+            Rows::new(&dy_device, shape).map_err(text)?,
+            RowsMut::new(&mut dx, shape).map_err(text)?,
+            options,
+        )
+        .map_err(|e| format!("{what}: {e}"))?;
+    softmax.synchronize().map_err(text)?;
+    tally.record(
+        &what,
+        value_deviation(&download(&dx)?, expected),
+        tolerance(O::DTYPE) * 4.0,
+    )
+}
+
+fn check_log_sum_exp<I: Element>(
+    softmax: &mut Softmax,
+    tally: &mut Tally,
+    x: &[f32],
+    expected: &[f64],
+    shape: Shape,
+    options: &Options<'_>,
+) -> Result<(), String> {
+    let input = upload::<I>(x)?;
+    let mut lse = DeviceBuffer::from_slice(&vec![f32::NAN; shape.rows]).map_err(text)?;
+    softmax
+        .log_sum_exp(Rows::new(&input, shape).map_err(text)?, &mut lse, options)
+        .map_err(|e| format!("log-sum-exp {:?} {shape}: {e}", I::DTYPE))?;
+    softmax.synchronize().map_err(text)?;
+    let mut actual = vec![0.0; shape.rows];
+    lse.copy_to(&mut actual[..]).map_err(text)?;
+    tally.record(
+        &format!("log-sum-exp {:?} {shape}", I::DTYPE),
+        value_deviation(&actual, expected),
+        1e-5,
+    )
+}
+
+/// Every operation with input type `I`, into each output type, on one shape.
+fn every_operation_for<I: Element>(
+    softmax: &mut Softmax,
+    tally: &mut Tally,
+    rng: &mut StdRng,
+    shape: Shape,
+) -> Result<(), String> {
+    let options = Options::new();
+    let x = rounded::<I>(&random_matrix(rng, shape, 8.0));
+    let scores = Scores::default();
+    for op in [Operation::Softmax, Operation::LogSoftmax] {
+        let expected = scores.forward(op == Operation::LogSoftmax, &x, shape.rows, shape.cols);
+        check_forward::<I, f32>(softmax, tally, op, &x, &expected, shape, &options)?;
+        check_forward::<I, bf16>(softmax, tally, op, &x, &expected, shape, &options)?;
+        check_forward::<I, f16>(softmax, tally, op, &x, &expected, shape, &options)?;
+
+        // Backward from this operation's own output and a random incoming gradient.
+        let y: Vec<f32> = rounded::<I>(&expected.iter().map(|&v| v as f32).collect::<Vec<_>>());
+        let dy = rounded::<I>(&random_matrix(rng, shape, 1.0));
+        let log = op == Operation::LogSoftmax;
+        let dx = backward_f64(log, &y, &dy, shape.cols, &vec![1.0; shape.rows]);
+        check_backward::<I, f32>(softmax, tally, op, &y, &dy, &dx, shape, &options)?;
+        check_backward::<I, bf16>(softmax, tally, op, &y, &dy, &dx, shape, &options)?;
+        check_backward::<I, f16>(softmax, tally, op, &y, &dy, &dx, shape, &options)?;
+    }
+    let lse = scores.log_sum_exp(&x, shape.rows, shape.cols);
+    check_log_sum_exp::<I>(softmax, tally, &x, &lse, shape, &options)
+}
+
+fn every_operation_and_type_pair(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
+    let mut tally = Tally::default();
+    for cols in COLS {
+        for rows in ROWS {
+            // The two largest tensors (16M and 65M elements) once per test binary is enough:
+            // the f32 variants' tests cover them; here they would dominate the run time.
+            if rows * cols > 5_000_000 {
+                continue;
+            }
+            let shape = Shape::new(rows, cols).unwrap();
+            every_operation_for::<f32>(softmax, &mut tally, rng, shape)?;
+            every_operation_for::<bf16>(softmax, &mut tally, rng, shape)?;
+            every_operation_for::<f16>(softmax, &mut tally, rng, shape)?;
+        }
+    }
+    // Wide rows: the cooperative slices, and the column chunks of rows too wide for one
+    // launch, with both 16-bit and f32 input.
+    for (rows, cols) in [(8, 128256), (1, 1_048_576), (600, 70000)] {
+        let shape = Shape::new(rows, cols).unwrap();
+        let x = random_matrix(rng, shape, 8.0);
+        for op in [Operation::Softmax, Operation::LogSoftmax] {
+            let log = op == Operation::LogSoftmax;
+            let x32 = rounded::<f32>(&x);
+            let expected = Scores::default().forward(log, &x32, rows, cols);
+            check_forward::<f32, f32>(
+                softmax,
+                &mut tally,
+                op,
+                &x32,
+                &expected,
+                shape,
+                &Options::new(),
+            )?;
+            let x16 = rounded::<bf16>(&x);
+            let expected = Scores::default().forward(log, &x16, rows, cols);
+            check_forward::<bf16, bf16>(
+                softmax,
+                &mut tally,
+                op,
+                &x16,
+                &expected,
+                shape,
+                &Options::new(),
+            )?;
+            let y: Vec<f32> = expected.iter().map(|&v| v as f32).collect();
+            let dy = random_matrix(rng, shape, 1.0);
+            let dx = backward_f64(log, &y, &dy, cols, &vec![1.0; rows]);
+            check_backward::<f32, f32>(
+                softmax,
+                &mut tally,
+                op,
+                &y,
+                &dy,
+                &dx,
+                shape,
+                &Options::new(),
+            )?;
+        }
+        let lse = Scores::default().log_sum_exp(&rounded::<f32>(&x), rows, cols);
+        check_log_sum_exp::<f32>(softmax, &mut tally, &x, &lse, shape, &Options::new())?;
+    }
+    Ok(tally.summary())
+}
+
+/// Scales, per-row scales, both masks (one row for all, and per row), causal blocks and
+/// both choices for fully masked rows, forward and log-sum-exp, f32 and bf16, on narrow,
+/// block-wide, sliced and chunked rows.
+fn scales_masks_and_causal(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
+    let mut tally = Tally::default();
+    for (rows, cols) in [(12, 3), (64, 1000), (32, 8192), (4, 100_000), (600, 70000)] {
+        let shape = Shape::new(rows, cols).unwrap();
+        let x = rounded::<bf16>(&random_matrix(rng, shape, 8.0));
+        let row_scale: Vec<f32> = (0..rows).map(|_| rng.random_range(0.25..4.0)).collect();
+        let row_scale_device = DeviceBuffer::from_slice(&row_scale).map_err(text)?;
+        let additive: Vec<f32> = (0..cols)
+            .map(|_| {
+                if rng.random_bool(0.2) {
+                    f32::NEG_INFINITY
+                } else {
+                    rng.random_range(-2.0..2.0)
+                }
+            })
+            .collect();
+        let additive_device = DeviceBuffer::from_slice(&additive).map_err(text)?;
+        // Per-row boolean mask; every third row is masked everywhere.
+        let allowed: Vec<u8> = (0..shape.len())
+            .map(|i| u8::from((i / cols) % 3 != 0 && rng.random_bool(0.7)))
+            .collect();
+        let allowed_device = DeviceBuffer::from_slice(&allowed).map_err(text)?;
+
+        let mut cases: Vec<(Options, Scores)> = vec![
+            (
+                Options::new().temperature(0.7),
+                Scores {
+                    scale: 1.0 / 0.7,
+                    ..Scores::default()
+                },
+            ),
+            (
+                Options::new().scale(0.125).row_scale(&row_scale_device),
+                Scores {
+                    scale: 0.125,
+                    row_scale: Some(&row_scale),
+                    ..Scores::default()
+                },
+            ),
+            (
+                Options::new().mask(Mask::Additive(&additive_device)),
+                Scores {
+                    additive_mask: Some(&additive),
+                    ..Scores::default()
+                },
+            ),
+        ];
+        for (masked_rows, zero) in [(MaskedRows::Nan, false), (MaskedRows::Zero, true)] {
+            cases.push((
+                Options::new()
+                    .mask(Mask::Allowed(&allowed_device))
+                    .masked_rows(masked_rows),
+                Scores {
+                    allowed_mask: Some(&allowed),
+                    zero_masked_rows: zero,
+                    ..Scores::default()
+                },
+            ));
+        }
+        if rows.is_multiple_of(cols) {
+            cases.push((
+                Options::new().causal(),
+                Scores {
+                    causal: true,
+                    ..Scores::default()
+                },
+            ));
+        }
+        for (options, scores) in &cases {
+            for op in [Operation::Softmax, Operation::LogSoftmax] {
+                let expected = scores.forward(op == Operation::LogSoftmax, &x, rows, cols);
+                check_forward::<f32, f32>(softmax, &mut tally, op, &x, &expected, shape, options)?;
+                check_forward::<bf16, bf16>(
+                    softmax, &mut tally, op, &x, &expected, shape, options,
+                )?;
+            }
+            let lse = scores.log_sum_exp(&x, rows, cols);
+            check_log_sum_exp::<bf16>(softmax, &mut tally, &x, &lse, shape, options)?;
+        }
+        // Backward takes the scales: dx is the gradient with respect to the unscaled scores.
+        let y: Vec<f32> = Scores::default()
+            .forward(false, &x, rows, cols)
+            .iter()
+            .map(|&v| v as f32)
+            .collect();
+        let dy = random_matrix(rng, shape, 1.0);
+        let scale: Vec<f64> = row_scale.iter().map(|&s| 0.5 * f64::from(s)).collect();
+        let dx = backward_f64(false, &y, &dy, cols, &scale);
+        let options = Options::new().scale(0.5).row_scale(&row_scale_device);
+        check_backward::<f32, f32>(
+            softmax,
+            &mut tally,
+            Operation::Softmax,
+            &y,
+            &dy,
+            &dx,
+            shape,
+            &options,
+        )?;
+    }
+    // Causal square blocks: 3 heads of 64 queries, and 2 heads of 1000.
+    for (heads, len) in [(3, 64), (2, 1000)] {
+        let shape = Shape::new(heads * len, len).unwrap();
+        let x = random_matrix(rng, shape, 8.0);
+        let scores = Scores {
+            causal: true,
+            ..Scores::default()
+        };
+        let expected = scores.forward(false, &x, shape.rows, shape.cols);
+        check_forward::<f32, f32>(
+            softmax,
+            &mut tally,
+            Operation::Softmax,
+            &x,
+            &expected,
+            shape,
+            &Options::new().causal(),
+        )?;
+    }
+    Ok(tally.summary())
+}
+
+/// Pitched input and output (aligned pitches take 16-byte packs, odd ones single elements),
+/// untouched gaps between rows, and in-place forward and backward.
+fn strides_and_in_place(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
+    let mut tally = Tally::default();
+    let mut gaps_checked = 0;
+    for (rows, cols) in [(5, 1), (33, 31), (64, 1000), (7, 4096), (3, 100_000)] {
+        let shape = Shape::new(rows, cols).unwrap();
+        let x = random_matrix(rng, shape, 8.0);
+        for (in_pitch, out_pitch) in [(cols + 8, cols + 16), (cols + 5, cols + 3)] {
+            let mut padded = vec![7.0f32; rows * in_pitch];
+            for r in 0..rows {
+                padded[r * in_pitch..r * in_pitch + cols]
+                    .copy_from_slice(&x[r * cols..(r + 1) * cols]);
+            }
+            let x16 = rounded::<bf16>(&padded);
+            let input = upload::<bf16>(&x16)?;
+            let mut output = poisoned::<f32>(rows * out_pitch)?;
+            softmax
+                .forward(
+                    Operation::Softmax,
+                    Rows::strided(&input, shape, in_pitch).map_err(text)?,
+                    RowsMut::strided(&mut output, shape, out_pitch).map_err(text)?,
+                    &Options::new(),
+                )
+                .map_err(|e| format!("strided {shape} pitches {in_pitch}/{out_pitch}: {e}"))?;
+            softmax.synchronize().map_err(text)?;
+            let all = download(&output)?;
+            let mut packed = Vec::with_capacity(shape.len());
+            for r in 0..rows {
+                packed.extend_from_slice(&all[r * out_pitch..r * out_pitch + cols]);
+                let gap = &all[r * out_pitch + cols..((r + 1) * out_pitch).min(all.len())];
+                if !gap.iter().all(|v| v.is_nan()) {
+                    return Err(format!("{shape}: the gap after row {r} was written"));
+                }
+                gaps_checked += 1;
+            }
+            let compact: Vec<f32> = (0..rows)
+                .flat_map(|r| x16[r * in_pitch..r * in_pitch + cols].iter().copied())
+                .collect();
+            let expected = Scores::default().forward(false, &compact, rows, cols);
+            tally.record(
+                &format!("strided {shape} pitches {in_pitch}/{out_pitch}"),
+                deviation(&packed, &expected, cols),
+                tolerance(DType::F32),
+            )?;
+        }
+
+        // In place: forward log-softmax, then its backward over the gradient buffer.
+        let mut data = upload::<f32>(&x)?;
+        softmax
+            .forward_in_place(
+                Operation::LogSoftmax,
+                RowsMut::new(&mut data, shape).map_err(text)?,
+                &Options::new(),
+            )
+            .map_err(text)?;
+        softmax.synchronize().map_err(text)?;
+        let y = download(&data)?;
+        let expected = Scores::default().forward(true, &x, rows, cols);
+        tally.record(
+            &format!("in-place log-softmax {shape}"),
+            value_deviation(&y, &expected),
+            1e-5,
+        )?;
+        let dy = random_matrix(rng, shape, 1.0);
+        let mut gradient = upload::<f32>(&dy)?;
+        softmax
+            .backward_in_place(
+                Operation::LogSoftmax,
+                Rows::new(&data, shape).map_err(text)?,
+                RowsMut::new(&mut gradient, shape).map_err(text)?,
+                &Options::new(),
+            )
+            .map_err(text)?;
+        softmax.synchronize().map_err(text)?;
+        let dx = backward_f64(true, &y, &dy, cols, &vec![1.0; rows]);
+        tally.record(
+            &format!("in-place backward {shape}"),
+            value_deviation(&download(&gradient)?, &dx),
+            4e-5,
+        )?;
+    }
+    Ok(format!(
+        "{}; {gaps_checked} row gaps left untouched",
+        tally.summary()
+    ))
+}
+
+/// Column slices' states merged on the host equal the whole row's statistics, and each
+/// slice normalized with all slices' states equals the softmax of the whole row.
+fn partial_states(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
+    let mut tally = Tally::default();
+    for (rows, cols, slices) in [(3, 100, 4), (64, 1000, 3), (8, 128256, 4), (2, 262144, 2)] {
+        let shape = Shape::new(rows, cols).unwrap();
+        let x = random_matrix(rng, shape, 8.0);
+        let input = upload::<f32>(&x)?;
+        let width = cols.div_ceil(slices);
+        let bounds: Vec<(usize, usize)> = (0..cols)
+            .step_by(width)
+            .map(|first| (first, width.min(cols - first)))
+            .collect();
+        let states = DeviceBuffer::from_slice(&vec![RowState::default(); rows * bounds.len()])
+            .map_err(text)?;
+        for (slot, &(first, width)) in bounds.iter().enumerate() {
+            let slice_shape = Shape::new(rows, width).unwrap();
+            let columns = input.index(first..);
+            let view = Rows::strided(&columns, slice_shape, cols).map_err(text)?;
+            let mut slot_states = states.index(slot * rows..(slot + 1) * rows);
+            softmax
+                .row_states(view, &mut slot_states, &Options::new())
+                .map_err(text)?;
+        }
+        softmax.synchronize().map_err(text)?;
+        let mut host_states = vec![RowState::default(); rows * bounds.len()];
+        states.copy_to(&mut host_states[..]).map_err(text)?;
+        let whole = Scores::default().states(&x, rows, cols);
+        for (r, &(max, sum)) in whole.iter().enumerate() {
+            let merged = (0..bounds.len())
+                .map(|slot| host_states[slot * rows + r])
+                .fold(
+                    RowState {
+                        max: f32::NEG_INFINITY,
+                        sum: 0.0,
+                    },
+                    merge_row_states,
+                );
+            let error =
+                (f64::from(merged.sum) * (f64::from(merged.max) - max).exp() - sum).abs() / sum;
+            if error > 1e-5 {
+                return Err(format!(
+                    "{shape} row {r}: merged states {merged:?}, reference ({max}, {sum})"
+                ));
+            }
+        }
+        let output = poisoned::<f32>(shape.len())?;
+        for &(first, width) in &bounds {
+            let slice_shape = Shape::new(rows, width).unwrap();
+            let (columns, mut written) = (input.index(first..), output.index(first..));
+            softmax
+                .normalize_with_states(
+                    Operation::Softmax,
+                    Rows::strided(&columns, slice_shape, cols).map_err(text)?,
+                    &states,
+                    RowsMut::strided(&mut written, slice_shape, cols).map_err(text)?,
+                    &Options::new(),
+                )
+                .map_err(text)?;
+        }
+        softmax.synchronize().map_err(text)?;
+        let expected = Scores::default().forward(false, &x, rows, cols);
+        tally.record(
+            &format!("{shape} in {} slices", bounds.len()),
+            deviation(&download(&output)?, &expected, cols),
+            1e-5,
+        )?;
+    }
+    Ok(tally.summary())
+}
+
+fn expect_error(
+    what: &str,
+    result: softmax::Result<()>,
+    wanted: fn(&Error) -> bool,
+) -> Result<(), String> {
+    match result {
+        Err(error) if wanted(&error) => Ok(()),
+        other => Err(format!("{what}: got {other:?}")),
+    }
+}
+
+fn bad_input_is_refused(softmax: &mut Softmax, _rng: &mut StdRng) -> Outcome {
+    let shape = Shape::new(4, 8).unwrap();
+    let input = upload::<f32>(&[1.0; 32])?;
+    let mut output = poisoned::<bf16>(32)?;
+    let short_mask = DeviceBuffer::from_slice(&[0.0f32; 12]).map_err(text)?;
+    let row_scale = DeviceBuffer::from_slice(&[1.0f32; 3]).map_err(text)?;
+    let mut lse = DeviceBuffer::from_slice(&[0.0f32; 3]).map_err(text)?;
+    let mut checked = 0;
+    let mut expect = |what: &str, result, wanted| {
+        checked += 1;
+        expect_error(what, result, wanted)
+    };
+    expect(
+        "stride below cols",
+        Rows::strided(&input, shape, 7).map(|_| ()),
+        |e| matches!(e, Error::Stride { .. }),
+    )?;
+    expect(
+        "view past the buffer",
+        Rows::strided(&input, shape, 9).map(|_| ()),
+        |e| matches!(e, Error::ViewLength { .. }),
+    )?;
+    expect(
+        "contiguous view of the wrong length",
+        Rows::new(&input.index(..31), shape).map(|_| ()),
+        |e| matches!(e, Error::InputLength { .. }),
+    )?;
+    let run = |softmax: &mut Softmax, output: &mut DeviceBuffer<bf16>, options: &Options| {
+        softmax.forward(
+            Operation::Softmax,
+            Rows::new(&input, shape)?,
+            RowsMut::new(output, shape)?,
+            options,
+        )
+    };
+    for temperature in [0.0, -1.0, f32::NAN, f32::INFINITY] {
+        expect(
+            "bad temperature",
+            run(
+                softmax,
+                &mut output,
+                &Options::new().temperature(temperature),
+            ),
+            |e| matches!(e, Error::Scale(_)),
+        )?;
+    }
+    expect(
+        "mask of the wrong length",
+        run(
+            softmax,
+            &mut output,
+            &Options::new().mask(Mask::Additive(&short_mask)),
+        ),
+        |e| matches!(e, Error::MaskLength { .. }),
+    )?;
+    expect(
+        "row scale of the wrong length",
+        run(softmax, &mut output, &Options::new().row_scale(&row_scale)),
+        |e| matches!(e, Error::RowScaleLength { .. }),
+    )?;
+    expect(
+        "causal on a shape that is not square blocks",
+        run(softmax, &mut output, &Options::new().causal()),
+        |e| matches!(e, Error::Causal { .. }),
+    )?;
+    expect(
+        "log-sum-exp buffer of the wrong length",
+        softmax.log_sum_exp(
+            Rows::new(&input, shape).map_err(text)?,
+            &mut lse,
+            &Options::new(),
+        ),
+        |e| matches!(e, Error::PerRowLength { .. }),
+    )?;
+    let other_shape = Shape::new(8, 4).unwrap();
+    expect(
+        "output of another shape",
+        softmax.forward(
+            Operation::Softmax,
+            Rows::new(&input, shape).map_err(text)?,
+            RowsMut::new(&mut output, other_shape).map_err(text)?,
+            &Options::new(),
+        ),
+        |e| matches!(e, Error::ShapeMismatch { .. }),
+    )?;
+    let mask = DeviceBuffer::from_slice(&[0.0f32; 8]).map_err(text)?;
+    let y = upload::<bf16>(&[0.125; 32])?;
+    expect(
+        "a mask in the backward pass",
+        softmax.backward(
+            Operation::Softmax,
+            Rows::new(&y, shape).map_err(text)?,
+            Rows::new(&y, shape).map_err(text)?,
+            RowsMut::new(&mut output, shape).map_err(text)?,
+            &Options::new().mask(Mask::Additive(&mask)),
+        ),
+        |e| matches!(e, Error::Unsupported { .. }),
+    )?;
+    softmax.synchronize().map_err(text)?;
+    if !download(&output)?.iter().all(|v| v.is_nan()) {
+        return Err("a refused call wrote to the output".into());
+    }
+    Ok(format!(
+        "{checked} bad calls refused with their typed errors, nothing written"
+    ))
+}
