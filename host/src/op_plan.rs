@@ -9,21 +9,26 @@ use kernels_gpu::row_ops::{
 
 use crate::plan::DeviceLimits;
 
-/// One operation launch over whole rows (or over a column chunk of them, see [`chunks`]).
+/// How an operation runs: one launch over whole rows, or over slices of rows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct OpLaunch {
     pub kernel: OpKernelName,
     pub grid: u32,
     pub block: u32,
     pub shared_bytes: u32,
-    /// Blocks per row (> 1: a cooperative launch).
+    /// Blocks per row: with `slices > 1` and `split == false`, one cooperative launch whose
+    /// blocks exchange their statistics.
     pub slices: u32,
     pub slice_packs: u32,
+    /// Two ordinary launches over the same grid: each block stores its slice's state, then
+    /// every block merges its row's states and writes (the input is read twice, the second
+    /// time mostly from L2). For rows too many or too wide to keep resident at once.
+    pub split: bool,
 }
 
-/// The launch for rows of `cols` columns, or `None` when no instance holds such a row (the
-/// caller then cuts the columns into [`chunks`]). `vector`: every row of every buffer starts
-/// aligned for 16-byte packs and `cols` is a multiple of the pack.
+/// The launch for rows of `cols` columns (`None` only when no block instance can launch on
+/// this device). `vector`: every row of every buffer starts aligned for 16-byte packs and
+/// `cols` is a multiple of the pack.
 pub(crate) fn plan_op(
     direction: Direction,
     input: DType,
@@ -61,6 +66,7 @@ pub(crate) fn plan_op(
             shared_bytes: 0,
             slices: 1,
             slice_packs: cols.div_ceil(pack),
+            split: false,
         });
     }
 
@@ -80,6 +86,7 @@ pub(crate) fn plan_op(
         shared_bytes: scratch,
         slices,
         slice_packs: row_packs.div_ceil(slices),
+        split: false,
     };
     // Whole rows: most rows resident per multiprocessor, then the smallest instance.
     let whole = blocks
@@ -88,7 +95,7 @@ pub(crate) fn plan_op(
         .max_by_key(|&&(k, resident)| (resident, std::cmp::Reverse(k.capacity())))
         .copied();
     let fills_gpu = whole.is_some_and(|(_, r)| rows >= device.multiprocessors() * r);
-    if fills_gpu || !device.cooperative_launch() {
+    if fills_gpu {
         return whole.map(|(k, _)| launch(k, 1));
     }
     // Few rows: slices of the row in as many blocks as can be resident at once, with the
@@ -96,37 +103,38 @@ pub(crate) fn plan_op(
     // (the statistics exchange reads one each).
     let mut by_packs = blocks.clone();
     by_packs.sort_by_key(|&(k, _)| (k.packs, k.threads_per_row()));
-    let sliced = by_packs.into_iter().find_map(|(k, resident)| {
-        let slices = row_packs.div_ceil(k.threads_per_row() * k.packs);
-        let fits = slices > 1
-            && slices <= k.threads_per_row()
-            && u64::from(rows) * u64::from(slices)
-                <= u64::from(device.multiprocessors() * resident);
-        fits.then(|| launch(k, slices))
+    let cooperative = device.cooperative_launch().then(|| {
+        by_packs.iter().find_map(|&(k, resident)| {
+            let slices = row_packs.div_ceil(k.threads_per_row() * k.packs);
+            let fits = slices > 1
+                && slices <= k.threads_per_row()
+                && u64::from(rows) * u64::from(slices)
+                    <= u64::from(device.multiprocessors() * resident);
+            fits.then(|| launch(k, slices))
+        })
     });
-    sliced.or(whole.map(|(k, _)| launch(k, 1)))
-}
-
-/// Column chunks for rows too wide for [`plan_op`]: `(first column, width)` pairs, each width
-/// one that plans (the widest whole-row block instance, rounded to the pack), the last one
-/// taking the rest.
-pub(crate) fn chunks(
-    direction: Direction,
-    input: DType,
-    rows: u32,
-    cols: u32,
-    vector: bool,
-    device: &dyn DeviceLimits,
-) -> Vec<(u32, u32)> {
-    let pack = if vector { input.vector_pack() } else { 1 };
-    let mut width = cols.div_ceil(2).next_multiple_of(pack);
-    while width > pack && plan_op(direction, input, rows, width, vector, device).is_none() {
-        width = (width / 2).next_multiple_of(pack);
+    if let Some(Some(sliced)) = cooperative {
+        return Some(sliced);
     }
-    (0..cols)
-        .step_by(width as usize)
-        .map(|first| (first, width.min(cols - first)))
-        .collect()
+    // Otherwise two launches over slices from the instance that keeps the most data per
+    // multiprocessor in registers.
+    let (k, _) = blocks
+        .iter()
+        .max_by_key(|&&(k, resident)| {
+            (
+                resident * k.capacity(),
+                std::cmp::Reverse(k.threads_per_row()),
+            )
+        })
+        .copied()?;
+    let slices = row_packs.div_ceil(k.threads_per_row() * k.packs);
+    if slices == 1 {
+        return Some(launch(k, 1));
+    }
+    Some(OpLaunch {
+        split: true,
+        ..launch(k, slices)
+    })
 }
 
 #[cfg(test)]
@@ -157,19 +165,8 @@ mod tests {
                         if cols % pack != 0 {
                             continue;
                         }
-                        let Some(launch) = plan_op(direction, input, rows, cols, vector, &FakeH200)
-                        else {
-                            // Too wide for one launch: the chunks must each plan.
-                            for (_, width) in
-                                chunks(direction, input, rows, cols, vector, &FakeH200)
-                            {
-                                assert!(
-                                    plan_op(direction, input, rows, width, vector, &FakeH200)
-                                        .is_some()
-                                );
-                            }
-                            continue;
-                        };
+                        let launch = plan_op(direction, input, rows, cols, vector, &FakeH200)
+                            .expect("every shape plans");
                         let k = launch.kernel;
                         assert_eq!(k.pack, pack);
                         assert!(
@@ -177,7 +174,7 @@ mod tests {
                             "{rows}x{cols} {k}: slices do not cover the row"
                         );
                         assert!(k.threads_per_row() * k.packs >= launch.slice_packs);
-                        if launch.slices > 1 {
+                        if launch.slices > 1 && !launch.split {
                             let resident = 132
                                 * FakeH200.blocks_per_sm(
                                     &k.to_string(),
@@ -199,26 +196,22 @@ mod tests {
         let llm = planned(Direction::Forward, DType::F32, 8, 128256).unwrap();
         assert!(llm.slices > 1, "{llm:?}");
         let backward = planned(Direction::Backward, DType::F32, 1, 1 << 20).unwrap();
-        assert!(backward.slices > 1);
+        assert!(backward.slices > 1 && !backward.split);
     }
 
     #[test]
-    fn chunks_cover_the_row_exactly() {
-        let parts = chunks(
+    fn rows_too_many_to_keep_resident_are_split_in_two_launches() {
+        let split = planned(Direction::Forward, DType::F32, 600, 200_000).unwrap();
+        assert!(split.split && split.slices > 1, "{split:?}");
+        let odd = plan_op(
             Direction::Forward,
-            DType::F32,
-            100_000,
-            1_000_000,
-            true,
+            DType::Bf16,
+            128,
+            50257,
+            false,
             &FakeH200,
-        );
-        assert!(parts.len() > 1);
-        let mut next = 0;
-        for (first, width) in parts {
-            assert_eq!(first, next);
-            assert_eq!(first % 4, 0);
-            next = first + width;
-        }
-        assert_eq!(next, 1_000_000);
+        )
+        .unwrap();
+        assert!(odd.slices > 1, "{odd:?}");
     }
 }

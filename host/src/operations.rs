@@ -2,9 +2,9 @@
 //! masks and strides, backward, and the partial-state API, for f32, bf16 and f16 data.
 //!
 //! Each public method checks every buffer against the shape, then fills one
-//! [`RowOpParams`] and enqueues it on the planned kernel. Rows too wide for any single launch
-//! are cut into column chunks: a pass storing each chunk's [`RowState`], then a pass that
-//! merges them and writes.
+//! [`RowOpParams`] and enqueues it on the planned kernel. Rows too many or too wide to keep
+//! resident run in two launches over slices: each slice's [`RowState`] into the workspace,
+//! then a pass that merges a row's states and writes.
 
 use std::ffi::c_void;
 
@@ -15,7 +15,7 @@ use kernels_gpu::row_ops::{DType, Direction, RowOpParams, RowState, mode};
 use super::Softmax;
 use crate::error::{CudaContext, Error, Result};
 use crate::kernels::Kernels;
-use crate::op_plan::{OpLaunch, chunks, plan_op};
+use crate::op_plan::{OpLaunch, plan_op};
 use crate::ops::{Element, Mask, MaskedRows, Operation, Options, Rows, RowsMut};
 use crate::plan::Launch;
 use crate::shape::Shape;
@@ -306,7 +306,7 @@ impl Softmax {
                 variant: "row_states".into(),
                 rows: input.shape.rows,
                 cols: input.shape.cols,
-                why: "the slice is wider than one launch holds: split it into narrower slices and merge their states".into(),
+                why: "the slice is too wide to reduce in one launch here: split it into narrower slices and merge their states".into(),
             });
         }
         self.enqueue_call(call)
@@ -392,8 +392,12 @@ impl Softmax {
                 }
             }
         }
+        let masked = options.mask.is_some() || options.causal;
         Call {
-            direction,
+            direction: match direction {
+                Direction::Forward if masked => Direction::MaskedForward,
+                other => other,
+            },
             input: I::DTYPE,
             shape,
             vector: vector_layout(I::DTYPE, shape.cols, &operands),
@@ -401,7 +405,7 @@ impl Softmax {
         }
     }
 
-    /// The cached plan for whole rows of `cols` columns (`None`: too wide for one launch).
+    /// The cached plan for rows of `cols` columns (`None`: no block instance launches).
     fn op_plan(
         &mut self,
         direction: Direction,
@@ -436,95 +440,39 @@ impl Softmax {
         Ok(slot.as_ref().expect("loaded above"))
     }
 
-    /// Enqueues a checked call: one launch when the row fits one, else two passes over
-    /// column chunks joined by per-chunk states in the workspace.
+    /// Enqueues a checked call: one launch, or for a split plan the slices' states into the
+    /// workspace and then the writing pass that merges them.
     fn enqueue_call(&mut self, call: Call) -> Result<()> {
         CurrentContext::set_current(&self.context).during("making the context current")?;
         let (rows, cols) = (call.shape.rows as u32, call.shape.cols as u32);
-        if let Some(launch) = self.op_plan(call.direction, call.input, rows, cols, call.vector)? {
-            return self.launch_op(call.input, launch, call.params);
-        }
-        let parts = chunks(
-            call.direction,
-            call.input,
-            rows,
-            cols,
-            call.vector,
-            &super::Limits {
-                info: &self.info,
-                kernels: self.op_kernels[call.input as usize]
-                    .as_ref()
-                    .expect("planning loaded the module"),
-            },
-        );
-        let slots = parts.len();
-        let chunk = |first: u32, width: u32| {
-            let mut params = call.params;
-            let shift = |address: u64, bytes: u32| {
-                if address == 0 {
-                    0
-                } else {
-                    address + u64::from(first) * u64::from(bytes)
-                }
-            };
-            let input_bytes = call.input.bytes();
-            params.input = shift(params.input, input_bytes);
-            params.grad = shift(params.grad, input_bytes);
-            params.output = shift(params.output, output_bytes(params.output_dtype));
-            params.additive_mask = shift(params.additive_mask, 4);
-            params.allowed_mask = shift(params.allowed_mask, 1);
-            params.cols = width;
-            params.first_column = first;
-            params
-        };
-        if call.params.mode == mode::FULL {
-            self.reserve_states(call.shape.rows * slots)?;
-            let states = self.workspace.states.as_device_ptr().as_raw();
-            for (slot, &(first, width)) in parts.iter().enumerate() {
-                let mut params = chunk(first, width);
-                params.mode = mode::STATES;
-                params.states = states;
-                params.state_slot = slot as u32;
-                params.state_slots = slots as u32;
-                self.launch_chunk(&call, params)?;
-            }
-            for (slot, &(first, width)) in parts.iter().enumerate() {
-                let mut params = chunk(first, width);
-                params.mode = mode::APPLY_STATES;
-                params.states = states;
-                params.state_slots = slots as u32;
-                if slot > 0 {
-                    params.log_sum_exp = 0;
-                }
-                self.launch_chunk(&call, params)?;
-            }
-            Ok(())
-        } else {
-            // Normalizing with the caller's states needs no statistics pass.
-            for &(first, width) in &parts {
-                self.launch_chunk(&call, chunk(first, width))?;
-            }
-            Ok(())
-        }
-    }
-
-    fn launch_chunk(&mut self, call: &Call, params: RowOpParams) -> Result<()> {
         let launch = self
-            .op_plan(
-                call.direction,
-                call.input,
-                params.rows,
-                params.cols,
-                call.vector,
-            )?
-            .expect("chunks are planned to fit one launch");
+            .op_plan(call.direction, call.input, rows, cols, call.vector)?
+            .ok_or_else(|| Error::Unsupported {
+                variant: "operation".into(),
+                rows: call.shape.rows,
+                cols: call.shape.cols,
+                why: "no operation kernel can launch on this device".into(),
+            })?;
+        let mut params = call.params;
+        if launch.split && params.mode == mode::FULL {
+            self.reserve_states(call.shape.rows * launch.slices as usize)?;
+            params.states = self.workspace.states.as_device_ptr().as_raw();
+            params.state_slots = launch.slices;
+            let statistics = RowOpParams {
+                mode: mode::SLICE_STATES,
+                ..params
+            };
+            self.launch_op(call.input, launch, statistics)?;
+            params.mode = mode::APPLY_STATES;
+        }
         self.launch_op(call.input, launch, params)
     }
 
     fn launch_op(&mut self, input: DType, launch: OpLaunch, mut params: RowOpParams) -> Result<()> {
         params.slices = launch.slices;
         params.slice_packs = launch.slice_packs;
-        if launch.slices > 1 {
+        let cooperative = launch.slices > 1 && !launch.split;
+        if cooperative {
             self.reserve_partials(2 * launch.grid as usize)?;
             params.partials = self.workspace.partials.as_device_ptr().as_raw();
             params.barriers = self.workspace.barriers.as_device_ptr().as_raw();
@@ -534,7 +482,7 @@ impl Softmax {
             grid: launch.grid,
             block: launch.block,
             shared_bytes: launch.shared_bytes,
-            cooperative: launch.slices > 1,
+            cooperative,
             args: Vec::new(),
         };
         let mut argument: *mut c_void = (&mut params as *mut RowOpParams).cast();
@@ -544,9 +492,9 @@ impl Softmax {
         // SAFETY: every public operation checked each buffer named in `params` against the
         // shape and strides (views, masks, per-row buffers); `vector_layout` allowed 16-byte
         // packs only where every row of every operand is aligned for them; the plan chose an
-        // instance that holds the row (or slice) and, for sliced launches, keeps every block
-        // resident, with the workspace sized for its partials and barriers. `params` outlives
-        // the call, which copies it.
+        // instance that holds the row (or slice) and, for cooperative launches, keeps every
+        // block resident, with the workspace sized for its partials and barriers, and for
+        // split ones for the slices' states. `params` outlives the call, which copies it.
         unsafe { kernels.launch(&raw, std::slice::from_mut(&mut argument), &self.stream) }
     }
 
@@ -560,8 +508,4 @@ impl Softmax {
         }
         Ok(())
     }
-}
-
-fn output_bytes(dtype: u32) -> u32 {
-    if dtype == DType::F32 as u32 { 4 } else { 2 }
 }

@@ -38,8 +38,23 @@ pub fn sync_threads() {
 pub fn exp2_approx(x: f32) -> f32 {
     let y: f32;
     // SAFETY: a pure arithmetic instruction on registers.
-    unsafe { asm!("ex2.approx.ftz.f32 {y}, {x};", y = out(reg32) y, x = in(reg32) x) };
+    unsafe {
+        asm!("ex2.approx.ftz.f32 {y}, {x};", y = out(reg32) y, x = in(reg32) x,
+            options(pure, nomem, nostack))
+    };
     y
+}
+
+/// `a · b + c` rounded once (`fma.rn.f32`; rustc keeps `a * b + c` as two roundings).
+#[inline(always)]
+pub fn fma(a: f32, b: f32, c: f32) -> f32 {
+    let d: f32;
+    // SAFETY: a pure arithmetic instruction on registers.
+    unsafe {
+        asm!("fma.rn.f32 {d}, {a}, {b}, {c};", d = out(reg32) d, a = in(reg32) a,
+            b = in(reg32) b, c = in(reg32) c, options(pure, nomem, nostack))
+    };
+    d
 }
 
 /// `log2(x)` with the special-function unit (`lg2.approx.ftz`; `log2(0) = -inf`).

@@ -17,25 +17,180 @@ pub struct Bf16(u16);
 #[derive(Clone, Copy)]
 pub struct F16(u16);
 
-/// A floating-point element: math happens in f32.
+/// A floating-point element: math happens in f32. Loads and stores move `N` consecutive
+/// elements as the widest aligned accesses they allow (see [`load`]); 16-bit types unpack
+/// and pack two elements per 32-bit word.
 pub trait Element: Copy {
     const DTYPE: DType;
-    fn to_f32(self) -> f32;
+
+    /// # Safety
+    /// As [`load`] for `src..src + N`.
+    unsafe fn load_f32<const N: usize>(src: *const Self) -> [f32; N];
+
     /// Rounds to nearest, ties to even (`cvt.rn`).
-    fn from_f32(value: f32) -> Self;
+    ///
+    /// # Safety
+    /// `dst..dst + N` is writable global memory, aligned as [`load`] asks.
+    unsafe fn store_f32<const N: usize>(dst: *mut Self, values: [f32; N]);
+}
+
+/// Whether `bytes` is one access of [`load_span`]: 4, 8, 16 or 32 bytes.
+#[inline(always)]
+const fn spans(bytes: usize) -> bool {
+    matches!(bytes, 4 | 8 | 16 | 32)
+}
+
+/// `bytes` (4, 8, 16 or 32) bytes at `src` as words, in as few accesses as their size allows.
+///
+/// # Safety
+/// The span is readable global memory aligned to `min(16, bytes)`.
+#[inline(always)]
+unsafe fn load_span(src: *const u8, bytes: usize) -> [u32; 8] {
+    let mut words = [0u32; 8];
+    // SAFETY: forwarded from the contract.
+    unsafe {
+        if bytes >= 16 {
+            for chunk in 0..bytes / 16 {
+                let vector = load_words::<4>(src.add(16 * chunk));
+                for i in 0..4 {
+                    words[4 * chunk + i] = vector[i];
+                }
+            }
+        } else if bytes == 8 {
+            let vector = load_words::<2>(src);
+            words[0] = vector[0];
+            words[1] = vector[1];
+        } else {
+            words[0] = load_words::<1>(src)[0];
+        }
+    }
+    words
+}
+
+/// Writes the first `bytes` (4, 8, 16 or 32) bytes of `words` at `dst`.
+///
+/// # Safety
+/// The span is writable global memory aligned to `min(16, bytes)`.
+#[inline(always)]
+unsafe fn store_span(dst: *mut u8, bytes: usize, words: [u32; 8]) {
+    // SAFETY: forwarded from the contract.
+    unsafe {
+        if bytes >= 16 {
+            for chunk in 0..bytes / 16 {
+                let w = 4 * chunk;
+                store_words::<4>(
+                    dst.add(16 * chunk),
+                    [words[w], words[w + 1], words[w + 2], words[w + 3]],
+                );
+            }
+        } else if bytes == 8 {
+            store_words::<2>(dst, [words[0], words[1], 0, 0]);
+        } else {
+            store_words::<1>(dst, [words[0], 0, 0, 0]);
+        }
+    }
 }
 
 impl Element for f32 {
     const DTYPE: DType = DType::F32;
 
     #[inline(always)]
-    fn to_f32(self) -> f32 {
-        self
+    unsafe fn load_f32<const N: usize>(src: *const f32) -> [f32; N] {
+        let mut values = [0.0; N];
+        // SAFETY (both branches): forwarded from the contract.
+        unsafe {
+            if spans(4 * N) {
+                let words = load_span(src.cast(), 4 * N);
+                for i in 0..N {
+                    values[i] = f32::from_bits(words[i]);
+                }
+            } else {
+                for i in 0..N {
+                    values[i] = load_element(src.add(i));
+                }
+            }
+        }
+        values
     }
 
     #[inline(always)]
-    fn from_f32(value: f32) -> Self {
-        value
+    unsafe fn store_f32<const N: usize>(dst: *mut f32, values: [f32; N]) {
+        // SAFETY (both branches): forwarded from the contract.
+        unsafe {
+            if spans(4 * N) {
+                let mut words = [0u32; 8];
+                for i in 0..N {
+                    words[i] = values[i].to_bits();
+                }
+                store_span(dst.cast(), 4 * N, words);
+            } else {
+                for i in 0..N {
+                    store_element(dst.add(i), values[i]);
+                }
+            }
+        }
+    }
+}
+
+/// The two halves of `word` as 16-bit values, low first.
+#[inline(always)]
+fn halves(word: u32) -> [u16; 2] {
+    [word as u16, (word >> 16) as u16]
+}
+
+/// Loads `N` 16-bit elements and widens each with `widen`, which gets the element in the
+/// low (`false`) or high (`true`) half of a word.
+///
+/// # Safety
+/// As [`load`].
+#[inline(always)]
+unsafe fn load_halves<T: Copy, const N: usize>(
+    src: *const T,
+    widen: impl Fn(u32, bool) -> f32,
+) -> [f32; N] {
+    let mut values = [0.0; N];
+    // SAFETY (both branches): forwarded from the contract.
+    unsafe {
+        if spans(2 * N) {
+            let words = load_span(src.cast(), 2 * N);
+            for i in 0..N {
+                values[i] = widen(words[i / 2], i % 2 == 1);
+            }
+        } else {
+            for i in 0..N {
+                let bits: u16 = core::mem::transmute_copy(&load_element(src.add(i)));
+                values[i] = widen(bits as u32, false);
+            }
+        }
+    }
+    values
+}
+
+/// Stores `N` values as 16-bit elements: `pair` narrows two values into one word (first in
+/// the low half), `single` one value.
+///
+/// # Safety
+/// `dst..dst + N` is writable global memory, aligned as [`load`] asks.
+#[inline(always)]
+unsafe fn store_halves<T: Copy, const N: usize>(
+    dst: *mut T,
+    values: [f32; N],
+    pair: impl Fn(f32, f32) -> u32,
+    single: impl Fn(f32) -> T,
+) {
+    // SAFETY (both branches): forwarded from the contract.
+    unsafe {
+        if spans(2 * N) {
+            let mut words = [0u32; 8];
+            for i in 0..N / 2 {
+                words[i] = pair(values[2 * i], values[2 * i + 1]);
+            }
+            store_span(dst.cast(), 2 * N, words);
+        } else {
+            for i in 0..N {
+                store_element(dst.add(i), single(values[i]));
+            }
+        }
     }
 }
 
@@ -43,16 +198,37 @@ impl Element for Bf16 {
     const DTYPE: DType = DType::Bf16;
 
     #[inline(always)]
-    fn to_f32(self) -> f32 {
-        f32::from_bits((self.0 as u32) << 16)
+    unsafe fn load_f32<const N: usize>(src: *const Bf16) -> [f32; N] {
+        // bf16 is the upper half of an f32: one shift or one mask per element.
+        let widen = |word: u32, high: bool| {
+            f32::from_bits(if high { word & 0xffff_0000 } else { word << 16 })
+        };
+        // SAFETY: forwarded from the contract.
+        unsafe { load_halves(src, widen) }
     }
 
     #[inline(always)]
-    fn from_f32(value: f32) -> Self {
-        let bits: u16;
-        // SAFETY: a pure conversion on registers.
-        unsafe { asm!("cvt.rn.bf16.f32 {h}, {f};", h = out(reg16) bits, f = in(reg32) value) };
-        Bf16(bits)
+    unsafe fn store_f32<const N: usize>(dst: *mut Bf16, values: [f32; N]) {
+        let pair = |low: f32, high: f32| {
+            let word: u32;
+            // SAFETY: a pure conversion on registers (`d.hi = cvt(a)`, `d.lo = cvt(b)`).
+            unsafe {
+                asm!("cvt.rn.bf16x2.f32 {d}, {a}, {b};", d = out(reg32) word,
+                    a = in(reg32) high, b = in(reg32) low, options(pure, nomem, nostack))
+            };
+            word
+        };
+        let single = |value: f32| {
+            let bits: u16;
+            // SAFETY: a pure conversion on registers.
+            unsafe {
+                asm!("cvt.rn.bf16.f32 {h}, {f};", h = out(reg16) bits, f = in(reg32) value,
+                    options(pure, nomem, nostack))
+            };
+            Bf16(bits)
+        };
+        // SAFETY: forwarded from the contract.
+        unsafe { store_halves(dst, values, pair, single) }
     }
 }
 
@@ -60,19 +236,43 @@ impl Element for F16 {
     const DTYPE: DType = DType::F16;
 
     #[inline(always)]
-    fn to_f32(self) -> f32 {
-        let value: f32;
-        // SAFETY: a pure conversion on registers.
-        unsafe { asm!("cvt.f32.f16 {f}, {h};", f = out(reg32) value, h = in(reg16) self.0) };
-        value
+    unsafe fn load_f32<const N: usize>(src: *const F16) -> [f32; N] {
+        let widen = |word: u32, high: bool| {
+            let half = halves(word)[high as usize];
+            let value: f32;
+            // SAFETY: a pure conversion on registers.
+            unsafe {
+                asm!("cvt.f32.f16 {f}, {h};", f = out(reg32) value, h = in(reg16) half,
+                    options(pure, nomem, nostack))
+            };
+            value
+        };
+        // SAFETY: forwarded from the contract.
+        unsafe { load_halves(src, widen) }
     }
 
     #[inline(always)]
-    fn from_f32(value: f32) -> Self {
-        let bits: u16;
-        // SAFETY: a pure conversion on registers.
-        unsafe { asm!("cvt.rn.f16.f32 {h}, {f};", h = out(reg16) bits, f = in(reg32) value) };
-        F16(bits)
+    unsafe fn store_f32<const N: usize>(dst: *mut F16, values: [f32; N]) {
+        let pair = |low: f32, high: f32| {
+            let word: u32;
+            // SAFETY: a pure conversion on registers (`d.hi = cvt(a)`, `d.lo = cvt(b)`).
+            unsafe {
+                asm!("cvt.rn.f16x2.f32 {d}, {a}, {b};", d = out(reg32) word,
+                    a = in(reg32) high, b = in(reg32) low, options(pure, nomem, nostack))
+            };
+            word
+        };
+        let single = |value: f32| {
+            let bits: u16;
+            // SAFETY: a pure conversion on registers.
+            unsafe {
+                asm!("cvt.rn.f16.f32 {h}, {f};", h = out(reg16) bits, f = in(reg32) value,
+                    options(pure, nomem, nostack))
+            };
+            F16(bits)
+        };
+        // SAFETY: forwarded from the contract.
+        unsafe { store_halves(dst, values, pair, single) }
     }
 }
 
@@ -160,107 +360,44 @@ unsafe fn store_element<T: Copy>(address: *mut T, value: T) {
     }
 }
 
-/// Reads `N` elements starting at `src` in global memory: 16-byte accesses when they span a
-/// multiple of 16 bytes (at most 32), one 8- or 4-byte access when they span exactly that,
-/// else one access per element.
+/// Reads `N` elements starting at `src` in global memory: one access of 4, 8, 16 or 32
+/// bytes (16-byte pieces) when they span exactly that, else one access per element.
 ///
 /// # Safety
 /// `src..src + N` is readable global memory, aligned to `min(16, N · size_of::<T>())` bytes
-/// when that is 4, 8 or a multiple of 16.
+/// when that is a single access.
 #[inline(always)]
 pub unsafe fn load<T: Copy, const N: usize>(src: *const T) -> [T; N] {
     let bytes = N * size_of::<T>();
-    let base = src.cast::<u8>();
-    let mut words = [0u32; 8];
-    // SAFETY (all branches): the caller guarantees the span is readable and aligned.
+    // SAFETY (both branches): forwarded from the contract; `words` holds 32 bytes ≥ `bytes`.
     unsafe {
-        if bytes % 16 == 0 && bytes <= 32 {
-            for chunk in 0..bytes / 16 {
-                let vector = load_words::<4>(base.add(16 * chunk));
-                for i in 0..4 {
-                    words[4 * chunk + i] = vector[i];
-                }
-            }
-        } else if bytes == 8 {
-            let vector = load_words::<2>(base);
-            words[0] = vector[0];
-            words[1] = vector[1];
-        } else if bytes == 4 {
-            words[0] = load_words::<1>(base)[0];
+        if spans(bytes) {
+            core::mem::transmute_copy(&load_span(src.cast(), bytes))
         } else {
             let mut values = [load_element(src); N];
             for i in 1..N {
                 values[i] = load_element(src.add(i));
             }
-            return values;
-        }
-        core::mem::transmute_copy(&words)
-    }
-}
-
-/// Writes `N` elements starting at `dst` in global memory, with the accesses [`load`] would
-/// use.
-///
-/// # Safety
-/// `dst..dst + N` is writable global memory, aligned as for [`load`]; elements are 2 or 4
-/// bytes.
-#[inline(always)]
-pub unsafe fn store<T: Copy, const N: usize>(dst: *mut T, values: [T; N]) {
-    let bytes = N * size_of::<T>();
-    let base = dst.cast::<u8>();
-    let mut words = [0u32; 8];
-    // SAFETY (all branches): `values` fills the first `bytes` bytes of `words` (≤ 32), and the
-    // caller guarantees the destination span is writable and aligned.
-    unsafe {
-        if bytes % 4 == 0 && (bytes <= 8 || (bytes % 16 == 0 && bytes <= 32)) {
-            core::ptr::copy_nonoverlapping(&values, words.as_mut_ptr().cast::<[T; N]>(), 1);
-        }
-        if bytes % 16 == 0 && bytes <= 32 {
-            for chunk in 0..bytes / 16 {
-                let vector = [
-                    words[4 * chunk],
-                    words[4 * chunk + 1],
-                    words[4 * chunk + 2],
-                    words[4 * chunk + 3],
-                ];
-                store_words::<4>(base.add(16 * chunk), vector);
-            }
-        } else if bytes == 8 {
-            store_words::<2>(base, [words[0], words[1], 0, 0]);
-        } else if bytes == 4 {
-            store_words::<1>(base, [words[0], 0, 0, 0]);
-        } else {
-            for i in 0..N {
-                store_element(dst.add(i), values[i]);
-            }
+            values
         }
     }
-}
-
-/// Reads `N` elements of type `T` at element offset `offset` of `base` as f32.
-///
-/// # Safety
-/// As [`load`] for `base as *const T + offset`.
-#[inline(always)]
-pub unsafe fn load_f32<T: Element, const N: usize>(base: u64, offset: usize) -> [f32; N] {
-    // SAFETY: forwarded.
-    unsafe { load::<T, N>((base as *const T).add(offset)) }.map(T::to_f32)
 }
 
 /// Writes `N` values converted to `dtype` at element offset `offset` of `base`.
 ///
 /// # Safety
-/// As [`store`] for `base` taken as a pointer to `dtype` elements, plus `offset`.
+/// `base` taken as a pointer to `dtype` elements, plus `offset`, is writable for `N`
+/// elements, aligned as for [`load`].
 #[inline(always)]
 pub unsafe fn store_as<const N: usize>(dtype: u32, base: u64, offset: usize, values: [f32; N]) {
     // SAFETY (all arms): forwarded.
     unsafe {
         if dtype == DType::Bf16 as u32 {
-            store::<Bf16, N>((base as *mut Bf16).add(offset), values.map(Bf16::from_f32));
+            Bf16::store_f32((base as *mut Bf16).add(offset), values);
         } else if dtype == DType::F16 as u32 {
-            store::<F16, N>((base as *mut F16).add(offset), values.map(F16::from_f32));
+            F16::store_f32((base as *mut F16).add(offset), values);
         } else {
-            store::<f32, N>((base as *mut f32).add(offset), values);
+            f32::store_f32((base as *mut f32).add(offset), values);
         }
     }
 }

@@ -6,9 +6,11 @@
 
 use crate::device::{block_dim, block_idx, dynamic_shared_f32, thread_idx};
 use crate::element::{Bf16, F16};
-use crate::reduce::{Partial, block_reduce, group_reduce};
+use crate::reduce::block_reduce;
 use crate::row_exchange::exchange_row_stats;
-use crate::row_kernel::{Backward, Forward, RowKernel, merged_states, store_state};
+use crate::row_kernel::{
+    Backward, Forward, RowKernel, merged_states, store_slice_state, store_state,
+};
 use crate::row_ops::{RowOpParams, mode};
 
 /// Rows of at most `LANES · PACKS · PACK` columns, each held by a group of `LANES` lanes.
@@ -31,33 +33,31 @@ pub unsafe fn op_rows<
 ) {
     let lane = (thread_idx() % LANES) as usize;
     let row = (block_idx() * (block_dim() / LANES) + thread_idx() / LANES) as usize;
+    let live = row < p.rows as usize;
     let cols = p.cols as usize;
     let column = |pack: usize| (pack * LANES as usize + lane) * PACK;
-    // Lanes past the last row keep running with padding: the shuffles need all 32.
-    // SAFETY: row < rows.
-    let kernel = (row < p.rows as usize).then(|| unsafe { K::for_row(p, row) });
+    // Lanes past the last row keep running on the last row's pointers with padding values
+    // (the shuffles need all 32); they load, store and write nothing.
+    // SAFETY: the clamped row is < rows.
+    let kernel = unsafe { K::for_row(p, row.min(p.rows as usize - 1)) };
 
     let mut values = [K::PAD; PACKS];
-    if let Some(kernel) = &kernel {
-        for pack in 0..PACKS {
-            if column(pack) < cols {
-                // SAFETY: column(pack) + PACK ≤ cols, aligned per the contract.
-                values[pack] = unsafe { kernel.load(column(pack)) };
-            }
+    for pack in 0..PACKS {
+        if live && column(pack) < cols {
+            // SAFETY: column(pack) + PACK ≤ cols, aligned per the contract.
+            values[pack] = unsafe { kernel.load(column(pack)) };
         }
     }
+    let (group, mine) = kernel.group_partial::<PACKS, LANES>(&mut values);
     let stats = if p.mode == mode::APPLY_STATES {
         // SAFETY: the states buffer holds the row's slots (contract of that mode).
-        kernel
-            .as_ref()
-            .map_or(K::Stats::EMPTY, |_| unsafe { merged_states(p, row) })
+        unsafe { merged_states(p, row.min(p.rows as usize - 1)) }
     } else {
-        let mine = kernel
-            .as_ref()
-            .map_or(K::Stats::EMPTY, |kernel| kernel.partial(&values));
-        group_reduce::<K::Stats, LANES>(mine)
+        group
     };
-    let Some(kernel) = kernel else { return };
+    if !live {
+        return;
+    }
     if p.mode == mode::STATES {
         if lane == 0 {
             // SAFETY: as above.
@@ -65,7 +65,7 @@ pub unsafe fn op_rows<
         }
         return;
     }
-    let finished = kernel.finish(stats);
+    let finished = kernel.finish(stats, mine);
     for pack in 0..PACKS {
         if column(pack) < cols {
             // SAFETY: as for the loads.
@@ -87,7 +87,8 @@ pub unsafe fn op_rows<
 /// `rows · slices` blocks of `THREADS` threads with `REDUCTION_SCRATCH_FLOATS · 4` bytes of
 /// dynamic shared memory. When `slices > 1`: `partials` holds two floats per block,
 /// `barriers` two words per row zeroed when allocated and used by one launch at a time, and
-/// every block is resident at once (cooperative launch). In-place operation is allowed: each
+/// every block is resident at once (cooperative launch), except in mode `SLICE_STATES`,
+/// where each block only stores its slice's state, and `APPLY_STATES`. In-place operation is allowed: each
 /// thread reads its packs before it writes them, and no thread reads another's.
 #[inline(always)]
 pub unsafe fn op_block<
@@ -117,12 +118,20 @@ pub unsafe fn op_block<
         }
     }
     let scratch = dynamic_shared_f32();
+    let mine = kernel.partial(&mut values);
     let stats = if p.mode == mode::APPLY_STATES {
         // SAFETY: the states buffer holds the row's slots (contract of that mode).
         unsafe { merged_states(p, row) }
     } else {
         // SAFETY: uniform control flow; the launch provides the scratch.
-        let block = unsafe { block_reduce(kernel.partial(&values), scratch) };
+        let block = unsafe { block_reduce(mine, scratch) };
+        if p.mode == mode::SLICE_STATES {
+            if tid == 0 {
+                // SAFETY: the states buffer holds `slices` slots of `rows` states.
+                unsafe { store_slice_state(p, row, slice, block) };
+            }
+            return;
+        }
         if slices > 1 {
             // SAFETY: forwarded from the contract for sliced launches.
             unsafe {
@@ -147,7 +156,7 @@ pub unsafe fn op_block<
         }
         return;
     }
-    let finished = kernel.finish(stats);
+    let finished = kernel.finish(stats, mine);
     for i in 0..PACKS {
         if pack_of(i) < end {
             // SAFETY: as for the loads.
@@ -160,7 +169,7 @@ pub unsafe fn op_block<
     }
 }
 
-/// Forward and backward group-per-row entries for one input type and pack width.
+/// Forward, masked forward and backward group-per-row entries for one input type and pack width.
 macro_rules! op_rows_entries {
     ($feature:literal, $input:ty, $name:literal, $pack:literal, [$(($lanes:literal, $packs:literal)),+]) => {$(
         #[cfg(feature = $feature)]
@@ -170,7 +179,15 @@ macro_rules! op_rows_entries {
             #[unsafe(export_name = concat!("op_rows_fwd_", $name, "_p", $pack, "_l", $lanes, "_n", $packs))]
             unsafe extern "ptx-kernel" fn forward(params: RowOpParams) {
                 // SAFETY: forwarded from this entry's contract.
-                unsafe { op_rows::<Forward<$input>, $pack, $lanes, $packs>(&params) }
+                unsafe { op_rows::<Forward<$input, false>, $pack, $lanes, $packs>(&params) }
+            }
+
+            /// # Safety
+            /// See [`op_rows`].
+            #[unsafe(export_name = concat!("op_rows_mfwd_", $name, "_p", $pack, "_l", $lanes, "_n", $packs))]
+            unsafe extern "ptx-kernel" fn masked_forward(params: RowOpParams) {
+                // SAFETY: forwarded from this entry's contract.
+                unsafe { op_rows::<Forward<$input, true>, $pack, $lanes, $packs>(&params) }
             }
 
             /// # Safety
@@ -184,7 +201,7 @@ macro_rules! op_rows_entries {
     )+};
 }
 
-/// Forward and backward block entries for one input type and pack width.
+/// Forward, masked forward and backward block entries for one input type and pack width.
 macro_rules! op_block_entries {
     ($feature:literal, $input:ty, $name:literal, $pack:literal, [$(($threads:literal, $packs:literal)),+]) => {$(
         #[cfg(feature = $feature)]
@@ -194,7 +211,15 @@ macro_rules! op_block_entries {
             #[unsafe(export_name = concat!("op_block_fwd_", $name, "_p", $pack, "_t", $threads, "_n", $packs))]
             unsafe extern "ptx-kernel" fn forward(params: RowOpParams) {
                 // SAFETY: forwarded from this entry's contract.
-                unsafe { op_block::<Forward<$input>, $pack, $threads, $packs>(&params) }
+                unsafe { op_block::<Forward<$input, false>, $pack, $threads, $packs>(&params) }
+            }
+
+            /// # Safety
+            /// See [`op_block`].
+            #[unsafe(export_name = concat!("op_block_mfwd_", $name, "_p", $pack, "_t", $threads, "_n", $packs))]
+            unsafe extern "ptx-kernel" fn masked_forward(params: RowOpParams) {
+                // SAFETY: forwarded from this entry's contract.
+                unsafe { op_block::<Forward<$input, true>, $pack, $threads, $packs>(&params) }
             }
 
             /// # Safety
@@ -244,8 +269,11 @@ macro_rules! op_entries_for {
             $vector,
             [
                 (128, 2),
+                (128, 4),
+                (128, 8),
                 (256, 2),
                 (256, 4),
+                (256, 8),
                 (512, 4),
                 (512, 8),
                 (1024, 4),

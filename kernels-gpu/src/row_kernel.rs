@@ -6,10 +6,10 @@
 
 use core::marker::PhantomData;
 
-use crate::device::{DeviceExp2, exp2_approx, log2_approx};
-use crate::element::{Element, load, load_f32, store_as};
+use crate::device::{DeviceExp2, exp2_approx, fma, log2_approx};
+use crate::element::{Element, load, store_as};
 use crate::online::{LOG2_E, OnlineStats};
-use crate::reduce::{Partial, Sum};
+use crate::reduce::{Partial, Sum, group_max, group_reduce, group_sum};
 use crate::row_ops::{DType, RowOpParams, RowState, op};
 
 /// One row's work, with `PACK` columns per load.
@@ -30,10 +30,24 @@ pub trait RowKernel<const PACK: usize>: Sized {
     /// `col..col + PACK` lies in the row and is aligned as the launch's layout promises.
     unsafe fn load(&self, col: usize) -> Self::Values;
 
-    /// This thread's result over its packs.
-    fn partial<const PACKS: usize>(&self, packs: &[Self::Values; PACKS]) -> Self::Stats;
+    /// This thread's result over its packs; may rewrite the packs into what
+    /// [`RowKernel::write`] needs (the forward softmax keeps the exponentials).
+    fn partial<const PACKS: usize>(&self, packs: &mut [Self::Values; PACKS]) -> Self::Stats;
 
-    fn finish(&self, row: Self::Stats) -> Self::Finished;
+    /// The row's result over each aligned group of `LANES` lanes (every lane of the group
+    /// gets it) and this thread's own partial result. All 32 lanes call it.
+    #[inline(always)]
+    fn group_partial<const PACKS: usize, const LANES: u32>(
+        &self,
+        packs: &mut [Self::Values; PACKS],
+    ) -> (Self::Stats, Self::Stats) {
+        let mine = self.partial(packs);
+        (group_reduce::<Self::Stats, LANES>(mine), mine)
+    }
+
+    /// The per-row constants of this thread's writes, from the row's result and this
+    /// thread's own partial result.
+    fn finish(&self, row: Self::Stats, mine: Self::Stats) -> Self::Finished;
 
     /// # Safety
     /// As [`RowKernel::load`].
@@ -59,8 +73,23 @@ fn row_start(base: u64, row: usize, stride: u64, dtype: DType) -> u64 {
 /// `params.states` holds `rows · state_slots` [`RowState`]s and `row < rows`.
 #[inline(always)]
 pub unsafe fn store_state<S: Partial>(params: &RowOpParams, row: usize, stats: S) {
+    // SAFETY: forwarded from the contract.
+    unsafe { store_slice_state(params, row, params.state_slot as usize, stats) };
+}
+
+/// Stores `stats` as the row's state in slot `slot`.
+///
+/// # Safety
+/// `params.states` holds `rows · (slot + 1)` [`RowState`]s at least, and `row < rows`.
+#[inline(always)]
+pub unsafe fn store_slice_state<S: Partial>(
+    params: &RowOpParams,
+    row: usize,
+    slot: usize,
+    stats: S,
+) {
     let [max, sum] = stats.to_floats();
-    let slot = params.state_slot as usize * params.rows as usize + row;
+    let slot = slot * params.rows as usize + row;
     // SAFETY: forwarded from the contract.
     unsafe {
         (params.states as *mut RowState)
@@ -95,33 +124,82 @@ fn ln(x: f32) -> f32 {
     log2_approx(x) * core::f32::consts::LN_2
 }
 
-/// Softmax, log-softmax and log-sum-exp of `x · scale · row_scale + masks`.
-pub struct Forward<In> {
+/// Softmax, log-softmax and log-sum-exp of the scores `x · scale · row_scale (+ masks)`.
+/// With `MASKED == false` the kernel has no mask code at all and folds the scale into the
+/// exponent (`2^(x · k·log2e − max · k·log2e)`, one FMA); with masks the scores are formed
+/// as each pack is loaded.
+pub struct Forward<In, const MASKED: bool> {
     x: *const In,
     y: u64,
     output_dtype: u32,
     log: bool,
     zero_masked_rows: bool,
+    /// Score per loaded value: `scale · row_scale` unmasked, 1 when `load` already scaled.
+    score_scale: f32,
+    /// `scale · row_scale` (masked kernels apply it in `load`).
     scale: f32,
     additive_mask: *const f32,
     allowed_mask: *const u8,
-    /// Last unmasked column of the full row under the causal mask (`usize::MAX`: none).
+    /// Last unmasked column under the causal mask (`usize::MAX`: none).
     causal_last: usize,
-    first_column: usize,
     log_sum_exp: *mut f32,
 }
 
-/// What the forward writes need of the row: its maximum, `1 / sum`, `ln sum`, and whether
-/// the row is masked everywhere and the caller asked for zeros there.
+/// What the forward writes need: softmax multiplies the kept exponentials by `factor`
+/// (`e^(mine − max) / sum`), log-softmax computes `k·x − offset` (`offset = max + ln sum`);
+/// `zero` when the row is masked everywhere and the caller asked for zeros there.
 #[derive(Clone, Copy)]
 pub struct ForwardFinished {
-    max: f32,
-    inv_sum: f32,
-    ln_sum: f32,
+    factor: f32,
+    offset: f32,
     zero: bool,
 }
 
-impl<In: Element, const PACK: usize> RowKernel<PACK> for Forward<In> {
+impl<In: Element, const MASKED: bool> Forward<In, MASKED> {
+    #[inline(always)]
+    fn local_max<const PACK: usize, const PACKS: usize>(
+        &self,
+        packs: &[[f32; PACK]; PACKS],
+    ) -> f32 {
+        let mut max = f32::NEG_INFINITY;
+        for pack in packs {
+            for &value in pack {
+                max = max.max(value);
+            }
+        }
+        max
+    }
+
+    /// `Σ 2^((v − max)·k·log2 e)` over the packs (one FMA and one `ex2` each), keeping the
+    /// exponentials in place of the values for softmax. A maximum of -inf (nothing but -inf)
+    /// is taken as 0 so -inf gives 0, not NaN.
+    #[inline(always)]
+    fn exponentials<const PACK: usize, const PACKS: usize>(
+        &self,
+        packs: &mut [[f32; PACK]; PACKS],
+        max: f32,
+    ) -> f32 {
+        let slope = self.score_scale * LOG2_E;
+        let shift = if max == f32::NEG_INFINITY {
+            0.0
+        } else {
+            -max * slope
+        };
+        let mut sum = 0.0;
+        for pack in packs.iter_mut() {
+            for value in pack.iter_mut() {
+                let e = exp2_approx(fma(*value, slope, shift));
+                sum += e;
+                if !self.log {
+                    *value = e;
+                }
+            }
+        }
+        sum
+    }
+}
+
+impl<In: Element, const MASKED: bool, const PACK: usize> RowKernel<PACK> for Forward<In, MASKED> {
     type Values = [f32; PACK];
     type Stats = OnlineStats;
     type Finished = ForwardFinished;
@@ -129,21 +207,18 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for Forward<In> {
 
     #[inline(always)]
     unsafe fn for_row(p: &RowOpParams, row: usize) -> Self {
-        let mask_row = if p.mask_rows == 0 {
+        let mask_offset = if p.mask_rows == 0 {
             0
         } else {
-            row % p.mask_rows as usize
+            (row % p.mask_rows as usize) * p.mask_stride as usize
         };
-        let mask_offset = mask_row * p.mask_stride as usize;
         let row_scale = if p.row_scale == 0 {
             1.0
         } else {
             // SAFETY: the row-scale buffer holds `rows` floats.
             unsafe { (p.row_scale as *const f32).add(row).read() }
         };
-        let optional = |base: u64, offset: usize| {
-            (base != 0).then_some(row_start(base, offset, 1, DType::F32))
-        };
+        let scale = p.scale * row_scale;
         Forward {
             x: row_start(p.input, row, p.input_stride, In::DTYPE) as *const In,
             y: if p.output == 0 {
@@ -154,9 +229,13 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for Forward<In> {
             output_dtype: p.output_dtype,
             log: p.op == op::LOG_SOFTMAX,
             zero_masked_rows: p.masked_rows_zero != 0,
-            scale: p.scale * row_scale,
-            additive_mask: optional(p.additive_mask, mask_offset)
-                .map_or(core::ptr::null(), |a| a as *const f32),
+            score_scale: if MASKED { 1.0 } else { scale },
+            scale,
+            additive_mask: if p.additive_mask == 0 {
+                core::ptr::null()
+            } else {
+                row_start(p.additive_mask, mask_offset, 1, DType::F32) as *const f32
+            },
             allowed_mask: if p.allowed_mask == 0 {
                 core::ptr::null()
             } else {
@@ -167,7 +246,6 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for Forward<In> {
             } else {
                 row % p.causal_period as usize
             },
-            first_column: p.first_column as usize,
             log_sum_exp: if p.log_sum_exp == 0 {
                 core::ptr::null_mut()
             } else {
@@ -180,13 +258,16 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for Forward<In> {
     #[inline(always)]
     unsafe fn load(&self, col: usize) -> [f32; PACK] {
         // SAFETY: the caller guarantees the pack lies in the row, aligned as the layout says.
-        let mut values = unsafe { load_f32::<In, PACK>(self.x as u64, col) };
+        let mut values = unsafe { In::load_f32::<PACK>(self.x.add(col)) };
+        if !MASKED {
+            return values;
+        }
         for value in values.iter_mut() {
             *value *= self.scale;
         }
         if !self.additive_mask.is_null() {
             // SAFETY: mask rows have `cols` elements, aligned like the input's.
-            let mask = unsafe { load::<f32, PACK>(self.additive_mask.add(col)) };
+            let mask = unsafe { f32::load_f32::<PACK>(self.additive_mask.add(col)) };
             for k in 0..PACK {
                 values[k] += mask[k];
             }
@@ -200,10 +281,9 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for Forward<In> {
                 }
             }
         }
-        let first = self.first_column + col;
-        if first + PACK - 1 > self.causal_last {
+        if col + PACK - 1 > self.causal_last {
             for (k, value) in values.iter_mut().enumerate() {
-                if first + k > self.causal_last {
+                if col + k > self.causal_last {
                     *value = f32::NEG_INFINITY;
                 }
             }
@@ -212,29 +292,36 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for Forward<In> {
     }
 
     #[inline(always)]
-    fn partial<const PACKS: usize>(&self, packs: &[[f32; PACK]; PACKS]) -> OnlineStats {
-        let mut max = f32::NEG_INFINITY;
-        for pack in packs {
-            for &value in pack {
-                max = max.max(value);
-            }
-        }
-        let mut sum = 0.0;
-        for pack in packs {
-            for &value in pack {
-                sum += OnlineStats::exp_relative::<DeviceExp2>(value, max);
-            }
-        }
-        OnlineStats::new(max, sum)
+    fn partial<const PACKS: usize>(&self, packs: &mut [[f32; PACK]; PACKS]) -> OnlineStats {
+        let max = self.local_max(packs);
+        let sum = self.exponentials(packs, max);
+        // In score units: the scale is positive, so it maps the maximum to the maximum.
+        OnlineStats::new(max * self.score_scale, sum)
+    }
+
+    /// Within a group the maximum is reduced first, so each lane takes its exponentials
+    /// relative to the row's maximum and only the sums need a second reduction (no
+    /// exponentials in the merge steps).
+    #[inline(always)]
+    fn group_partial<const PACKS: usize, const LANES: u32>(
+        &self,
+        packs: &mut [[f32; PACK]; PACKS],
+    ) -> (OnlineStats, OnlineStats) {
+        let max = group_max::<LANES>(self.local_max(packs));
+        let mine = self.exponentials(packs, max);
+        let max = max * self.score_scale;
+        (
+            OnlineStats::new(max, group_sum::<LANES>(mine)),
+            OnlineStats::new(max, mine),
+        )
     }
 
     #[inline(always)]
-    fn finish(&self, row: OnlineStats) -> ForwardFinished {
+    fn finish(&self, row: OnlineStats, mine: OnlineStats) -> ForwardFinished {
         let sum = row.sum();
         ForwardFinished {
-            max: row.max,
-            inv_sum: 1.0 / sum,
-            ln_sum: ln(sum),
+            factor: OnlineStats::exp_relative::<DeviceExp2>(mine.max, row.max) / sum,
+            offset: row.max + ln(sum),
             zero: self.zero_masked_rows && row.max == f32::NEG_INFINITY,
         }
     }
@@ -247,9 +334,9 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for Forward<In> {
         let outputs = if row.zero {
             [if self.log { f32::NEG_INFINITY } else { 0.0 }; PACK]
         } else if self.log {
-            values.map(|v| v - row.max - row.ln_sum)
+            values.map(|v| fma(v, self.score_scale, -row.offset))
         } else {
-            values.map(|v| OnlineStats::exp_relative::<DeviceExp2>(v, row.max) * row.inv_sum)
+            values.map(|e| e * row.factor)
         };
         // SAFETY: the caller guarantees the pack lies in the row; the output row is aligned
         // like the input's.
@@ -322,14 +409,14 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for Backward<In> {
         // SAFETY: the caller guarantees the pack lies in both rows, aligned.
         unsafe {
             (
-                load_f32::<In, PACK>(self.y as u64, col),
-                load_f32::<In, PACK>(self.dy as u64, col),
+                In::load_f32::<PACK>(self.y.add(col)),
+                In::load_f32::<PACK>(self.dy.add(col)),
             )
         }
     }
 
     #[inline(always)]
-    fn partial<const PACKS: usize>(&self, packs: &[Self::Values; PACKS]) -> Sum {
+    fn partial<const PACKS: usize>(&self, packs: &mut [Self::Values; PACKS]) -> Sum {
         let mut sum = 0.0;
         for (y, dy) in packs {
             for k in 0..PACK {
@@ -341,7 +428,7 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for Backward<In> {
     }
 
     #[inline(always)]
-    fn finish(&self, row: Sum) -> f32 {
+    fn finish(&self, row: Sum, _mine: Sum) -> f32 {
         row.0
     }
 

@@ -58,6 +58,10 @@ pub mod mode {
     /// Merge the `state_slots` states stored for each row instead of reducing, then write the
     /// outputs as [`FULL`] does.
     pub const APPLY_STATES: u32 = 2;
+    /// Block kernels: each block stores the state of its own slice of its row in slot
+    /// `slice`, and writes nothing else. With [`APPLY_STATES`] over `slices` slots after it,
+    /// this is the two-launch form of a sliced row, which needs no block to wait for another.
+    pub const SLICE_STATES: u32 = 3;
 }
 
 /// The statistics of (part of) a row: its maximum and `Σ e^(x - max)` for a forward pass, or
@@ -128,9 +132,7 @@ pub struct RowOpParams {
     pub slices: u32,
     /// Packs of a row each slice holds.
     pub slice_packs: u32,
-    /// Column of the full row where this launch's columns start (the causal mask counts
-    /// from the full row when a launch covers a column chunk).
-    pub first_column: u32,
+    pub _padding: u32,
 }
 
 /// Threads per block of the group-per-row operation kernels.
@@ -159,8 +161,11 @@ pub const OP_ROWS_SCALAR: &[(u32, u32)] =
 /// per thread, so the planner checks with the driver that an instance can launch at all.
 pub const OP_BLOCK_VECTOR: &[(u32, u32)] = &[
     (128, 2),
+    (128, 4),
+    (128, 8),
     (256, 2),
     (256, 4),
+    (256, 8),
     (512, 4),
     (512, 8),
     (1024, 4),
@@ -170,17 +175,27 @@ pub const OP_BLOCK_VECTOR: &[(u32, u32)] = &[
 /// The same with one element per pack.
 pub const OP_BLOCK_SCALAR: &[(u32, u32)] = &[(256, 4), (1024, 16)];
 
-/// The direction of an operation kernel.
+/// What an operation kernel computes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Direction {
+    /// Forward without masks (the scale is folded into the exponent).
     Forward,
+    /// Forward with an additive or boolean mask, or the causal mask.
+    MaskedForward,
     Backward,
 }
 
 impl Direction {
+    pub const ALL: [Direction; 3] = [
+        Direction::Forward,
+        Direction::MaskedForward,
+        Direction::Backward,
+    ];
+
     const fn tag(self) -> &'static str {
         match self {
             Direction::Forward => "fwd",
+            Direction::MaskedForward => "mfwd",
             Direction::Backward => "bwd",
         }
     }
@@ -196,7 +211,7 @@ pub enum OpKernelShape {
 }
 
 /// One operation entry. Its `Display` is the PTX entry name, the spelling the kernel crate
-/// generates (`op_rows_fwd_bf16_p8_l32_n4`, `op_block_bwd_f32_p4_t1024_n8`).
+/// generates (`op_rows_fwd_bf16_p8_l32_n4`, `op_block_mfwd_f32_p4_t1024_n8`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct OpKernelName {
     pub direction: Direction,
@@ -220,7 +235,7 @@ impl OpKernelName {
         self.threads_per_row() * self.packs * self.pack
     }
 
-    /// Every entry of one input type: both directions, both layouts, 16-byte and scalar packs.
+    /// Every entry of one input type: each direction, both layouts, 16-byte and scalar packs.
     pub fn all_for(input: DType) -> impl Iterator<Item = OpKernelName> {
         let vector = input.vector_pack();
         let rows = |pack: u32, table: &'static [(u32, u32)]| {
@@ -238,7 +253,7 @@ impl OpKernelName {
             .chain(blocks(vector, OP_BLOCK_VECTOR))
             .chain(blocks(1, OP_BLOCK_SCALAR));
         layouts.flat_map(move |(pack, shape, packs)| {
-            [Direction::Forward, Direction::Backward].map(|direction| OpKernelName {
+            Direction::ALL.map(|direction| OpKernelName {
                 direction,
                 input,
                 pack,
