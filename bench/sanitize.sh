@@ -22,6 +22,8 @@
 #                               a subset splits the work over several shorter calls)
 #   SANITIZE_TIMEOUT            seconds per run for memcheck, initcheck, synccheck (default 600)
 #   SANITIZE_RACECHECK_TIMEOUT  seconds per racecheck run (default 1800)
+#   SANITIZE_FILTERS            the default filters replaced (space-separated)
+#   SANITIZE_BINARY             test binary: gpu (default) or gpu_ops (the operation kernels)
 #   SOFTMAX_TEST_SEED           passed through to the tests (replays their random inputs)
 set -uo pipefail
 out=${OUT:-device-out}
@@ -31,17 +33,18 @@ log="$out/sanitizer.txt"
 summary="$out/sanitizer-summary.txt"
 
 read -ra tools <<< "${SANITIZE_TOOLS:-memcheck racecheck initcheck synccheck}"
-filters=(every_variant special misaligned llm "$@")
+filters=(${SANITIZE_FILTERS:-every_variant special misaligned llm} "$@")
 timeout_default=${SANITIZE_TIMEOUT:-600}
 timeout_racecheck=${SANITIZE_RACECHECK_TIMEOUT:-1800}
 
 # The `gpu` test binary (`gpu-<hash>`; gpu_stress and gpu_fault are named with an underscore).
+binary=${SANITIZE_BINARY:-gpu}
 gpu_tests=""
-for candidate in .gpu/tests/gpu-*; do
+for candidate in .gpu/tests/"$binary"-*; do
     [ -x "$candidate" ] && gpu_tests=$candidate && break
 done
 if [ -z "$gpu_tests" ]; then
-    echo "sanitize: no .gpu/tests/gpu-* test binary (run \`cargo xtask device-bundle\` and bring .gpu/ along)" >&2
+    echo "sanitize: no .gpu/tests/$binary-* test binary (run \`cargo xtask device-bundle\` and bring .gpu/ along)" >&2
     exit 2
 fi
 if ! command -v compute-sanitizer > /dev/null; then

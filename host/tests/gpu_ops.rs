@@ -154,10 +154,21 @@ fn check_backward<T: Element, O: Element>(
         )
         .map_err(|e| format!("{what}: {e}"))?;
     softmax.synchronize().map_err(text)?;
-    // Relative to the size of the terms (`y·dy` for softmax, `dy` for log-softmax): dx
-    // cancels to near zero when dy is nearly constant along a row, and f32 rounding of the
-    // terms is all that is left there.
-    let deviation = value_deviation(&download(&dx)?, expected);
+    let deviation = backward_deviation(op, y, dy, &download(&dx)?, expected);
+    tally.record(&what, deviation, tolerance(O::DTYPE) * 4.0)
+}
+
+/// [`value_deviation`] of a gradient, relative to the size of the terms (`y·dy` for softmax,
+/// `dy` for log-softmax) when that is larger than the gradient: dx cancels to near zero when
+/// dy is nearly constant along a row, and f32 rounding of the terms is all that is left.
+fn backward_deviation(
+    op: Operation,
+    y: &[f32],
+    dy: &[f32],
+    actual: &[f32],
+    expected: &[f64],
+) -> Deviation {
+    let deviation = value_deviation(actual, expected);
     let expected_norm = expected.iter().map(|e| e * e).sum::<f64>().sqrt();
     let terms_norm = y
         .iter()
@@ -168,11 +179,10 @@ fn check_backward<T: Element, O: Element>(
         })
         .sum::<f64>()
         .sqrt();
-    let deviation = Deviation {
+    Deviation {
         relative_l2: deviation.relative_l2 * expected_norm / expected_norm.max(terms_norm),
         ..deviation
-    };
-    tally.record(&what, deviation, tolerance(O::DTYPE) * 4.0)
+    }
 }
 
 fn check_log_sum_exp<I: Element>(
