@@ -502,11 +502,9 @@ fn strides_and_in_place(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
             .map_err(text)?;
         softmax.synchronize().map_err(text)?;
         let dx = backward_f64(true, &y, &dy, cols, &vec![1.0; rows]);
-        tally.record(
-            &format!("in-place backward {shape}"),
-            value_deviation(&download(&gradient)?, &dx),
-            4e-5,
-        )?;
+        let deviation =
+            backward_deviation(Operation::LogSoftmax, &y, &dy, &download(&gradient)?, &dx);
+        tally.record(&format!("in-place backward {shape}"), deviation, 4e-5)?;
     }
     Ok(format!(
         "{}; {gaps_checked} row gaps left untouched",
