@@ -17,21 +17,81 @@ pub struct Bf16(u16);
 #[derive(Clone, Copy)]
 pub struct F16(u16);
 
-/// A floating-point element: math happens in f32. Loads and stores move `N` consecutive
-/// elements as the widest aligned accesses they allow (see [`load`]); 16-bit types unpack
-/// and pack two elements per 32-bit word.
+/// A floating-point element: math happens in f32. A pack of `N` elements is read as packed
+/// 32-bit words (one f32, or two 16-bit elements, low half first, per word when the pack is a
+/// single access; one element per word otherwise), which is how the kernels keep it in
+/// registers: half the registers of widened f32 values for 16-bit data. Stores convert from
+/// f32, two 16-bit elements per instruction.
 pub trait Element: Copy {
     const DTYPE: DType;
+    /// A word holding -inf in every element slot: the padding of a pack past a row's end.
+    const NEG_INF_WORD: u32;
 
     /// # Safety
     /// As [`load`] for `src..src + N`.
-    unsafe fn load_f32<const N: usize>(src: *const Self) -> [f32; N];
+    unsafe fn load_packed<const N: usize>(src: *const Self) -> [u32; N];
+
+    /// Element `i` of a pack read by [`Element::load_packed`], widened to f32.
+    fn widen<const N: usize>(words: &[u32; N], i: usize) -> f32;
+
+    /// # Safety
+    /// As [`load`] for `src..src + N`.
+    #[inline(always)]
+    unsafe fn load_f32<const N: usize>(src: *const Self) -> [f32; N] {
+        // SAFETY: forwarded from the contract.
+        let words = unsafe { Self::load_packed::<N>(src) };
+        let mut values = [0.0; N];
+        for i in 0..N {
+            values[i] = Self::widen(&words, i);
+        }
+        values
+    }
 
     /// Rounds to nearest, ties to even (`cvt.rn`).
     ///
     /// # Safety
     /// `dst..dst + N` is writable global memory, aligned as [`load`] asks.
     unsafe fn store_f32<const N: usize>(dst: *mut Self, values: [f32; N]);
+}
+
+/// `N` elements of `size` bytes as packed words: one access when they span 4 to 32 bytes,
+/// else one per element (in the low bits of its own word).
+///
+/// # Safety
+/// As [`load`].
+#[inline(always)]
+unsafe fn load_packed_words<T: Copy, const N: usize>(src: *const T) -> [u32; N] {
+    let bytes = N * size_of::<T>();
+    let mut words = [0u32; N];
+    // SAFETY (both branches): forwarded from the contract.
+    unsafe {
+        if spans(bytes) {
+            let span = load_span(src.cast(), bytes);
+            for i in 0..bytes.div_ceil(4) {
+                words[i] = span[i];
+            }
+        } else {
+            for i in 0..N {
+                let element = load_element(src.add(i));
+                words[i] = if size_of::<T>() == 4 {
+                    core::mem::transmute_copy::<T, u32>(&element)
+                } else {
+                    core::mem::transmute_copy::<T, u16>(&element) as u32
+                };
+            }
+        }
+    }
+    words
+}
+
+/// The 16-bit element `i` of a pack of `N`, in the low bits of the result.
+#[inline(always)]
+fn half_bits<const N: usize>(words: &[u32; N], i: usize) -> u32 {
+    if spans(2 * N) {
+        words[i / 2] >> (16 * (i % 2))
+    } else {
+        words[i]
+    }
 }
 
 /// Whether `bytes` is one access of [`load_span`]: 4, 8, 16 or 32 bytes.
@@ -93,24 +153,17 @@ unsafe fn store_span(dst: *mut u8, bytes: usize, words: [u32; 8]) {
 
 impl Element for f32 {
     const DTYPE: DType = DType::F32;
+    const NEG_INF_WORD: u32 = 0xff80_0000;
 
     #[inline(always)]
-    unsafe fn load_f32<const N: usize>(src: *const f32) -> [f32; N] {
-        let mut values = [0.0; N];
-        // SAFETY (both branches): forwarded from the contract.
-        unsafe {
-            if spans(4 * N) {
-                let words = load_span(src.cast(), 4 * N);
-                for i in 0..N {
-                    values[i] = f32::from_bits(words[i]);
-                }
-            } else {
-                for i in 0..N {
-                    values[i] = load_element(src.add(i));
-                }
-            }
-        }
-        values
+    unsafe fn load_packed<const N: usize>(src: *const f32) -> [u32; N] {
+        // SAFETY: forwarded from the contract.
+        unsafe { load_packed_words(src) }
+    }
+
+    #[inline(always)]
+    fn widen<const N: usize>(words: &[u32; N], i: usize) -> f32 {
+        f32::from_bits(words[i])
     }
 
     #[inline(always)]
@@ -130,40 +183,6 @@ impl Element for f32 {
             }
         }
     }
-}
-
-/// The two halves of `word` as 16-bit values, low first.
-#[inline(always)]
-fn halves(word: u32) -> [u16; 2] {
-    [word as u16, (word >> 16) as u16]
-}
-
-/// Loads `N` 16-bit elements and widens each with `widen`, which gets the element in the
-/// low (`false`) or high (`true`) half of a word.
-///
-/// # Safety
-/// As [`load`].
-#[inline(always)]
-unsafe fn load_halves<T: Copy, const N: usize>(
-    src: *const T,
-    widen: impl Fn(u32, bool) -> f32,
-) -> [f32; N] {
-    let mut values = [0.0; N];
-    // SAFETY (both branches): forwarded from the contract.
-    unsafe {
-        if spans(2 * N) {
-            let words = load_span(src.cast(), 2 * N);
-            for i in 0..N {
-                values[i] = widen(words[i / 2], i % 2 == 1);
-            }
-        } else {
-            for i in 0..N {
-                let bits: u16 = core::mem::transmute_copy(&load_element(src.add(i)));
-                values[i] = widen(bits as u32, false);
-            }
-        }
-    }
-    values
 }
 
 /// Stores `N` values as 16-bit elements: `pair` narrows two values into one word (first in
@@ -196,15 +215,22 @@ unsafe fn store_halves<T: Copy, const N: usize>(
 
 impl Element for Bf16 {
     const DTYPE: DType = DType::Bf16;
+    const NEG_INF_WORD: u32 = 0xff80_ff80;
 
     #[inline(always)]
-    unsafe fn load_f32<const N: usize>(src: *const Bf16) -> [f32; N] {
-        // bf16 is the upper half of an f32: one shift or one mask per element.
-        let widen = |word: u32, high: bool| {
-            f32::from_bits(if high { word & 0xffff_0000 } else { word << 16 })
-        };
+    unsafe fn load_packed<const N: usize>(src: *const Bf16) -> [u32; N] {
         // SAFETY: forwarded from the contract.
-        unsafe { load_halves(src, widen) }
+        unsafe { load_packed_words(src) }
+    }
+
+    /// bf16 is the upper half of an f32: one shift or one mask.
+    #[inline(always)]
+    fn widen<const N: usize>(words: &[u32; N], i: usize) -> f32 {
+        f32::from_bits(if spans(2 * N) && i % 2 == 1 {
+            words[i / 2] & 0xffff_0000
+        } else {
+            half_bits(words, i) << 16
+        })
     }
 
     #[inline(always)]
@@ -234,21 +260,24 @@ impl Element for Bf16 {
 
 impl Element for F16 {
     const DTYPE: DType = DType::F16;
+    const NEG_INF_WORD: u32 = 0xfc00_fc00;
 
     #[inline(always)]
-    unsafe fn load_f32<const N: usize>(src: *const F16) -> [f32; N] {
-        let widen = |word: u32, high: bool| {
-            let half = halves(word)[high as usize];
-            let value: f32;
-            // SAFETY: a pure conversion on registers.
-            unsafe {
-                asm!("cvt.f32.f16 {f}, {h};", f = out(reg32) value, h = in(reg16) half,
-                    options(pure, nomem, nostack))
-            };
-            value
-        };
+    unsafe fn load_packed<const N: usize>(src: *const F16) -> [u32; N] {
         // SAFETY: forwarded from the contract.
-        unsafe { load_halves(src, widen) }
+        unsafe { load_packed_words(src) }
+    }
+
+    #[inline(always)]
+    fn widen<const N: usize>(words: &[u32; N], i: usize) -> f32 {
+        let half = half_bits(words, i) as u16;
+        let value: f32;
+        // SAFETY: a pure conversion on registers.
+        unsafe {
+            asm!("cvt.f32.f16 {f}, {h};", f = out(reg32) value, h = in(reg16) half,
+                options(pure, nomem, nostack))
+        };
+        value
     }
 
     #[inline(always)]

@@ -9,7 +9,7 @@ use crate::element::{Bf16, F16};
 use crate::reduce::block_reduce;
 use crate::row_exchange::exchange_row_stats;
 use crate::row_kernel::{
-    Backward, Forward, RowKernel, merged_states, store_slice_state, store_state,
+    Backward, Forward, MaskedForward, RowKernel, merged_states, store_slice_state, store_state,
 };
 use crate::row_ops::{RowOpParams, mode};
 
@@ -179,7 +179,7 @@ macro_rules! op_rows_entries {
             #[unsafe(export_name = concat!("op_rows_fwd_", $name, "_p", $pack, "_l", $lanes, "_n", $packs))]
             unsafe extern "ptx-kernel" fn forward(params: RowOpParams) {
                 // SAFETY: forwarded from this entry's contract.
-                unsafe { op_rows::<Forward<$input, false>, $pack, $lanes, $packs>(&params) }
+                unsafe { op_rows::<Forward<$input>, $pack, $lanes, $packs>(&params) }
             }
 
             /// # Safety
@@ -187,7 +187,7 @@ macro_rules! op_rows_entries {
             #[unsafe(export_name = concat!("op_rows_mfwd_", $name, "_p", $pack, "_l", $lanes, "_n", $packs))]
             unsafe extern "ptx-kernel" fn masked_forward(params: RowOpParams) {
                 // SAFETY: forwarded from this entry's contract.
-                unsafe { op_rows::<Forward<$input, true>, $pack, $lanes, $packs>(&params) }
+                unsafe { op_rows::<MaskedForward<$input>, $pack, $lanes, $packs>(&params) }
             }
 
             /// # Safety
@@ -211,7 +211,7 @@ macro_rules! op_block_entries {
             #[unsafe(export_name = concat!("op_block_fwd_", $name, "_p", $pack, "_t", $threads, "_n", $packs))]
             unsafe extern "ptx-kernel" fn forward(params: RowOpParams) {
                 // SAFETY: forwarded from this entry's contract.
-                unsafe { op_block::<Forward<$input, false>, $pack, $threads, $packs>(&params) }
+                unsafe { op_block::<Forward<$input>, $pack, $threads, $packs>(&params) }
             }
 
             /// # Safety
@@ -219,7 +219,7 @@ macro_rules! op_block_entries {
             #[unsafe(export_name = concat!("op_block_mfwd_", $name, "_p", $pack, "_t", $threads, "_n", $packs))]
             unsafe extern "ptx-kernel" fn masked_forward(params: RowOpParams) {
                 // SAFETY: forwarded from this entry's contract.
-                unsafe { op_block::<Forward<$input, true>, $pack, $threads, $packs>(&params) }
+                unsafe { op_block::<MaskedForward<$input>, $pack, $threads, $packs>(&params) }
             }
 
             /// # Safety

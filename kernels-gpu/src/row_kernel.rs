@@ -1,7 +1,7 @@
 //! What an operation kernel does to one row, apart from how threads share the row: read a
 //! pack of columns (applying scale and masks), reduce the packs to a [`Partial`] result,
-//! and write a pack of outputs from the row's result. [`Forward`] is softmax, log-softmax and
-//! log-sum-exp; [`Backward`] their gradients. The layouts in [`crate::op_templates`] run
+//! and write a pack of outputs from the row's result. [`Forward`] and [`MaskedForward`] are
+//! softmax, log-softmax and log-sum-exp; [`Backward`] their gradients. The layouts in [`crate::op_templates`] run
 //! either.
 
 use core::marker::PhantomData;
@@ -124,82 +124,258 @@ fn ln(x: f32) -> f32 {
     log2_approx(x) * core::f32::consts::LN_2
 }
 
-/// Softmax, log-softmax and log-sum-exp of the scores `x · scale · row_scale (+ masks)`.
-/// With `MASKED == false` the kernel has no mask code at all and folds the scale into the
-/// exponent (`2^(x · k·log2e − max · k·log2e)`, one FMA); with masks the scores are formed
-/// as each pack is loaded.
-pub struct Forward<In, const MASKED: bool> {
-    x: *const In,
+/// What every forward kernel knows of its row: where the outputs go, the operation, the
+/// scale `k = scale · row_scale` of the scores, and what a fully masked row gives.
+struct ForwardRow {
     y: u64,
     output_dtype: u32,
     log: bool,
     zero_masked_rows: bool,
-    /// Score per loaded value: `scale · row_scale` unmasked, 1 when `load` already scaled.
-    score_scale: f32,
-    /// `scale · row_scale` (masked kernels apply it in `load`).
     scale: f32,
-    additive_mask: *const f32,
-    allowed_mask: *const u8,
-    /// Last unmasked column under the causal mask (`usize::MAX`: none).
-    causal_last: usize,
     log_sum_exp: *mut f32,
 }
 
-/// What the forward writes need: softmax multiplies the kept exponentials by `factor`
-/// (`e^(mine − max) / sum`), log-softmax computes `k·x − offset` (`offset = max + ln sum`);
+/// What the forward writes need: softmax computes `2^(k·log2e·v + shift)·inv_sum` (or, with
+/// the exponentials kept, `e · factor`), log-softmax `k·v − offset` (`offset = max + ln sum`);
 /// `zero` when the row is masked everywhere and the caller asked for zeros there.
 #[derive(Clone, Copy)]
 pub struct ForwardFinished {
+    shift: f32,
+    inv_sum: f32,
     factor: f32,
     offset: f32,
     zero: bool,
 }
 
-impl<In: Element, const MASKED: bool> Forward<In, MASKED> {
+impl ForwardRow {
+    /// # Safety
+    /// As [`RowKernel::for_row`].
+    #[inline(always)]
+    unsafe fn new(p: &RowOpParams, row: usize) -> Self {
+        let row_scale = if p.row_scale == 0 {
+            1.0
+        } else {
+            // SAFETY: the row-scale buffer holds `rows` floats.
+            unsafe { (p.row_scale as *const f32).add(row).read() }
+        };
+        ForwardRow {
+            y: if p.output == 0 {
+                0
+            } else {
+                row_start(p.output, row, p.output_stride, output_dtype(p))
+            },
+            output_dtype: p.output_dtype,
+            log: p.op == op::LOG_SOFTMAX,
+            zero_masked_rows: p.masked_rows_zero != 0,
+            scale: p.scale * row_scale,
+            log_sum_exp: if p.log_sum_exp == 0 {
+                core::ptr::null_mut()
+            } else {
+                // SAFETY: the log-sum-exp buffer holds `rows` floats.
+                unsafe { (p.log_sum_exp as *mut f32).add(row) }
+            },
+        }
+    }
+
+    /// `row` is in score units; `mine` is this thread's maximum (score units) that its kept
+    /// exponentials are relative to, if it kept them.
+    #[inline(always)]
+    fn finish(&self, row: OnlineStats, mine_max: f32) -> ForwardFinished {
+        let sum = row.sum();
+        ForwardFinished {
+            // A maximum of -inf is taken as 0 so -inf scores give 0 (the row is then NaN or,
+            // by choice, zero).
+            shift: if row.max == f32::NEG_INFINITY {
+                0.0
+            } else {
+                -row.max * LOG2_E
+            },
+            inv_sum: 1.0 / sum,
+            factor: OnlineStats::exp_relative::<DeviceExp2>(mine_max, row.max) / sum,
+            offset: row.max + ln(sum),
+            zero: self.zero_masked_rows && row.max == f32::NEG_INFINITY,
+        }
+    }
+
+    /// Writes one pack of outputs; `probability(i)` and `log_probability(i)` give element
+    /// `i`'s value for softmax and log-softmax.
+    ///
+    /// # Safety
+    /// As [`RowKernel::write`].
+    #[inline(always)]
+    unsafe fn store<const PACK: usize>(
+        &self,
+        col: usize,
+        row: ForwardFinished,
+        probability: impl Fn(usize) -> f32,
+        log_probability: impl Fn(usize) -> f32,
+    ) {
+        if self.y == 0 {
+            return;
+        }
+        let mut outputs = [0.0; PACK];
+        for (i, output) in outputs.iter_mut().enumerate() {
+            *output = if row.zero {
+                if self.log { f32::NEG_INFINITY } else { 0.0 }
+            } else if self.log {
+                log_probability(i)
+            } else {
+                probability(i)
+            };
+        }
+        // SAFETY: the caller guarantees the pack lies in the row; the output row is aligned
+        // like the input's.
+        unsafe { store_as::<PACK>(self.output_dtype, self.y, col, outputs) };
+    }
+
+    /// # Safety
+    /// As [`RowKernel::write_row`].
+    #[inline(always)]
+    unsafe fn write_row(&self, row: OnlineStats) {
+        if !self.log_sum_exp.is_null() {
+            let value = if row.max == f32::NEG_INFINITY {
+                f32::NEG_INFINITY
+            } else {
+                row.max + ln(row.sum())
+            };
+            // SAFETY: `new` pointed it at this row's float.
+            unsafe { self.log_sum_exp.write(value) };
+        }
+    }
+}
+
+/// Softmax, log-softmax and log-sum-exp of the scores `x · scale · row_scale`, without
+/// masks. Packs stay in registers as loaded (two 16-bit elements per register, so a block
+/// keeps twice the bf16 data in flight), widened each time they are used; the scale is
+/// folded into the exponent (`2^(v·k·log2e + shift)`, one FMA).
+pub struct Forward<In> {
+    x: *const In,
+    row: ForwardRow,
+}
+
+impl<In: Element> Forward<In> {
     #[inline(always)]
     fn local_max<const PACK: usize, const PACKS: usize>(
         &self,
-        packs: &[[f32; PACK]; PACKS],
+        packs: &[[u32; PACK]; PACKS],
     ) -> f32 {
         let mut max = f32::NEG_INFINITY;
         for pack in packs {
-            for &value in pack {
-                max = max.max(value);
+            for i in 0..PACK {
+                max = max.max(In::widen(pack, i));
             }
         }
         max
     }
 
-    /// `Σ 2^((v − max)·k·log2 e)` over the packs (one FMA and one `ex2` each), keeping the
-    /// exponentials in place of the values for softmax. A maximum of -inf (nothing but -inf)
-    /// is taken as 0 so -inf gives 0, not NaN.
+    /// `Σ 2^((v − max)·k·log2 e)` over the packs. A maximum of -inf (nothing but -inf) is
+    /// taken as 0 so -inf gives 0, not NaN.
     #[inline(always)]
-    fn exponentials<const PACK: usize, const PACKS: usize>(
+    fn exponential_sum<const PACK: usize, const PACKS: usize>(
         &self,
-        packs: &mut [[f32; PACK]; PACKS],
+        packs: &[[u32; PACK]; PACKS],
         max: f32,
     ) -> f32 {
-        let slope = self.score_scale * LOG2_E;
+        let slope = self.row.scale * LOG2_E;
         let shift = if max == f32::NEG_INFINITY {
             0.0
         } else {
             -max * slope
         };
         let mut sum = 0.0;
-        for pack in packs.iter_mut() {
-            for value in pack.iter_mut() {
-                let e = exp2_approx(fma(*value, slope, shift));
-                sum += e;
-                if !self.log {
-                    *value = e;
-                }
+        for pack in packs {
+            for i in 0..PACK {
+                sum += exp2_approx(fma(In::widen(pack, i), slope, shift));
             }
         }
         sum
     }
 }
 
-impl<In: Element, const MASKED: bool, const PACK: usize> RowKernel<PACK> for Forward<In, MASKED> {
+impl<In: Element, const PACK: usize> RowKernel<PACK> for Forward<In> {
+    type Values = [u32; PACK];
+    type Stats = OnlineStats;
+    type Finished = ForwardFinished;
+    const PAD: [u32; PACK] = [In::NEG_INF_WORD; PACK];
+
+    #[inline(always)]
+    unsafe fn for_row(p: &RowOpParams, row: usize) -> Self {
+        Forward {
+            x: row_start(p.input, row, p.input_stride, In::DTYPE) as *const In,
+            // SAFETY: forwarded.
+            row: unsafe { ForwardRow::new(p, row) },
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn load(&self, col: usize) -> [u32; PACK] {
+        // SAFETY: the caller guarantees the pack lies in the row, aligned as the layout says.
+        unsafe { In::load_packed::<PACK>(self.x.add(col)) }
+    }
+
+    #[inline(always)]
+    fn partial<const PACKS: usize>(&self, packs: &mut [[u32; PACK]; PACKS]) -> OnlineStats {
+        let max = self.local_max(packs);
+        // In score units: the scale is positive, so it maps the maximum to the maximum.
+        OnlineStats::new(max * self.row.scale, self.exponential_sum(packs, max))
+    }
+
+    /// Within a group the maximum is reduced first, so each lane takes its exponentials
+    /// relative to the row's maximum and only the sums need a second reduction.
+    #[inline(always)]
+    fn group_partial<const PACKS: usize, const LANES: u32>(
+        &self,
+        packs: &mut [[u32; PACK]; PACKS],
+    ) -> (OnlineStats, OnlineStats) {
+        let max = group_max::<LANES>(self.local_max(packs));
+        let mine = self.exponential_sum(packs, max);
+        let max = max * self.row.scale;
+        (
+            OnlineStats::new(max, group_sum::<LANES>(mine)),
+            OnlineStats::new(max, mine),
+        )
+    }
+
+    #[inline(always)]
+    fn finish(&self, row: OnlineStats, mine: OnlineStats) -> ForwardFinished {
+        self.row.finish(row, mine.max)
+    }
+
+    #[inline(always)]
+    unsafe fn write(&self, col: usize, pack: [u32; PACK], row: ForwardFinished) {
+        let slope = self.row.scale * LOG2_E;
+        let value = |i: usize| In::widen(&pack, i);
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            self.row.store::<PACK>(
+                col,
+                row,
+                |i| exp2_approx(fma(value(i), slope, row.shift)) * row.inv_sum,
+                |i| fma(value(i), self.row.scale, -row.offset),
+            )
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn write_row(&self, row: OnlineStats) {
+        // SAFETY: forwarded.
+        unsafe { self.row.write_row(row) }
+    }
+}
+
+/// Softmax, log-softmax and log-sum-exp of `x · scale · row_scale + masks`: the scores are
+/// formed in f32 as each pack is loaded (scale, additive mask, boolean mask, causal mask),
+/// and softmax keeps their exponentials in place of them.
+pub struct MaskedForward<In> {
+    x: *const In,
+    row: ForwardRow,
+    additive_mask: *const f32,
+    allowed_mask: *const u8,
+    /// Last unmasked column under the causal mask (`usize::MAX`: none).
+    causal_last: usize,
+}
+
+impl<In: Element, const PACK: usize> RowKernel<PACK> for MaskedForward<In> {
     type Values = [f32; PACK];
     type Stats = OnlineStats;
     type Finished = ForwardFinished;
@@ -212,25 +388,10 @@ impl<In: Element, const MASKED: bool, const PACK: usize> RowKernel<PACK> for For
         } else {
             (row % p.mask_rows as usize) * p.mask_stride as usize
         };
-        let row_scale = if p.row_scale == 0 {
-            1.0
-        } else {
-            // SAFETY: the row-scale buffer holds `rows` floats.
-            unsafe { (p.row_scale as *const f32).add(row).read() }
-        };
-        let scale = p.scale * row_scale;
-        Forward {
+        MaskedForward {
             x: row_start(p.input, row, p.input_stride, In::DTYPE) as *const In,
-            y: if p.output == 0 {
-                0
-            } else {
-                row_start(p.output, row, p.output_stride, output_dtype(p))
-            },
-            output_dtype: p.output_dtype,
-            log: p.op == op::LOG_SOFTMAX,
-            zero_masked_rows: p.masked_rows_zero != 0,
-            score_scale: if MASKED { 1.0 } else { scale },
-            scale,
+            // SAFETY: forwarded.
+            row: unsafe { ForwardRow::new(p, row) },
             additive_mask: if p.additive_mask == 0 {
                 core::ptr::null()
             } else {
@@ -246,12 +407,6 @@ impl<In: Element, const MASKED: bool, const PACK: usize> RowKernel<PACK> for For
             } else {
                 row % p.causal_period as usize
             },
-            log_sum_exp: if p.log_sum_exp == 0 {
-                core::ptr::null_mut()
-            } else {
-                // SAFETY: the log-sum-exp buffer holds `rows` floats.
-                unsafe { (p.log_sum_exp as *mut f32).add(row) }
-            },
         }
     }
 
@@ -259,11 +414,8 @@ impl<In: Element, const MASKED: bool, const PACK: usize> RowKernel<PACK> for For
     unsafe fn load(&self, col: usize) -> [f32; PACK] {
         // SAFETY: the caller guarantees the pack lies in the row, aligned as the layout says.
         let mut values = unsafe { In::load_f32::<PACK>(self.x.add(col)) };
-        if !MASKED {
-            return values;
-        }
         for value in values.iter_mut() {
-            *value *= self.scale;
+            *value *= self.row.scale;
         }
         if !self.additive_mask.is_null() {
             // SAFETY: mask rows have `cols` elements, aligned like the input's.
@@ -291,69 +443,55 @@ impl<In: Element, const MASKED: bool, const PACK: usize> RowKernel<PACK> for For
         values
     }
 
+    /// The scores' maximum, then their exponentials relative to it, kept for softmax.
     #[inline(always)]
     fn partial<const PACKS: usize>(&self, packs: &mut [[f32; PACK]; PACKS]) -> OnlineStats {
-        let max = self.local_max(packs);
-        let sum = self.exponentials(packs, max);
-        // In score units: the scale is positive, so it maps the maximum to the maximum.
-        OnlineStats::new(max * self.score_scale, sum)
-    }
-
-    /// Within a group the maximum is reduced first, so each lane takes its exponentials
-    /// relative to the row's maximum and only the sums need a second reduction (no
-    /// exponentials in the merge steps).
-    #[inline(always)]
-    fn group_partial<const PACKS: usize, const LANES: u32>(
-        &self,
-        packs: &mut [[f32; PACK]; PACKS],
-    ) -> (OnlineStats, OnlineStats) {
-        let max = group_max::<LANES>(self.local_max(packs));
-        let mine = self.exponentials(packs, max);
-        let max = max * self.score_scale;
-        (
-            OnlineStats::new(max, group_sum::<LANES>(mine)),
-            OnlineStats::new(max, mine),
-        )
+        let mut max = f32::NEG_INFINITY;
+        for pack in packs.iter() {
+            for &value in pack {
+                max = max.max(value);
+            }
+        }
+        let shift = if max == f32::NEG_INFINITY {
+            0.0
+        } else {
+            -max * LOG2_E
+        };
+        let mut sum = 0.0;
+        for pack in packs.iter_mut() {
+            for value in pack.iter_mut() {
+                let e = exp2_approx(fma(*value, LOG2_E, shift));
+                sum += e;
+                if !self.row.log {
+                    *value = e;
+                }
+            }
+        }
+        OnlineStats::new(max, sum)
     }
 
     #[inline(always)]
     fn finish(&self, row: OnlineStats, mine: OnlineStats) -> ForwardFinished {
-        let sum = row.sum();
-        ForwardFinished {
-            factor: OnlineStats::exp_relative::<DeviceExp2>(mine.max, row.max) / sum,
-            offset: row.max + ln(sum),
-            zero: self.zero_masked_rows && row.max == f32::NEG_INFINITY,
-        }
+        self.row.finish(row, mine.max)
     }
 
     #[inline(always)]
     unsafe fn write(&self, col: usize, values: [f32; PACK], row: ForwardFinished) {
-        if self.y == 0 {
-            return;
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            self.row.store::<PACK>(
+                col,
+                row,
+                |i| values[i] * row.factor,
+                |i| values[i] - row.offset,
+            )
         }
-        let outputs = if row.zero {
-            [if self.log { f32::NEG_INFINITY } else { 0.0 }; PACK]
-        } else if self.log {
-            values.map(|v| fma(v, self.score_scale, -row.offset))
-        } else {
-            values.map(|e| e * row.factor)
-        };
-        // SAFETY: the caller guarantees the pack lies in the row; the output row is aligned
-        // like the input's.
-        unsafe { store_as::<PACK>(self.output_dtype, self.y, col, outputs) };
     }
 
     #[inline(always)]
     unsafe fn write_row(&self, row: OnlineStats) {
-        if !self.log_sum_exp.is_null() {
-            let value = if row.max == f32::NEG_INFINITY {
-                f32::NEG_INFINITY
-            } else {
-                row.max + ln(row.sum())
-            };
-            // SAFETY: `for_row` pointed it at this row's float.
-            unsafe { self.log_sum_exp.write(value) };
-        }
+        // SAFETY: forwarded.
+        unsafe { self.row.write_row(row) }
     }
 }
 
@@ -380,10 +518,11 @@ pub struct Backward<In> {
 }
 
 impl<In: Element, const PACK: usize> RowKernel<PACK> for Backward<In> {
-    type Values = ([f32; PACK], [f32; PACK]);
+    /// `y` and `dy` as loaded (see [`Element::load_packed`]), widened when used.
+    type Values = ([u32; PACK], [u32; PACK]);
     type Stats = Sum;
     type Finished = f32;
-    const PAD: Self::Values = ([0.0; PACK], [0.0; PACK]);
+    const PAD: Self::Values = ([0; PACK], [0; PACK]);
 
     #[inline(always)]
     unsafe fn for_row(p: &RowOpParams, row: usize) -> Self {
@@ -409,8 +548,8 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for Backward<In> {
         // SAFETY: the caller guarantees the pack lies in both rows, aligned.
         unsafe {
             (
-                In::load_f32::<PACK>(self.y.add(col)),
-                In::load_f32::<PACK>(self.dy.add(col)),
+                In::load_packed::<PACK>(self.y.add(col)),
+                In::load_packed::<PACK>(self.dy.add(col)),
             )
         }
     }
@@ -418,10 +557,11 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for Backward<In> {
     #[inline(always)]
     fn partial<const PACKS: usize>(&self, packs: &mut [Self::Values; PACKS]) -> Sum {
         let mut sum = 0.0;
-        for (y, dy) in packs {
+        for (y, dy) in packs.iter() {
             for k in 0..PACK {
+                let dy = In::widen(dy, k);
                 // Log-softmax needs Σ dy; softmax Σ dy·y. The branch is uniform.
-                sum += if self.log { dy[k] } else { dy[k] * y[k] };
+                sum += if self.log { dy } else { dy * In::widen(y, k) };
             }
         }
         Sum(sum)
@@ -436,11 +576,12 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for Backward<In> {
     unsafe fn write(&self, col: usize, (y, dy): Self::Values, sum: f32) {
         let mut dx = [0.0; PACK];
         for k in 0..PACK {
+            let (y, dy) = (In::widen(&y, k), In::widen(&dy, k));
             dx[k] = self.scale
                 * if self.log {
-                    dy[k] - exp2_approx(y[k] * LOG2_E) * sum
+                    dy - exp2_approx(y * LOG2_E) * sum
                 } else {
-                    y[k] * (dy[k] - sum)
+                    y * (dy - sum)
                 };
         }
         // SAFETY: the caller guarantees the pack lies in the row, aligned.
