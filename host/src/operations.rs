@@ -81,6 +81,21 @@ struct Call {
     params: RowOpParams,
 }
 
+impl Call {
+    /// Writes the element outputs as `dtype` rows `stride` elements apart from `address`.
+    fn writing(mut self, address: u64, stride: usize, dtype: DType) -> Self {
+        self.params.output = address;
+        self.params.output_stride = stride as u64;
+        self.params.output_dtype = dtype as u32;
+        self
+    }
+
+    fn operation(mut self, op: Operation) -> Self {
+        self.params.op = op.code();
+        self
+    }
+}
+
 impl Softmax {
     /// Enqueues softmax or log-softmax of each row of `input · scale + mask` into `output`.
     ///
@@ -114,17 +129,15 @@ impl Softmax {
                 input.shape,
             );
         }
-        let (x, y) = (
-            Operand::of(input.data, input.stride),
-            Operand::of(output.data, output.stride),
-        );
-        let mut call = self.call::<I>(Direction::Forward, input.shape, options, [x, y]);
-        call.params.op = op.code();
-        call.params.input = input.data.as_device_ptr().as_raw();
-        call.params.input_stride = input.stride as u64;
-        call.params.output = output.data.as_device_ptr().as_raw();
-        call.params.output_stride = output.stride as u64;
-        call.params.output_dtype = O::DTYPE as u32;
+        let y = Operand::of(output.data, output.stride);
+        let call = self
+            .reading(Direction::Forward, &input, options, [y])
+            .operation(op)
+            .writing(
+                output.data.as_device_ptr().as_raw(),
+                output.stride,
+                O::DTYPE,
+            );
         self.enqueue_call(call)
     }
 
@@ -140,19 +153,15 @@ impl Softmax {
             return Ok(());
         }
         let address = data.data.as_device_ptr().as_raw();
-        let operand = || Operand::of(data.data, data.stride);
-        let mut call = self.call::<T>(
-            Direction::Forward,
-            data.shape,
-            options,
-            [operand(), operand()],
-        );
-        call.params.op = op.code();
-        call.params.input = address;
-        call.params.input_stride = data.stride as u64;
-        call.params.output = address;
-        call.params.output_stride = data.stride as u64;
-        call.params.output_dtype = T::DTYPE as u32;
+        let input = Rows {
+            data: &*data.data,
+            shape: data.shape,
+            stride: data.stride,
+        };
+        let call = self
+            .reading(Direction::Forward, &input, options, [])
+            .operation(op)
+            .writing(address, data.stride, T::DTYPE);
         self.enqueue_call(call)
     }
 
@@ -169,10 +178,7 @@ impl Softmax {
         if input.shape.is_empty() {
             return Ok(());
         }
-        let x = Operand::of(input.data, input.stride);
-        let mut call = self.call::<I>(Direction::Forward, input.shape, options, [x]);
-        call.params.input = input.data.as_device_ptr().as_raw();
-        call.params.input_stride = input.stride as u64;
+        let mut call = self.reading(Direction::Forward, &input, options, []);
         call.params.log_sum_exp = lse.as_device_ptr().as_raw();
         self.enqueue_call(call)
     }
@@ -257,20 +263,17 @@ impl Softmax {
         if y.shape.is_empty() {
             return Ok(());
         }
-        let operands = [
-            Operand::of(y.data, y.stride),
-            Operand::of(dy.data, dy.stride),
-            dx,
-        ];
-        let mut call = self.call::<T>(Direction::Backward, y.shape, options, operands);
-        call.params.op = op.code();
-        call.params.input = y.data.as_device_ptr().as_raw();
-        call.params.input_stride = y.stride as u64;
+        let mut call = self
+            .reading(
+                Direction::Backward,
+                y,
+                options,
+                [Operand::of(dy.data, dy.stride), dx],
+            )
+            .operation(op)
+            .writing(dx_address, dx_stride, dx_dtype);
         call.params.grad = dy.data.as_device_ptr().as_raw();
         call.params.grad_stride = dy.stride as u64;
-        call.params.output = dx_address;
-        call.params.output_stride = dx_stride as u64;
-        call.params.output_dtype = dx_dtype as u32;
         self.enqueue_call(call)
     }
 
@@ -290,10 +293,7 @@ impl Softmax {
         if input.shape.is_empty() {
             return Ok(());
         }
-        let x = Operand::of(input.data, input.stride);
-        let mut call = self.call::<I>(Direction::Forward, input.shape, options, [x]);
-        call.params.input = input.data.as_device_ptr().as_raw();
-        call.params.input_stride = input.stride as u64;
+        let mut call = self.reading(Direction::Forward, &input, options, []);
         call.params.mode = mode::STATES;
         call.params.states = states.as_device_ptr().as_raw();
         let rows = input.shape.rows as u32;
@@ -339,21 +339,35 @@ impl Softmax {
         if input.shape.is_empty() {
             return Ok(());
         }
-        let (x, y) = (
-            Operand::of(input.data, input.stride),
-            Operand::of(output.data, output.stride),
-        );
-        let mut call = self.call::<I>(Direction::Forward, input.shape, options, [x, y]);
-        call.params.op = op.code();
-        call.params.input = input.data.as_device_ptr().as_raw();
-        call.params.input_stride = input.stride as u64;
-        call.params.output = output.data.as_device_ptr().as_raw();
-        call.params.output_stride = output.stride as u64;
-        call.params.output_dtype = O::DTYPE as u32;
+        let y = Operand::of(output.data, output.stride);
+        let mut call = self
+            .reading(Direction::Forward, &input, options, [y])
+            .operation(op)
+            .writing(
+                output.data.as_device_ptr().as_raw(),
+                output.stride,
+                O::DTYPE,
+            );
         call.params.mode = mode::APPLY_STATES;
         call.params.states = states.as_device_ptr().as_raw();
         call.params.state_slots = (states.len() / rows) as u32;
         self.enqueue_call(call)
+    }
+
+    /// A call that reads `input`; `others` are the other buffers it touches, for the
+    /// alignment check.
+    fn reading<I: Element>(
+        &self,
+        direction: Direction,
+        input: &Rows<'_, I>,
+        options: &Options<'_>,
+        others: impl IntoIterator<Item = Operand>,
+    ) -> Call {
+        let operands = std::iter::once(Operand::of(input.data, input.stride)).chain(others);
+        let mut call = self.call::<I>(direction, input.shape, options, operands);
+        call.params.input = input.data.as_device_ptr().as_raw();
+        call.params.input_stride = input.stride as u64;
+        call
     }
 
     /// The parameters every operation shares: shape, options, and whether 16-byte packs fit

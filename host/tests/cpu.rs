@@ -1,6 +1,7 @@
 //! Tests that need no GPU: the reference, the online statistics, shapes and variant names.
 
 use kernels_gpu::online::{CompensatedSum, Exp2, OnlineStats};
+use kernels_gpu::row_ops::OpKernelName;
 use proptest::prelude::*;
 use softmax::reference::{Scores, deviation, softmax_f64};
 use softmax::{DType, Error, RowState, Shape, Variant, merge_row_states};
@@ -230,6 +231,26 @@ fn embedded_ptx_targets_hopper_without_local_memory() {
         assert!(
             ptx.contains("ld.global.v4"),
             "the vector kernels must use 16-byte loads"
+        );
+    }
+}
+
+/// The operation kernels' instance tables (which the host plans from) and the entries the
+/// kernel crate generates (from its own literal lists) name the same kernels.
+#[test]
+fn every_planned_operation_kernel_is_in_its_module() {
+    for dtype in DType::ALL {
+        let ptx = softmax::op_ptx(dtype);
+        let names: Vec<String> = OpKernelName::all_for(dtype)
+            .map(|k| k.to_string())
+            .collect();
+        for name in &names {
+            assert!(ptx.contains(&format!(".entry {name}(")), "{name} missing");
+        }
+        assert_eq!(
+            ptx.matches(".entry ").count(),
+            names.len(),
+            "{dtype:?}: extra entries"
         );
     }
 }

@@ -252,8 +252,8 @@ fn every_operation_and_type_pair(softmax: &mut Softmax, rng: &mut StdRng) -> Out
             every_operation_for::<f16>(softmax, &mut tally, rng, shape)?;
         }
     }
-    // Wide rows: the cooperative slices, and the column chunks of rows too wide for one
-    // launch, with both 16-bit and f32 input.
+    // Wide rows: the cooperative slices, and the two launches over slices for rows too many
+    // and too wide to keep resident, with both 16-bit and f32 input.
     for (rows, cols) in [(8, 128256), (1, 1_048_576), (600, 70000)] {
         let shape = Shape::new(rows, cols).unwrap();
         let x = random_matrix(rng, shape, 8.0);

@@ -11,7 +11,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use super::timing::{self, Launcher, VERIFIED_ROWS, WORKING_SET_OVER_L2};
+use super::timing::{self, Launcher, WORKING_SET_OVER_L2};
 use super::{BenchConfig, BenchOp, Measurement, Outcome, timed_outcome, traffic_bytes};
 use crate::error::{CudaContext, Error, Result};
 use crate::ops::{DType, Element, Operation, Options, Rows, RowsMut};
@@ -162,15 +162,9 @@ impl<T: Bench> OpPools<T> {
         let (input, grad, mut output) = self.slot(0);
         let failed = |e: Error| Outcome::Failed(e.to_string());
         poison(&mut output).map_err(failed)?;
-        match self.call(softmax, &input, &grad, &mut output) {
-            Err(Error::Unsupported { why, .. }) => return Err(Outcome::Unsupported(why)),
-            Err(error) => return Err(failed(error)),
-            Ok(()) => {}
-        }
+        timing::launched(self.call(softmax, &input, &grad, &mut output))?;
         softmax.synchronize().map_err(failed)?;
-        let mut rows: Vec<usize> = vec![0, shape.rows - 1];
-        rows.extend((0..VERIFIED_ROWS - 2).map(|_| rng.random_range(0..shape.rows)));
-        for row in rows {
+        for row in timing::verified_rows(shape, rng) {
             let range = row * shape.cols..(row + 1) * shape.cols;
             let mut actual = vec![T::from_f32(0.0); shape.cols];
             output

@@ -21,7 +21,23 @@ pub(super) const WORKING_SET_OVER_L2: usize = 4;
 /// Floats between the starts of consecutive pairs' tensors (keeps every start 256-byte aligned).
 const SLOT_ALIGN_FLOATS: usize = 64;
 /// Rows compared with the reference per verification.
-pub(super) const VERIFIED_ROWS: usize = 8;
+const VERIFIED_ROWS: usize = 8;
+
+/// The rows a verification compares: the first, the last and random others.
+pub(super) fn verified_rows(shape: Shape, rng: &mut SmallRng) -> Vec<usize> {
+    let mut rows: Vec<usize> = vec![0, shape.rows - 1];
+    rows.extend((0..VERIFIED_ROWS - 2).map(|_| rng.random_range(0..shape.rows)));
+    rows
+}
+
+/// A contender's launch result: refusing the shape makes it "n/a", any other error fails it.
+pub(super) fn launched(result: Result<()>) -> std::result::Result<(), Outcome> {
+    match result {
+        Err(Error::Unsupported { why, .. }) => Err(Outcome::Unsupported(why)),
+        Err(error) => Err(Outcome::Failed(error.to_string())),
+        Ok(()) => Ok(()),
+    }
+}
 /// The tolerance of the GPU tests: relative L2 error and row-sum error.
 const TOLERANCE: f64 = 1e-5;
 /// Each timed sample runs back-to-back launches for about this long.
@@ -86,15 +102,9 @@ impl Pools {
             .set_32(f32::NAN.to_bits())
             .during("poisoning the output")
             .map_err(failed)?;
-        match softmax.run(variant, &input, &mut output, shape) {
-            Err(Error::Unsupported { why, .. }) => return Err(Outcome::Unsupported(why)),
-            Err(error) => return Err(failed(error)),
-            Ok(()) => {}
-        }
+        launched(softmax.run(variant, &input, &mut output, shape))?;
         softmax.synchronize().map_err(failed)?;
-        let mut rows: Vec<usize> = vec![0, shape.rows - 1];
-        rows.extend((0..VERIFIED_ROWS - 2).map(|_| rng.random_range(0..shape.rows)));
-        for row in rows {
+        for row in verified_rows(shape, rng) {
             let range = row * shape.cols..(row + 1) * shape.cols;
             let mut actual = vec![0.0f32; shape.cols];
             output
