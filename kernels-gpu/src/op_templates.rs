@@ -235,8 +235,7 @@ macro_rules! op_block_entries {
 
 /// Every operation entry of one input type: the lists are those of `OP_ROWS_VECTOR`,
 /// `OP_ROWS_SCALAR`, `OP_BLOCK_VECTOR` and `OP_BLOCK_SCALAR` (a CPU test compares the two, and
-/// the host checks at load time
-/// that each name it plans with exists).
+/// the host checks at load time that each name it plans with exists).
 macro_rules! op_entries_for {
     ($feature:literal, $input:ty, $name:literal, $vector:literal) => {
         op_rows_entries!(
