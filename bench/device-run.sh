@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# One call on a GPU machine that has no Rust toolchain: GPU tests (with the CUDA-fault test),
-# the full benchmark with the peers, the dispatch-boundary sweep, compute-sanitizer
-# (bench/sanitize.sh), ptxas and a short criterion run, from the bundle
+# One run on a GPU machine that has no Rust toolchain (longer than one 10-minute device call:
+# split it where needed): GPU tests (the f32 variants, the operation API, the CUDA-fault
+# test), the full benchmark with the peers, the bf16 and backward benchmarks, the
+# dispatch-boundary sweep, compute-sanitizer over both test binaries (bench/sanitize.sh),
+# ptxas and a short criterion run, from the bundle
 # `cargo xtask device-bundle` built into .gpu/. Logs go to $OUT (or ./device-out).
 set -uo pipefail
 out=${OUT:-device-out}
@@ -10,16 +12,23 @@ export PATH=$PATH:/usr/local/cuda/bin PYTHONUNBUFFERED=1
 gpu_tests=$(ls .gpu/tests/gpu-* | grep -v stress | head -n1)
 stress_tests=$(ls .gpu/tests/gpu_stress-* | head -n1)
 fault_tests=$(ls .gpu/tests/gpu_fault-* | head -n1)
+ops_tests=$(ls .gpu/tests/gpu_ops-* | head -n1)
 
 for ptx in .gpu/ptx/*.ptx; do echo "== $ptx"; ptxas -arch=sm_90 -v "$ptx" -o /dev/null; done > "$out/ptxas.txt" 2>&1
 "$gpu_tests" 2>&1 | tee "$out/gpu-tests.txt"
 "$stress_tests" 2>&1 | tee "$out/gpu-stress.txt"
 timeout 180 "$fault_tests" 2>&1 | tee "$out/gpu-fault.txt"
+"$ops_tests" 2>&1 | tee "$out/gpu-ops-tests.txt"
 timeout 360 .gpu/host bench --peers --out bench/results > "$out/bench.txt" 2>&1
+for run in "--dtype bf16" "--op backward" "--op backward --dtype bf16"; do
+    # shellcheck disable=SC2086
+    timeout 180 .gpu/host bench $run --peers --out bench/results > "$out/bench-${run//[- ]/}.txt" 2>&1
+done
 timeout 120 .gpu/host bench --boundaries --variants auto,registers,block-registers --out bench/results/boundaries > "$out/boundaries.txt" 2>&1
 # memcheck, racecheck, initcheck, synccheck over the gpu tests: $out/sanitizer.txt and
 # $out/sanitizer-summary.txt (the summary is printed too).
 OUT="$out" bash bench/sanitize.sh
+SANITIZE_BINARY=gpu_ops SANITIZE_FILTERS=ops_ OUT="$out/ops" bash bench/sanitize.sh
 bench=$(ls .gpu/benches/softmax-* | xargs -n1 sh -c 'strings "$0" | grep -q criterion && echo "$0"' | head -n1)
 timeout 90 "$bench" --bench --noplot --warm-up-time 0.2 --measurement-time 0.5 'softmax/(auto|registers)/' > "$out/criterion.txt" 2>&1
 tail -n 4 "$out/criterion.txt"
