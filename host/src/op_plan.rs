@@ -199,6 +199,30 @@ mod tests {
         assert!(backward.slices > 1 && !backward.split);
     }
 
+    proptest::proptest! {
+        /// Any shape plans, and the plan covers the row with instances that hold their share.
+        #[test]
+        fn every_shape_plans_and_covers_its_rows(
+            rows in 1u32..20_000,
+            cols in 1u32..2_000_000,
+            input in proptest::sample::select(DType::ALL.to_vec()),
+            direction in proptest::sample::select(Direction::ALL.to_vec()),
+            vector in proptest::bool::ANY,
+        ) {
+            let pack = if vector { input.vector_pack() } else { 1 };
+            let cols = if vector { cols.next_multiple_of(pack) } else { cols };
+            let launch = plan_op(direction, input, rows, cols, vector, &FakeH200).unwrap();
+            let k = launch.kernel;
+            proptest::prop_assert_eq!(k.pack, pack);
+            proptest::prop_assert!(launch.slices * launch.slice_packs * pack >= cols);
+            proptest::prop_assert!(k.threads_per_row() * k.packs >= launch.slice_packs);
+            if launch.slices > 1 && !launch.split {
+                let resident = 132 * FakeH200.blocks_per_sm(&k.to_string(), launch.block, launch.shared_bytes);
+                proptest::prop_assert!(launch.grid <= resident);
+            }
+        }
+    }
+
     #[test]
     fn rows_too_many_to_keep_resident_are_split_in_two_launches() {
         let split = planned(Direction::Forward, DType::F32, 600, 200_000).unwrap();

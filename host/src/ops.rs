@@ -358,6 +358,22 @@ mod tests {
         ));
     }
 
+    proptest::proptest! {
+        /// A view is accepted exactly when its stride covers a row and its buffer reaches the
+        /// end of the last row.
+        #[test]
+        fn views_are_accepted_exactly_when_they_fit(
+            rows in 0usize..1000,
+            cols in 0usize..1000,
+            stride in 0usize..1200,
+            len in 0usize..1_200_000,
+        ) {
+            let fits = stride >= cols
+                && (rows == 0 || cols == 0 || len >= (rows - 1) * stride + cols);
+            proptest::prop_assert_eq!(check_view(len, shape(rows, cols), stride, "input").is_ok(), fits);
+        }
+    }
+
     #[test]
     fn scales_must_be_finite_and_positive() {
         for bad in [0.0, -2.0, f32::NAN, f32::INFINITY] {

@@ -3,7 +3,7 @@
 use kernels_gpu::online::{CompensatedSum, Exp2, OnlineStats};
 use kernels_gpu::row_ops::OpKernelName;
 use proptest::prelude::*;
-use softmax::reference::{Scores, deviation, softmax_f64};
+use softmax::reference::{Scores, backward_f64, deviation, softmax_f64};
 use softmax::{DType, Error, RowState, Shape, Variant, merge_row_states};
 
 enum HostExp2 {}
@@ -301,4 +301,80 @@ fn reference_handles_denormals_single_columns_and_dominant_values() {
     let y = softmax_f64(&[100.0, 0.0, 0.0], 1, 3);
     assert_eq!(y[0], 1.0);
     assert!((y[1] / (-100f64).exp() - 1.0).abs() < 1e-12, "{}", y[1]);
+}
+
+proptest! {
+    /// The operations' reference agrees with itself: log-softmax is the log of softmax, the
+    /// log-sum-exp is what both are normalized by, and the gradients of both sum to zero
+    /// along a row (the outputs' sum is fixed).
+    #[test]
+    fn operation_references_are_consistent(
+        row in prop::collection::vec(-30f32..30.0, 1..200),
+        dy_seed in prop::collection::vec(-1f32..1.0, 200),
+        temperature in 0.25f32..4.0,
+    ) {
+        let cols = row.len();
+        let scores = Scores { scale: 1.0 / temperature, ..Scores::default() };
+        let p = scores.forward(false, &row, 1, cols);
+        let log_p = scores.forward(true, &row, 1, cols);
+        let lse = scores.log_sum_exp(&row, 1, cols)[0];
+        for ((&p, &log_p), &x) in p.iter().zip(&log_p).zip(&row) {
+            prop_assert!((p.ln() - log_p).abs() < 1e-9);
+            prop_assert!((f64::from(x) / f64::from(temperature) - lse - log_p).abs() < 1e-3);
+        }
+        let dy = &dy_seed[..cols];
+        for (log, y) in [(false, &p), (true, &log_p)] {
+            let y: Vec<f32> = y.iter().map(|&v| v as f32).collect();
+            let dx = backward_f64(log, &y, dy, cols, &[1.0]);
+            let scale: f64 = dy.iter().map(|d| f64::from(d.abs())).sum::<f64>() + 1.0;
+            prop_assert!(dx.iter().sum::<f64>().abs() < 1e-5 * scale, "log {log}: {}", dx.iter().sum::<f64>());
+        }
+    }
+}
+
+#[test]
+fn reference_masks_causal_and_fully_masked_rows() {
+    // Two heads of 3×3 causal blocks: row r keeps columns 0..=r % 3.
+    let x = vec![1.0f32; 18];
+    let causal = Scores {
+        causal: true,
+        ..Scores::default()
+    };
+    let y = causal.forward(false, &x, 6, 3);
+    for r in 0..6 {
+        for c in 0..3 {
+            let expected = if c <= r % 3 {
+                1.0 / (r % 3 + 1) as f64
+            } else {
+                0.0
+            };
+            assert!((y[r * 3 + c] - expected).abs() < 1e-12, "row {r} col {c}");
+        }
+    }
+    // One boolean mask row for all rows; the second data row is then masked everywhere only
+    // by its own -inf input.
+    let allowed = [1u8, 0, 1];
+    let x = [0.0f32, 5.0, 0.0, f32::NEG_INFINITY, 1.0, f32::NEG_INFINITY];
+    let nan = Scores {
+        allowed_mask: Some(&allowed),
+        ..Scores::default()
+    };
+    let y = nan.forward(false, &x, 2, 3);
+    assert_eq!(&y[..3], &[0.5, 0.0, 0.5]);
+    assert!(y[3..].iter().all(|v| v.is_nan()));
+    let zero = Scores {
+        zero_masked_rows: true,
+        ..nan
+    };
+    assert_eq!(&zero.forward(false, &x, 2, 3)[3..], &[0.0; 3]);
+    assert_eq!(&zero.forward(true, &x, 2, 3)[3..], &[f64::NEG_INFINITY; 3]);
+    assert_eq!(nan.log_sum_exp(&x, 2, 3)[1], f64::NEG_INFINITY);
+    // An additive mask of k rows applies mask row r % k (k = 2 here, over 4 rows).
+    let additive = [0.0f32, f32::NEG_INFINITY, f32::NEG_INFINITY, 0.0];
+    let scores = Scores {
+        additive_mask: Some(&additive),
+        ..Scores::default()
+    };
+    let y = scores.forward(false, &[3.0; 8], 4, 2);
+    assert_eq!(y, vec![1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0]);
 }
