@@ -440,6 +440,9 @@ impl Softmax {
                 .expect("loaded above"),
         };
         let plan = plan_op(direction, input, rows, cols, vector, &limits);
+        if self.op_plans.len() >= super::PLAN_CACHE_LIMIT {
+            self.op_plans.clear();
+        }
         self.op_plans.insert(key, plan);
         Ok(plan)
     }

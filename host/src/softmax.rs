@@ -23,6 +23,10 @@ use kernels_gpu::row_ops::{DType, Direction, RowState};
 #[path = "operations.rs"]
 mod operations;
 
+/// Plans kept per cache before it starts over: a process that sees ever new shapes keeps a
+/// bounded amount of memory, and one that reuses a few shapes never replans them.
+const PLAN_CACHE_LIMIT: usize = 4096;
+
 /// Most blocks of one kernel a multiprocessor can hold (Hopper: 32); bounds the
 /// row-slices workspace, since its launches keep every block resident.
 const MAX_RESIDENT_BLOCKS_PER_SM: usize = 32;
@@ -265,6 +269,9 @@ impl Softmax {
             return Ok(Arc::clone(launches));
         }
         let launches: Arc<[Launch]> = self.plan(variant, shape, layout)?.into();
+        if self.plans.len() >= PLAN_CACHE_LIMIT {
+            self.plans.clear();
+        }
         self.plans
             .insert((variant, shape, layout), Arc::clone(&launches));
         Ok(launches)
