@@ -118,20 +118,6 @@ pub unsafe fn merged_states<S: Partial>(params: &RowOpParams, row: usize) -> S {
     merged
 }
 
-/// `scale · row_scale[row]`: what the row's scores (or gradient) are multiplied by.
-///
-/// # Safety
-/// `row < rows`; a row-scale buffer, when given, holds `rows` floats.
-#[inline(always)]
-unsafe fn row_scale(p: &RowOpParams, row: usize) -> f32 {
-    if p.row_scale == 0 {
-        p.scale
-    } else {
-        // SAFETY: forwarded from the contract.
-        p.scale * unsafe { (p.row_scale as *const f32).add(row).read() }
-    }
-}
-
 /// `ln x` from the special-function unit's `log2`.
 #[inline(always)]
 fn ln(x: f32) -> f32 {
@@ -166,6 +152,12 @@ impl ForwardRow {
     /// As [`RowKernel::for_row`].
     #[inline(always)]
     unsafe fn new(p: &RowOpParams, row: usize) -> Self {
+        let row_scale = if p.row_scale == 0 {
+            1.0
+        } else {
+            // SAFETY: the row-scale buffer holds `rows` floats.
+            unsafe { (p.row_scale as *const f32).add(row).read() }
+        };
         ForwardRow {
             y: if p.output == 0 {
                 0
@@ -175,8 +167,7 @@ impl ForwardRow {
             output_dtype: p.output_dtype,
             log: p.op == op::LOG_SOFTMAX,
             zero_masked_rows: p.masked_rows_zero != 0,
-            // SAFETY: forwarded.
-            scale: unsafe { row_scale(p, row) },
+            scale: p.scale * row_scale,
             log_sum_exp: if p.log_sum_exp == 0 {
                 core::ptr::null_mut()
             } else {
@@ -535,14 +526,19 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for Backward<In> {
 
     #[inline(always)]
     unsafe fn for_row(p: &RowOpParams, row: usize) -> Self {
+        let row_scale = if p.row_scale == 0 {
+            1.0
+        } else {
+            // SAFETY: the row-scale buffer holds `rows` floats.
+            unsafe { (p.row_scale as *const f32).add(row).read() }
+        };
         Backward {
             y: row_start(p.input, row, p.input_stride, In::DTYPE) as *const In,
             dy: row_start(p.grad, row, p.grad_stride, In::DTYPE) as *const In,
             dx: row_start(p.output, row, p.output_stride, output_dtype(p)),
             output_dtype: p.output_dtype,
             log: p.op == op::LOG_SOFTMAX,
-            // SAFETY: forwarded.
-            scale: unsafe { row_scale(p, row) },
+            scale: p.scale * row_scale,
             _input: PhantomData,
         }
     }
