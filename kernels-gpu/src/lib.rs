@@ -40,6 +40,7 @@
 
 pub mod launch;
 pub mod online;
+#[macro_use]
 pub mod row_ops;
 
 #[cfg(target_arch = "nvptx64")]

@@ -233,57 +233,23 @@ macro_rules! op_block_entries {
     )+};
 }
 
-/// Every operation entry of one input type: the lists are those of `OP_ROWS_VECTOR`,
-/// `OP_ROWS_SCALAR`, `OP_BLOCK_VECTOR` and `OP_BLOCK_SCALAR` (a CPU test compares the two, and
-/// the host checks at load time that each name it plans with exists).
+/// Every operation entry of one input type, from the instance lists of
+/// `crate::row_ops::with_op_instances` (the host's tables come from the same lists).
 macro_rules! op_entries_for {
-    ($feature:literal, $input:ty, $name:literal, $vector:literal) => {
-        op_rows_entries!(
-            $feature,
-            $input,
-            $name,
-            $vector,
-            [
-                (1, 1),
-                (2, 1),
-                (4, 1),
-                (8, 1),
-                (16, 1),
-                (32, 1),
-                (32, 2),
-                (32, 4),
-                (32, 8)
-            ]
-        );
-        op_rows_entries!(
-            $feature,
-            $input,
-            $name,
-            1,
-            [(1, 1), (2, 1), (4, 1), (8, 1), (16, 1), (32, 1), (32, 4)]
-        );
-        op_block_entries!(
-            $feature,
-            $input,
-            $name,
-            $vector,
-            [
-                (128, 2),
-                (128, 4),
-                (128, 8),
-                (256, 2),
-                (256, 4),
-                (256, 8),
-                (512, 4),
-                (512, 8),
-                (1024, 4),
-                (1024, 8)
-            ]
-        );
-        op_block_entries!($feature, $input, $name, 1, [(256, 4), (1024, 16)]);
+    (
+        $feature:literal, $input:ty, $name:literal, $vector:literal,
+        rows_vector [$($rows_vector:tt),+],
+        rows_scalar [$($rows_scalar:tt),+],
+        block_vector [$($block_vector:tt),+],
+        block_scalar [$($block_scalar:tt),+]
+    ) => {
+        op_rows_entries!($feature, $input, $name, $vector, [$($rows_vector),+]);
+        op_rows_entries!($feature, $input, $name, 1, [$($rows_scalar),+]);
+        op_block_entries!($feature, $input, $name, $vector, [$($block_vector),+]);
+        op_block_entries!($feature, $input, $name, 1, [$($block_scalar),+]);
     };
 }
 
-op_entries_for!("ops-f32", f32, "f32", 4);
-op_entries_for!("ops-bf16", Bf16, "bf16", 8);
-op_entries_for!("ops-f16", F16, "f16", 8);
+with_op_instances!(op_entries_for, "ops-f32", f32, "f32", 4);
+with_op_instances!(op_entries_for, "ops-bf16", Bf16, "bf16", 8);
+with_op_instances!(op_entries_for, "ops-f16", F16, "f16", 8);

@@ -138,42 +138,51 @@ pub struct RowOpParams {
 /// Threads per block of the group-per-row operation kernels.
 pub const OP_ROWS_BLOCK: u32 = 128;
 
-/// `(lanes per row, packs per lane)` of the group-per-row operation kernels (each entry is
-/// instantiated with 16-byte packs for the input type): rows up to `lanes · packs · pack`.
-pub const OP_ROWS_VECTOR: &[(u32, u32)] = &[
-    (1, 1),
-    (2, 1),
-    (4, 1),
-    (8, 1),
-    (16, 1),
-    (32, 1),
-    (32, 2),
-    (32, 4),
-    (32, 8),
-];
+/// The operation kernels' instance lists, written once: passes them to `$callback!` after
+/// the given arguments. The tables below and the kernel crate's `ptx-kernel` entries are both
+/// made from it, so what the host plans with is what the PTX holds.
+macro_rules! with_op_instances {
+    ($callback:ident $(, $argument:tt)*) => {
+        $callback!(
+            $($argument,)*
+            rows_vector [(1, 1), (2, 1), (4, 1), (8, 1), (16, 1), (32, 1), (32, 2), (32, 4), (32, 8)],
+            rows_scalar [(1, 1), (2, 1), (4, 1), (8, 1), (16, 1), (32, 1), (32, 4)],
+            block_vector [
+                (128, 2), (128, 4), (128, 8), (256, 2), (256, 4), (256, 8), (512, 4), (512, 8),
+                (1024, 4), (1024, 8)
+            ],
+            block_scalar [(256, 4), (1024, 16)]
+        );
+    };
+}
 
-/// The same with one element per pack, for layouts that rule out 16-byte access.
-pub const OP_ROWS_SCALAR: &[(u32, u32)] =
-    &[(1, 1), (2, 1), (4, 1), (8, 1), (16, 1), (32, 1), (32, 4)];
+/// The instance tables the host plans from.
+macro_rules! op_tables {
+    (
+        rows_vector [$($rows_vector:tt),+],
+        rows_scalar [$($rows_scalar:tt),+],
+        block_vector [$($block_vector:tt),+],
+        block_scalar [$($block_scalar:tt),+]
+    ) => {
+        /// `(lanes per row, packs per lane)` of the group-per-row operation kernels (each is
+        /// instantiated with 16-byte packs for the input type): rows up to
+        /// `lanes · packs · pack`.
+        pub const OP_ROWS_VECTOR: &[(u32, u32)] = &[$($rows_vector),+];
 
-/// `(threads, packs per thread)` of the block operation kernels (one block per row, or per
-/// slice of a row in a cooperative launch). A block of 1024 threads gets at most 64 registers
-/// per thread, so the planner checks with the driver that an instance can launch at all.
-pub const OP_BLOCK_VECTOR: &[(u32, u32)] = &[
-    (128, 2),
-    (128, 4),
-    (128, 8),
-    (256, 2),
-    (256, 4),
-    (256, 8),
-    (512, 4),
-    (512, 8),
-    (1024, 4),
-    (1024, 8),
-];
+        /// The same with one element per pack, for layouts that rule out 16-byte access.
+        pub const OP_ROWS_SCALAR: &[(u32, u32)] = &[$($rows_scalar),+];
 
-/// The same with one element per pack.
-pub const OP_BLOCK_SCALAR: &[(u32, u32)] = &[(256, 4), (1024, 16)];
+        /// `(threads, packs per thread)` of the block operation kernels (one block per row,
+        /// or per slice of a row). A block of 1024 threads gets at most 64 registers per
+        /// thread, so the planner checks with the driver that an instance can launch at all.
+        pub const OP_BLOCK_VECTOR: &[(u32, u32)] = &[$($block_vector),+];
+
+        /// The same with one element per pack.
+        pub const OP_BLOCK_SCALAR: &[(u32, u32)] = &[$($block_scalar),+];
+    };
+}
+
+with_op_instances!(op_tables);
 
 /// What an operation kernel computes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
