@@ -29,7 +29,11 @@ pub trait Element: Copy {
 
     /// # Safety
     /// As [`load`] for `src..src + N`.
-    unsafe fn load_packed<const N: usize>(src: *const Self) -> [u32; N];
+    #[inline(always)]
+    unsafe fn load_packed<const N: usize>(src: *const Self) -> [u32; N] {
+        // SAFETY: forwarded from the contract.
+        unsafe { load_packed_words(src) }
+    }
 
     /// Element `i` of a pack read by [`Element::load_packed`], widened to f32.
     fn widen<const N: usize>(words: &[u32; N], i: usize) -> f32;
@@ -156,12 +160,6 @@ impl Element for f32 {
     const NEG_INF_WORD: u32 = 0xff80_0000;
 
     #[inline(always)]
-    unsafe fn load_packed<const N: usize>(src: *const f32) -> [u32; N] {
-        // SAFETY: forwarded from the contract.
-        unsafe { load_packed_words(src) }
-    }
-
-    #[inline(always)]
     fn widen<const N: usize>(words: &[u32; N], i: usize) -> f32 {
         f32::from_bits(words[i])
     }
@@ -213,15 +211,39 @@ unsafe fn store_halves<T: Copy, const N: usize>(
     }
 }
 
+/// `Element::store_f32` of a 16-bit type: two elements per `cvt.rn.<type>x2.f32` into one
+/// word when the pack is a single access, one `cvt.rn.<type>.f32` each otherwise.
+macro_rules! narrowing_store {
+    ($type:ident, $name:literal) => {
+        #[inline(always)]
+        unsafe fn store_f32<const N: usize>(dst: *mut $type, values: [f32; N]) {
+            let pair = |low: f32, high: f32| {
+                let word: u32;
+                // SAFETY: a pure conversion on registers (`d.hi = cvt(a)`, `d.lo = cvt(b)`).
+                unsafe {
+                    asm!(concat!("cvt.rn.", $name, "x2.f32 {d}, {a}, {b};"), d = out(reg32) word,
+                        a = in(reg32) high, b = in(reg32) low, options(pure, nomem, nostack))
+                };
+                word
+            };
+            let single = |value: f32| {
+                let bits: u16;
+                // SAFETY: a pure conversion on registers.
+                unsafe {
+                    asm!(concat!("cvt.rn.", $name, ".f32 {h}, {f};"), h = out(reg16) bits,
+                        f = in(reg32) value, options(pure, nomem, nostack))
+                };
+                $type(bits)
+            };
+            // SAFETY: forwarded from the contract.
+            unsafe { store_halves(dst, values, pair, single) }
+        }
+    };
+}
+
 impl Element for Bf16 {
     const DTYPE: DType = DType::Bf16;
     const NEG_INF_WORD: u32 = 0xff80_ff80;
-
-    #[inline(always)]
-    unsafe fn load_packed<const N: usize>(src: *const Bf16) -> [u32; N] {
-        // SAFETY: forwarded from the contract.
-        unsafe { load_packed_words(src) }
-    }
 
     /// bf16 is the upper half of an f32: one shift or one mask.
     #[inline(always)]
@@ -233,40 +255,12 @@ impl Element for Bf16 {
         })
     }
 
-    #[inline(always)]
-    unsafe fn store_f32<const N: usize>(dst: *mut Bf16, values: [f32; N]) {
-        let pair = |low: f32, high: f32| {
-            let word: u32;
-            // SAFETY: a pure conversion on registers (`d.hi = cvt(a)`, `d.lo = cvt(b)`).
-            unsafe {
-                asm!("cvt.rn.bf16x2.f32 {d}, {a}, {b};", d = out(reg32) word,
-                    a = in(reg32) high, b = in(reg32) low, options(pure, nomem, nostack))
-            };
-            word
-        };
-        let single = |value: f32| {
-            let bits: u16;
-            // SAFETY: a pure conversion on registers.
-            unsafe {
-                asm!("cvt.rn.bf16.f32 {h}, {f};", h = out(reg16) bits, f = in(reg32) value,
-                    options(pure, nomem, nostack))
-            };
-            Bf16(bits)
-        };
-        // SAFETY: forwarded from the contract.
-        unsafe { store_halves(dst, values, pair, single) }
-    }
+    narrowing_store!(Bf16, "bf16");
 }
 
 impl Element for F16 {
     const DTYPE: DType = DType::F16;
     const NEG_INF_WORD: u32 = 0xfc00_fc00;
-
-    #[inline(always)]
-    unsafe fn load_packed<const N: usize>(src: *const F16) -> [u32; N] {
-        // SAFETY: forwarded from the contract.
-        unsafe { load_packed_words(src) }
-    }
 
     #[inline(always)]
     fn widen<const N: usize>(words: &[u32; N], i: usize) -> f32 {
@@ -280,29 +274,7 @@ impl Element for F16 {
         value
     }
 
-    #[inline(always)]
-    unsafe fn store_f32<const N: usize>(dst: *mut F16, values: [f32; N]) {
-        let pair = |low: f32, high: f32| {
-            let word: u32;
-            // SAFETY: a pure conversion on registers (`d.hi = cvt(a)`, `d.lo = cvt(b)`).
-            unsafe {
-                asm!("cvt.rn.f16x2.f32 {d}, {a}, {b};", d = out(reg32) word,
-                    a = in(reg32) high, b = in(reg32) low, options(pure, nomem, nostack))
-            };
-            word
-        };
-        let single = |value: f32| {
-            let bits: u16;
-            // SAFETY: a pure conversion on registers.
-            unsafe {
-                asm!("cvt.rn.f16.f32 {h}, {f};", h = out(reg16) bits, f = in(reg32) value,
-                    options(pure, nomem, nostack))
-            };
-            F16(bits)
-        };
-        // SAFETY: forwarded from the contract.
-        unsafe { store_halves(dst, values, pair, single) }
-    }
+    narrowing_store!(F16, "f16");
 }
 
 // Global-memory accesses, written out: the operation kernels' pointers arrive inside a
