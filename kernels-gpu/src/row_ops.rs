@@ -132,7 +132,6 @@ pub struct RowOpParams {
     pub slices: u32,
     /// Packs of a row each slice holds.
     pub slice_packs: u32,
-    pub _padding: u32,
 }
 
 /// Threads per block of the group-per-row operation kernels.
