@@ -237,15 +237,10 @@ impl<'a> Options<'a> {
         self
     }
 
-    /// Divides every score by `temperature` (finite and > 0).
+    /// Divides every score by `temperature` (finite and > 0: anything else makes the scale
+    /// `1 / temperature` infinite, NaN, zero or negative, which the scale check refuses).
     pub fn temperature(self, temperature: f32) -> Self {
-        let scale = 1.0 / temperature;
-        // Keep the caller's value visible in the error when it is not usable.
-        self.scale(if temperature > 0.0 && temperature.is_finite() {
-            scale
-        } else {
-            temperature
-        })
+        self.scale(1.0 / temperature)
     }
 
     /// Multiplies row `r`'s scores by `scales[r]` (one positive float per row, read on the
