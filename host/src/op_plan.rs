@@ -14,8 +14,6 @@ use crate::plan::DeviceLimits;
 pub(crate) struct OpLaunch {
     pub kernel: OpKernelName,
     pub grid: u32,
-    pub block: u32,
-    pub shared_bytes: u32,
     /// Blocks per row: with `slices > 1` and `split == false`, one cooperative launch whose
     /// blocks exchange their statistics.
     pub slices: u32,
@@ -24,6 +22,24 @@ pub(crate) struct OpLaunch {
     /// every block merges its row's states and writes (the input is read twice, the second
     /// time mostly from L2). For rows too many or too wide to keep resident at once.
     pub split: bool,
+}
+
+impl OpLaunch {
+    /// Threads per block: the group kernels' fixed block, or the block kernel's row block.
+    pub fn block(&self) -> u32 {
+        match self.kernel.shape {
+            OpKernelShape::Rows { .. } => OP_ROWS_BLOCK,
+            OpKernelShape::Block { threads } => threads,
+        }
+    }
+
+    /// Dynamic shared memory: the block reduction's scratch, for block kernels only.
+    pub fn shared_bytes(&self) -> u32 {
+        match self.kernel.shape {
+            OpKernelShape::Rows { .. } => 0,
+            OpKernelShape::Block { .. } => REDUCTION_SCRATCH_FLOATS * 4,
+        }
+    }
 }
 
 /// The launch for rows of `cols` columns (`None` only when no block instance can launch on
@@ -62,8 +78,6 @@ pub(crate) fn plan_op(
         return Some(OpLaunch {
             kernel,
             grid: rows.div_ceil(OP_ROWS_BLOCK / lanes),
-            block: OP_ROWS_BLOCK,
-            shared_bytes: 0,
             slices: 1,
             slice_packs: cols.div_ceil(pack),
             split: false,
@@ -82,8 +96,6 @@ pub(crate) fn plan_op(
     let launch = |kernel: OpKernelName, slices: u32| OpLaunch {
         kernel,
         grid: rows * slices,
-        block: kernel.threads_per_row(),
-        shared_bytes: scratch,
         slices,
         slice_packs: row_packs.div_ceil(slices),
         split: false,
@@ -178,8 +190,8 @@ mod tests {
                             let resident = 132
                                 * FakeH200.blocks_per_sm(
                                     &k.to_string(),
-                                    launch.block,
-                                    launch.shared_bytes,
+                                    launch.block(),
+                                    launch.shared_bytes(),
                                 );
                             assert!(launch.grid <= resident, "{rows}x{cols}: not all resident");
                         }
@@ -217,7 +229,7 @@ mod tests {
             proptest::prop_assert!(launch.slices * launch.slice_packs * pack >= cols);
             proptest::prop_assert!(k.threads_per_row() * k.packs >= launch.slice_packs);
             if launch.slices > 1 && !launch.split {
-                let resident = 132 * FakeH200.blocks_per_sm(&k.to_string(), launch.block, launch.shared_bytes);
+                let resident = 132 * FakeH200.blocks_per_sm(&k.to_string(), launch.block(), launch.shared_bytes());
                 proptest::prop_assert!(launch.grid <= resident);
             }
         }

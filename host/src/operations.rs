@@ -497,8 +497,8 @@ impl Softmax {
         let raw = Launch {
             kernel: launch.kernel.to_string(),
             grid: launch.grid,
-            block: launch.block,
-            shared_bytes: launch.shared_bytes,
+            block: launch.block(),
+            shared_bytes: launch.shared_bytes(),
             cooperative,
             args: Vec::new(),
         };
