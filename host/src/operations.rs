@@ -7,6 +7,7 @@
 //! then a pass that merges a row's states and writes.
 
 use std::ffi::c_void;
+use std::sync::Arc;
 
 use cust::context::CurrentContext;
 use cust::memory::{DeviceBuffer, DeviceSlice};
@@ -70,6 +71,31 @@ fn check_per_row(len: usize, rows: usize, what: &'static str) -> Result<()> {
         });
     }
     Ok(())
+}
+
+/// A plan and the launch it makes, built once with the plan (kernel name included) so that
+/// enqueueing formats nothing.
+#[derive(Clone, Debug)]
+pub(super) struct PlannedOp {
+    launch: OpLaunch,
+    raw: Arc<Launch>,
+}
+
+impl PlannedOp {
+    fn new(launch: OpLaunch) -> Self {
+        let raw = Launch {
+            kernel: launch.kernel.to_string(),
+            grid: launch.grid,
+            block: launch.block(),
+            shared_bytes: launch.shared_bytes(),
+            cooperative: launch.slices > 1 && !launch.split,
+            args: Vec::new(),
+        };
+        PlannedOp {
+            launch,
+            raw: Arc::new(raw),
+        }
+    }
 }
 
 /// One checked operation, ready to enqueue.
@@ -427,10 +453,10 @@ impl Softmax {
         rows: u32,
         cols: u32,
         vector: bool,
-    ) -> Result<Option<OpLaunch>> {
+    ) -> Result<Option<PlannedOp>> {
         let key = (direction, input, rows, cols, vector);
         if let Some(plan) = self.op_plans.get(&key) {
-            return Ok(*plan);
+            return Ok(plan.clone());
         }
         self.op_kernels(input)?;
         let limits = super::Limits {
@@ -439,11 +465,11 @@ impl Softmax {
                 .as_ref()
                 .expect("loaded above"),
         };
-        let plan = plan_op(direction, input, rows, cols, vector, &limits);
+        let plan = plan_op(direction, input, rows, cols, vector, &limits).map(PlannedOp::new);
         if self.op_plans.len() >= super::PLAN_CACHE_LIMIT {
             self.op_plans.clear();
         }
-        self.op_plans.insert(key, plan);
+        self.op_plans.insert(key, plan.clone());
         Ok(plan)
     }
 
@@ -462,7 +488,7 @@ impl Softmax {
     fn enqueue_call(&mut self, call: Call) -> Result<()> {
         CurrentContext::set_current(&self.context).during("making the context current")?;
         let (rows, cols) = (call.shape.rows as u32, call.shape.cols as u32);
-        let launch = self
+        let plan = self
             .op_plan(call.direction, call.input, rows, cols, call.vector)?
             .ok_or_else(|| Error::Unsupported {
                 variant: "operation".into(),
@@ -471,6 +497,7 @@ impl Softmax {
                 why: "no operation kernel can launch on this device".into(),
             })?;
         let mut params = call.params;
+        let launch = plan.launch;
         if launch.split && params.mode == mode::FULL {
             self.reserve_states(call.shape.rows * launch.slices as usize)?;
             params.states = self.workspace.states.as_device_ptr().as_raw();
@@ -479,29 +506,21 @@ impl Softmax {
                 mode: mode::SLICE_STATES,
                 ..params
             };
-            self.launch_op(call.input, launch, statistics)?;
+            self.launch_op(call.input, &plan, statistics)?;
             params.mode = mode::APPLY_STATES;
         }
-        self.launch_op(call.input, launch, params)
+        self.launch_op(call.input, &plan, params)
     }
 
-    fn launch_op(&mut self, input: DType, launch: OpLaunch, mut params: RowOpParams) -> Result<()> {
+    fn launch_op(&mut self, input: DType, plan: &PlannedOp, mut params: RowOpParams) -> Result<()> {
+        let launch = plan.launch;
         params.slices = launch.slices;
         params.slice_packs = launch.slice_packs;
-        let cooperative = launch.slices > 1 && !launch.split;
-        if cooperative {
+        if plan.raw.cooperative {
             self.reserve_partials(2 * launch.grid as usize)?;
             params.partials = self.workspace.partials.as_device_ptr().as_raw();
             params.barriers = self.workspace.barriers.as_device_ptr().as_raw();
         }
-        let raw = Launch {
-            kernel: launch.kernel.to_string(),
-            grid: launch.grid,
-            block: launch.block(),
-            shared_bytes: launch.shared_bytes(),
-            cooperative,
-            args: Vec::new(),
-        };
         let mut argument: *mut c_void = (&mut params as *mut RowOpParams).cast();
         let kernels = self.op_kernels[input as usize]
             .as_ref()
@@ -512,7 +531,7 @@ impl Softmax {
         // instance that holds the row (or slice) and, for cooperative launches, keeps every
         // block resident, with the workspace sized for its partials and barriers, and for
         // split ones for the slices' states. `params` outlives the call, which copies it.
-        unsafe { kernels.launch(&raw, std::slice::from_mut(&mut argument), &self.stream) }
+        unsafe { kernels.launch(&plan.raw, std::slice::from_mut(&mut argument), &self.stream) }
     }
 
     fn reserve_states(&mut self, states: usize) -> Result<()> {

@@ -14,7 +14,6 @@ use crate::autotune::{self, TuneCache, TuneKey};
 use crate::device::{self, DeviceInfo};
 use crate::error::{CudaContext, Result};
 use crate::kernels::Kernels;
-use crate::op_plan::OpLaunch;
 use crate::plan::{self, Arg, DeviceLimits, Launch, Layout};
 use crate::shape::Shape;
 use crate::variant::Variant;
@@ -46,7 +45,7 @@ pub struct Softmax {
     plans: HashMap<(Variant, Shape, Layout), Arc<[Launch]>>,
     /// The operation modules, by input type, loaded on first use.
     op_kernels: [Option<Kernels>; 3],
-    op_plans: HashMap<OpPlanKey, Option<OpLaunch>>,
+    op_plans: HashMap<OpPlanKey, Option<operations::PlannedOp>>,
     tune_cache: TuneCache,
     stream: Stream,
     info: DeviceInfo,
