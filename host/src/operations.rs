@@ -199,12 +199,10 @@ impl Softmax {
         lse: &mut DeviceSlice<f32>,
         options: &Options<'_>,
     ) -> Result<()> {
-        options.check(input.shape)?;
-        check_per_row(lse.len(), input.shape.rows, "log-sum-exp output")?;
-        if input.shape.is_empty() {
+        let Some(mut call) = self.per_row_call(&input, lse.len(), "log-sum-exp output", options)?
+        else {
             return Ok(());
-        }
-        let mut call = self.reading(Direction::Forward, &input, options, []);
+        };
         call.params.log_sum_exp = lse.as_device_ptr().as_raw();
         self.enqueue_call(call)
     }
@@ -314,12 +312,9 @@ impl Softmax {
         states: &mut DeviceSlice<RowState>,
         options: &Options<'_>,
     ) -> Result<()> {
-        options.check(input.shape)?;
-        check_per_row(states.len(), input.shape.rows, "row states")?;
-        if input.shape.is_empty() {
+        let Some(mut call) = self.per_row_call(&input, states.len(), "row states", options)? else {
             return Ok(());
-        }
-        let mut call = self.reading(Direction::Forward, &input, options, []);
+        };
         call.params.mode = mode::STATES;
         call.params.states = states.as_device_ptr().as_raw();
         let rows = input.shape.rows as u32;
@@ -378,6 +373,23 @@ impl Softmax {
         call.params.states = states.as_device_ptr().as_raw();
         call.params.state_slots = (states.len() / rows) as u32;
         self.enqueue_call(call)
+    }
+
+    /// A forward call that writes one value per row (log-sum-exp, row states) into a buffer
+    /// of `per_row_len`, after the checks both make; `None` for an empty shape.
+    fn per_row_call<I: Element>(
+        &self,
+        input: &Rows<'_, I>,
+        per_row_len: usize,
+        what: &'static str,
+        options: &Options<'_>,
+    ) -> Result<Option<Call>> {
+        options.check(input.shape)?;
+        check_per_row(per_row_len, input.shape.rows, what)?;
+        if input.shape.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(self.reading(Direction::Forward, input, options, [])))
     }
 
     /// A call that reads `input`; `others` are the other buffers it touches, for the
