@@ -42,6 +42,11 @@ impl OpLaunch {
     }
 }
 
+/// 16-byte packs per lane the group kernels aim for: the per-row work (addresses, reductions, the
+/// row's constants) that every lane repeats is spread over more elements, and each lane has
+/// that many loads in flight.
+const LANE_PACKS: u32 = 2;
+
 /// The launch for rows of `cols` columns (`None` only when no block instance can launch on
 /// this device). `vector`: every row of every buffer starts aligned for 16-byte packs and
 /// `cols` is a multiple of the pack.
@@ -69,8 +74,15 @@ pub(crate) fn plan_op(
         (OP_ROWS_SCALAR, OP_BLOCK_SCALAR)
     };
 
-    // Narrow rows: a group of lanes per row, as few lanes as the width allows.
-    let lanes = cols.div_ceil(pack).next_power_of_two().min(32);
+    // Narrow rows: a group of lanes per row. With 16-byte packs, each lane takes about
+    // `LANE_PACKS` of them (at least two lanes once the row has two packs: a warp's load
+    // then covers whole 32-byte sectors of each row); single elements, one per lane.
+    let packs = cols.div_ceil(pack);
+    let lane_packs = if vector { LANE_PACKS } else { 1 };
+    let lanes = packs
+        .div_ceil(lane_packs)
+        .next_power_of_two()
+        .clamp(packs.min(2), 32);
     let group = instances(|lanes| OpKernelShape::Rows { lanes }, rows_table)
         .filter(|k| k.threads_per_row() == lanes && k.capacity() >= cols)
         .min_by_key(|k| k.packs);
@@ -204,7 +216,26 @@ mod tests {
     #[test]
     fn narrow_rows_share_warps_and_wide_few_rows_are_sliced() {
         let narrow = planned(Direction::Forward, DType::Bf16, 4096, 32).unwrap();
-        assert_eq!(narrow.kernel.shape, OpKernelShape::Rows { lanes: 4 });
+        assert_eq!(narrow.kernel.shape, OpKernelShape::Rows { lanes: 2 });
+        assert_eq!(narrow.kernel.packs, 2);
+        for (cols, lanes) in [(3, 4), (100, 32)] {
+            let odd = plan_op(
+                Direction::Forward,
+                DType::Bf16,
+                65536,
+                cols,
+                false,
+                &FakeH200,
+            );
+            assert_eq!(
+                odd.unwrap().kernel.shape,
+                OpKernelShape::Rows { lanes },
+                "{cols}"
+            );
+        }
+        let medium = planned(Direction::Forward, DType::Bf16, 4096, 256).unwrap();
+        assert_eq!(medium.kernel.shape, OpKernelShape::Rows { lanes: 16 });
+        assert_eq!(medium.kernel.packs, 2);
         let llm = planned(Direction::Forward, DType::F32, 8, 128256).unwrap();
         assert!(llm.slices > 1, "{llm:?}");
         let backward = planned(Direction::Backward, DType::F32, 1, 1 << 20).unwrap();

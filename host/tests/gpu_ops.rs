@@ -27,6 +27,7 @@ const TESTS: &[common::Test] = &[
         "ops_every_operation_and_type_pair_on_the_shape_list",
         every_operation_and_type_pair,
     ),
+    ("ops_largest_foundation_shapes", largest_foundation_shapes),
     ("ops_scales_masks_and_causal", scales_masks_and_causal),
     ("ops_strides_and_in_place", strides_and_in_place),
     ("ops_partial_states_merge_across_slices", partial_states),
@@ -241,9 +242,8 @@ fn every_operation_and_type_pair(softmax: &mut Softmax, rng: &mut StdRng) -> Out
     let mut tally = Tally::default();
     for cols in COLS {
         for rows in ROWS {
-            // The two largest tensors (16M and 65M elements) once per test binary is enough:
-            // the f32 variants' tests cover them; here they would dominate the run time.
-            if rows * cols > 5_000_000 {
+            // The two largest tensors (16M and 65M elements) have their own, lighter test.
+            if rows * cols > LARGEST_FOUNDATION_ELEMENTS {
                 continue;
             }
             let shape = Shape::new(rows, cols).unwrap();
@@ -304,6 +304,87 @@ fn every_operation_and_type_pair(softmax: &mut Softmax, rng: &mut StdRng) -> Out
 /// Scales, per-row scales, both masks (one row for all, and per row), causal blocks and
 /// both choices for fully masked rows, forward and log-sum-exp, f32 and bf16, on narrow,
 /// block-wide, sliced and chunked rows.
+/// Tensors above this many elements on the shape list are left to
+/// [`largest_foundation_shapes`].
+const LARGEST_FOUNDATION_ELEMENTS: usize = 5_000_000;
+
+/// The shape list's two largest tensors (1000 × 16384 and 1000 × 65537, an odd width) for
+/// each input type: softmax and log-softmax forward, unmasked and masked, and the softmax
+/// gradient, each kernel family once (every type pair would take minutes of CPU reference).
+fn largest_foundation_shapes(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
+    fn one_type<T: Element>(
+        softmax: &mut Softmax,
+        tally: &mut Tally,
+        rng: &mut StdRng,
+        shape: Shape,
+    ) -> Result<(), String> {
+        let (rows, cols) = (shape.rows, shape.cols);
+        let x = rounded::<T>(&random_matrix(rng, shape, 8.0));
+        let softmax_y = Scores::default().forward(false, &x, rows, cols);
+        check_forward::<T, T>(
+            softmax,
+            tally,
+            Operation::Softmax,
+            &x,
+            &softmax_y,
+            shape,
+            &Options::new(),
+        )?;
+        let log_y = Scores::default().forward(true, &x, rows, cols);
+        check_forward::<T, f32>(
+            softmax,
+            tally,
+            Operation::LogSoftmax,
+            &x,
+            &log_y,
+            shape,
+            &Options::new(),
+        )?;
+        let additive: Vec<f32> = (0..cols).map(|_| rng.random_range(-2.0..2.0)).collect();
+        let additive_device = DeviceBuffer::from_slice(&additive).map_err(text)?;
+        let masked = Scores {
+            additive_mask: Some(&additive),
+            ..Scores::default()
+        };
+        check_forward::<T, T>(
+            softmax,
+            tally,
+            Operation::Softmax,
+            &x,
+            &masked.forward(false, &x, rows, cols),
+            shape,
+            &Options::new().mask(Mask::Additive(&additive_device)),
+        )?;
+        let y = rounded::<T>(&softmax_y.iter().map(|&v| v as f32).collect::<Vec<_>>());
+        let dy = rounded::<T>(&random_matrix(rng, shape, 1.0));
+        let dx = backward_f64(false, &y, &dy, cols, &vec![1.0; rows]);
+        check_backward::<T, T>(
+            softmax,
+            tally,
+            Operation::Softmax,
+            &y,
+            &dy,
+            &dx,
+            shape,
+            &Options::new(),
+        )
+    }
+
+    let mut tally = Tally::default();
+    for cols in COLS {
+        for rows in ROWS {
+            if rows * cols <= LARGEST_FOUNDATION_ELEMENTS {
+                continue;
+            }
+            let shape = Shape::new(rows, cols).unwrap();
+            one_type::<f32>(softmax, &mut tally, rng, shape)?;
+            one_type::<bf16>(softmax, &mut tally, rng, shape)?;
+            one_type::<f16>(softmax, &mut tally, rng, shape)?;
+        }
+    }
+    Ok(tally.summary())
+}
+
 fn scales_masks_and_causal(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     let mut tally = Tally::default();
     for (rows, cols) in [(12, 3), (64, 1000), (32, 8192), (4, 100_000), (600, 70000)] {

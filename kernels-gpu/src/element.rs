@@ -35,7 +35,11 @@ pub trait Element: Copy {
         unsafe { load_packed_words(src) }
     }
 
-    /// Element `i` of a pack read by [`Element::load_packed`], widened to f32.
+    /// Element `i` of a pack read by [`Element::load_packed`], widened to f32. 16-bit types
+    /// widen in inline assembly that LLVM may not merge or hoist, so LLVM does not keep a
+    /// row's widened floats live from its reduction to its writes. (ptxas still merges
+    /// identical widenings; a different instruction for the writes' widening, tried to stop
+    /// that, measured slower: bench/NOTES.md.)
     fn widen<const N: usize>(words: &[u32; N], i: usize) -> f32;
 
     /// # Safety
@@ -245,14 +249,21 @@ impl Element for Bf16 {
     const DTYPE: DType = DType::Bf16;
     const NEG_INF_WORD: u32 = 0xff80_ff80;
 
-    /// bf16 is the upper half of an f32: one shift or one mask.
+    /// bf16 is the upper half of an f32: one mask or one shift.
     #[inline(always)]
     fn widen<const N: usize>(words: &[u32; N], i: usize) -> f32 {
-        f32::from_bits(if spans(2 * N) && i % 2 == 1 {
-            words[i / 2] & 0xffff_0000
-        } else {
-            half_bits(words, i) << 16
-        })
+        let value: f32;
+        // SAFETY: register arithmetic. Deliberately not `pure` (see `Element::widen`).
+        unsafe {
+            if spans(2 * N) && i % 2 == 1 {
+                asm!("and.b32 {f}, {w}, 0xffff0000;", f = out(reg32) value,
+                    w = in(reg32) words[i / 2], options(nomem, nostack, preserves_flags))
+            } else {
+                asm!("shl.b32 {f}, {w}, 16;", f = out(reg32) value,
+                    w = in(reg32) half_bits(words, i), options(nomem, nostack, preserves_flags))
+            }
+        };
+        value
     }
 
     narrowing_store!(Bf16, "bf16");
@@ -266,10 +277,10 @@ impl Element for F16 {
     fn widen<const N: usize>(words: &[u32; N], i: usize) -> f32 {
         let half = half_bits(words, i) as u16;
         let value: f32;
-        // SAFETY: a pure conversion on registers.
+        // SAFETY: a conversion on registers. Deliberately not `pure` (see `Element::widen`).
         unsafe {
             asm!("cvt.f32.f16 {f}, {h};", f = out(reg32) value, h = in(reg16) half,
-                options(pure, nomem, nostack))
+                options(nomem, nostack, preserves_flags))
         };
         value
     }

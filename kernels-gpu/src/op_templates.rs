@@ -6,7 +6,6 @@
 
 use crate::device::{block_dim, block_idx, dynamic_shared_f32, thread_idx};
 use crate::element::{Bf16, F16};
-use crate::reduce::block_reduce;
 use crate::row_exchange::exchange_row_stats;
 use crate::row_kernel::{
     Backward, Forward, MaskedForward, RowKernel, merged_states, store_slice_state, store_state,
@@ -118,13 +117,15 @@ pub unsafe fn op_block<
         }
     }
     let scratch = dynamic_shared_f32();
-    let mine = kernel.partial(&mut values);
-    let stats = if p.mode == mode::APPLY_STATES {
+    let (stats, mine) = if p.mode == mode::APPLY_STATES {
         // SAFETY: the states buffer holds the row's slots (contract of that mode).
-        unsafe { merged_states(p, row) }
+        (
+            unsafe { merged_states(p, row) },
+            kernel.partial(&mut values),
+        )
     } else {
         // SAFETY: uniform control flow; the launch provides the scratch.
-        let block = unsafe { block_reduce(mine, scratch) };
+        let (block, mine) = unsafe { kernel.block_partial(&mut values, scratch) };
         if p.mode == mode::SLICE_STATES {
             if tid == 0 {
                 // SAFETY: the states buffer holds `slices` slots of `rows` states.
@@ -132,7 +133,7 @@ pub unsafe fn op_block<
             }
             return;
         }
-        if slices > 1 {
+        let row_stats = if slices > 1 {
             // SAFETY: forwarded from the contract for sliced launches.
             unsafe {
                 exchange_row_stats(
@@ -146,7 +147,8 @@ pub unsafe fn op_block<
             }
         } else {
             block
-        }
+        };
+        (row_stats, mine)
     };
     let leader = tid == 0 && slice == 0;
     if p.mode == mode::STATES {

@@ -62,6 +62,30 @@ impl Partial for Sum {
     }
 }
 
+/// A maximum over part of a row (the first of the forward pass's two block reductions).
+#[derive(Clone, Copy)]
+pub struct Max(pub f32);
+
+impl Partial for Max {
+    const EMPTY: Self = Max(f32::NEG_INFINITY);
+    const FLOATS: usize = 1;
+
+    #[inline(always)]
+    fn merge(self, other: Self) -> Self {
+        Max(self.0.max(other.0))
+    }
+
+    #[inline(always)]
+    fn to_floats(self) -> [f32; 2] {
+        [self.0, 0.0]
+    }
+
+    #[inline(always)]
+    fn from_floats([max, _]: [f32; 2]) -> Self {
+        Max(max)
+    }
+}
+
 /// Maximum over each aligned group of `LANES` lanes (a power of two up to 32); every lane of a
 /// group gets its group's result. All 32 lanes must call it.
 #[inline(always)]

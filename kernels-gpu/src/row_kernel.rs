@@ -6,10 +6,10 @@
 
 use core::marker::PhantomData;
 
-use crate::device::{DeviceExp2, exp2_approx, fma, log2_approx};
+use crate::device::{DeviceExp2, exp2_approx, fma, log2_approx, reciprocal_approx};
 use crate::element::{Element, load, store_as};
 use crate::online::{LOG2_E, OnlineStats};
-use crate::reduce::{Partial, Sum, group_max, group_reduce, group_sum};
+use crate::reduce::{Max, Partial, Sum, block_reduce, group_max, group_reduce, group_sum};
 use crate::row_ops::{DType, RowOpParams, RowState, op};
 
 /// One row's work, with `PACK` columns per load.
@@ -43,6 +43,22 @@ pub trait RowKernel<const PACK: usize>: Sized {
     ) -> (Self::Stats, Self::Stats) {
         let mine = self.partial(packs);
         (group_reduce::<Self::Stats, LANES>(mine), mine)
+    }
+
+    /// The result over the whole block (every thread gets it) and this thread's own partial
+    /// result.
+    ///
+    /// # Safety
+    /// As [`block_reduce`]: all threads of the block, uniform control flow.
+    #[inline(always)]
+    unsafe fn block_partial<const PACKS: usize>(
+        &self,
+        packs: &mut [Self::Values; PACKS],
+        scratch: *mut f32,
+    ) -> (Self::Stats, Self::Stats) {
+        let mine = self.partial(packs);
+        // SAFETY: forwarded from the contract.
+        (unsafe { block_reduce(mine, scratch) }, mine)
     }
 
     /// The per-row constants of this thread's writes, from the row's result and this
@@ -182,6 +198,7 @@ impl ForwardRow {
     #[inline(always)]
     fn finish(&self, row: OnlineStats, mine_max: f32) -> ForwardFinished {
         let sum = row.sum();
+        let inv_sum = reciprocal_approx(sum);
         ForwardFinished {
             // A maximum of -inf is taken as 0 so -inf scores give 0 (the row is then NaN or,
             // by choice, zero).
@@ -190,8 +207,8 @@ impl ForwardRow {
             } else {
                 -row.max * LOG2_E
             },
-            inv_sum: 1.0 / sum,
-            factor: OnlineStats::exp_relative::<DeviceExp2>(mine_max, row.max) / sum,
+            inv_sum,
+            factor: OnlineStats::exp_relative::<DeviceExp2>(mine_max, row.max) * inv_sum,
             offset: row.max + ln(sum),
             zero: self.zero_masked_rows && row.max == f32::NEG_INFINITY,
         }
@@ -213,15 +230,19 @@ impl ForwardRow {
         if self.y == 0 {
             return;
         }
+        // The branches are uniform and taken once per pack, each arm a straight run of
+        // arithmetic (inside the loop, LLVM branched on them per element).
         let mut outputs = [0.0; PACK];
-        for (i, output) in outputs.iter_mut().enumerate() {
-            *output = if row.zero {
-                if self.log { f32::NEG_INFINITY } else { 0.0 }
-            } else if self.log {
-                log_probability(i)
-            } else {
-                probability(i)
-            };
+        if row.zero {
+            outputs = [if self.log { f32::NEG_INFINITY } else { 0.0 }; PACK];
+        } else if self.log {
+            for (i, output) in outputs.iter_mut().enumerate() {
+                *output = log_probability(i);
+            }
+        } else {
+            for (i, output) in outputs.iter_mut().enumerate() {
+                *output = probability(i);
+            }
         }
         // SAFETY: the caller guarantees the pack lies in the row; the output row is aligned
         // like the input's.
@@ -334,6 +355,22 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for Forward<In> {
             OnlineStats::new(max, group_sum::<LANES>(mine)),
             OnlineStats::new(max, mine),
         )
+    }
+
+    /// The same two steps across a block: two one-float reductions cost fewer instructions
+    /// than one reduction of (maximum, sum) pairs, whose every merge takes two exponentials.
+    #[inline(always)]
+    unsafe fn block_partial<const PACKS: usize>(
+        &self,
+        packs: &mut [[u32; PACK]; PACKS],
+        scratch: *mut f32,
+    ) -> (OnlineStats, OnlineStats) {
+        // SAFETY (both): forwarded from the contract.
+        let Max(max) = unsafe { block_reduce(Max(self.local_max(packs)), scratch) };
+        let mine = self.exponential_sum(packs, max);
+        let Sum(sum) = unsafe { block_reduce(Sum(mine), scratch) };
+        let max = max * self.row.scale;
+        (OnlineStats::new(max, sum), OnlineStats::new(max, mine))
     }
 
     #[inline(always)]
@@ -556,12 +593,19 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for Backward<In> {
 
     #[inline(always)]
     fn partial<const PACKS: usize>(&self, packs: &mut [Self::Values; PACKS]) -> Sum {
+        // Log-softmax needs Σ dy; softmax Σ dy·y. The branch is uniform, taken once.
         let mut sum = 0.0;
-        for (y, dy) in packs.iter() {
-            for k in 0..PACK {
-                let dy = In::widen(dy, k);
-                // Log-softmax needs Σ dy; softmax Σ dy·y. The branch is uniform.
-                sum += if self.log { dy } else { dy * In::widen(y, k) };
+        if self.log {
+            for (_, dy) in packs.iter() {
+                for k in 0..PACK {
+                    sum += In::widen(dy, k);
+                }
+            }
+        } else {
+            for (y, dy) in packs.iter() {
+                for k in 0..PACK {
+                    sum += In::widen(dy, k) * In::widen(y, k);
+                }
             }
         }
         Sum(sum)
@@ -574,15 +618,17 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for Backward<In> {
 
     #[inline(always)]
     unsafe fn write(&self, col: usize, (y, dy): Self::Values, sum: f32) {
+        let (y, dy) = (|k| In::widen(&y, k), |k| In::widen(&dy, k));
+        // Uniform branch, once per pack (see `ForwardRow::store`).
         let mut dx = [0.0; PACK];
-        for k in 0..PACK {
-            let (y, dy) = (In::widen(&y, k), In::widen(&dy, k));
-            dx[k] = self.scale
-                * if self.log {
-                    dy - exp2_approx(y * LOG2_E) * sum
-                } else {
-                    y * (dy - sum)
-                };
+        if self.log {
+            for (k, dx) in dx.iter_mut().enumerate() {
+                *dx = self.scale * (dy(k) - exp2_approx(y(k) * LOG2_E) * sum);
+            }
+        } else {
+            for (k, dx) in dx.iter_mut().enumerate() {
+                *dx = self.scale * (y(k) * (dy(k) - sum));
+            }
         }
         // SAFETY: the caller guarantees the pack lies in the row, aligned.
         unsafe { store_as::<PACK>(self.output_dtype, self.dx, col, dx) };
