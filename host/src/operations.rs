@@ -319,15 +319,16 @@ impl Softmax {
         call.params.states = states.as_device_ptr().as_raw();
         let rows = input.shape.rows as u32;
         let cols = input.shape.cols as u32;
-        if self
-            .op_plan(Direction::Forward, I::DTYPE, rows, cols, call.vector)?
-            .is_none()
-        {
+        // A plan over two launches (rows too many and too wide to keep resident) has no
+        // launch that reduces whole rows: its blocks would wait for each other's statistics
+        // without the cooperative launch that keeps them all resident.
+        let plan = self.op_plan(Direction::Forward, I::DTYPE, rows, cols, call.vector)?;
+        if !plan.is_some_and(|plan| !plan.launch.split) {
             return Err(Error::Unsupported {
                 variant: "row_states".into(),
                 rows: input.shape.rows,
                 cols: input.shape.cols,
-                why: "the slice is too wide to reduce in one launch here: split it into narrower slices and merge their states".into(),
+                why: "the slice is too wide to reduce in one launch here (too many rows to keep resident at this width): split it into narrower slices and merge their states".into(),
             });
         }
         self.enqueue_call(call)

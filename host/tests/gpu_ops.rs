@@ -773,9 +773,28 @@ fn bad_input_is_refused(softmax: &mut Softmax, _rng: &mut StdRng) -> Outcome {
         ),
         |e| matches!(e, Error::Unsupported { .. }),
     )?;
+    // Rows too many and too wide to keep resident: their states would need two launches.
+    let wide = Shape::new(600, 200_000).unwrap();
+    let wide_input = DeviceBuffer::<f32>::zeroed(wide.len()).map_err(text)?;
+    let mut states =
+        DeviceBuffer::from_slice(&vec![RowState::default(); wide.rows]).map_err(text)?;
+    expect(
+        "row states of rows too many and too wide to keep resident",
+        softmax.row_states(
+            Rows::new(&wide_input, wide).map_err(text)?,
+            &mut states,
+            &Options::new(),
+        ),
+        |e| matches!(e, Error::Unsupported { .. }),
+    )?;
     softmax.synchronize().map_err(text)?;
     if !download(&output)?.iter().all(|v| v.is_nan()) {
         return Err("a refused call wrote to the output".into());
+    }
+    let mut host_states = vec![RowState { max: 1.0, sum: 1.0 }; wide.rows];
+    states.copy_to(&mut host_states[..]).map_err(text)?;
+    if host_states.iter().any(|s| *s != RowState::default()) {
+        return Err("a refused row_states call wrote states".into());
     }
     Ok(format!(
         "{checked} bad calls refused with their typed errors, nothing written"
