@@ -144,7 +144,8 @@ impl Softmax {
         let plain = options.row_scale.is_none()
             && options.mask.is_none()
             && !options.causal
-            && options.scale == 1.0;
+            && options.scale == 1.0
+            && options.masked_rows == MaskedRows::Nan;
         let f32_softmax =
             I::DTYPE == DType::F32 && O::DTYPE == DType::F32 && op == Operation::Softmax;
         if f32_softmax && contiguous && plain {
@@ -322,7 +323,7 @@ impl Softmax {
         // A plan over two launches (rows too many and too wide to keep resident) has no
         // launch that reduces whole rows: its blocks would wait for each other's statistics
         // without the cooperative launch that keeps them all resident.
-        let plan = self.op_plan(Direction::Forward, I::DTYPE, rows, cols, call.vector)?;
+        let plan = self.op_plan(call.direction, call.input, rows, cols, call.vector)?;
         if !plan.is_some_and(|plan| !plan.launch.split) {
             return Err(Error::Unsupported {
                 variant: "row_states".into(),
@@ -527,6 +528,19 @@ impl Softmax {
 
     fn launch_op(&mut self, input: DType, plan: &PlannedOp, mut params: RowOpParams) -> Result<()> {
         let launch = plan.launch;
+        // Blocks that share a row exchange their statistics in these modes, which only a
+        // cooperative launch (every block resident) allows. The public methods never get
+        // here otherwise; this keeps a planning mistake from becoming a hang.
+        let exchanges = params.mode == mode::FULL || params.mode == mode::STATES;
+        if launch.slices > 1 && exchanges && !plan.raw.cooperative {
+            return Err(Error::Unsupported {
+                variant: "operation".into(),
+                rows: params.rows as usize,
+                cols: params.cols as usize,
+                why: "internal: sliced rows that exchange statistics need a cooperative launch"
+                    .into(),
+            });
+        }
         params.slices = launch.slices;
         params.slice_packs = launch.slice_packs;
         if plan.raw.cooperative {

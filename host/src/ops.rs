@@ -72,6 +72,7 @@ impl Operation {
 
 /// Checks a strided view: `stride ≥ cols` and the buffer reaches the last row's end.
 fn check_view(len: usize, shape: Shape, stride: usize, what: &'static str) -> Result<()> {
+    let shape = shape.checked()?;
     if stride < shape.cols {
         return Err(Error::Stride {
             what,

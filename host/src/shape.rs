@@ -47,8 +47,15 @@ impl Shape {
         2 * self.len() as u64 * size_of::<f32>() as u64
     }
 
-    /// Checks buffer lengths against the shape.
+    /// Checks the shape again: its fields are public, so a `Shape { rows, cols }` written
+    /// out by hand has not been through [`Shape::new`].
+    pub(crate) fn checked(self) -> Result<Self> {
+        Shape::new(self.rows, self.cols)
+    }
+
+    /// Checks the shape and the buffer lengths against it.
     pub(crate) fn check_lengths(&self, input: usize, output: usize) -> Result<()> {
+        self.checked()?;
         let expected = self.len();
         let (rows, cols) = (self.rows, self.cols);
         if input != expected {
@@ -91,5 +98,31 @@ impl std::str::FromStr for Shape {
             return Err(bad());
         }
         Shape::new(rows, cols).map_err(|e| e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shape_written_out_by_hand_is_checked_again() {
+        let wrapping = Shape {
+            rows: 1 << 33,
+            cols: 1 << 31,
+        };
+        assert!(matches!(
+            wrapping.check_lengths(0, 0),
+            Err(Error::ShapeTooLarge { .. })
+        ));
+        let too_many_rows = Shape {
+            rows: 1 << 32,
+            cols: 1,
+        };
+        assert!(matches!(
+            too_many_rows.check_lengths(1 << 32, 1 << 32),
+            Err(Error::ShapeTooLarge { .. })
+        ));
+        assert!(Shape { rows: 3, cols: 5 }.check_lengths(15, 15).is_ok());
     }
 }

@@ -504,6 +504,21 @@ fn scales_masks_and_causal(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
             &Options::new().causal(),
         )?;
     }
+    // An input row that is -inf everywhere, with `MaskedRows::Zero` and no mask: zeros (log:
+    // -inf) on every path, the plain contiguous f32 softmax included.
+    let shape = Shape::new(4, 8).unwrap();
+    let mut x = vec![0.5f32; shape.len()];
+    x[8..16].fill(f32::NEG_INFINITY);
+    let zero = Scores {
+        zero_masked_rows: true,
+        ..Scores::default()
+    };
+    let options = Options::new().masked_rows(MaskedRows::Zero);
+    for op in [Operation::Softmax, Operation::LogSoftmax] {
+        let expected = zero.forward(op == Operation::LogSoftmax, &x, shape.rows, shape.cols);
+        check_forward::<f32, f32>(softmax, &mut tally, op, &x, &expected, shape, &options)?;
+        check_forward::<bf16, bf16>(softmax, &mut tally, op, &x, &expected, shape, &options)?;
+    }
     Ok(tally.summary())
 }
 
@@ -784,6 +799,17 @@ fn bad_input_is_refused(softmax: &mut Softmax, _rng: &mut StdRng) -> Outcome {
             Rows::new(&wide_input, wide).map_err(text)?,
             &mut states,
             &Options::new(),
+        ),
+        |e| matches!(e, Error::Unsupported { .. }),
+    )?;
+    // The same with a mask, which plans with the masked kernels.
+    let allowed = DeviceBuffer::from_slice(&vec![1u8; wide.cols]).map_err(text)?;
+    expect(
+        "masked row states of rows too many and too wide to keep resident",
+        softmax.row_states(
+            Rows::new(&wide_input, wide).map_err(text)?,
+            &mut states,
+            &Options::new().mask(Mask::Allowed(&allowed)),
         ),
         |e| matches!(e, Error::Unsupported { .. }),
     )?;
