@@ -318,20 +318,6 @@ impl Softmax {
         };
         call.params.mode = mode::STATES;
         call.params.states = states.as_device_ptr().as_raw();
-        let rows = input.shape.rows as u32;
-        let cols = input.shape.cols as u32;
-        // A plan over two launches (rows too many and too wide to keep resident) has no
-        // launch that reduces whole rows: its blocks would wait for each other's statistics
-        // without the cooperative launch that keeps them all resident.
-        let plan = self.op_plan(call.direction, call.input, rows, cols, call.vector)?;
-        if !plan.is_some_and(|plan| !plan.launch.split) {
-            return Err(Error::Unsupported {
-                variant: "row_states".into(),
-                rows: input.shape.rows,
-                cols: input.shape.cols,
-                why: "the slice is too wide to reduce in one launch here (too many rows to keep resident at this width): split it into narrower slices and merge their states".into(),
-            });
-        }
         self.enqueue_call(call)
     }
 
@@ -512,6 +498,16 @@ impl Softmax {
             })?;
         let mut params = call.params;
         let launch = plan.launch;
+        // A split plan is for rows too many and too wide to keep resident: no launch reduces
+        // a whole row, so a row's states (STATES) cannot be stored in one pass.
+        if launch.split && params.mode == mode::STATES {
+            return Err(Error::Unsupported {
+                variant: "row_states".into(),
+                rows: call.shape.rows,
+                cols: call.shape.cols,
+                why: "the slice is too wide to reduce in one launch here (too many rows to keep resident at this width): split it into narrower slices and merge their states".into(),
+            });
+        }
         if launch.split && params.mode == mode::FULL {
             self.reserve_states(call.shape.rows * launch.slices as usize)?;
             params.states = self.workspace.states.as_device_ptr().as_raw();
@@ -528,19 +524,6 @@ impl Softmax {
 
     fn launch_op(&mut self, input: DType, plan: &PlannedOp, mut params: RowOpParams) -> Result<()> {
         let launch = plan.launch;
-        // Blocks that share a row exchange their statistics in these modes, which only a
-        // cooperative launch (every block resident) allows. The public methods never get
-        // here otherwise; this keeps a planning mistake from becoming a hang.
-        let exchanges = params.mode == mode::FULL || params.mode == mode::STATES;
-        if launch.slices > 1 && exchanges && !plan.raw.cooperative {
-            return Err(Error::Unsupported {
-                variant: "operation".into(),
-                rows: params.rows as usize,
-                cols: params.cols as usize,
-                why: "internal: sliced rows that exchange statistics need a cooperative launch"
-                    .into(),
-            });
-        }
         params.slices = launch.slices;
         params.slice_packs = launch.slice_packs;
         if plan.raw.cooperative {
