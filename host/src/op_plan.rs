@@ -7,7 +7,22 @@ use kernels_gpu::row_ops::{
     OP_ROWS_VECTOR, OpKernelName, OpKernelShape,
 };
 
+use kernels_gpu::row_part::END_SLOTS;
+
 use crate::plan::DeviceLimits;
+
+/// How an operation's rows meet 16-byte packs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum PackLayout {
+    /// One element per access.
+    Elements,
+    /// Every row of every buffer starts on a pack, and `cols` is a multiple of the pack.
+    Aligned,
+    /// Every buffer starts 16-byte aligned and all share one row stride (no mask buffer), so
+    /// rows are misaligned alike: each row's unaligned head and tail are read one element at
+    /// a time, the rest in packs (see `kernels_gpu::row_part`).
+    Peeled,
+}
 
 /// How an operation runs: one launch over whole rows, or over slices of rows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,18 +62,26 @@ impl OpLaunch {
 /// that many loads in flight.
 const LANE_PACKS: u32 = 2;
 
-/// The launch for rows of `cols` columns (`None` only when no block instance can launch on
-/// this device). `vector`: every row of every buffer starts aligned for 16-byte packs and
-/// `cols` is a multiple of the pack.
+/// The launch for rows of `cols` columns laid out as `layout` (`None` only when no block
+/// instance can launch on this device).
 pub(crate) fn plan_op(
     direction: Direction,
     input: DType,
     rows: u32,
     cols: u32,
-    vector: bool,
+    layout: PackLayout,
     device: &dyn DeviceLimits,
 ) -> Option<OpLaunch> {
+    let vector = layout != PackLayout::Elements;
     let pack = if vector { input.vector_pack() } else { 1 };
+    // Slots a group or block needs beyond its body packs: the row's head and tail.
+    let ends = if layout == PackLayout::Peeled {
+        END_SLOTS
+    } else {
+        0
+    };
+    // Whole packs of the row's body (at most; an unaligned row's body may have one less).
+    let row_packs = cols / pack;
     let instances = |shape_of: fn(u32) -> OpKernelShape, table: &'static [(u32, u32)]| {
         table.iter().map(move |&(width, packs)| OpKernelName {
             direction,
@@ -77,21 +100,21 @@ pub(crate) fn plan_op(
     // Narrow rows: a group of lanes per row. With 16-byte packs, each lane takes about
     // `LANE_PACKS` of them (at least two lanes once the row has two packs: a warp's load
     // then covers whole 32-byte sectors of each row); single elements, one per lane.
-    let packs = cols.div_ceil(pack);
+    let slots = row_packs + ends;
     let lane_packs = if vector { LANE_PACKS } else { 1 };
-    let lanes = packs
+    let lanes = slots
         .div_ceil(lane_packs)
         .next_power_of_two()
-        .clamp(packs.min(2), 32);
+        .clamp(slots.min(2), 32);
     let group = instances(|lanes| OpKernelShape::Rows { lanes }, rows_table)
-        .filter(|k| k.threads_per_row() == lanes && k.capacity() >= cols)
+        .filter(|k| k.threads_per_row() == lanes && k.slots() >= slots)
         .min_by_key(|k| k.packs);
     if let Some(kernel) = group {
         return Some(OpLaunch {
             kernel,
             grid: rows.div_ceil(OP_ROWS_BLOCK / lanes),
             slices: 1,
-            slice_packs: cols.div_ceil(pack),
+            slice_packs: row_packs,
             split: false,
         });
     }
@@ -104,7 +127,6 @@ pub(crate) fn plan_op(
             .map(|k| (k, resident(&k)))
             .filter(|&(_, resident)| resident > 0)
             .collect();
-    let row_packs = cols / pack;
     let launch = |kernel: OpKernelName, slices: u32| OpLaunch {
         kernel,
         grid: rows * slices,
@@ -115,7 +137,7 @@ pub(crate) fn plan_op(
     // Whole rows: most rows resident per multiprocessor, then the smallest instance.
     let whole = blocks
         .iter()
-        .filter(|(k, _)| k.capacity() >= cols)
+        .filter(|(k, _)| k.slots() >= slots)
         .max_by_key(|&&(k, resident)| (resident, std::cmp::Reverse(k.capacity())))
         .copied();
     let fills_gpu = whole.is_some_and(|(_, r)| rows >= device.multiprocessors() * r);
@@ -125,11 +147,13 @@ pub(crate) fn plan_op(
     // Few rows: slices of the row in as many blocks as can be resident at once, with the
     // fewest packs per thread (the most memory parallelism), at most one slice per thread
     // (the statistics exchange reads one each).
+    // Body packs a slice of instance `k` holds, beside the ends.
+    let body_slots = |k: &OpKernelName| k.slots().saturating_sub(ends).max(1);
     let mut by_packs = blocks.clone();
     by_packs.sort_by_key(|&(k, _)| (k.packs, k.threads_per_row()));
     let cooperative = device.cooperative_launch().then(|| {
         by_packs.iter().find_map(|&(k, resident)| {
-            let slices = row_packs.div_ceil(k.threads_per_row() * k.packs);
+            let slices = row_packs.div_ceil(body_slots(&k));
             let fits = slices > 1
                 && slices <= k.threads_per_row()
                 && u64::from(rows) * u64::from(slices)
@@ -151,7 +175,7 @@ pub(crate) fn plan_op(
             )
         })
         .copied()?;
-    let slices = row_packs.div_ceil(k.threads_per_row() * k.packs);
+    let slices = row_packs.div_ceil(body_slots(&k)).max(1);
     if slices == 1 {
         return Some(launch(k, 1));
     }
@@ -166,14 +190,57 @@ mod tests {
     use super::*;
     use crate::plan::tests::FakeH200;
 
+    const LAYOUTS: [PackLayout; 3] = [
+        PackLayout::Elements,
+        PackLayout::Aligned,
+        PackLayout::Peeled,
+    ];
+
     fn planned(direction: Direction, input: DType, rows: u32, cols: u32) -> Option<OpLaunch> {
-        plan_op(direction, input, rows, cols, true, &FakeH200)
+        plan_op(direction, input, rows, cols, PackLayout::Aligned, &FakeH200)
+    }
+
+    /// What every plan must satisfy for the kernels' contract: its instance's pack, slices
+    /// covering the row's body, every slice's packs (and the ends, when peeled) within the
+    /// instance's slots, and every block of a cooperative launch resident.
+    fn check(launch: &OpLaunch, input: DType, cols: u32, layout: PackLayout) -> Result<(), String> {
+        let k = launch.kernel;
+        let pack = if layout == PackLayout::Elements {
+            1
+        } else {
+            input.vector_pack()
+        };
+        let ends = if layout == PackLayout::Peeled {
+            END_SLOTS
+        } else {
+            0
+        };
+        if k.pack != pack {
+            return Err(format!("{k}: pack {} for layout {layout:?}", k.pack));
+        }
+        if launch.slices * launch.slice_packs < cols / pack {
+            return Err(format!("{cols} columns, {k}: slices do not cover the row"));
+        }
+        if k.slots() < launch.slice_packs + ends {
+            return Err(format!(
+                "{cols} columns, {k}: {} packs + {ends} ends do not fit",
+                launch.slice_packs
+            ));
+        }
+        if launch.slices > 1 && !launch.split {
+            let resident =
+                132 * FakeH200.blocks_per_sm(&k.to_string(), launch.block(), launch.shared_bytes());
+            if launch.grid > resident {
+                return Err(format!("{cols} columns, {k}: not all resident"));
+            }
+        }
+        Ok(())
     }
 
     #[test]
     fn every_planned_instance_holds_its_row_and_stays_resident() {
         for input in DType::ALL {
-            for direction in [Direction::Forward, Direction::Backward] {
+            for direction in Direction::ALL {
                 for (rows, cols) in [
                     (4096, 32),
                     (1000, 1000),
@@ -182,31 +249,17 @@ mod tests {
                     (8, 128256),
                     (32, 151936),
                     (1, 1_048_576),
-                    (3, 100_000),
+                    (3, 100_003),
+                    (128, 50257),
+                    (7, 5),
                 ] {
-                    for vector in [true, false] {
-                        let pack = if vector { input.vector_pack() } else { 1 };
-                        if cols % pack != 0 {
+                    for layout in LAYOUTS {
+                        if layout == PackLayout::Aligned && cols % input.vector_pack() != 0 {
                             continue;
                         }
-                        let launch = plan_op(direction, input, rows, cols, vector, &FakeH200)
+                        let launch = plan_op(direction, input, rows, cols, layout, &FakeH200)
                             .expect("every shape plans");
-                        let k = launch.kernel;
-                        assert_eq!(k.pack, pack);
-                        assert!(
-                            launch.slices * launch.slice_packs * pack >= cols,
-                            "{rows}x{cols} {k}: slices do not cover the row"
-                        );
-                        assert!(k.threads_per_row() * k.packs >= launch.slice_packs);
-                        if launch.slices > 1 && !launch.split {
-                            let resident = 132
-                                * FakeH200.blocks_per_sm(
-                                    &k.to_string(),
-                                    launch.block(),
-                                    launch.shared_bytes(),
-                                );
-                            assert!(launch.grid <= resident, "{rows}x{cols}: not all resident");
-                        }
+                        check(&launch, input, cols, layout).unwrap();
                     }
                 }
             }
@@ -224,7 +277,7 @@ mod tests {
                 DType::Bf16,
                 65536,
                 cols,
-                false,
+                PackLayout::Elements,
                 &FakeH200,
             );
             assert_eq!(
@@ -233,6 +286,18 @@ mod tests {
                 "{cols}"
             );
         }
+        // Peeled, 100 bf16 columns are 12 body packs and the two ends: 8 lanes of 2 slots.
+        let peeled = plan_op(
+            Direction::Forward,
+            DType::Bf16,
+            65536,
+            100,
+            PackLayout::Peeled,
+            &FakeH200,
+        )
+        .unwrap();
+        assert_eq!(peeled.kernel.pack, 8);
+        assert_eq!(peeled.kernel.shape, OpKernelShape::Rows { lanes: 8 });
         let medium = planned(Direction::Forward, DType::Bf16, 4096, 256).unwrap();
         assert_eq!(medium.kernel.shape, OpKernelShape::Rows { lanes: 16 });
         assert_eq!(medium.kernel.packs, 2);
@@ -243,26 +308,18 @@ mod tests {
     }
 
     proptest::proptest! {
-        /// Any shape plans, and the plan covers the row with instances that hold their share.
+        /// Any shape plans, in any layout, and the plan satisfies the kernels' contract.
         #[test]
         fn every_shape_plans_and_covers_its_rows(
             rows in 1u32..20_000,
             cols in 1u32..2_000_000,
             input in proptest::sample::select(DType::ALL.to_vec()),
             direction in proptest::sample::select(Direction::ALL.to_vec()),
-            vector in proptest::bool::ANY,
+            layout in proptest::sample::select(LAYOUTS.to_vec()),
         ) {
-            let pack = if vector { input.vector_pack() } else { 1 };
-            let cols = if vector { cols.next_multiple_of(pack) } else { cols };
-            let launch = plan_op(direction, input, rows, cols, vector, &FakeH200).unwrap();
-            let k = launch.kernel;
-            proptest::prop_assert_eq!(k.pack, pack);
-            proptest::prop_assert!(launch.slices * launch.slice_packs * pack >= cols);
-            proptest::prop_assert!(k.threads_per_row() * k.packs >= launch.slice_packs);
-            if launch.slices > 1 && !launch.split {
-                let resident = 132 * FakeH200.blocks_per_sm(&k.to_string(), launch.block(), launch.shared_bytes());
-                proptest::prop_assert!(launch.grid <= resident);
-            }
+            let cols = if layout == PackLayout::Aligned { cols.next_multiple_of(input.vector_pack()) } else { cols };
+            let launch = plan_op(direction, input, rows, cols, layout, &FakeH200).unwrap();
+            proptest::prop_assert!(check(&launch, input, cols, layout).is_ok(), "{:?}", check(&launch, input, cols, layout));
         }
     }
 
@@ -270,15 +327,17 @@ mod tests {
     fn rows_too_many_to_keep_resident_are_split_in_two_launches() {
         let split = planned(Direction::Forward, DType::F32, 600, 200_000).unwrap();
         assert!(split.split && split.slices > 1, "{split:?}");
-        let odd = plan_op(
-            Direction::Forward,
-            DType::Bf16,
-            128,
-            50257,
-            false,
-            &FakeH200,
-        )
-        .unwrap();
-        assert!(odd.slices > 1, "{odd:?}");
+        for layout in [PackLayout::Elements, PackLayout::Peeled] {
+            let odd = plan_op(
+                Direction::Forward,
+                DType::Bf16,
+                128,
+                50257,
+                layout,
+                &FakeH200,
+            )
+            .unwrap();
+            assert!(odd.slices > 1, "{odd:?}");
+        }
     }
 }

@@ -16,7 +16,7 @@ use kernels_gpu::row_ops::{DType, Direction, RowOpParams, RowState, mode};
 use super::Softmax;
 use crate::error::{CudaContext, Error, Result};
 use crate::kernels::Kernels;
-use crate::op_plan::{OpLaunch, plan_op};
+use crate::op_plan::{OpLaunch, PackLayout, plan_op};
 use crate::ops::{Element, Mask, MaskedRows, Operation, Options, Rows, RowsMut};
 use crate::plan::Launch;
 use crate::shape::Shape;
@@ -39,15 +39,29 @@ impl Operand {
     }
 }
 
-/// Whether 16-byte packs of `input` can be used: `cols` a multiple of the pack and every row
-/// of every operand aligned for its share of a pack.
-fn vector_layout(input: DType, cols: usize, operands: &[Operand]) -> bool {
+/// How 16-byte packs of `input` fit the operands: every row of every operand aligned for its
+/// share of a pack and `cols` a multiple of it ([`PackLayout::Aligned`]); or, with no mask
+/// buffer among them, every operand 16-byte aligned with one row stride in elements, so that
+/// rows are misaligned alike ([`PackLayout::Peeled`]); else one element at a time.
+fn pack_layout(input: DType, cols: usize, operands: &[Operand], mask_buffer: bool) -> PackLayout {
     let pack = input.vector_pack();
-    cols.is_multiple_of(pack as usize)
+    let aligned = cols.is_multiple_of(pack as usize)
         && operands.iter().all(|o| {
             let align = u64::from((pack * o.element_bytes).min(16));
             o.address.is_multiple_of(align) && o.stride_bytes.is_multiple_of(align)
-        })
+        });
+    let stride = |o: &Operand| o.stride_bytes / u64::from(o.element_bytes);
+    let peelable = !mask_buffer
+        && operands
+            .iter()
+            .all(|o| o.address.is_multiple_of(16) && stride(o) == stride(&operands[0]));
+    if aligned {
+        PackLayout::Aligned
+    } else if peelable {
+        PackLayout::Peeled
+    } else {
+        PackLayout::Elements
+    }
 }
 
 fn check_shapes(input: Shape, output: Shape, what: &'static str) -> Result<()> {
@@ -103,7 +117,7 @@ struct Call {
     direction: Direction,
     input: DType,
     shape: Shape,
-    vector: bool,
+    layout: PackLayout,
     params: RowOpParams,
 }
 
@@ -440,7 +454,7 @@ impl Softmax {
             },
             input: I::DTYPE,
             shape,
-            vector: vector_layout(I::DTYPE, shape.cols, &operands),
+            layout: pack_layout(I::DTYPE, shape.cols, &operands, options.mask.is_some()),
             params,
         }
     }
@@ -452,9 +466,9 @@ impl Softmax {
         input: DType,
         rows: u32,
         cols: u32,
-        vector: bool,
+        layout: PackLayout,
     ) -> Result<Option<PlannedOp>> {
-        let key = (direction, input, rows, cols, vector);
+        let key = (direction, input, rows, cols, layout);
         if let Some(plan) = self.op_plans.get(&key) {
             return Ok(plan.clone());
         }
@@ -465,7 +479,7 @@ impl Softmax {
                 .as_ref()
                 .expect("loaded above"),
         };
-        let plan = plan_op(direction, input, rows, cols, vector, &limits).map(PlannedOp::new);
+        let plan = plan_op(direction, input, rows, cols, layout, &limits).map(PlannedOp::new);
         if self.op_plans.len() >= super::PLAN_CACHE_LIMIT {
             self.op_plans.clear();
         }
@@ -489,7 +503,7 @@ impl Softmax {
         CurrentContext::set_current(&self.context).during("making the context current")?;
         let (rows, cols) = (call.shape.rows as u32, call.shape.cols as u32);
         let plan = self
-            .op_plan(call.direction, call.input, rows, cols, call.vector)?
+            .op_plan(call.direction, call.input, rows, cols, call.layout)?
             .ok_or_else(|| Error::Unsupported {
                 variant: "operation".into(),
                 rows: call.shape.rows,
@@ -536,8 +550,10 @@ impl Softmax {
             .as_ref()
             .expect("planning loaded the module");
         // SAFETY: every public operation checked each buffer named in `params` against the
-        // shape and strides (views, masks, per-row buffers); `vector_layout` allowed 16-byte
-        // packs only where every row of every operand is aligned for them; the plan chose an
+        // shape and strides (views, masks, per-row buffers); `pack_layout` allowed 16-byte
+        // packs only where every row of every operand is aligned for them, or where every
+        // operand starts 16-byte aligned with one row stride and no mask buffer (rows
+        // misaligned alike, their ends read one element at a time); the plan chose an
         // instance that holds the row (or slice) and, for cooperative launches, keeps every
         // block resident, with the workspace sized for its partials and barriers, and for
         // split ones for the slices' states. `params` outlives the call, which copies it.

@@ -59,8 +59,8 @@ pub struct Softmax {
 // context, which the driver synchronizes itself.
 unsafe impl Send for Softmax {}
 
-/// Direction, input type, rows, cols and whether 16-byte packs fit.
-type OpPlanKey = (Direction, DType, u32, u32, bool);
+/// Direction, input type, rows, cols and how 16-byte packs fit.
+type OpPlanKey = (Direction, DType, u32, u32, crate::op_plan::PackLayout);
 
 #[derive(Debug)]
 struct Workspace {

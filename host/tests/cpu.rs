@@ -378,3 +378,66 @@ fn reference_masks_causal_and_fully_masked_rows() {
     let y = scores.forward(false, &[3.0; 8], 4, 2);
     assert_eq!(y, vec![1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0]);
 }
+
+/// Every column of a row covered exactly once by the pieces of its parts, packs aligned,
+/// runs shorter than a pack: the operation kernels' split of a row that may start anywhere
+/// (`row_start` elements past a 16-byte boundary) into `slices` parts of `slice_packs` packs,
+/// as the planner sizes them.
+fn row_parts_cover<const PACK: usize>(
+    cols: usize,
+    row_start: usize,
+    slices: usize,
+) -> Result<(), TestCaseError> {
+    use kernels_gpu::row_part::{END_SLOTS, Piece, RowPart, unaligned_head};
+
+    let bytes = 16 / PACK;
+    let head = unaligned_head(row_start * bytes, bytes, PACK);
+    let slice_packs = (cols / PACK).div_ceil(slices).max(1);
+    let mut covered = vec![0u8; cols];
+    for slice in 0..slices {
+        let part = RowPart::new::<PACK>(cols, head, slice, slice_packs);
+        for j in 0..slice_packs + END_SLOTS as usize + 2 {
+            let (start, count) = match part.piece::<PACK>(j) {
+                Piece::Pack(col) => {
+                    prop_assert_eq!((row_start + col) % PACK, 0, "pack at {} not aligned", col);
+                    prop_assert!(j < slice_packs + END_SLOTS as usize);
+                    (col, PACK)
+                }
+                Piece::Run { start, count } => {
+                    prop_assert!(
+                        slice == 0 && j < END_SLOTS as usize,
+                        "run in slot {} of part {}",
+                        j,
+                        slice
+                    );
+                    prop_assert!(0 < count && count < PACK);
+                    (start, count)
+                }
+                Piece::Nothing => continue,
+            };
+            // The pieces that may be ends and those that may not agree where both apply.
+            if j >= END_SLOTS as usize || slice > 0 {
+                prop_assert_eq!(part.piece::<PACK>(j), part.body_piece::<PACK>(j));
+            }
+            prop_assert!(start + count <= cols, "columns {}.. past the row", start);
+            for times in &mut covered[start..start + count] {
+                *times += 1;
+            }
+        }
+    }
+    prop_assert!(covered.iter().all(|&n| n == 1), "coverage {:?}", covered);
+    Ok(())
+}
+
+proptest! {
+    #[test]
+    fn row_parts_cover_every_column_once(
+        cols in 1usize..3000,
+        row_start in 0usize..8,
+        slices in 1usize..6,
+    ) {
+        row_parts_cover::<8>(cols, row_start, slices)?;
+        row_parts_cover::<4>(cols, row_start % 4, slices)?;
+        row_parts_cover::<1>(cols, 0, slices)?;
+    }
+}

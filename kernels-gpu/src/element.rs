@@ -35,6 +35,34 @@ pub trait Element: Copy {
         unsafe { load_packed_words(src) }
     }
 
+    /// The first `count` (≤ `N`) elements at `src` read one at a time into the slots of a
+    /// pack laid out as [`Element::load_packed`] lays it out; the other slots hold `pad`'s
+    /// (a word of padding elements).
+    ///
+    /// # Safety
+    /// `src..src + count` is readable global memory.
+    #[inline(always)]
+    unsafe fn load_packed_run<const N: usize>(
+        src: *const Self,
+        count: usize,
+        pad: u32,
+    ) -> [u32; N] {
+        let mut words = [pad; N];
+        for i in 0..N {
+            if i < count {
+                // SAFETY: element `i < count` lies in the run.
+                let [bits] = unsafe { Self::load_packed::<1>(src.add(i)) };
+                if size_of::<Self>() == 2 && spans(2 * N) {
+                    let shift = 16 * (i % 2);
+                    words[i / 2] = (words[i / 2] & !(0xffff << shift)) | ((bits & 0xffff) << shift);
+                } else {
+                    words[i] = bits;
+                }
+            }
+        }
+        words
+    }
+
     /// Element `i` of a pack read by [`Element::load_packed`], widened to f32. 16-bit types
     /// widen in inline assembly that LLVM may not merge or hoist, so LLVM does not keep a
     /// row's widened floats live from its reduction to its writes. (ptxas still merges

@@ -42,6 +42,7 @@ pub mod launch;
 pub mod online;
 #[macro_use]
 pub mod row_ops;
+pub mod row_part;
 
 #[cfg(target_arch = "nvptx64")]
 mod device;

@@ -11,14 +11,126 @@ use crate::row_kernel::{
     Backward, Forward, MaskedForward, RowKernel, merged_states, store_slice_state, store_state,
 };
 use crate::row_ops::{RowOpParams, mode};
+use crate::row_part::{END_SLOTS, Piece, RowPart};
+
+/// What slot `j` of `part` holds; `may_be_end`: whether `j` can be one of the row's ends (a
+/// constant after unrolling, so the one-element code exists only where it can run).
+#[inline(always)]
+fn piece<const PACK: usize>(part: &RowPart, j: usize, may_be_end: bool) -> Piece {
+    if may_be_end {
+        part.piece::<PACK>(j)
+    } else {
+        part.body_piece::<PACK>(j)
+    }
+}
+
+/// Loads slot `j` of `part` (padding where the slot holds nothing).
+///
+/// # Safety
+/// The part lies in the kernel's row, laid out as the operation contract says.
+#[inline(always)]
+unsafe fn load_piece<K: RowKernel<PACK>, const PACK: usize>(
+    kernel: &K,
+    part: &RowPart,
+    j: usize,
+    may_be_end: bool,
+) -> K::Values {
+    // SAFETY (both arms): the part's pieces lie in the row; packs are aligned.
+    match piece::<PACK>(part, j, may_be_end) {
+        Piece::Pack(col) => unsafe { kernel.load(col) },
+        Piece::Run { start, count } => unsafe { kernel.load_run(start, count) },
+        Piece::Nothing => K::PAD,
+    }
+}
+
+/// Writes slot `j` of `part` (nothing where the slot holds nothing).
+///
+/// # Safety
+/// As [`load_piece`].
+#[inline(always)]
+unsafe fn write_piece<K: RowKernel<PACK>, const PACK: usize>(
+    kernel: &K,
+    part: &RowPart,
+    j: usize,
+    may_be_end: bool,
+    values: K::Values,
+    row: K::Finished,
+) {
+    // SAFETY (both arms): as for the loads.
+    match piece::<PACK>(part, j, may_be_end) {
+        Piece::Pack(col) => unsafe { kernel.write(col, values, row) },
+        Piece::Run { start, count } => unsafe { kernel.write_run(start, count, values, row) },
+        Piece::Nothing => {}
+    }
+}
+
+/// This thread's slots `thread, thread + threads, …` of `part`, loaded.
+///
+/// # Safety
+/// As [`load_piece`].
+#[inline(always)]
+unsafe fn load_part<K: RowKernel<PACK>, const PACK: usize, const PACKS: usize>(
+    kernel: &K,
+    part: &RowPart,
+    threads: usize,
+    thread: usize,
+) -> [K::Values; PACKS] {
+    let mut values = [K::PAD; PACKS];
+    // The packs that may hold the row's ends get their own loop: with the one-element code
+    // in every iteration LLVM would not unroll the loop (and would keep `values` in local
+    // memory).
+    let end_packs = (END_SLOTS as usize).div_ceil(threads).min(PACKS);
+    for pack in 0..end_packs {
+        // SAFETY: forwarded from the contract.
+        values[pack] =
+            unsafe { load_piece::<K, PACK>(kernel, part, pack * threads + thread, true) };
+    }
+    for pack in end_packs..PACKS {
+        // SAFETY: forwarded from the contract.
+        values[pack] =
+            unsafe { load_piece::<K, PACK>(kernel, part, pack * threads + thread, false) };
+    }
+    values
+}
+
+/// Writes this thread's slots of `part` (as [`load_part`] loaded them).
+///
+/// # Safety
+/// As [`load_piece`].
+#[inline(always)]
+unsafe fn write_part<K: RowKernel<PACK>, const PACK: usize, const PACKS: usize>(
+    kernel: &K,
+    part: &RowPart,
+    threads: usize,
+    thread: usize,
+    values: &[K::Values; PACKS],
+    row: K::Finished,
+) {
+    let end_packs = (END_SLOTS as usize).div_ceil(threads).min(PACKS);
+    for pack in 0..end_packs {
+        let j = pack * threads + thread;
+        // SAFETY: forwarded from the contract.
+        unsafe { write_piece::<K, PACK>(kernel, part, j, true, values[pack], row) };
+    }
+    for pack in end_packs..PACKS {
+        let j = pack * threads + thread;
+        // SAFETY: forwarded from the contract.
+        unsafe { write_piece::<K, PACK>(kernel, part, j, false, values[pack], row) };
+    }
+}
 
 /// Rows of at most `LANES · PACKS · PACK` columns, each held by a group of `LANES` lanes.
 ///
 /// # Safety
 /// The operation contract: every buffer named in `p` holds its rows at its stride (mask rows
-/// `cols` long), `0 < cols ≤ LANES · PACKS · PACK`, and when `PACK > 1`, `cols` is a
-/// multiple of `PACK` and every row start is aligned to `PACK` elements of its buffer (16
-/// bytes at most). Blocks of whole warps, `LANES` divides 32, and
+/// `cols` long), `cols > 0`, and when `PACK > 1` either
+/// - every row start is aligned to `PACK` elements of its buffer (16 bytes at most) and `cols`
+///   is a multiple of `PACK`, with `LANES · PACKS · PACK ≥ cols`; or
+/// - no mask buffer is given, every buffer starts 16-byte aligned, all rows have the same
+///   stride in elements (so every buffer's rows are misaligned alike), and
+///   `LANES · PACKS ≥ cols / PACK + END_SLOTS` (see [`crate::row_part`]);
+///
+/// with `PACK == 1`, `LANES · PACKS ≥ cols`. Blocks of whole warps, `LANES` divides 32, and
 /// `ceil(rows / (block_dim / LANES))` blocks. In-place operation (output = input) is allowed:
 /// each element is read before it is written, by the same thread.
 #[inline(always)]
@@ -34,19 +146,18 @@ pub unsafe fn op_rows<
     let row = (block_idx() * (block_dim() / LANES) + thread_idx() / LANES) as usize;
     let live = row < p.rows as usize;
     let cols = p.cols as usize;
-    let column = |pack: usize| (pack * LANES as usize + lane) * PACK;
     // Lanes past the last row keep running on the last row's pointers with padding values
     // (the shuffles need all 32); they load, store and write nothing.
     // SAFETY: the clamped row is < rows.
     let kernel = unsafe { K::for_row(p, row.min(p.rows as usize - 1)) };
-
-    let mut values = [K::PAD; PACKS];
-    for pack in 0..PACKS {
-        if live && column(pack) < cols {
-            // SAFETY: column(pack) + PACK ≤ cols, aligned per the contract.
-            values[pack] = unsafe { kernel.load(column(pack)) };
-        }
-    }
+    // The whole row is one part; lane `lane` holds its slots `lane, lane + LANES, …`.
+    let part = RowPart::new::<PACK>(cols, kernel.head(), 0, cols);
+    let mut values = if live {
+        // SAFETY: the part lies in the row, laid out per the contract.
+        unsafe { load_part::<K, PACK, PACKS>(&kernel, &part, LANES as usize, lane) }
+    } else {
+        [K::PAD; PACKS]
+    };
     let (group, mine) = kernel.group_partial::<PACKS, LANES>(&mut values);
     let stats = if p.mode == mode::APPLY_STATES {
         // SAFETY: the states buffer holds the row's slots (contract of that mode).
@@ -65,12 +176,10 @@ pub unsafe fn op_rows<
         return;
     }
     let finished = kernel.finish(stats, mine);
-    for pack in 0..PACKS {
-        if column(pack) < cols {
-            // SAFETY: as for the loads.
-            unsafe { kernel.write(column(pack), values[pack], finished) };
-        }
-    }
+    // SAFETY: as for the loads.
+    unsafe {
+        write_part::<K, PACK, PACKS>(&kernel, &part, LANES as usize, lane, &values, finished)
+    };
     if lane == 0 {
         // SAFETY: row < rows.
         unsafe { kernel.write_row(stats) };
@@ -81,8 +190,8 @@ pub unsafe fn op_rows<
 /// `THREADS` threads with up to `PACKS` packs each.
 ///
 /// # Safety
-/// The operation contract of [`op_rows`], with `cols` a multiple of `PACK`,
-/// `THREADS · PACKS ≥ slice_packs` and `slices · slice_packs · PACK ≥ cols`. Launch
+/// The operation contract of [`op_rows`], with `THREADS · PACKS ≥ slice_packs` (plus
+/// `END_SLOTS` for rows laid out the second way) and `slices · slice_packs · PACK ≥ cols`. Launch
 /// `rows · slices` blocks of `THREADS` threads with `REDUCTION_SCRATCH_FLOATS · 4` bytes of
 /// dynamic shared memory. When `slices > 1`: `partials` holds two floats per block,
 /// `barriers` two words per row zeroed when allocated and used by one launch at a time, and
@@ -102,20 +211,16 @@ pub unsafe fn op_block<
     let row = block_idx() as usize / slices;
     let slice = block_idx() as usize % slices;
     let tid = thread_idx() as usize;
-    let row_packs = p.cols as usize / PACK;
-    let first = slice * p.slice_packs as usize;
-    let end = (first + p.slice_packs as usize).min(row_packs);
-    let pack_of = |i: usize| first + i * THREADS + tid;
     // SAFETY: row < rows.
     let kernel = unsafe { K::for_row(p, row) };
-
-    let mut values = [K::PAD; PACKS];
-    for i in 0..PACKS {
-        if pack_of(i) < end {
-            // SAFETY: the pack lies in the row, aligned per the contract.
-            values[i] = unsafe { kernel.load(pack_of(i) * PACK) };
-        }
-    }
+    let part = RowPart::new::<PACK>(
+        p.cols as usize,
+        kernel.head(),
+        slice,
+        p.slice_packs as usize,
+    );
+    // SAFETY: the part lies in the row, laid out per the contract.
+    let mut values = unsafe { load_part::<K, PACK, PACKS>(&kernel, &part, THREADS, tid) };
     let scratch = dynamic_shared_f32();
     let (stats, mine) = if p.mode == mode::APPLY_STATES {
         // SAFETY: the states buffer holds the row's slots (contract of that mode).
@@ -159,12 +264,8 @@ pub unsafe fn op_block<
         return;
     }
     let finished = kernel.finish(stats, mine);
-    for i in 0..PACKS {
-        if pack_of(i) < end {
-            // SAFETY: as for the loads.
-            unsafe { kernel.write(pack_of(i) * PACK, values[i], finished) };
-        }
-    }
+    // SAFETY: as for the loads.
+    unsafe { write_part::<K, PACK, PACKS>(&kernel, &part, THREADS, tid, &values, finished) };
     if leader {
         // SAFETY: row < rows.
         unsafe { kernel.write_row(stats) };

@@ -11,6 +11,7 @@ use crate::element::{Element, load, store_as};
 use crate::online::{LOG2_E, OnlineStats};
 use crate::reduce::{Max, Partial, Sum, block_reduce, group_max, group_reduce, group_sum};
 use crate::row_ops::{DType, RowOpParams, RowState, op};
+use crate::row_part::unaligned_head;
 
 /// One row's work, with `PACK` columns per load.
 pub trait RowKernel<const PACK: usize>: Sized {
@@ -29,6 +30,17 @@ pub trait RowKernel<const PACK: usize>: Sized {
     /// # Safety
     /// `col..col + PACK` lies in the row and is aligned as the launch's layout promises.
     unsafe fn load(&self, col: usize) -> Self::Values;
+
+    /// Elements of the row's input before its first 16-byte boundary (0 for single-element
+    /// packs): see [`crate::row_part`].
+    fn head(&self) -> usize;
+
+    /// `count` (< `PACK`) elements from column `start`, read one at a time into a pack whose
+    /// other slots are padding (the unaligned ends of a row).
+    ///
+    /// # Safety
+    /// `start..start + count` lies in the row.
+    unsafe fn load_run(&self, start: usize, count: usize) -> Self::Values;
 
     /// This thread's result over its packs; may rewrite the packs into what
     /// [`RowKernel::write`] needs (the forward softmax keeps the exponentials).
@@ -65,9 +77,48 @@ pub trait RowKernel<const PACK: usize>: Sized {
     /// thread's own partial result.
     fn finish(&self, row: Self::Stats, mine: Self::Stats) -> Self::Finished;
 
+    /// One pack's outputs, from its values and the row's constants.
+    fn outputs(&self, values: Self::Values, row: Self::Finished) -> [f32; PACK];
+
+    /// The row's element output: the address of its first element (0: no element output)
+    /// and its [`DType`] as `u32`.
+    fn output(&self) -> (u64, u32);
+
     /// # Safety
     /// As [`RowKernel::load`].
-    unsafe fn write(&self, col: usize, values: Self::Values, row: Self::Finished);
+    #[inline(always)]
+    unsafe fn write(&self, col: usize, values: Self::Values, row: Self::Finished) {
+        let (base, dtype) = self.output();
+        if base != 0 {
+            // SAFETY: the caller guarantees the pack lies in the row; output rows are aligned
+            // like the input's.
+            unsafe { store_as::<PACK>(dtype, base, col, self.outputs(values, row)) };
+        }
+    }
+
+    /// Writes the first `count` outputs of a pack loaded by [`RowKernel::load_run`].
+    ///
+    /// # Safety
+    /// As [`RowKernel::load_run`].
+    #[inline(always)]
+    unsafe fn write_run(
+        &self,
+        start: usize,
+        count: usize,
+        values: Self::Values,
+        row: Self::Finished,
+    ) {
+        let (base, dtype) = self.output();
+        if base != 0 {
+            let outputs = self.outputs(values, row);
+            for (k, &output) in outputs.iter().enumerate() {
+                if k < count {
+                    // SAFETY: element `start + k` lies in the row.
+                    unsafe { store_as::<1>(dtype, base, start + k, [output]) };
+                }
+            }
+        }
+    }
 
     /// Per-row outputs; called by one thread of the row.
     ///
@@ -214,22 +265,15 @@ impl ForwardRow {
         }
     }
 
-    /// Writes one pack of outputs; `probability(i)` and `log_probability(i)` give element
-    /// `i`'s value for softmax and log-softmax.
-    ///
-    /// # Safety
-    /// As [`RowKernel::write`].
+    /// One pack of outputs; `probability(i)` and `log_probability(i)` give element `i`'s
+    /// value for softmax and log-softmax.
     #[inline(always)]
-    unsafe fn store<const PACK: usize>(
+    fn outputs<const PACK: usize>(
         &self,
-        col: usize,
         row: ForwardFinished,
         probability: impl Fn(usize) -> f32,
         log_probability: impl Fn(usize) -> f32,
-    ) {
-        if self.y == 0 {
-            return;
-        }
+    ) -> [f32; PACK] {
         // The branches are uniform and taken once per pack, each arm a straight run of
         // arithmetic (inside the loop, LLVM branched on them per element).
         let mut outputs = [0.0; PACK];
@@ -244,9 +288,7 @@ impl ForwardRow {
                 *output = probability(i);
             }
         }
-        // SAFETY: the caller guarantees the pack lies in the row; the output row is aligned
-        // like the input's.
-        unsafe { store_as::<PACK>(self.output_dtype, self.y, col, outputs) };
+        outputs
     }
 
     /// # Safety
@@ -335,6 +377,17 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for Forward<In> {
     }
 
     #[inline(always)]
+    fn head(&self) -> usize {
+        unaligned_head(self.x as usize, size_of::<In>(), PACK)
+    }
+
+    #[inline(always)]
+    unsafe fn load_run(&self, start: usize, count: usize) -> [u32; PACK] {
+        // SAFETY: the caller guarantees the run lies in the row.
+        unsafe { In::load_packed_run::<PACK>(self.x.add(start), count, In::NEG_INF_WORD) }
+    }
+
+    #[inline(always)]
     fn partial<const PACKS: usize>(&self, packs: &mut [[u32; PACK]; PACKS]) -> OnlineStats {
         let max = self.local_max(packs);
         // In score units: the scale is positive, so it maps the maximum to the maximum.
@@ -379,18 +432,19 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for Forward<In> {
     }
 
     #[inline(always)]
-    unsafe fn write(&self, col: usize, pack: [u32; PACK], row: ForwardFinished) {
+    fn outputs(&self, pack: [u32; PACK], row: ForwardFinished) -> [f32; PACK] {
         let slope = self.row.scale * LOG2_E;
         let value = |i: usize| In::widen(&pack, i);
-        // SAFETY: forwarded from the caller.
-        unsafe {
-            self.row.store::<PACK>(
-                col,
-                row,
-                |i| exp2_approx(fma(value(i), slope, row.shift)) * row.inv_sum,
-                |i| fma(value(i), self.row.scale, -row.offset),
-            )
-        }
+        self.row.outputs(
+            row,
+            |i| exp2_approx(fma(value(i), slope, row.shift)) * row.inv_sum,
+            |i| fma(value(i), self.row.scale, -row.offset),
+        )
+    }
+
+    #[inline(always)]
+    fn output(&self) -> (u64, u32) {
+        (self.row.y, self.row.output_dtype)
     }
 
     #[inline(always)]
@@ -410,6 +464,45 @@ pub struct MaskedForward<In> {
     allowed_mask: *const u8,
     /// Last unmasked column under the causal mask (`usize::MAX`: none).
     causal_last: usize,
+}
+
+impl<In: Element> MaskedForward<In> {
+    /// The scores of the `N` elements from column `col`: scaled, masked.
+    ///
+    /// # Safety
+    /// `col..col + N` lies in the row, aligned for an access of `N` elements.
+    #[inline(always)]
+    unsafe fn scores<const N: usize>(&self, col: usize) -> [f32; N] {
+        // SAFETY: forwarded from the contract.
+        let mut values = unsafe { In::load_f32::<N>(self.x.add(col)) };
+        for value in values.iter_mut() {
+            *value *= self.row.scale;
+        }
+        if !self.additive_mask.is_null() {
+            // SAFETY: mask rows have `cols` elements, aligned like the input's.
+            let mask = unsafe { f32::load_f32::<N>(self.additive_mask.add(col)) };
+            for k in 0..N {
+                values[k] += mask[k];
+            }
+        }
+        if !self.allowed_mask.is_null() {
+            // SAFETY: as above.
+            let allowed = unsafe { load::<u8, N>(self.allowed_mask.add(col)) };
+            for k in 0..N {
+                if allowed[k] == 0 {
+                    values[k] = f32::NEG_INFINITY;
+                }
+            }
+        }
+        if col + N - 1 > self.causal_last {
+            for (k, value) in values.iter_mut().enumerate() {
+                if col + k > self.causal_last {
+                    *value = f32::NEG_INFINITY;
+                }
+            }
+        }
+        values
+    }
 }
 
 impl<In: Element, const PACK: usize> RowKernel<PACK> for MaskedForward<In> {
@@ -450,31 +543,21 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for MaskedForward<In> {
     #[inline(always)]
     unsafe fn load(&self, col: usize) -> [f32; PACK] {
         // SAFETY: the caller guarantees the pack lies in the row, aligned as the layout says.
-        let mut values = unsafe { In::load_f32::<PACK>(self.x.add(col)) };
-        for value in values.iter_mut() {
-            *value *= self.row.scale;
-        }
-        if !self.additive_mask.is_null() {
-            // SAFETY: mask rows have `cols` elements, aligned like the input's.
-            let mask = unsafe { f32::load_f32::<PACK>(self.additive_mask.add(col)) };
-            for k in 0..PACK {
-                values[k] += mask[k];
-            }
-        }
-        if !self.allowed_mask.is_null() {
-            // SAFETY: as above.
-            let allowed = unsafe { load::<u8, PACK>(self.allowed_mask.add(col)) };
-            for k in 0..PACK {
-                if allowed[k] == 0 {
-                    values[k] = f32::NEG_INFINITY;
-                }
-            }
-        }
-        if col + PACK - 1 > self.causal_last {
-            for (k, value) in values.iter_mut().enumerate() {
-                if col + k > self.causal_last {
-                    *value = f32::NEG_INFINITY;
-                }
+        unsafe { self.scores::<PACK>(col) }
+    }
+
+    #[inline(always)]
+    fn head(&self) -> usize {
+        unaligned_head(self.x as usize, size_of::<In>(), PACK)
+    }
+
+    #[inline(always)]
+    unsafe fn load_run(&self, start: usize, count: usize) -> [f32; PACK] {
+        let mut values = [f32::NEG_INFINITY; PACK];
+        for (k, value) in values.iter_mut().enumerate() {
+            if k < count {
+                // SAFETY: the caller guarantees the run lies in the row.
+                *value = unsafe { self.scores::<1>(start + k)[0] };
             }
         }
         values
@@ -513,16 +596,14 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for MaskedForward<In> {
     }
 
     #[inline(always)]
-    unsafe fn write(&self, col: usize, values: [f32; PACK], row: ForwardFinished) {
-        // SAFETY: forwarded from the caller.
-        unsafe {
-            self.row.store::<PACK>(
-                col,
-                row,
-                |i| values[i] * row.factor,
-                |i| values[i] - row.offset,
-            )
-        }
+    fn outputs(&self, values: [f32; PACK], row: ForwardFinished) -> [f32; PACK] {
+        self.row
+            .outputs(row, |i| values[i] * row.factor, |i| values[i] - row.offset)
+    }
+
+    #[inline(always)]
+    fn output(&self) -> (u64, u32) {
+        (self.row.y, self.row.output_dtype)
     }
 
     #[inline(always)]
@@ -592,6 +673,22 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for Backward<In> {
     }
 
     #[inline(always)]
+    fn head(&self) -> usize {
+        unaligned_head(self.y as usize, size_of::<In>(), PACK)
+    }
+
+    #[inline(always)]
+    unsafe fn load_run(&self, start: usize, count: usize) -> Self::Values {
+        // SAFETY: the caller guarantees the run lies in both rows.
+        unsafe {
+            (
+                In::load_packed_run::<PACK>(self.y.add(start), count, 0),
+                In::load_packed_run::<PACK>(self.dy.add(start), count, 0),
+            )
+        }
+    }
+
+    #[inline(always)]
     fn partial<const PACKS: usize>(&self, packs: &mut [Self::Values; PACKS]) -> Sum {
         // Log-softmax needs Σ dy; softmax Σ dy·y. The branch is uniform, taken once.
         let mut sum = 0.0;
@@ -617,9 +714,9 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for Backward<In> {
     }
 
     #[inline(always)]
-    unsafe fn write(&self, col: usize, (y, dy): Self::Values, sum: f32) {
+    fn outputs(&self, (y, dy): Self::Values, sum: f32) -> [f32; PACK] {
         let (y, dy) = (|k| In::widen(&y, k), |k| In::widen(&dy, k));
-        // Uniform branch, once per pack (see `ForwardRow::store`).
+        // Uniform branch, once per pack (see `ForwardRow::outputs`).
         let mut dx = [0.0; PACK];
         if self.log {
             for (k, dx) in dx.iter_mut().enumerate() {
@@ -630,8 +727,12 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for Backward<In> {
                 *dx = self.scale * (y(k) * (dy(k) - sum));
             }
         }
-        // SAFETY: the caller guarantees the pack lies in the row, aligned.
-        unsafe { store_as::<PACK>(self.output_dtype, self.dx, col, dx) };
+        dx
+    }
+
+    #[inline(always)]
+    fn output(&self) -> (u64, u32) {
+        (self.dx, self.output_dtype)
     }
 
     #[inline(always)]

@@ -238,9 +238,14 @@ impl OpKernelName {
         }
     }
 
-    /// Widest row (or slice) one group or block holds.
+    /// Packs (slots) one group or block holds.
+    pub fn slots(&self) -> u32 {
+        self.threads_per_row() * self.packs
+    }
+
+    /// Widest aligned row (or slice) one group or block holds.
     pub fn capacity(&self) -> u32 {
-        self.threads_per_row() * self.packs * self.pack
+        self.slots() * self.pack
     }
 
     /// Every entry of one input type: each direction, both layouts, 16-byte and scalar packs.

@@ -1,0 +1,103 @@
+//! Where one group's or block's share of a row lies for the operation kernels, when rows need
+//! not start on a 16-byte boundary: the row's first `head` elements (before its first aligned
+//! address), then an aligned body of packs, then a tail shorter than a pack. A part holds body
+//! packs `first..end`; the part that holds the row's ends (the first) also takes the head and
+//! the tail, each as one more slot read one element at a time. Pure index arithmetic, shared
+//! with the host so the CPU tests can check that the parts cover every column once.
+
+/// What slot `j` of a part holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Piece {
+    /// A whole aligned pack starting at this column.
+    Pack(usize),
+    /// `count` (< the pack) consecutive elements from column `start`, one at a time.
+    Run { start: usize, count: usize },
+    /// Nothing: padding.
+    Nothing,
+}
+
+/// One part (a group's row, or a block's slice of a row).
+#[derive(Clone, Copy, Debug)]
+pub struct RowPart {
+    head: usize,
+    first: usize,
+    end: usize,
+    tail_start: usize,
+    cols: usize,
+    holds_ends: bool,
+}
+
+impl RowPart {
+    /// Part `slice` of `slices`, each `slice_packs` body packs, of a row of `cols` elements
+    /// whose first `head` elements precede its first aligned pack (0 for single-element
+    /// packs and for aligned rows).
+    #[inline(always)]
+    pub fn new<const PACK: usize>(
+        cols: usize,
+        head: usize,
+        slice: usize,
+        slice_packs: usize,
+    ) -> Self {
+        let head = head.min(cols);
+        let body = (cols - head) / PACK;
+        let first = (slice * slice_packs).min(body);
+        RowPart {
+            head,
+            first,
+            end: (first + slice_packs).min(body),
+            tail_start: head + body * PACK,
+            cols,
+            holds_ends: slice == 0,
+        }
+    }
+
+    /// Slot `j` of this part (slots are numbered from 0 within the part). In the part that
+    /// holds the row's ends, slot 0 is the head and slot 1 the tail, so that they fall in the
+    /// first pack of the first threads, where the kernels place the one-element code.
+    #[inline(always)]
+    pub fn piece<const PACK: usize>(&self, j: usize) -> Piece {
+        if self.holds_ends && j < END_SLOTS as usize {
+            let (start, count) = if j == 0 {
+                (0, self.head)
+            } else {
+                (self.tail_start, self.cols - self.tail_start)
+            };
+            if count > 0 {
+                Piece::Run { start, count }
+            } else {
+                Piece::Nothing
+            }
+        } else {
+            self.body_piece::<PACK>(j)
+        }
+    }
+
+    /// Slot `j` when it cannot be one of the row's ends: a body pack or nothing.
+    #[inline(always)]
+    pub fn body_piece<const PACK: usize>(&self, j: usize) -> Piece {
+        let ends = if self.holds_ends {
+            END_SLOTS as usize
+        } else {
+            0
+        };
+        if j >= ends && j - ends < self.end - self.first {
+            Piece::Pack(self.head + (self.first + j - ends) * PACK)
+        } else {
+            Piece::Nothing
+        }
+    }
+}
+
+/// Slots a part needs beyond its body packs when rows may be unaligned: the head and the tail.
+pub const END_SLOTS: u32 = 2;
+
+/// Elements before the first 16-byte boundary at or after `address`, for elements of `bytes`
+/// bytes read in packs of `pack` (0 when `pack == 1`: single elements need no alignment).
+#[inline(always)]
+pub const fn unaligned_head(address: usize, bytes: usize, pack: usize) -> usize {
+    if pack == 1 {
+        0
+    } else {
+        (16 - address % 16) % 16 / bytes
+    }
+}
