@@ -266,6 +266,69 @@ mod tests {
         }
     }
 
+    /// Columns of a row of `cols` starting `row_start` elements past a 16-byte boundary
+    /// that the launch's parts cover, each part walked over its instance's slots as the
+    /// kernels walk them: how many times each column is covered.
+    fn coverage<const PACK: usize>(launch: &OpLaunch, cols: u32, row_start: usize) -> Vec<u8> {
+        use kernels_gpu::row_part::{Piece, RowPart, unaligned_head};
+
+        let bytes = 16 / PACK;
+        let head = unaligned_head(row_start * bytes, bytes, PACK);
+        let mut covered = vec![0u8; cols as usize];
+        for slice in 0..launch.slices as usize {
+            let part =
+                RowPart::new::<PACK>(cols as usize, head, slice, launch.slice_packs as usize);
+            for j in 0..launch.kernel.slots() as usize {
+                let (start, count) = match part.piece::<PACK>(j) {
+                    Piece::Pack(col) => (col, PACK),
+                    Piece::Run { start, count } => (start, count),
+                    Piece::Nothing => continue,
+                };
+                for times in &mut covered[start..(start + count).min(cols as usize)] {
+                    *times += 1;
+                }
+            }
+        }
+        covered
+    }
+
+    #[test]
+    fn planned_parts_cover_every_column_once() {
+        for input in DType::ALL {
+            for (rows, cols) in [
+                (4096u32, 32u32),
+                (65536, 100),
+                (256, 16384),
+                (3, 100_003),
+                (128, 50257),
+                (7, 5),
+                (1, 1_048_576),
+            ] {
+                for layout in LAYOUTS {
+                    let pack = input.vector_pack();
+                    let (cols, starts) = match layout {
+                        PackLayout::Elements => (cols, 0..1),
+                        PackLayout::Aligned => (cols.next_multiple_of(pack), 0..1),
+                        PackLayout::Peeled => (cols, 0..pack as usize),
+                    };
+                    let launch =
+                        plan_op(Direction::Forward, input, rows, cols, layout, &FakeH200).unwrap();
+                    for row_start in starts {
+                        let covered = match launch.kernel.pack {
+                            1 => coverage::<1>(&launch, cols, row_start),
+                            4 => coverage::<4>(&launch, cols, row_start),
+                            _ => coverage::<8>(&launch, cols, row_start),
+                        };
+                        assert!(
+                            covered.iter().all(|&n| n == 1),
+                            "{input:?} {rows}x{cols} {layout:?} start {row_start}: {launch:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn narrow_rows_share_warps_and_wide_few_rows_are_sliced() {
         let narrow = planned(Direction::Forward, DType::Bf16, 4096, 32).unwrap();

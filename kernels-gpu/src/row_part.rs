@@ -41,13 +41,17 @@ impl RowPart {
         let head = head.min(cols);
         let body = (cols - head) / PACK;
         let first = (slice * slice_packs).min(body);
+        let tail_start = head + body * PACK;
         RowPart {
             head,
             first,
             end: (first + slice_packs).min(body),
-            tail_start: head + body * PACK,
+            tail_start,
             cols,
-            holds_ends: slice == 0,
+            // Only a row with ends takes the two extra slots: an aligned row's parts (and
+            // single-element packs, which never have ends) use exactly their body's slots,
+            // which is all the planner gives them.
+            holds_ends: slice == 0 && PACK > 1 && (head > 0 || tail_start < cols),
         }
     }
 
