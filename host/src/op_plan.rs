@@ -4,25 +4,11 @@
 use kernels_gpu::launch::REDUCTION_SCRATCH_FLOATS;
 use kernels_gpu::row_ops::{
     DType, Direction, OP_BLOCK_SCALAR, OP_BLOCK_VECTOR, OP_ROWS_BLOCK, OP_ROWS_SCALAR,
-    OP_ROWS_VECTOR, OpKernelName, OpKernelShape,
+    OP_ROWS_VECTOR, OpKernelName, OpKernelShape, PackLayout,
 };
-
 use kernels_gpu::row_part::END_SLOTS;
 
 use crate::plan::DeviceLimits;
-
-/// How an operation's rows meet 16-byte packs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) enum PackLayout {
-    /// One element per access.
-    Elements,
-    /// Every row of every buffer starts on a pack, and `cols` is a multiple of the pack.
-    Aligned,
-    /// Every buffer starts 16-byte aligned and all share one row stride (no mask buffer), so
-    /// rows are misaligned alike: each row's unaligned head and tail are read one element at
-    /// a time, the rest in packs (see `kernels_gpu::row_part`).
-    Peeled,
-}
 
 /// How an operation runs: one launch over whole rows, or over slices of rows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,7 +49,8 @@ impl OpLaunch {
 const LANE_PACKS: u32 = 2;
 
 /// The launch for rows of `cols` columns laid out as `layout` (`None` only when no block
-/// instance can launch on this device).
+/// instance can launch on this device). `layout` must serve `direction`
+/// ([`PackLayout::serves`]).
 pub(crate) fn plan_op(
     direction: Direction,
     input: DType,
@@ -72,8 +59,12 @@ pub(crate) fn plan_op(
     layout: PackLayout,
     device: &dyn DeviceLimits,
 ) -> Option<OpLaunch> {
+    debug_assert!(
+        layout.serves(direction),
+        "{layout:?} has no {direction:?} entries"
+    );
     let vector = layout != PackLayout::Elements;
-    let pack = if vector { input.vector_pack() } else { 1 };
+    let pack = layout.pack(input);
     // Slots a group or block needs beyond its body packs: the row's head and tail.
     let ends = if layout == PackLayout::Peeled {
         END_SLOTS
@@ -86,7 +77,7 @@ pub(crate) fn plan_op(
         table.iter().map(move |&(width, packs)| OpKernelName {
             direction,
             input,
-            pack,
+            layout,
             shape: shape_of(width),
             packs,
         })
@@ -205,18 +196,14 @@ mod tests {
     /// instance's slots, and every block of a cooperative launch resident.
     fn check(launch: &OpLaunch, input: DType, cols: u32, layout: PackLayout) -> Result<(), String> {
         let k = launch.kernel;
-        let pack = if layout == PackLayout::Elements {
-            1
-        } else {
-            input.vector_pack()
-        };
+        let pack = layout.pack(input);
         let ends = if layout == PackLayout::Peeled {
             END_SLOTS
         } else {
             0
         };
-        if k.pack != pack {
-            return Err(format!("{k}: pack {} for layout {layout:?}", k.pack));
+        if k.layout != layout || k.input != input {
+            return Err(format!("{k} for {input:?} laid out as {layout:?}"));
         }
         if launch.slices * launch.slice_packs < cols / pack {
             return Err(format!("{cols} columns, {k}: slices do not cover the row"));
@@ -254,7 +241,9 @@ mod tests {
                     (7, 5),
                 ] {
                     for layout in LAYOUTS {
-                        if layout == PackLayout::Aligned && cols % input.vector_pack() != 0 {
+                        let unaligned =
+                            layout == PackLayout::Aligned && cols % input.vector_pack() != 0;
+                        if unaligned || !layout.serves(direction) {
                             continue;
                         }
                         let launch = plan_op(direction, input, rows, cols, layout, &FakeH200)
@@ -314,7 +303,7 @@ mod tests {
                     let launch =
                         plan_op(Direction::Forward, input, rows, cols, layout, &FakeH200).unwrap();
                     for row_start in starts {
-                        let covered = match launch.kernel.pack {
+                        let covered = match launch.kernel.pack() {
                             1 => coverage::<1>(&launch, cols, row_start),
                             4 => coverage::<4>(&launch, cols, row_start),
                             _ => coverage::<8>(&launch, cols, row_start),
@@ -359,7 +348,8 @@ mod tests {
             &FakeH200,
         )
         .unwrap();
-        assert_eq!(peeled.kernel.pack, 8);
+        assert_eq!(peeled.kernel.layout, PackLayout::Peeled);
+        assert_eq!(peeled.kernel.pack(), 8);
         assert_eq!(peeled.kernel.shape, OpKernelShape::Rows { lanes: 8 });
         let medium = planned(Direction::Forward, DType::Bf16, 4096, 256).unwrap();
         assert_eq!(medium.kernel.shape, OpKernelShape::Rows { lanes: 16 });
@@ -380,6 +370,7 @@ mod tests {
             direction in proptest::sample::select(Direction::ALL.to_vec()),
             layout in proptest::sample::select(LAYOUTS.to_vec()),
         ) {
+            proptest::prop_assume!(layout.serves(direction));
             let cols = if layout == PackLayout::Aligned { cols.next_multiple_of(input.vector_pack()) } else { cols };
             let launch = plan_op(direction, input, rows, cols, layout, &FakeH200).unwrap();
             proptest::prop_assert!(check(&launch, input, cols, layout).is_ok(), "{:?}", check(&launch, input, cols, layout));

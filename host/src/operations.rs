@@ -11,12 +11,12 @@ use std::sync::Arc;
 
 use cust::context::CurrentContext;
 use cust::memory::{DeviceBuffer, DeviceSlice};
-use kernels_gpu::row_ops::{DType, Direction, RowOpParams, RowState, mode};
+use kernels_gpu::row_ops::{DType, Direction, PackLayout, RowOpParams, RowState, mode};
 
 use super::Softmax;
 use crate::error::{CudaContext, Error, Result};
 use crate::kernels::Kernels;
-use crate::op_plan::{OpLaunch, PackLayout, plan_op};
+use crate::op_plan::{OpLaunch, plan_op};
 use crate::ops::{Element, Mask, MaskedRows, Operation, Options, Rows, RowsMut};
 use crate::plan::Launch;
 use crate::shape::Shape;
@@ -39,11 +39,17 @@ impl Operand {
     }
 }
 
-/// How 16-byte packs of `input` fit the operands: every row of every operand aligned for its
-/// share of a pack and `cols` a multiple of it ([`PackLayout::Aligned`]); or, with no mask
-/// buffer among them, every operand 16-byte aligned with one row stride in elements, so that
-/// rows are misaligned alike ([`PackLayout::Peeled`]); else one element at a time.
-fn pack_layout(input: DType, cols: usize, operands: &[Operand], mask_buffer: bool) -> PackLayout {
+/// How 16-byte packs of `input` fit the operands of a `direction` call: every row of every
+/// operand aligned for its share of a pack and `cols` a multiple of it
+/// ([`PackLayout::Aligned`]); or, where the direction has peeled entries (no masks), every
+/// operand 16-byte aligned with one row stride in elements, so that rows are misaligned alike
+/// ([`PackLayout::Peeled`]); else one element at a time.
+fn pack_layout(
+    input: DType,
+    direction: Direction,
+    cols: usize,
+    operands: &[Operand],
+) -> PackLayout {
     let pack = input.vector_pack();
     let aligned = cols.is_multiple_of(pack as usize)
         && operands.iter().all(|o| {
@@ -51,7 +57,7 @@ fn pack_layout(input: DType, cols: usize, operands: &[Operand], mask_buffer: boo
             o.address.is_multiple_of(align) && o.stride_bytes.is_multiple_of(align)
         });
     let stride = |o: &Operand| o.stride_bytes / u64::from(o.element_bytes);
-    let peelable = !mask_buffer
+    let peelable = PackLayout::Peeled.serves(direction)
         && operands
             .iter()
             .all(|o| o.address.is_multiple_of(16) && stride(o) == stride(&operands[0]));
@@ -447,14 +453,15 @@ impl Softmax {
             }
         }
         let masked = options.mask.is_some() || options.causal;
+        let direction = match direction {
+            Direction::Forward if masked => Direction::MaskedForward,
+            other => other,
+        };
         Call {
-            direction: match direction {
-                Direction::Forward if masked => Direction::MaskedForward,
-                other => other,
-            },
+            direction,
             input: I::DTYPE,
             shape,
-            layout: pack_layout(I::DTYPE, shape.cols, &operands, options.mask.is_some()),
+            layout: pack_layout(I::DTYPE, direction, shape.cols, &operands),
             params,
         }
     }

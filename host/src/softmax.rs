@@ -17,7 +17,7 @@ use crate::kernels::Kernels;
 use crate::plan::{self, Arg, DeviceLimits, Launch, Layout};
 use crate::shape::Shape;
 use crate::variant::Variant;
-use kernels_gpu::row_ops::{DType, Direction, RowState};
+use kernels_gpu::row_ops::{DType, Direction, PackLayout, RowState};
 
 #[path = "operations.rs"]
 mod operations;
@@ -60,7 +60,7 @@ pub struct Softmax {
 unsafe impl Send for Softmax {}
 
 /// Direction, input type, rows, cols and how 16-byte packs fit.
-type OpPlanKey = (Direction, DType, u32, u32, crate::op_plan::PackLayout);
+type OpPlanKey = (Direction, DType, u32, u32, PackLayout);
 
 #[derive(Debug)]
 struct Workspace {

@@ -1,141 +1,219 @@
 //! How threads share rows in the operation kernels: a group of up to 32 lanes per row
 //! ([`op_rows`]), or a block per row or per slice of a row ([`op_block`]). Either keeps its
-//! packs in registers between the reduction and the writes, so each input is read once. The
-//! entries are generated at the bottom, one set per input type behind that type's feature,
-//! from the same instance lists as [`crate::row_ops`]'s tables.
+//! packs in registers between the reduction and the writes, so each input is read once.
+//! Where a thread's packs lie is the launch's [`PackLayout`](crate::row_ops::PackLayout),
+//! a type parameter ([`Aligned`] or [`Peeled`]). The entries are generated at the bottom, one
+//! set per input type behind that type's feature, from the same instance lists as
+//! [`crate::row_ops`]'s tables.
 
 use crate::device::{block_dim, block_idx, dynamic_shared_f32, thread_idx};
 use crate::element::{Bf16, F16};
 use crate::row_exchange::exchange_row_stats;
 use crate::row_kernel::{
-    Backward, Forward, MaskedForward, RowKernel, merged_states, store_slice_state, store_state,
+    Backward, Forward, MaskedForward, PeelableRow, RowKernel, merged_states, store_slice_state,
+    store_state,
 };
 use crate::row_ops::{RowOpParams, mode};
 use crate::row_part::{END_SLOTS, Piece, RowPart};
 
-/// What slot `j` of `part` holds; `may_be_end`: whether `j` can be one of the row's ends (a
-/// constant after unrolling, so the one-element code exists only where it can run).
-#[inline(always)]
-fn piece<const PACK: usize>(part: &RowPart, j: usize, may_be_end: bool) -> Piece {
-    if may_be_end {
-        part.piece::<PACK>(j)
-    } else {
-        part.body_piece::<PACK>(j)
+/// A group's or block's share of its row: slice `slice`, of `slice_packs` packs, of a row of
+/// `cols` columns (a group's share is its whole row).
+#[derive(Clone, Copy)]
+pub struct Share {
+    pub cols: usize,
+    pub slice: usize,
+    pub slice_packs: usize,
+}
+
+/// Where the slots of a share lie: thread `thread` of the `threads` sharing it holds slots
+/// `thread, thread + threads, …`, `PACKS` of them.
+pub trait Slots<K: RowKernel<PACK>, const PACK: usize> {
+    /// This thread's slots, loaded (padding where a slot holds nothing).
+    ///
+    /// # Safety
+    /// The share lies in the kernel's row, laid out as the implementing layout requires.
+    unsafe fn load<const PACKS: usize>(
+        kernel: &K,
+        share: Share,
+        threads: usize,
+        thread: usize,
+    ) -> [K::Values; PACKS];
+
+    /// Writes this thread's slots, as [`Slots::load`] loaded them.
+    ///
+    /// # Safety
+    /// As [`Slots::load`].
+    unsafe fn write<const PACKS: usize>(
+        kernel: &K,
+        share: Share,
+        threads: usize,
+        thread: usize,
+        values: &[K::Values; PACKS],
+        row: K::Finished,
+    );
+}
+
+/// Rows laid out as [`PackLayout::Aligned`](crate::row_ops::PackLayout::Aligned) (or as
+/// `Elements`, with `PACK == 1`): slot `j` of a share is its pack `j`.
+pub struct Aligned;
+
+impl Aligned {
+    /// The share's packs, `first..end`.
+    #[inline(always)]
+    fn packs<const PACK: usize>(share: Share) -> (usize, usize) {
+        let first = share.slice * share.slice_packs;
+        (first, (first + share.slice_packs).min(share.cols / PACK))
     }
 }
 
-/// Loads slot `j` of `part` (padding where the slot holds nothing).
-///
-/// # Safety
-/// The part lies in the kernel's row, laid out as the operation contract says.
-#[inline(always)]
-unsafe fn load_piece<K: RowKernel<PACK>, const PACK: usize>(
-    kernel: &K,
-    part: &RowPart,
-    j: usize,
-    may_be_end: bool,
-) -> K::Values {
-    // SAFETY (both arms): the part's pieces lie in the row; packs are aligned.
-    match piece::<PACK>(part, j, may_be_end) {
-        Piece::Pack(col) => unsafe { kernel.load(col) },
-        Piece::Run { start, count } => unsafe { kernel.load_run(start, count) },
-        Piece::Nothing => K::PAD,
+impl<K: RowKernel<PACK>, const PACK: usize> Slots<K, PACK> for Aligned {
+    #[inline(always)]
+    unsafe fn load<const PACKS: usize>(
+        kernel: &K,
+        share: Share,
+        threads: usize,
+        thread: usize,
+    ) -> [K::Values; PACKS] {
+        let (first, end) = Self::packs::<PACK>(share);
+        let pack_of = |i: usize| first + i * threads + thread;
+        let mut values = [K::PAD; PACKS];
+        for i in 0..PACKS {
+            if pack_of(i) < end {
+                // SAFETY: the pack lies in the row, aligned per the layout.
+                values[i] = unsafe { kernel.load(pack_of(i) * PACK) };
+            }
+        }
+        values
+    }
+
+    #[inline(always)]
+    unsafe fn write<const PACKS: usize>(
+        kernel: &K,
+        share: Share,
+        threads: usize,
+        thread: usize,
+        values: &[K::Values; PACKS],
+        row: K::Finished,
+    ) {
+        let (first, end) = Self::packs::<PACK>(share);
+        let pack_of = |i: usize| first + i * threads + thread;
+        for i in 0..PACKS {
+            if pack_of(i) < end {
+                // SAFETY: as for the loads.
+                unsafe { kernel.write(pack_of(i) * PACK, None, values[i], row) };
+            }
+        }
     }
 }
 
-/// Writes slot `j` of `part` (nothing where the slot holds nothing).
-///
-/// # Safety
-/// As [`load_piece`].
-#[inline(always)]
-unsafe fn write_piece<K: RowKernel<PACK>, const PACK: usize>(
-    kernel: &K,
-    part: &RowPart,
-    j: usize,
-    may_be_end: bool,
-    values: K::Values,
-    row: K::Finished,
-) {
-    // SAFETY (both arms): as for the loads.
-    match piece::<PACK>(part, j, may_be_end) {
-        Piece::Pack(col) => unsafe { kernel.write(col, values, row) },
-        Piece::Run { start, count } => unsafe { kernel.write_run(start, count, values, row) },
-        Piece::Nothing => {}
+/// Rows laid out as [`PackLayout::Peeled`](crate::row_ops::PackLayout::Peeled): a share is a
+/// [`RowPart`], whose first part also holds the row's unaligned ends.
+pub struct Peeled;
+
+impl Peeled {
+    /// The share as a [`RowPart`] of `kernel`'s row.
+    #[inline(always)]
+    fn part<K: PeelableRow<PACK>, const PACK: usize>(kernel: &K, share: Share) -> RowPart {
+        RowPart::new::<PACK>(share.cols, kernel.head(), share.slice, share.slice_packs)
+    }
+
+    /// What slot `j` of `part` holds; `may_be_end`: whether `j` can be one of the row's ends
+    /// (a constant after unrolling, so the one-element code exists only where it can run).
+    #[inline(always)]
+    fn piece<const PACK: usize>(part: &RowPart, j: usize, may_be_end: bool) -> Piece {
+        if may_be_end {
+            part.piece::<PACK>(j)
+        } else {
+            part.body_piece::<PACK>(j)
+        }
+    }
+
+    /// Packs of a thread that may hold the row's ends: the slots below `END_SLOTS` fall in
+    /// them. They get their own loop: with the one-element code in every iteration LLVM would
+    /// not unroll the loop (and would keep the values in local memory).
+    #[inline(always)]
+    fn end_packs<const PACKS: usize>(threads: usize) -> usize {
+        (END_SLOTS as usize).div_ceil(threads).min(PACKS)
     }
 }
 
-/// This thread's slots `thread, thread + threads, …` of `part`, loaded.
-///
-/// # Safety
-/// As [`load_piece`].
-#[inline(always)]
-unsafe fn load_part<K: RowKernel<PACK>, const PACK: usize, const PACKS: usize>(
-    kernel: &K,
-    part: &RowPart,
-    threads: usize,
-    thread: usize,
-) -> [K::Values; PACKS] {
-    let mut values = [K::PAD; PACKS];
-    // The packs that may hold the row's ends get their own loop: with the one-element code
-    // in every iteration LLVM would not unroll the loop (and would keep `values` in local
-    // memory).
-    let end_packs = (END_SLOTS as usize).div_ceil(threads).min(PACKS);
-    for pack in 0..end_packs {
-        // SAFETY: forwarded from the contract.
-        values[pack] =
-            unsafe { load_piece::<K, PACK>(kernel, part, pack * threads + thread, true) };
+impl<K: PeelableRow<PACK>, const PACK: usize> Slots<K, PACK> for Peeled {
+    #[inline(always)]
+    unsafe fn load<const PACKS: usize>(
+        kernel: &K,
+        share: Share,
+        threads: usize,
+        thread: usize,
+    ) -> [K::Values; PACKS] {
+        let part = Self::part(kernel, share);
+        let load = |i: usize, may_be_end: bool| {
+            // SAFETY (every arm): the part's pieces lie in the row; packs are aligned.
+            match Self::piece::<PACK>(&part, i * threads + thread, may_be_end) {
+                Piece::Pack(col) => unsafe { kernel.load(col) },
+                Piece::Run { start, count } => unsafe { kernel.load_run(start, count) },
+                Piece::Nothing => K::PAD,
+            }
+        };
+        let mut values = [K::PAD; PACKS];
+        let end_packs = Self::end_packs::<PACKS>(threads);
+        for (i, value) in values.iter_mut().enumerate().take(end_packs) {
+            *value = load(i, true);
+        }
+        for (i, value) in values.iter_mut().enumerate().skip(end_packs) {
+            *value = load(i, false);
+        }
+        values
     }
-    for pack in end_packs..PACKS {
-        // SAFETY: forwarded from the contract.
-        values[pack] =
-            unsafe { load_piece::<K, PACK>(kernel, part, pack * threads + thread, false) };
+
+    #[inline(always)]
+    unsafe fn write<const PACKS: usize>(
+        kernel: &K,
+        share: Share,
+        threads: usize,
+        thread: usize,
+        values: &[K::Values; PACKS],
+        row: K::Finished,
+    ) {
+        let part = Self::part(kernel, share);
+        let write = |i: usize, may_be_end: bool| {
+            // SAFETY (every arm): as for the loads.
+            match Self::piece::<PACK>(&part, i * threads + thread, may_be_end) {
+                Piece::Pack(col) => unsafe { kernel.write(col, None, values[i], row) },
+                Piece::Run { start, count } => unsafe {
+                    kernel.write(start, Some(count), values[i], row)
+                },
+                Piece::Nothing => {}
+            }
+        };
+        let end_packs = Self::end_packs::<PACKS>(threads);
+        for i in 0..end_packs {
+            write(i, true);
+        }
+        for i in end_packs..PACKS {
+            write(i, false);
+        }
     }
-    values
 }
 
-/// Writes this thread's slots of `part` (as [`load_part`] loaded them).
-///
-/// # Safety
-/// As [`load_piece`].
-#[inline(always)]
-unsafe fn write_part<K: RowKernel<PACK>, const PACK: usize, const PACKS: usize>(
-    kernel: &K,
-    part: &RowPart,
-    threads: usize,
-    thread: usize,
-    values: &[K::Values; PACKS],
-    row: K::Finished,
-) {
-    let end_packs = (END_SLOTS as usize).div_ceil(threads).min(PACKS);
-    for pack in 0..end_packs {
-        let j = pack * threads + thread;
-        // SAFETY: forwarded from the contract.
-        unsafe { write_piece::<K, PACK>(kernel, part, j, true, values[pack], row) };
-    }
-    for pack in end_packs..PACKS {
-        let j = pack * threads + thread;
-        // SAFETY: forwarded from the contract.
-        unsafe { write_piece::<K, PACK>(kernel, part, j, false, values[pack], row) };
-    }
-}
-
-/// Rows of at most `LANES · PACKS · PACK` columns, each held by a group of `LANES` lanes.
+/// Rows of at most `LANES · PACKS` slots, each held by a group of `LANES` lanes.
 ///
 /// # Safety
 /// The operation contract: every buffer named in `p` holds its rows at its stride (mask rows
-/// `cols` long), `cols > 0`, and when `PACK > 1` either
-/// - every row start is aligned to `PACK` elements of its buffer (16 bytes at most) and `cols`
-///   is a multiple of `PACK`, with `LANES · PACKS · PACK ≥ cols`; or
-/// - no mask buffer is given, every buffer starts 16-byte aligned, all rows have the same
-///   stride in elements (so every buffer's rows are misaligned alike), and
-///   `LANES · PACKS ≥ cols / PACK + END_SLOTS` (see [`crate::row_part`]);
+/// `cols` long), `cols > 0`, and the rows are laid out as `L` requires:
+/// - [`Aligned`]: when `PACK > 1`, every row start is aligned to `PACK` elements of its
+///   buffer (16 bytes at most) and `cols` is a multiple of `PACK`; `LANES · PACKS · PACK ≥
+///   cols`;
+/// - [`Peeled`]: every buffer starts 16-byte aligned and all rows have the same stride in
+///   elements (so every buffer's rows are misaligned alike); `LANES · PACKS ≥ cols / PACK +
+///   END_SLOTS` (see [`crate::row_part`]).
 ///
-/// with `PACK == 1`, `LANES · PACKS ≥ cols`. Blocks of whole warps, `LANES` divides 32, and
+/// Blocks of whole warps, `LANES` divides 32, and
 /// `ceil(rows / (block_dim / LANES))` blocks. In-place operation (output = input) is allowed:
 /// each element is read before it is written, by the same thread.
 #[inline(always)]
 pub unsafe fn op_rows<
     K: RowKernel<PACK>,
+    L: Slots<K, PACK>,
     const PACK: usize,
     const LANES: u32,
     const PACKS: usize,
@@ -150,11 +228,15 @@ pub unsafe fn op_rows<
     // (the shuffles need all 32); they load, store and write nothing.
     // SAFETY: the clamped row is < rows.
     let kernel = unsafe { K::for_row(p, row.min(p.rows as usize - 1)) };
-    // The whole row is one part; lane `lane` holds its slots `lane, lane + LANES, …`.
-    let part = RowPart::new::<PACK>(cols, kernel.head(), 0, cols);
+    // The whole row is the group's share; lane `lane` holds its slots `lane, lane + LANES, …`.
+    let share = Share {
+        cols,
+        slice: 0,
+        slice_packs: cols,
+    };
     let mut values = if live {
-        // SAFETY: the part lies in the row, laid out per the contract.
-        unsafe { load_part::<K, PACK, PACKS>(&kernel, &part, LANES as usize, lane) }
+        // SAFETY: the share lies in the row, laid out per the contract.
+        unsafe { L::load::<PACKS>(&kernel, share, LANES as usize, lane) }
     } else {
         [K::PAD; PACKS]
     };
@@ -177,9 +259,7 @@ pub unsafe fn op_rows<
     }
     let finished = kernel.finish(stats, mine);
     // SAFETY: as for the loads.
-    unsafe {
-        write_part::<K, PACK, PACKS>(&kernel, &part, LANES as usize, lane, &values, finished)
-    };
+    unsafe { L::write::<PACKS>(&kernel, share, LANES as usize, lane, &values, finished) };
     if lane == 0 {
         // SAFETY: row < rows.
         unsafe { kernel.write_row(stats) };
@@ -191,7 +271,7 @@ pub unsafe fn op_rows<
 ///
 /// # Safety
 /// The operation contract of [`op_rows`], with `THREADS · PACKS ≥ slice_packs` (plus
-/// `END_SLOTS` for rows laid out the second way) and `slices · slice_packs · PACK ≥ cols`. Launch
+/// `END_SLOTS` for [`Peeled`] rows) and `slices · slice_packs · PACK ≥ cols`. Launch
 /// `rows · slices` blocks of `THREADS` threads with `REDUCTION_SCRATCH_FLOATS · 4` bytes of
 /// dynamic shared memory. When `slices > 1`: `partials` holds two floats per block,
 /// `barriers` two words per row zeroed when allocated and used by one launch at a time, and
@@ -201,6 +281,7 @@ pub unsafe fn op_rows<
 #[inline(always)]
 pub unsafe fn op_block<
     K: RowKernel<PACK>,
+    L: Slots<K, PACK>,
     const PACK: usize,
     const THREADS: usize,
     const PACKS: usize,
@@ -213,14 +294,13 @@ pub unsafe fn op_block<
     let tid = thread_idx() as usize;
     // SAFETY: row < rows.
     let kernel = unsafe { K::for_row(p, row) };
-    let part = RowPart::new::<PACK>(
-        p.cols as usize,
-        kernel.head(),
+    let share = Share {
+        cols: p.cols as usize,
         slice,
-        p.slice_packs as usize,
-    );
-    // SAFETY: the part lies in the row, laid out per the contract.
-    let mut values = unsafe { load_part::<K, PACK, PACKS>(&kernel, &part, THREADS, tid) };
+        slice_packs: p.slice_packs as usize,
+    };
+    // SAFETY: the share lies in the row, laid out per the contract.
+    let mut values = unsafe { L::load::<PACKS>(&kernel, share, THREADS, tid) };
     let scratch = dynamic_shared_f32();
     let (stats, mine) = if p.mode == mode::APPLY_STATES {
         // SAFETY: the states buffer holds the row's slots (contract of that mode).
@@ -265,91 +345,98 @@ pub unsafe fn op_block<
     }
     let finished = kernel.finish(stats, mine);
     // SAFETY: as for the loads.
-    unsafe { write_part::<K, PACK, PACKS>(&kernel, &part, THREADS, tid, &values, finished) };
+    unsafe { L::write::<PACKS>(&kernel, share, THREADS, tid, &values, finished) };
     if leader {
         // SAFETY: row < rows.
         unsafe { kernel.write_row(stats) };
     }
 }
 
-/// Forward, masked forward and backward group-per-row entries for one input type and pack width.
-macro_rules! op_rows_entries {
-    ($feature:literal, $input:ty, $name:literal, $pack:literal, [$(($lanes:literal, $packs:literal)),+]) => {$(
+/// One entry per instance of a template (`op_rows` or `op_block`) for one input type, layout
+/// and direction: `op_<family>_<direction>_<input>_p<pack><layout>_<letter><width>_n<packs>`.
+macro_rules! op_entries {
+    (
+        $feature:literal, $template:ident, $family:literal, $letter:literal, $input:ty,
+        $name:literal, $layout:ident, $pack:literal, $suffix:literal,
+        ($direction:literal, $kernel:ident), [$(($width:literal, $packs:literal)),+]
+    ) => {$(
         #[cfg(feature = $feature)]
         const _: () = {
             /// # Safety
-            /// See [`op_rows`].
-            #[unsafe(export_name = concat!("op_rows_fwd_", $name, "_p", $pack, "_l", $lanes, "_n", $packs))]
-            unsafe extern "ptx-kernel" fn forward(params: RowOpParams) {
+            #[doc = concat!("See [`", stringify!($template), "`].")]
+            #[unsafe(export_name = concat!(
+                "op_", $family, "_", $direction, "_", $name, "_p", $pack, $suffix, "_", $letter,
+                $width, "_n", $packs
+            ))]
+            unsafe extern "ptx-kernel" fn entry(params: RowOpParams) {
                 // SAFETY: forwarded from this entry's contract.
-                unsafe { op_rows::<Forward<$input>, $pack, $lanes, $packs>(&params) }
-            }
-
-            /// # Safety
-            /// See [`op_rows`].
-            #[unsafe(export_name = concat!("op_rows_mfwd_", $name, "_p", $pack, "_l", $lanes, "_n", $packs))]
-            unsafe extern "ptx-kernel" fn masked_forward(params: RowOpParams) {
-                // SAFETY: forwarded from this entry's contract.
-                unsafe { op_rows::<MaskedForward<$input>, $pack, $lanes, $packs>(&params) }
-            }
-
-            /// # Safety
-            /// See [`op_rows`].
-            #[unsafe(export_name = concat!("op_rows_bwd_", $name, "_p", $pack, "_l", $lanes, "_n", $packs))]
-            unsafe extern "ptx-kernel" fn backward(params: RowOpParams) {
-                // SAFETY: forwarded from this entry's contract.
-                unsafe { op_rows::<Backward<$input>, $pack, $lanes, $packs>(&params) }
+                unsafe { $template::<$kernel<$input>, $layout, $pack, $width, $packs>(&params) }
             }
         };
     )+};
 }
 
-/// Forward, masked forward and backward block entries for one input type and pack width.
-macro_rules! op_block_entries {
-    ($feature:literal, $input:ty, $name:literal, $pack:literal, [$(($threads:literal, $packs:literal)),+]) => {$(
-        #[cfg(feature = $feature)]
-        const _: () = {
-            /// # Safety
-            /// See [`op_block`].
-            #[unsafe(export_name = concat!("op_block_fwd_", $name, "_p", $pack, "_t", $threads, "_n", $packs))]
-            unsafe extern "ptx-kernel" fn forward(params: RowOpParams) {
-                // SAFETY: forwarded from this entry's contract.
-                unsafe { op_block::<Forward<$input>, $pack, $threads, $packs>(&params) }
-            }
-
-            /// # Safety
-            /// See [`op_block`].
-            #[unsafe(export_name = concat!("op_block_mfwd_", $name, "_p", $pack, "_t", $threads, "_n", $packs))]
-            unsafe extern "ptx-kernel" fn masked_forward(params: RowOpParams) {
-                // SAFETY: forwarded from this entry's contract.
-                unsafe { op_block::<MaskedForward<$input>, $pack, $threads, $packs>(&params) }
-            }
-
-            /// # Safety
-            /// See [`op_block`].
-            #[unsafe(export_name = concat!("op_block_bwd_", $name, "_p", $pack, "_t", $threads, "_n", $packs))]
-            unsafe extern "ptx-kernel" fn backward(params: RowOpParams) {
-                // SAFETY: forwarded from this entry's contract.
-                unsafe { op_block::<Backward<$input>, $pack, $threads, $packs>(&params) }
-            }
-        };
+/// The group and block entries of one input type and layout, for each of its directions.
+macro_rules! op_layout_entries {
+    (
+        $feature:literal, $input:ty, $name:literal, $layout:ident, $pack:literal,
+        $suffix:literal, [$($direction:tt),+], $rows:tt, $blocks:tt
+    ) => {$(
+        op_entries!(
+            $feature, op_rows, "rows", "l", $input, $name, $layout, $pack, $suffix, $direction,
+            $rows
+        );
+        op_entries!(
+            $feature, op_block, "block", "t", $input, $name, $layout, $pack, $suffix,
+            $direction, $blocks
+        );
     )+};
 }
 
 /// Every operation entry of one input type, from the instance lists of
-/// `crate::row_ops::with_op_instances` (the host's tables come from the same lists).
+/// `crate::row_ops::with_op_instances` (the host's tables come from the same lists and name
+/// the entries the same way: [`crate::row_ops::OpKernelName`]).
 macro_rules! op_entries_for {
     (
         $feature:literal, $input:ty, $name:literal, $vector:literal,
-        rows_vector [$($rows_vector:tt),+],
-        rows_scalar [$($rows_scalar:tt),+],
-        block_vector [$($block_vector:tt),+],
-        block_scalar [$($block_scalar:tt),+]
+        rows_vector $rows_vector:tt,
+        rows_scalar $rows_scalar:tt,
+        block_vector $block_vector:tt,
+        block_scalar $block_scalar:tt
     ) => {
-        op_rows_entries!($feature, $input, $name, $vector, [$($rows_vector),+]);
-        op_rows_entries!($feature, $input, $name, 1, [$($rows_scalar),+]);
-        op_block_entries!($feature, $input, $name, $vector, [$($block_vector),+]);
-        op_block_entries!($feature, $input, $name, 1, [$($block_scalar),+]);
+        op_layout_entries!(
+            $feature,
+            $input,
+            $name,
+            Aligned,
+            $vector,
+            "",
+            [("fwd", Forward), ("mfwd", MaskedForward), ("bwd", Backward)],
+            $rows_vector,
+            $block_vector
+        );
+        op_layout_entries!(
+            $feature,
+            $input,
+            $name,
+            Aligned,
+            1,
+            "",
+            [("fwd", Forward), ("mfwd", MaskedForward), ("bwd", Backward)],
+            $rows_scalar,
+            $block_scalar
+        );
+        op_layout_entries!(
+            $feature,
+            $input,
+            $name,
+            Peeled,
+            $vector,
+            "peeled",
+            [("fwd", Forward), ("bwd", Backward)],
+            $rows_vector,
+            $block_vector
+        );
     };
 }
 

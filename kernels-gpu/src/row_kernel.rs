@@ -31,17 +31,6 @@ pub trait RowKernel<const PACK: usize>: Sized {
     /// `col..col + PACK` lies in the row and is aligned as the launch's layout promises.
     unsafe fn load(&self, col: usize) -> Self::Values;
 
-    /// Elements of the row's input before its first 16-byte boundary (0 for single-element
-    /// packs): see [`crate::row_part`].
-    fn head(&self) -> usize;
-
-    /// `count` (< `PACK`) elements from column `start`, read one at a time into a pack whose
-    /// other slots are padding (the unaligned ends of a row).
-    ///
-    /// # Safety
-    /// `start..start + count` lies in the row.
-    unsafe fn load_run(&self, start: usize, count: usize) -> Self::Values;
-
     /// This thread's result over its packs; may rewrite the packs into what
     /// [`RowKernel::write`] needs (the forward softmax keeps the exponentials).
     fn partial<const PACKS: usize>(&self, packs: &mut [Self::Values; PACKS]) -> Self::Stats;
@@ -77,54 +66,68 @@ pub trait RowKernel<const PACK: usize>: Sized {
     /// thread's own partial result.
     fn finish(&self, row: Self::Stats, mine: Self::Stats) -> Self::Finished;
 
-    /// One pack's outputs, from its values and the row's constants.
-    fn outputs(&self, values: Self::Values, row: Self::Finished) -> [f32; PACK];
-
-    /// The row's element output: the address of its first element (0: no element output)
-    /// and its [`DType`] as `u32`.
-    fn output(&self) -> (u64, u32);
-
-    /// # Safety
-    /// As [`RowKernel::load`].
-    #[inline(always)]
-    unsafe fn write(&self, col: usize, values: Self::Values, row: Self::Finished) {
-        let (base, dtype) = self.output();
-        if base != 0 {
-            // SAFETY: the caller guarantees the pack lies in the row; output rows are aligned
-            // like the input's.
-            unsafe { store_as::<PACK>(dtype, base, col, self.outputs(values, row)) };
-        }
-    }
-
-    /// Writes the first `count` outputs of a pack loaded by [`RowKernel::load_run`].
+    /// Writes the outputs of the pack at `col`: all of them, or with `run = Some(count)` the
+    /// first `count`, one at a time (a row's unaligned end, read by
+    /// [`PeelableRow::load_run`]).
     ///
     /// # Safety
-    /// As [`RowKernel::load_run`].
-    #[inline(always)]
-    unsafe fn write_run(
+    /// As [`RowKernel::load`], or for a run as [`PeelableRow::load_run`].
+    unsafe fn write(
         &self,
-        start: usize,
-        count: usize,
+        col: usize,
+        run: Option<usize>,
         values: Self::Values,
         row: Self::Finished,
-    ) {
-        let (base, dtype) = self.output();
-        if base != 0 {
-            let outputs = self.outputs(values, row);
-            for (k, &output) in outputs.iter().enumerate() {
-                if k < count {
-                    // SAFETY: element `start + k` lies in the row.
-                    unsafe { store_as::<1>(dtype, base, start + k, [output]) };
-                }
-            }
-        }
-    }
+    );
 
     /// Per-row outputs; called by one thread of the row.
     ///
     /// # Safety
     /// As [`RowKernel::for_row`].
     unsafe fn write_row(&self, row: Self::Stats);
+}
+
+/// A row kernel that can also read a row's unaligned ends one element at a time (its
+/// [`RowKernel::write`] writes them back with `run`), for rows that need not start on a
+/// 16-byte boundary (see [`crate::row_part`]). The masked forward is not one: its mask rows
+/// are laid out independently of the input's.
+pub trait PeelableRow<const PACK: usize>: RowKernel<PACK> {
+    /// Elements of the row's input before its first 16-byte boundary.
+    fn head(&self) -> usize;
+
+    /// `count` (< `PACK`) elements from column `start`, read one at a time into a pack whose
+    /// other slots are padding.
+    ///
+    /// # Safety
+    /// `start..start + count` lies in the row.
+    unsafe fn load_run(&self, start: usize, count: usize) -> Self::Values;
+}
+
+/// Stores `outputs` as `dtype` (a [`DType`] as `u32`) at column `col` of the row at `base`:
+/// the whole pack, or with `run = Some(count)` its first `count` elements one at a time.
+///
+/// # Safety
+/// As [`store_as`] for the pack, or for each element of the run.
+#[inline(always)]
+unsafe fn store_outputs<const PACK: usize>(
+    dtype: u32,
+    base: u64,
+    col: usize,
+    run: Option<usize>,
+    outputs: [f32; PACK],
+) {
+    match run {
+        // SAFETY: forwarded from the contract.
+        None => unsafe { store_as::<PACK>(dtype, base, col, outputs) },
+        Some(count) => {
+            for (k, &output) in outputs.iter().enumerate() {
+                if k < count {
+                    // SAFETY: element `col + k` lies in the run.
+                    unsafe { store_as::<1>(dtype, base, col + k, [output]) };
+                }
+            }
+        }
+    }
 }
 
 /// Element address of row `row` of a buffer with `stride` elements per row.
@@ -265,15 +268,23 @@ impl ForwardRow {
         }
     }
 
-    /// One pack of outputs; `probability(i)` and `log_probability(i)` give element `i`'s
-    /// value for softmax and log-softmax.
+    /// Writes one pack of outputs; `probability(i)` and `log_probability(i)` give element
+    /// `i`'s value for softmax and log-softmax.
+    ///
+    /// # Safety
+    /// As [`RowKernel::write`].
     #[inline(always)]
-    fn outputs<const PACK: usize>(
+    unsafe fn store<const PACK: usize>(
         &self,
+        col: usize,
+        run: Option<usize>,
         row: ForwardFinished,
         probability: impl Fn(usize) -> f32,
         log_probability: impl Fn(usize) -> f32,
-    ) -> [f32; PACK] {
+    ) {
+        if self.y == 0 {
+            return;
+        }
         // The branches are uniform and taken once per pack, each arm a straight run of
         // arithmetic (inside the loop, LLVM branched on them per element).
         let mut outputs = [0.0; PACK];
@@ -288,7 +299,9 @@ impl ForwardRow {
                 *output = probability(i);
             }
         }
-        outputs
+        // SAFETY: the caller guarantees the pack lies in the row; the output row is aligned
+        // like the input's.
+        unsafe { store_outputs::<PACK>(self.output_dtype, self.y, col, run, outputs) };
     }
 
     /// # Safety
@@ -377,17 +390,6 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for Forward<In> {
     }
 
     #[inline(always)]
-    fn head(&self) -> usize {
-        unaligned_head(self.x as usize, size_of::<In>(), PACK)
-    }
-
-    #[inline(always)]
-    unsafe fn load_run(&self, start: usize, count: usize) -> [u32; PACK] {
-        // SAFETY: the caller guarantees the run lies in the row.
-        unsafe { In::load_packed_run::<PACK>(self.x.add(start), count, In::NEG_INF_WORD) }
-    }
-
-    #[inline(always)]
     fn partial<const PACKS: usize>(&self, packs: &mut [[u32; PACK]; PACKS]) -> OnlineStats {
         let max = self.local_max(packs);
         // In score units: the scale is positive, so it maps the maximum to the maximum.
@@ -432,19 +434,25 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for Forward<In> {
     }
 
     #[inline(always)]
-    fn outputs(&self, pack: [u32; PACK], row: ForwardFinished) -> [f32; PACK] {
+    unsafe fn write(
+        &self,
+        col: usize,
+        run: Option<usize>,
+        pack: [u32; PACK],
+        row: ForwardFinished,
+    ) {
         let slope = self.row.scale * LOG2_E;
         let value = |i: usize| In::widen(&pack, i);
-        self.row.outputs(
-            row,
-            |i| exp2_approx(fma(value(i), slope, row.shift)) * row.inv_sum,
-            |i| fma(value(i), self.row.scale, -row.offset),
-        )
-    }
-
-    #[inline(always)]
-    fn output(&self) -> (u64, u32) {
-        (self.row.y, self.row.output_dtype)
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            self.row.store::<PACK>(
+                col,
+                run,
+                row,
+                |i| exp2_approx(fma(value(i), slope, row.shift)) * row.inv_sum,
+                |i| fma(value(i), self.row.scale, -row.offset),
+            )
+        }
     }
 
     #[inline(always)]
@@ -464,45 +472,6 @@ pub struct MaskedForward<In> {
     allowed_mask: *const u8,
     /// Last unmasked column under the causal mask (`usize::MAX`: none).
     causal_last: usize,
-}
-
-impl<In: Element> MaskedForward<In> {
-    /// The scores of the `N` elements from column `col`: scaled, masked.
-    ///
-    /// # Safety
-    /// `col..col + N` lies in the row, aligned for an access of `N` elements.
-    #[inline(always)]
-    unsafe fn scores<const N: usize>(&self, col: usize) -> [f32; N] {
-        // SAFETY: forwarded from the contract.
-        let mut values = unsafe { In::load_f32::<N>(self.x.add(col)) };
-        for value in values.iter_mut() {
-            *value *= self.row.scale;
-        }
-        if !self.additive_mask.is_null() {
-            // SAFETY: mask rows have `cols` elements, aligned like the input's.
-            let mask = unsafe { f32::load_f32::<N>(self.additive_mask.add(col)) };
-            for k in 0..N {
-                values[k] += mask[k];
-            }
-        }
-        if !self.allowed_mask.is_null() {
-            // SAFETY: as above.
-            let allowed = unsafe { load::<u8, N>(self.allowed_mask.add(col)) };
-            for k in 0..N {
-                if allowed[k] == 0 {
-                    values[k] = f32::NEG_INFINITY;
-                }
-            }
-        }
-        if col + N - 1 > self.causal_last {
-            for (k, value) in values.iter_mut().enumerate() {
-                if col + k > self.causal_last {
-                    *value = f32::NEG_INFINITY;
-                }
-            }
-        }
-        values
-    }
 }
 
 impl<In: Element, const PACK: usize> RowKernel<PACK> for MaskedForward<In> {
@@ -543,21 +512,31 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for MaskedForward<In> {
     #[inline(always)]
     unsafe fn load(&self, col: usize) -> [f32; PACK] {
         // SAFETY: the caller guarantees the pack lies in the row, aligned as the layout says.
-        unsafe { self.scores::<PACK>(col) }
-    }
-
-    #[inline(always)]
-    fn head(&self) -> usize {
-        unaligned_head(self.x as usize, size_of::<In>(), PACK)
-    }
-
-    #[inline(always)]
-    unsafe fn load_run(&self, start: usize, count: usize) -> [f32; PACK] {
-        let mut values = [f32::NEG_INFINITY; PACK];
-        for (k, value) in values.iter_mut().enumerate() {
-            if k < count {
-                // SAFETY: the caller guarantees the run lies in the row.
-                *value = unsafe { self.scores::<1>(start + k)[0] };
+        let mut values = unsafe { In::load_f32::<PACK>(self.x.add(col)) };
+        for value in values.iter_mut() {
+            *value *= self.row.scale;
+        }
+        if !self.additive_mask.is_null() {
+            // SAFETY: mask rows have `cols` elements, aligned like the input's.
+            let mask = unsafe { f32::load_f32::<PACK>(self.additive_mask.add(col)) };
+            for k in 0..PACK {
+                values[k] += mask[k];
+            }
+        }
+        if !self.allowed_mask.is_null() {
+            // SAFETY: as above.
+            let allowed = unsafe { load::<u8, PACK>(self.allowed_mask.add(col)) };
+            for k in 0..PACK {
+                if allowed[k] == 0 {
+                    values[k] = f32::NEG_INFINITY;
+                }
+            }
+        }
+        if col + PACK - 1 > self.causal_last {
+            for (k, value) in values.iter_mut().enumerate() {
+                if col + k > self.causal_last {
+                    *value = f32::NEG_INFINITY;
+                }
             }
         }
         values
@@ -596,14 +575,23 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for MaskedForward<In> {
     }
 
     #[inline(always)]
-    fn outputs(&self, values: [f32; PACK], row: ForwardFinished) -> [f32; PACK] {
-        self.row
-            .outputs(row, |i| values[i] * row.factor, |i| values[i] - row.offset)
-    }
-
-    #[inline(always)]
-    fn output(&self) -> (u64, u32) {
-        (self.row.y, self.row.output_dtype)
+    unsafe fn write(
+        &self,
+        col: usize,
+        run: Option<usize>,
+        values: [f32; PACK],
+        row: ForwardFinished,
+    ) {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            self.row.store::<PACK>(
+                col,
+                run,
+                row,
+                |i| values[i] * row.factor,
+                |i| values[i] - row.offset,
+            )
+        }
     }
 
     #[inline(always)]
@@ -673,22 +661,6 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for Backward<In> {
     }
 
     #[inline(always)]
-    fn head(&self) -> usize {
-        unaligned_head(self.y as usize, size_of::<In>(), PACK)
-    }
-
-    #[inline(always)]
-    unsafe fn load_run(&self, start: usize, count: usize) -> Self::Values {
-        // SAFETY: the caller guarantees the run lies in both rows.
-        unsafe {
-            (
-                In::load_packed_run::<PACK>(self.y.add(start), count, 0),
-                In::load_packed_run::<PACK>(self.dy.add(start), count, 0),
-            )
-        }
-    }
-
-    #[inline(always)]
     fn partial<const PACKS: usize>(&self, packs: &mut [Self::Values; PACKS]) -> Sum {
         // Log-softmax needs Σ dy; softmax Σ dy·y. The branch is uniform, taken once.
         let mut sum = 0.0;
@@ -714,9 +686,9 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for Backward<In> {
     }
 
     #[inline(always)]
-    fn outputs(&self, (y, dy): Self::Values, sum: f32) -> [f32; PACK] {
+    unsafe fn write(&self, col: usize, run: Option<usize>, (y, dy): Self::Values, sum: f32) {
         let (y, dy) = (|k| In::widen(&y, k), |k| In::widen(&dy, k));
-        // Uniform branch, once per pack (see `ForwardRow::outputs`).
+        // Uniform branch, once per pack (see `ForwardRow::store`).
         let mut dx = [0.0; PACK];
         if self.log {
             for (k, dx) in dx.iter_mut().enumerate() {
@@ -727,14 +699,41 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for Backward<In> {
                 *dx = self.scale * (y(k) * (dy(k) - sum));
             }
         }
-        dx
-    }
-
-    #[inline(always)]
-    fn output(&self) -> (u64, u32) {
-        (self.dx, self.output_dtype)
+        // SAFETY: the caller guarantees the pack lies in the row, aligned.
+        unsafe { store_outputs::<PACK>(self.output_dtype, self.dx, col, run, dx) };
     }
 
     #[inline(always)]
     unsafe fn write_row(&self, _row: Sum) {}
+}
+
+impl<In: Element, const PACK: usize> PeelableRow<PACK> for Forward<In> {
+    #[inline(always)]
+    fn head(&self) -> usize {
+        unaligned_head(self.x as usize, size_of::<In>(), PACK)
+    }
+
+    #[inline(always)]
+    unsafe fn load_run(&self, start: usize, count: usize) -> [u32; PACK] {
+        // SAFETY: the caller guarantees the run lies in the row.
+        unsafe { In::load_packed_run::<PACK>(self.x.add(start), count, In::NEG_INF_WORD) }
+    }
+}
+
+impl<In: Element, const PACK: usize> PeelableRow<PACK> for Backward<In> {
+    #[inline(always)]
+    fn head(&self) -> usize {
+        unaligned_head(self.y as usize, size_of::<In>(), PACK)
+    }
+
+    #[inline(always)]
+    unsafe fn load_run(&self, start: usize, count: usize) -> Self::Values {
+        // SAFETY: the caller guarantees the run lies in both rows.
+        unsafe {
+            (
+                In::load_packed_run::<PACK>(self.y.add(start), count, 0),
+                In::load_packed_run::<PACK>(self.dy.add(start), count, 0),
+            )
+        }
+    }
 }

@@ -209,7 +209,7 @@ impl Direction {
     }
 }
 
-/// The two operation-kernel layouts.
+/// The two ways threads share rows in the operation kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum OpKernelShape {
     /// `lanes` threads (≤ 32) per row, `OP_ROWS_BLOCK / lanes` rows per block.
@@ -218,13 +218,46 @@ pub enum OpKernelShape {
     Block { threads: u32 },
 }
 
+/// How an operation kernel's rows meet 16-byte packs; each layout has its own entries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PackLayout {
+    /// One element per access.
+    Elements,
+    /// Every row of every buffer starts on a pack, and `cols` is a multiple of the pack.
+    Aligned,
+    /// Every buffer starts 16-byte aligned and all share one row stride in elements, so rows
+    /// are misaligned alike: each row's unaligned head and tail are read one element at a
+    /// time, the rest in packs (see [`crate::row_part`]). Forward and backward only: mask
+    /// rows are laid out independently of the input's.
+    Peeled,
+}
+
+impl PackLayout {
+    /// Elements per access for `input`.
+    pub const fn pack(self, input: DType) -> u32 {
+        match self {
+            PackLayout::Elements => 1,
+            PackLayout::Aligned | PackLayout::Peeled => input.vector_pack(),
+        }
+    }
+
+    /// Whether the layout has entries for `direction`.
+    pub const fn serves(self, direction: Direction) -> bool {
+        !matches!(
+            (self, direction),
+            (PackLayout::Peeled, Direction::MaskedForward)
+        )
+    }
+}
+
 /// One operation entry. Its `Display` is the PTX entry name, the spelling the kernel crate
-/// generates (`op_rows_fwd_bf16_p8_l32_n4`, `op_block_mfwd_f32_p4_t1024_n8`).
+/// generates (`op_rows_fwd_bf16_p8_l32_n4`, `op_block_mfwd_f32_p4_t1024_n8`,
+/// `op_rows_bwd_f16_p8peeled_l4_n2`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct OpKernelName {
     pub direction: Direction,
     pub input: DType,
-    pub pack: u32,
+    pub layout: PackLayout,
     pub shape: OpKernelShape,
     pub packs: u32,
 }
@@ -238,6 +271,11 @@ impl OpKernelName {
         }
     }
 
+    /// Elements per access.
+    pub fn pack(&self) -> u32 {
+        self.layout.pack(self.input)
+    }
+
     /// Packs (slots) one group or block holds.
     pub fn slots(&self) -> u32 {
         self.threads_per_row() * self.packs
@@ -245,33 +283,44 @@ impl OpKernelName {
 
     /// Widest aligned row (or slice) one group or block holds.
     pub fn capacity(&self) -> u32 {
-        self.slots() * self.pack
+        self.slots() * self.pack()
     }
 
-    /// Every entry of one input type: each direction, both layouts, 16-byte and scalar packs.
+    /// The instances of one layout: `(shape, packs)` from its group and block tables.
+    pub fn instances(layout: PackLayout) -> impl Iterator<Item = (OpKernelShape, u32)> {
+        let (rows, blocks) = match layout {
+            PackLayout::Elements => (OP_ROWS_SCALAR, OP_BLOCK_SCALAR),
+            PackLayout::Aligned | PackLayout::Peeled => (OP_ROWS_VECTOR, OP_BLOCK_VECTOR),
+        };
+        let rows = rows
+            .iter()
+            .map(|&(lanes, packs)| (OpKernelShape::Rows { lanes }, packs));
+        let blocks = blocks
+            .iter()
+            .map(|&(threads, packs)| (OpKernelShape::Block { threads }, packs));
+        rows.chain(blocks)
+    }
+
+    /// Every entry of one input type: each direction, layout and instance.
     pub fn all_for(input: DType) -> impl Iterator<Item = OpKernelName> {
-        let vector = input.vector_pack();
-        let rows = |pack: u32, table: &'static [(u32, u32)]| {
-            table
-                .iter()
-                .map(move |&(lanes, packs)| (pack, OpKernelShape::Rows { lanes }, packs))
-        };
-        let blocks = |pack: u32, table: &'static [(u32, u32)]| {
-            table
-                .iter()
-                .map(move |&(threads, packs)| (pack, OpKernelShape::Block { threads }, packs))
-        };
-        let layouts = rows(vector, OP_ROWS_VECTOR)
-            .chain(rows(1, OP_ROWS_SCALAR))
-            .chain(blocks(vector, OP_BLOCK_VECTOR))
-            .chain(blocks(1, OP_BLOCK_SCALAR));
-        layouts.flat_map(move |(pack, shape, packs)| {
-            Direction::ALL.map(|direction| OpKernelName {
-                direction,
-                input,
-                pack,
-                shape,
-                packs,
+        [
+            PackLayout::Elements,
+            PackLayout::Aligned,
+            PackLayout::Peeled,
+        ]
+        .into_iter()
+        .flat_map(move |layout| {
+            Self::instances(layout).flat_map(move |(shape, packs)| {
+                Direction::ALL
+                    .into_iter()
+                    .filter(move |&direction| layout.serves(direction))
+                    .map(move |direction| OpKernelName {
+                        direction,
+                        input,
+                        layout,
+                        shape,
+                        packs,
+                    })
             })
         })
     }
@@ -283,12 +332,17 @@ impl core::fmt::Display for OpKernelName {
             OpKernelShape::Rows { lanes } => ("rows", 'l', lanes),
             OpKernelShape::Block { threads } => ("block", 't', threads),
         };
+        let peeled = if self.layout == PackLayout::Peeled {
+            "peeled"
+        } else {
+            ""
+        };
         write!(
             f,
-            "op_{family}_{}_{}_p{}_{letter}{width}_n{}",
+            "op_{family}_{}_{}_p{}{peeled}_{letter}{width}_n{}",
             self.direction.tag(),
             self.input.name(),
-            self.pack,
+            self.pack(),
             self.packs
         )
     }
