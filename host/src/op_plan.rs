@@ -135,22 +135,32 @@ pub(crate) fn plan_op(
     if fills_gpu {
         return whole.map(|(k, _)| launch(k, 1));
     }
-    // Few rows: slices of the row in as many blocks as can be resident at once, with the
-    // fewest packs per thread (the most memory parallelism), at most one slice per thread
-    // (the statistics exchange reads one each).
+    // Few rows: slices of the row in as many blocks as can be resident at once, at most one
+    // slice per thread (the statistics exchange reads one each). First the most packs per
+    // thread (the fewest slices, so the least exchange) whose blocks still cover every
+    // multiprocessor; failing that (one or two rows), the fewest packs per thread (the most
+    // blocks). Measured on the H200 (bench/NOTES.md, session 4): bf16 16x262144 34% -> 55%
+    // of copy, 32x151936 47% -> 55%, one-row shapes unchanged.
     // Body packs a slice of instance `k` holds, beside the ends.
     let body_slots = |k: &OpKernelName| k.slots().saturating_sub(ends).max(1);
-    let mut by_packs = blocks.clone();
-    by_packs.sort_by_key(|&(k, _)| (k.packs, k.threads_per_row()));
+    let sliced = |&(k, resident): &(OpKernelName, u32)| {
+        let slices = row_packs.div_ceil(body_slots(&k));
+        let fits = slices > 1
+            && slices <= k.threads_per_row()
+            && u64::from(rows) * u64::from(slices)
+                <= u64::from(device.multiprocessors() * resident);
+        fits.then(|| launch(k, slices))
+    };
+    let mut fewest_packs_first = blocks.clone();
+    fewest_packs_first.sort_by_key(|&(k, _)| (k.packs, k.threads_per_row()));
+    let mut most_packs_first = blocks.clone();
+    most_packs_first.sort_by_key(|&(k, _)| (std::cmp::Reverse(k.packs), k.threads_per_row()));
     let cooperative = device.cooperative_launch().then(|| {
-        by_packs.iter().find_map(|&(k, resident)| {
-            let slices = row_packs.div_ceil(body_slots(&k));
-            let fits = slices > 1
-                && slices <= k.threads_per_row()
-                && u64::from(rows) * u64::from(slices)
-                    <= u64::from(device.multiprocessors() * resident);
-            fits.then(|| launch(k, slices))
-        })
+        most_packs_first
+            .iter()
+            .filter_map(sliced)
+            .find(|launch| launch.grid >= device.multiprocessors())
+            .or_else(|| fewest_packs_first.iter().find_map(sliced))
     });
     if let Some(Some(sliced)) = cooperative {
         return Some(sliced);
@@ -358,6 +368,12 @@ mod tests {
         assert!(llm.slices > 1, "{llm:?}");
         let backward = planned(Direction::Backward, DType::F32, 1, 1 << 20).unwrap();
         assert!(backward.slices > 1 && !backward.split);
+        // A few wide rows: the fewest slices (most packs per thread) that still give every
+        // multiprocessor a block; a single row, as many blocks as can be resident.
+        let few = planned(Direction::Forward, DType::Bf16, 16, 262_144).unwrap();
+        assert!(few.grid >= 132 && few.kernel.packs == 8, "{few:?}");
+        let one = planned(Direction::Forward, DType::Bf16, 1, 128_256).unwrap();
+        assert_eq!(one.kernel.packs, 2, "{one:?}");
     }
 
     proptest::proptest! {
