@@ -266,24 +266,41 @@ mod tests {
     }
 
     /// Columns of a row of `cols` starting `row_start` elements past a 16-byte boundary
-    /// that the launch's parts cover, each part walked over its instance's slots as the
-    /// kernels walk them: how many times each column is covered.
+    /// that the launch's shares cover, each walked over its instance's slots as the kernels'
+    /// `Slots` layouts walk them: how many times each column is covered.
     fn coverage<const PACK: usize>(launch: &OpLaunch, cols: u32, row_start: usize) -> Vec<u8> {
-        use kernels_gpu::row_part::{Piece, RowPart, unaligned_head};
+        use kernels_gpu::row_part::{Piece, Share, unaligned_head};
 
         let bytes = 16 / PACK;
         let head = unaligned_head(row_start * bytes, bytes, PACK);
         let mut covered = vec![0u8; cols as usize];
         for slice in 0..launch.slices as usize {
-            let part =
-                RowPart::new::<PACK>(cols as usize, head, slice, launch.slice_packs as usize);
+            let share = Share {
+                cols: cols as usize,
+                slice,
+                slice_packs: launch.slice_packs as usize,
+            };
             for j in 0..launch.kernel.slots() as usize {
-                let (start, count) = match part.piece::<PACK>(j) {
+                let piece = if launch.kernel.layout == PackLayout::Peeled {
+                    share.peeled::<PACK>(head).piece::<PACK>(j)
+                } else {
+                    let (first, end) = share.aligned_packs::<PACK>();
+                    if first + j < end {
+                        Piece::Pack((first + j) * PACK)
+                    } else {
+                        Piece::Nothing
+                    }
+                };
+                let (start, count) = match piece {
                     Piece::Pack(col) => (col, PACK),
                     Piece::Run { start, count } => (start, count),
                     Piece::Nothing => continue,
                 };
-                for times in &mut covered[start..(start + count).min(cols as usize)] {
+                assert!(
+                    start + count <= cols as usize,
+                    "slot {j} of slice {slice} leaves the row"
+                );
+                for times in &mut covered[start..start + count] {
                     *times += 1;
                 }
             }

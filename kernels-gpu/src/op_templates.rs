@@ -14,16 +14,7 @@ use crate::row_kernel::{
     store_state,
 };
 use crate::row_ops::{RowOpParams, mode};
-use crate::row_part::{END_SLOTS, Piece, RowPart};
-
-/// A group's or block's share of its row: slice `slice`, of `slice_packs` packs, of a row of
-/// `cols` columns (a group's share is its whole row).
-#[derive(Clone, Copy)]
-pub struct Share {
-    pub cols: usize,
-    pub slice: usize,
-    pub slice_packs: usize,
-}
+use crate::row_part::{END_SLOTS, Piece, RowPart, Share};
 
 /// Where the slots of a share lie: thread `thread` of the `threads` sharing it holds slots
 /// `thread, thread + threads, …`, `PACKS` of them.
@@ -57,15 +48,6 @@ pub trait Slots<K: RowKernel<PACK>, const PACK: usize> {
 /// `Elements`, with `PACK == 1`): slot `j` of a share is its pack `j`.
 pub struct Aligned;
 
-impl Aligned {
-    /// The share's packs, `first..end`.
-    #[inline(always)]
-    fn packs<const PACK: usize>(share: Share) -> (usize, usize) {
-        let first = share.slice * share.slice_packs;
-        (first, (first + share.slice_packs).min(share.cols / PACK))
-    }
-}
-
 impl<K: RowKernel<PACK>, const PACK: usize> Slots<K, PACK> for Aligned {
     #[inline(always)]
     unsafe fn load<const PACKS: usize>(
@@ -74,7 +56,7 @@ impl<K: RowKernel<PACK>, const PACK: usize> Slots<K, PACK> for Aligned {
         threads: usize,
         thread: usize,
     ) -> [K::Values; PACKS] {
-        let (first, end) = Self::packs::<PACK>(share);
+        let (first, end) = share.aligned_packs::<PACK>();
         let pack_of = |i: usize| first + i * threads + thread;
         let mut values = [K::PAD; PACKS];
         for i in 0..PACKS {
@@ -95,7 +77,7 @@ impl<K: RowKernel<PACK>, const PACK: usize> Slots<K, PACK> for Aligned {
         values: &[K::Values; PACKS],
         row: K::Finished,
     ) {
-        let (first, end) = Self::packs::<PACK>(share);
+        let (first, end) = share.aligned_packs::<PACK>();
         let pack_of = |i: usize| first + i * threads + thread;
         for i in 0..PACKS {
             if pack_of(i) < end {
@@ -111,12 +93,6 @@ impl<K: RowKernel<PACK>, const PACK: usize> Slots<K, PACK> for Aligned {
 pub struct Peeled;
 
 impl Peeled {
-    /// The share as a [`RowPart`] of `kernel`'s row.
-    #[inline(always)]
-    fn part<K: PeelableRow<PACK>, const PACK: usize>(kernel: &K, share: Share) -> RowPart {
-        RowPart::new::<PACK>(share.cols, kernel.head(), share.slice, share.slice_packs)
-    }
-
     /// What slot `j` of `part` holds; `may_be_end`: whether `j` can be one of the row's ends
     /// (a constant after unrolling, so the one-element code exists only where it can run).
     #[inline(always)]
@@ -145,7 +121,7 @@ impl<K: PeelableRow<PACK>, const PACK: usize> Slots<K, PACK> for Peeled {
         threads: usize,
         thread: usize,
     ) -> [K::Values; PACKS] {
-        let part = Self::part(kernel, share);
+        let part = share.peeled::<PACK>(kernel.head());
         let load = |i: usize, may_be_end: bool| {
             // SAFETY (every arm): the part's pieces lie in the row; packs are aligned.
             match Self::piece::<PACK>(&part, i * threads + thread, may_be_end) {
@@ -174,7 +150,7 @@ impl<K: PeelableRow<PACK>, const PACK: usize> Slots<K, PACK> for Peeled {
         values: &[K::Values; PACKS],
         row: K::Finished,
     ) {
-        let part = Self::part(kernel, share);
+        let part = share.peeled::<PACK>(kernel.head());
         let write = |i: usize, may_be_end: bool| {
             // SAFETY (every arm): as for the loads.
             match Self::piece::<PACK>(&part, i * threads + thread, may_be_end) {

@@ -5,6 +5,32 @@
 //! the tail, each as one more slot read one element at a time. Pure index arithmetic, shared
 //! with the host so the CPU tests can check that the parts cover every column once.
 
+/// A group's or block's share of its row: slice `slice`, of `slice_packs` packs, of a row of
+/// `cols` columns (a group's share is its whole row).
+#[derive(Clone, Copy, Debug)]
+pub struct Share {
+    pub cols: usize,
+    pub slice: usize,
+    pub slice_packs: usize,
+}
+
+impl Share {
+    /// The share's packs `first..end` in a row that starts on a pack and whose `cols` is a
+    /// multiple of `PACK` (or `PACK == 1`): slot `j` of the share is pack `first + j`.
+    #[inline(always)]
+    pub fn aligned_packs<const PACK: usize>(&self) -> (usize, usize) {
+        let first = self.slice * self.slice_packs;
+        (first, (first + self.slice_packs).min(self.cols / PACK))
+    }
+
+    /// The share as a [`RowPart`] of a row whose first `head` elements precede its first
+    /// aligned pack.
+    #[inline(always)]
+    pub fn peeled<const PACK: usize>(&self, head: usize) -> RowPart {
+        RowPart::new::<PACK>(self.cols, head, self.slice, self.slice_packs)
+    }
+}
+
 /// What slot `j` of a part holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Piece {
