@@ -1,6 +1,7 @@
 //! GPU tests of the operation API: every operation × input type × output type against the
 //! f64 reference on the foundation's shape list, the options (scales, masks, causal, fully
-//! masked rows), strides and in-place, the partial-state API, and bad input. Without a CUDA
+//! masked rows), strides and in-place, the partial-state API, bad input, and a fuzz run of
+//! random shapes, types, offsets and pitches. Without a CUDA
 //! device each test is reported as skipped, with the reason, and the run passes.
 //!
 //! Tolerances (relative L2 over the finite reference values) are set by the output type:
@@ -32,6 +33,7 @@ const TESTS: &[common::Test] = &[
     ("ops_strides_and_in_place", strides_and_in_place),
     ("ops_partial_states_merge_across_slices", partial_states),
     ("ops_bad_input_is_refused", bad_input_is_refused),
+    ("ops_fuzz_ten_thousand_random_cases", fuzz),
 ];
 
 const COLS: [usize; 10] = [1, 2, 31, 32, 33, 127, 1000, 4097, 16384, 65537];
@@ -818,4 +820,199 @@ fn bad_input_is_refused(softmax: &mut Softmax, _rng: &mut StdRng) -> Outcome {
     Ok(format!(
         "{checked} bad calls refused with their typed errors, nothing written"
     ))
+}
+
+/// Random cases in the fuzz run (as many as the f32 variants' fuzz in `gpu_stress`).
+const FUZZ_CASES: usize = 10_000;
+
+/// A random shape: mostly narrow to medium rows, sometimes a few very wide rows or a column.
+fn fuzz_shape(rng: &mut StdRng) -> Shape {
+    let (rows, cols) = match rng.random_range(0..10) {
+        0 => (rng.random_range(1..=4), rng.random_range(1..=300_000)),
+        1 => (rng.random_range(1..=2000), rng.random_range(1..=3)),
+        2 => (1, rng.random_range(1..=5000)),
+        _ => (rng.random_range(1..=64), rng.random_range(1..=5000)),
+    };
+    Shape::new(rows, cols).unwrap()
+}
+
+/// Where one buffer of a fuzz case lies: its first row `offset` elements into the allocation
+/// (so its start may be misaligned) and its rows `pitch` elements apart.
+#[derive(Clone, Copy, Debug)]
+struct Placement {
+    offset: usize,
+    pitch: usize,
+}
+
+impl Placement {
+    /// Half the time at the start of its allocation; a third of the time with a pitch wider
+    /// than the row.
+    fn random(rng: &mut StdRng, cols: usize) -> Self {
+        Placement {
+            offset: if rng.random_bool(0.5) {
+                0
+            } else {
+                rng.random_range(1..8)
+            },
+            pitch: if rng.random_ratio(1, 3) {
+                cols + rng.random_range(1..=9)
+            } else {
+                cols
+            },
+        }
+    }
+
+    fn allocation(&self, shape: Shape) -> usize {
+        self.offset + shape.rows * self.pitch
+    }
+
+    /// `rows` (compact) laid out in an allocation, with `fill` around them.
+    fn spread(&self, rows: &[f32], shape: Shape, fill: f32) -> Vec<f32> {
+        let mut all = vec![fill; self.allocation(shape)];
+        for (r, row) in rows.chunks(shape.cols).enumerate() {
+            let start = self.offset + r * self.pitch;
+            all[start..start + shape.cols].copy_from_slice(row);
+        }
+        all
+    }
+
+    /// The rows gathered from an allocation, or an error if anything around them changed
+    /// from NaN.
+    fn gather(&self, all: &[f32], shape: Shape) -> Result<Vec<f32>, String> {
+        let mut rows = Vec::with_capacity(shape.len());
+        let mut next = 0;
+        for r in 0..shape.rows {
+            let start = self.offset + r * self.pitch;
+            if !all[next..start].iter().all(|v| v.is_nan()) {
+                return Err(format!("{self:?}: written outside the rows before row {r}"));
+            }
+            rows.extend_from_slice(&all[start..start + shape.cols]);
+            next = start + shape.cols;
+        }
+        if !all[next..].iter().all(|v| v.is_nan()) {
+            return Err(format!("{self:?}: written after the last row"));
+        }
+        Ok(rows)
+    }
+}
+
+/// One forward case from `I` to `O`: softmax or log-softmax with a random scale.
+fn fuzz_forward<I: Element, O: Element>(
+    softmax: &mut Softmax,
+    tally: &mut Tally,
+    rng: &mut StdRng,
+    shape: Shape,
+) -> Result<(), String> {
+    let op = [Operation::Softmax, Operation::LogSoftmax][rng.random_range(0..2)];
+    let scale = [1.0, 0.5, 3.0][rng.random_range(0..3)];
+    let magnitude = [1.0, 8.0, 30.0][rng.random_range(0..3)];
+    let x = rounded::<I>(&random_matrix(rng, shape, magnitude));
+    let (from, to) = (
+        Placement::random(rng, shape.cols),
+        Placement::random(rng, shape.cols),
+    );
+    let what = format!(
+        "{op:?} {:?}->{:?} {shape} scale {scale}, input {from:?}, output {to:?}",
+        I::DTYPE,
+        O::DTYPE
+    );
+    let input = upload::<I>(&from.spread(&x, shape, 7.0))?;
+    let output = poisoned::<O>(to.allocation(shape))?;
+    let mut output_view = output.index(to.offset..);
+    softmax
+        .forward(
+            op,
+            Rows::strided(&input.index(from.offset..), shape, from.pitch).map_err(text)?,
+            RowsMut::strided(&mut output_view, shape, to.pitch).map_err(text)?,
+            &Options::new().scale(scale),
+        )
+        .map_err(|e| format!("{what}: {e}"))?;
+    softmax.synchronize().map_err(|e| format!("{what}: {e}"))?;
+    let actual = to
+        .gather(&download(&output)?, shape)
+        .map_err(|e| format!("{what}: {e}"))?;
+    let expected = Scores {
+        scale,
+        ..Scores::default()
+    }
+    .forward(op == Operation::LogSoftmax, &x, shape.rows, shape.cols);
+    tally.record(
+        &what,
+        value_deviation(&actual, &expected),
+        tolerance(O::DTYPE),
+    )
+}
+
+/// One backward case from `T` to `O`, from a forward result of the reference.
+fn fuzz_backward<T: Element, O: Element>(
+    softmax: &mut Softmax,
+    tally: &mut Tally,
+    rng: &mut StdRng,
+    shape: Shape,
+) -> Result<(), String> {
+    let op = [Operation::Softmax, Operation::LogSoftmax][rng.random_range(0..2)];
+    let log = op == Operation::LogSoftmax;
+    let x = random_matrix(rng, shape, 8.0);
+    let forward = Scores::default().forward(log, &x, shape.rows, shape.cols);
+    let y = rounded::<T>(&forward.iter().map(|&v| v as f32).collect::<Vec<_>>());
+    let dy = rounded::<T>(&random_matrix(rng, shape, 1.0));
+    let [at_y, at_dy, at_dx] = [(); 3].map(|_| Placement::random(rng, shape.cols));
+    let what = format!(
+        "backward {op:?} {:?}->{:?} {shape}, y {at_y:?}, dy {at_dy:?}, dx {at_dx:?}",
+        T::DTYPE,
+        O::DTYPE
+    );
+    let y_device = upload::<T>(&at_y.spread(&y, shape, 0.5))?;
+    let dy_device = upload::<T>(&at_dy.spread(&dy, shape, 0.5))?;
+    let dx = poisoned::<O>(at_dx.allocation(shape))?;
+    let mut dx_view = dx.index(at_dx.offset..);
+    softmax
+        .backward(
+            op,
+            Rows::strided(&y_device.index(at_y.offset..), shape, at_y.pitch).map_err(text)?,
+            Rows::strided(&dy_device.index(at_dy.offset..), shape, at_dy.pitch).map_err(text)?,
+            RowsMut::strided(&mut dx_view, shape, at_dx.pitch).map_err(text)?,
+            &Options::new(),
+        )
+        .map_err(|e| format!("{what}: {e}"))?;
+    softmax.synchronize().map_err(|e| format!("{what}: {e}"))?;
+    let actual = at_dx
+        .gather(&download(&dx)?, shape)
+        .map_err(|e| format!("{what}: {e}"))?;
+    let expected = backward_f64(log, &y, &dy, shape.cols, &vec![1.0; shape.rows]);
+    let deviation = backward_deviation(op, &y, &dy, &actual, &expected);
+    tally.record(&what, deviation, tolerance(O::DTYPE) * 4.0)
+}
+
+/// One case with input type `I`: forward or backward, into a random output type.
+fn fuzz_case<I: Element>(
+    softmax: &mut Softmax,
+    tally: &mut Tally,
+    rng: &mut StdRng,
+    shape: Shape,
+) -> Result<(), String> {
+    match (rng.random_bool(0.5), rng.random_range(0..3)) {
+        (true, 0) => fuzz_forward::<I, f32>(softmax, tally, rng, shape),
+        (true, 1) => fuzz_forward::<I, bf16>(softmax, tally, rng, shape),
+        (true, _) => fuzz_forward::<I, f16>(softmax, tally, rng, shape),
+        (false, 0) => fuzz_backward::<I, f32>(softmax, tally, rng, shape),
+        (false, 1) => fuzz_backward::<I, bf16>(softmax, tally, rng, shape),
+        (false, _) => fuzz_backward::<I, f16>(softmax, tally, rng, shape),
+    }
+}
+
+/// Random shapes, operations, type pairs, scales, offsets and pitches, so that rows are
+/// laid out aligned, peeled or element by element as chance has it. The seed replays a case.
+fn fuzz(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
+    let mut tally = Tally::default();
+    for case in 0..FUZZ_CASES {
+        let shape = fuzz_shape(rng);
+        match rng.random_range(0..3) {
+            0 => fuzz_case::<f32>(softmax, &mut tally, rng, shape),
+            1 => fuzz_case::<bf16>(softmax, &mut tally, rng, shape),
+            _ => fuzz_case::<f16>(softmax, &mut tally, rng, shape),
+        }
+        .map_err(|e| format!("case {case}: {e}"))?;
+    }
+    Ok(tally.summary())
 }

@@ -9,8 +9,9 @@ use common::{Check, poisoned};
 use cust::memory::{CopyDestination, DeviceBuffer};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use softmax::reference::{deviation, softmax_f64};
-use softmax::{Error, Shape, Softmax, Variant};
+use softmax::half::bf16;
+use softmax::reference::{backward_f64, deviation, softmax_f64, value_deviation};
+use softmax::{Error, Operation, Options, Rows, RowsMut, Shape, Softmax, Variant};
 
 type Outcome = Result<String, String>;
 
@@ -210,6 +211,114 @@ fn free_device_memory() -> Result<usize, String> {
     Ok(free)
 }
 
+/// One buffer set of the soak: an f32 input and output for the variants, a bf16 copy of
+/// the input and a bf16 output for the operation API's forward, and an incoming gradient and
+/// its result for the backward pass (from the f32 output).
+struct SoakBuffers {
+    shape: Shape,
+    input: Vec<f32>,
+    device_input: DeviceBuffer<f32>,
+    device_output: DeviceBuffer<f32>,
+    input_bf16: DeviceBuffer<bf16>,
+    output_bf16: DeviceBuffer<bf16>,
+    gradient: Vec<f32>,
+    device_gradient: DeviceBuffer<f32>,
+    device_dx: DeviceBuffer<f32>,
+}
+
+impl SoakBuffers {
+    fn new(rng: &mut StdRng, shape: Shape) -> Result<Self, String> {
+        let text = |e: cust::error::CudaError| e.to_string();
+        let input = random_contents(rng, shape);
+        let gradient = common::random_matrix(rng, shape, 1.0);
+        let input_bf16: Vec<bf16> = input.iter().map(|&v| bf16::from_f32(v)).collect();
+        Ok(SoakBuffers {
+            shape,
+            device_input: DeviceBuffer::from_slice(&input).map_err(text)?,
+            device_output: poisoned(shape.len())?,
+            input_bf16: DeviceBuffer::from_slice(&input_bf16).map_err(text)?,
+            output_bf16: DeviceBuffer::from_slice(&vec![bf16::NAN; shape.len()]).map_err(text)?,
+            device_gradient: DeviceBuffer::from_slice(&gradient).map_err(text)?,
+            device_dx: poisoned(shape.len())?,
+            input,
+            gradient,
+        })
+    }
+
+    /// Launch `kind`: a variant of `variants`, then the bf16 forward, then the backward.
+    fn launch(
+        &mut self,
+        softmax: &mut Softmax,
+        variants: &[Variant],
+        kind: usize,
+    ) -> Result<(), Error> {
+        let shape = self.shape;
+        match kind.checked_sub(variants.len()) {
+            None => softmax.run(
+                variants[kind],
+                &self.device_input,
+                &mut self.device_output,
+                shape,
+            ),
+            Some(0) => softmax.forward(
+                Operation::Softmax,
+                Rows::new(&self.input_bf16, shape)?,
+                RowsMut::new(&mut self.output_bf16, shape)?,
+                &Options::new(),
+            ),
+            Some(_) => softmax.backward(
+                Operation::Softmax,
+                Rows::new(&self.device_output, shape)?,
+                Rows::new(&self.device_gradient, shape)?,
+                RowsMut::new(&mut self.device_dx, shape)?,
+                &Options::new(),
+            ),
+        }
+    }
+
+    /// Every output against the reference after the soak.
+    fn check(&self) -> Result<(), String> {
+        let (shape, text) = (self.shape, |e: cust::error::CudaError| e.to_string());
+        let expected = softmax_f64(&self.input, shape.rows, shape.cols);
+        let mut output = vec![0.0; shape.len()];
+        self.device_output.copy_to(&mut output[..]).map_err(text)?;
+        let mut output_bf16 = vec![bf16::ZERO; shape.len()];
+        self.output_bf16
+            .copy_to(&mut output_bf16[..])
+            .map_err(text)?;
+        let output_bf16: Vec<f32> = output_bf16.into_iter().map(bf16::to_f32).collect();
+        let rounded: Vec<f32> = self
+            .input
+            .iter()
+            .map(|&v| bf16::from_f32(v).to_f32())
+            .collect();
+        let expected_bf16 = softmax_f64(&rounded, shape.rows, shape.cols);
+        let mut dx = vec![0.0; shape.len()];
+        self.device_dx.copy_to(&mut dx[..]).map_err(text)?;
+        let expected_dx = backward_f64(
+            false,
+            &output,
+            &self.gradient,
+            shape.cols,
+            &vec![1.0; shape.rows],
+        );
+        for (what, actual, expected, tolerance) in [
+            ("f32 softmax", &output, &expected, TOLERANCE),
+            ("bf16 softmax", &output_bf16, &expected_bf16, 1.5e-2),
+        ] {
+            let deviation = deviation(actual, expected, shape.cols);
+            if !deviation.within(tolerance) {
+                return Err(format!("{what} on {shape} after the soak: {deviation:?}"));
+            }
+        }
+        let deviation = value_deviation(&dx, &expected_dx);
+        if !deviation.within(4e-5) {
+            return Err(format!("backward on {shape} after the soak: {deviation:?}"));
+        }
+        Ok(())
+    }
+}
+
 fn soak(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     let shapes = [
         (64, 1000),
@@ -227,25 +336,26 @@ fn soak(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
         Variant::SplitRows,
         Variant::WarpPerRowOnline,
     ];
+    // Each variant, then the operation API's bf16 forward and f32 backward.
+    let kinds = variants.len() + 2;
     let mut buffers = Vec::new();
     for (rows, cols) in shapes {
-        let shape = Shape::new(rows, cols).unwrap();
-        let input = random_contents(rng, shape);
-        let device_input = DeviceBuffer::from_slice(&input).map_err(|e| e.to_string())?;
-        let device_output = poisoned(shape.len())?;
-        buffers.push((shape, input, device_input, device_output));
+        buffers.push(SoakBuffers::new(rng, Shape::new(rows, cols).unwrap())?);
     }
-    // Launches `count` supported (variant, shape) pairs in rotation; refused pairs are skipped.
+    // Launches `count` supported (kind, shape) pairs in rotation; refused pairs are skipped.
     let mut launch_mixed = |softmax: &mut Softmax, count: usize| -> Result<(), String> {
         let (mut launched, mut i) = (0, 0);
         while launched < count {
-            let (shape, _, input, output) = &mut buffers[i % shapes.len()];
-            let variant = variants[(i / shapes.len()) % variants.len()];
+            let set = &mut buffers[i % shapes.len()];
+            let kind = (i / shapes.len()) % kinds;
             i += 1;
-            match softmax.run(variant, input, output, *shape) {
+            match set.launch(softmax, &variants, kind) {
                 Err(Error::Unsupported { .. }) => continue,
                 Err(error) => {
-                    return Err(format!("launch {launched}: {variant} on {shape}: {error}"));
+                    return Err(format!(
+                        "launch {launched}: kind {kind} on {}: {error}",
+                        set.shape
+                    ));
                 }
                 Ok(()) => launched += 1,
             }
@@ -258,21 +368,12 @@ fn soak(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
         softmax.synchronize().map_err(|e| e.to_string())
     };
     // Every plan and workspace exists after one rotation; memory must not grow after that.
-    launch_mixed(softmax, shapes.len() * variants.len())?;
+    launch_mixed(softmax, shapes.len() * kinds)?;
     let before = free_device_memory()?;
     launch_mixed(softmax, SOAK_LAUNCHES)?;
     let after = free_device_memory()?;
-    for (shape, input, _, output) in &buffers {
-        let mut result = vec![0.0; shape.len()];
-        output.copy_to(&mut result[..]).map_err(|e| e.to_string())?;
-        let deviation = deviation(
-            &result,
-            &softmax_f64(input, shape.rows, shape.cols),
-            shape.cols,
-        );
-        if !deviation.within(TOLERANCE) {
-            return Err(format!("{shape} after the soak: {deviation:?}"));
-        }
+    for set in &buffers {
+        set.check()?;
     }
     if after < before {
         return Err(format!(
@@ -281,7 +382,7 @@ fn soak(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
         ));
     }
     Ok(format!(
-        "{SOAK_LAUNCHES} launches, free device memory {} MiB before and {} MiB after",
+        "{SOAK_LAUNCHES} launches (variants, bf16 forward, backward), free device memory {} MiB before and {} MiB after",
         before >> 20,
         after >> 20
     ))
