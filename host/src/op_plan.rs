@@ -137,9 +137,9 @@ pub(crate) fn plan_op(
     }
     // Few rows: slices of the row in as many blocks as can be resident at once, at most one
     // slice per thread (the statistics exchange reads one each). First the most packs per
-    // thread (the fewest slices, so the least exchange) whose blocks still cover every
-    // multiprocessor; failing that (one or two rows), the fewest packs per thread (the most
-    // blocks). Measured on the H200 (bench/NOTES.md, session 4): bf16 16x262144 34% -> 55%
+    // thread (fewer slices, so less exchange; among equals the smallest block) whose blocks
+    // still cover every multiprocessor; failing that (one or two rows), the fewest packs per
+    // thread (the most blocks). Measured on the H200 (bench/NOTES.md, session 4): bf16 16x262144 34% -> 55%
     // of copy, 32x151936 47% -> 55%, one-row shapes unchanged.
     // Body packs a slice of instance `k` holds, beside the ends.
     let body_slots = |k: &OpKernelName| k.slots().saturating_sub(ends).max(1);
@@ -223,6 +223,9 @@ mod tests {
                 "{cols} columns, {k}: {} packs + {ends} ends do not fit",
                 launch.slice_packs
             ));
+        }
+        if launch.slices > 1 && !launch.split && launch.slices > k.threads_per_row() {
+            return Err(format!("{cols} columns, {k}: more slices than threads"));
         }
         if launch.slices > 1 && !launch.split {
             let resident =
@@ -402,11 +405,20 @@ mod tests {
             input in proptest::sample::select(DType::ALL.to_vec()),
             direction in proptest::sample::select(Direction::ALL.to_vec()),
             layout in proptest::sample::select(LAYOUTS.to_vec()),
+            row_start in 0usize..8,
         ) {
             proptest::prop_assume!(layout.serves(direction));
             let cols = if layout == PackLayout::Aligned { cols.next_multiple_of(input.vector_pack()) } else { cols };
             let launch = plan_op(direction, input, rows, cols, layout, &FakeH200).unwrap();
             proptest::prop_assert!(check(&launch, input, cols, layout).is_ok(), "{:?}", check(&launch, input, cols, layout));
+            // Rows start anywhere only when peeled.
+            let row_start = if layout == PackLayout::Peeled { row_start } else { 0 };
+            let covered = match launch.kernel.pack() {
+                1 => coverage::<1>(&launch, cols, row_start),
+                4 => coverage::<4>(&launch, cols, row_start),
+                _ => coverage::<8>(&launch, cols, row_start),
+            };
+            proptest::prop_assert!(covered.iter().all(|&n| n == 1), "{launch:?} from {row_start}");
         }
     }
 

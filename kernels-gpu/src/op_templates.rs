@@ -247,7 +247,8 @@ pub unsafe fn op_rows<
 ///
 /// # Safety
 /// The operation contract of [`op_rows`], with `THREADS · PACKS ≥ slice_packs` (plus
-/// `END_SLOTS` for [`Peeled`] rows) and `slices · slice_packs · PACK ≥ cols`. Launch
+/// `END_SLOTS` for [`Peeled`] rows) and `slices · slice_packs ≥ cols / PACK` (the body's
+/// packs; a peeled row's ends lie in slice 0's end slots). Launch
 /// `rows · slices` blocks of `THREADS` threads with `REDUCTION_SCRATCH_FLOATS · 4` bytes of
 /// dynamic shared memory. When `slices > 1`: `partials` holds two floats per block,
 /// `barriers` two words per row zeroed when allocated and used by one launch at a time, and
