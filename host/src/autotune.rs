@@ -30,14 +30,14 @@ pub struct TuneKey {
 
 impl TuneKey {
     pub fn new(device: &str, shape: Shape, vector: bool) -> Self {
-        let cols_bucket = if shape.cols <= 256 {
-            shape.cols
+        let cols_bucket = if shape.cols() <= 256 {
+            shape.cols()
         } else {
-            shape.cols.div_ceil(64) * 64
+            shape.cols().div_ceil(64) * 64
         };
         TuneKey {
             device: device.to_owned(),
-            rows_bucket: shape.rows.next_power_of_two(),
+            rows_bucket: shape.rows().next_power_of_two(),
             cols_bucket,
             vector,
         }

@@ -160,7 +160,7 @@ impl Softmax {
         if input.shape.is_empty() {
             return Ok(());
         }
-        let contiguous = input.stride == input.shape.cols && output.stride == output.shape.cols;
+        let contiguous = input.stride == input.shape.cols() && output.stride == output.shape.cols();
         let plain = options.row_scale.is_none()
             && options.mask.is_none()
             && !options.causal
@@ -300,8 +300,8 @@ impl Softmax {
         if options.mask.is_some() || options.causal {
             return Err(Error::Unsupported {
                 variant: "backward".into(),
-                rows: y.shape.rows,
-                cols: y.shape.cols,
+                rows: y.shape.rows(),
+                cols: y.shape.cols(),
                 why: "masks and causal masking are forward options (masked elements already have y = 0)".into(),
             });
         }
@@ -356,7 +356,7 @@ impl Softmax {
     ) -> Result<()> {
         check_shapes(input.shape, output.shape, "output")?;
         options.check(input.shape)?;
-        let rows = input.shape.rows;
+        let rows = input.shape.rows();
         if rows > 0 && (states.is_empty() || !states.len().is_multiple_of(rows)) {
             return Err(Error::PerRowLength {
                 what: "row states",
@@ -393,7 +393,7 @@ impl Softmax {
         options: &Options<'_>,
     ) -> Result<Option<Call>> {
         options.check(input.shape)?;
-        check_per_row(per_row_len, input.shape.rows, what)?;
+        check_per_row(per_row_len, input.shape.rows(), what)?;
         if input.shape.is_empty() {
             return Ok(None);
         }
@@ -426,12 +426,16 @@ impl Softmax {
         operands: impl IntoIterator<Item = Operand>,
     ) -> Call {
         let mut params = RowOpParams {
-            rows: shape.rows as u32,
-            cols: shape.cols as u32,
+            rows: shape.rows() as u32,
+            cols: shape.cols() as u32,
             scale: options.scale,
             row_scale: options.row_scale.map_or(0, |s| s.as_device_ptr().as_raw()),
-            mask_stride: shape.cols as u64,
-            causal_period: if options.causal { shape.cols as u32 } else { 0 },
+            mask_stride: shape.cols() as u64,
+            causal_period: if options.causal {
+                shape.cols() as u32
+            } else {
+                0
+            },
             masked_rows_zero: (options.masked_rows == MaskedRows::Zero) as u32,
             mode: mode::FULL,
             state_slots: 1,
@@ -440,15 +444,15 @@ impl Softmax {
         };
         let mut operands: Vec<Operand> = operands.into_iter().collect();
         if let Some(mask) = options.mask {
-            params.mask_rows = (mask.len() / shape.cols) as u32;
+            params.mask_rows = (mask.len() / shape.cols()) as u32;
             match mask {
                 Mask::Additive(m) => {
                     params.additive_mask = m.as_device_ptr().as_raw();
-                    operands.push(Operand::of(m, shape.cols));
+                    operands.push(Operand::of(m, shape.cols()));
                 }
                 Mask::Allowed(m) => {
                     params.allowed_mask = m.as_device_ptr().as_raw();
-                    operands.push(Operand::of(m, shape.cols));
+                    operands.push(Operand::of(m, shape.cols()));
                 }
             }
         }
@@ -461,7 +465,7 @@ impl Softmax {
             direction,
             input: I::DTYPE,
             shape,
-            layout: pack_layout(I::DTYPE, direction, shape.cols, &operands),
+            layout: pack_layout(I::DTYPE, direction, shape.cols(), &operands),
             params,
         }
     }
@@ -508,13 +512,13 @@ impl Softmax {
     /// workspace and then the writing pass that merges them.
     fn enqueue_call(&mut self, call: Call) -> Result<()> {
         CurrentContext::set_current(&self.context).during("making the context current")?;
-        let (rows, cols) = (call.shape.rows as u32, call.shape.cols as u32);
+        let (rows, cols) = (call.shape.rows() as u32, call.shape.cols() as u32);
         let plan = self
             .op_plan(call.direction, call.input, rows, cols, call.layout)?
             .ok_or_else(|| Error::Unsupported {
                 variant: "operation".into(),
-                rows: call.shape.rows,
-                cols: call.shape.cols,
+                rows: call.shape.rows(),
+                cols: call.shape.cols(),
                 why: "no operation kernel can launch on this device".into(),
             })?;
         let mut params = call.params;
@@ -524,13 +528,13 @@ impl Softmax {
         if launch.split && params.mode == mode::STATES {
             return Err(Error::Unsupported {
                 variant: "row_states".into(),
-                rows: call.shape.rows,
-                cols: call.shape.cols,
+                rows: call.shape.rows(),
+                cols: call.shape.cols(),
                 why: "the slice is too wide to reduce in one launch here (too many rows to keep resident at this width): split it into narrower slices and merge their states".into(),
             });
         }
         if launch.split && params.mode == mode::FULL {
-            self.reserve_states(call.shape.rows * launch.slices as usize)?;
+            self.reserve_states(call.shape.rows() * launch.slices as usize)?;
             params.states = self.workspace.states.as_device_ptr().as_raw();
             params.state_slots = launch.slices;
             let statistics = RowOpParams {

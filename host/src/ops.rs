@@ -72,32 +72,31 @@ impl Operation {
 
 /// Checks a strided view: `stride ≥ cols` and the buffer reaches the last row's end.
 fn check_view(len: usize, shape: Shape, stride: usize, what: &'static str) -> Result<()> {
-    let shape = shape.checked()?;
-    if stride < shape.cols {
+    if stride < shape.cols() {
         return Err(Error::Stride {
             what,
             stride,
-            cols: shape.cols,
+            cols: shape.cols(),
         });
     }
-    let needed = match shape.rows {
+    let needed = match shape.rows() {
         0 => 0,
         rows => (rows - 1)
             .checked_mul(stride)
-            .and_then(|n| n.checked_add(shape.cols))
+            .and_then(|n| n.checked_add(shape.cols()))
             .ok_or(Error::ShapeTooLarge {
-                rows: shape.rows,
-                cols: shape.cols,
+                rows: shape.rows(),
+                cols: shape.cols(),
                 why: "(rows - 1) × stride + cols overflows usize",
             })?,
     };
-    if shape.cols > 0 && len < needed {
+    if shape.cols() > 0 && len < needed {
         return Err(Error::ViewLength {
             what,
             len,
             needed,
-            rows: shape.rows,
-            cols: shape.cols,
+            rows: shape.rows(),
+            cols: shape.cols(),
             stride,
         });
     }
@@ -120,7 +119,7 @@ impl<'a, T: DeviceCopy> Rows<'a, T> {
         Ok(Rows {
             data,
             shape,
-            stride: shape.cols,
+            stride: shape.cols(),
         })
     }
 
@@ -154,7 +153,7 @@ impl<'a, T: DeviceCopy> RowsMut<'a, T> {
         Ok(RowsMut {
             data,
             shape,
-            stride: shape.cols,
+            stride: shape.cols(),
         })
     }
 
@@ -274,11 +273,11 @@ impl<'a> Options<'a> {
             return Err(Error::Scale(self.scale));
         }
         if let Some(scales) = self.row_scale
-            && scales.len() != shape.rows
+            && scales.len() != shape.rows()
         {
             return Err(Error::RowScaleLength {
                 len: scales.len(),
-                rows: shape.rows,
+                rows: shape.rows(),
             });
         }
         if shape.is_empty() {
@@ -287,20 +286,20 @@ impl<'a> Options<'a> {
         if let Some(mask) = self.mask {
             let len = mask.len();
             let fits = len > 0
-                && len.is_multiple_of(shape.cols)
-                && shape.rows.is_multiple_of(len / shape.cols);
+                && len.is_multiple_of(shape.cols())
+                && shape.rows().is_multiple_of(len / shape.cols());
             if !fits {
                 return Err(Error::MaskLength {
                     len,
-                    rows: shape.rows,
-                    cols: shape.cols,
+                    rows: shape.rows(),
+                    cols: shape.cols(),
                 });
             }
         }
-        if self.causal && !shape.rows.is_multiple_of(shape.cols) {
+        if self.causal && !shape.rows().is_multiple_of(shape.cols()) {
             return Err(Error::Causal {
-                rows: shape.rows,
-                cols: shape.cols,
+                rows: shape.rows(),
+                cols: shape.cols(),
             });
         }
         Ok(())

@@ -88,8 +88,8 @@ pub(crate) fn plan(
     layout: Layout,
     device: &dyn DeviceLimits,
 ) -> Result<Vec<Launch>> {
-    let rows = shape.rows as u32;
-    let cols = shape.cols as u32;
+    let rows = shape.rows() as u32;
+    let cols = shape.cols() as u32;
     let simple = |kernel: &str, grid: u32, block: u32| Launch {
         kernel: kernel.to_owned(),
         grid,
@@ -99,7 +99,7 @@ pub(crate) fn plan(
         args: vec![Arg::Input, Arg::Output, Arg::U32(rows), Arg::U32(cols)],
     };
     Ok(match variant {
-        Variant::Auto => match register_instance(shape.cols, layout) {
+        Variant::Auto => match register_instance(shape.cols(), layout) {
             Some(instance) => vec![register_launch(instance, rows, cols)],
             None => vec![block_registers_launch(shape, layout, device).unwrap_or_else(|| row_slices_launch(shape, layout, device))],
         },
@@ -127,10 +127,10 @@ pub(crate) fn plan(
         }
         Variant::BlockPerRowAutotuned => unreachable!("the autotuner resolves the thread count before planning"),
         Variant::RowsInRegisters => {
-            let instance = register_instance(shape.cols, layout).ok_or_else(|| Error::Unsupported {
+            let instance = register_instance(shape.cols(), layout).ok_or_else(|| Error::Unsupported {
                 variant: variant.name(),
-                rows: shape.rows,
-                cols: shape.cols,
+                rows: shape.rows(),
+                cols: shape.cols(),
                 why: format!(
                     "rows wider than {} columns do not fit in registers ({} with this alignment)",
                     register_capacity(Layout { vector_aligned: true, vector_peelable: true }),
@@ -141,8 +141,8 @@ pub(crate) fn plan(
         }
         Variant::BlockRegisters => vec![block_registers_launch(shape, layout, device).ok_or_else(|| Error::Unsupported {
             variant: variant.name(),
-            rows: shape.rows,
-            cols: shape.cols,
+            rows: shape.rows(),
+            cols: shape.cols(),
             why: "the row (or the slices the GPU has room for) is wider than a block's registers hold".into(),
         })?],
         Variant::RowSlices => vec![row_slices_launch(shape, layout, device)],
@@ -268,8 +268,8 @@ fn block_registers_launch(
     } else {
         1
     };
-    let rows = shape.rows as u32;
-    let row_packs = (shape.cols as u32).div_ceil(pack);
+    let rows = shape.rows() as u32;
+    let row_packs = (shape.cols() as u32).div_ceil(pack);
     let whole = block_register_whole_rows(row_packs, pack, device);
     let fills_gpu = whole.is_some_and(|(_, resident)| rows >= device.multiprocessors() * resident);
     let sliced = (!fills_gpu && device.cooperative_launch())
@@ -285,7 +285,7 @@ fn block_registers_launch(
         args: vec![
             Arg::Input,
             Arg::Output,
-            Arg::U32(shape.cols as u32),
+            Arg::U32(shape.cols() as u32),
             Arg::U32(slices),
             Arg::U32(row_packs.div_ceil(slices)),
             Arg::Partials,
@@ -345,8 +345,8 @@ fn row_slices_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) ->
     } else {
         1
     };
-    let rows = shape.rows as u32;
-    let row_packs = (shape.cols as u32).div_ceil(pack);
+    let rows = shape.rows() as u32;
+    let row_packs = (shape.cols() as u32).div_ceil(pack);
     let sms = device.multiprocessors();
     let scratch_bytes = REDUCTION_SCRATCH_FLOATS * 4;
     let kernel = format!("softmax_row_slices_p{pack}");
@@ -393,7 +393,7 @@ fn row_slices_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) ->
         args: vec![
             Arg::Input,
             Arg::Output,
-            Arg::U32(shape.cols as u32),
+            Arg::U32(shape.cols() as u32),
             Arg::U32(slices),
             Arg::U32(slice_packs),
             Arg::U32(cached as u32),
@@ -414,8 +414,8 @@ fn split_rows_launches(shape: Shape, layout: Layout, device: &dyn DeviceLimits) 
     } else {
         1
     };
-    let rows = shape.rows as u32;
-    let row_packs = (shape.cols as u32).div_ceil(pack);
+    let rows = shape.rows() as u32;
+    let row_packs = (shape.cols() as u32).div_ceil(pack);
     let wanted_blocks = 2 * device.multiprocessors() * (2048 / SPLIT_THREADS);
     let slices = wanted_blocks
         .div_ceil(rows)
@@ -431,7 +431,7 @@ fn split_rows_launches(shape: Shape, layout: Layout, device: &dyn DeviceLimits) 
         args,
     };
     let slicing = [
-        Arg::U32(shape.cols as u32),
+        Arg::U32(shape.cols() as u32),
         Arg::U32(slices),
         Arg::U32(slice_packs),
     ];
@@ -460,7 +460,7 @@ pub(crate) fn partials_needed(launches: &[Launch]) -> usize {
 
 /// The five kernels of the unfused baseline.
 fn unfused_launches(shape: Shape, device: &dyn DeviceLimits) -> Vec<Launch> {
-    let (rows, cols) = (shape.rows as u32, shape.cols as u32);
+    let (rows, cols) = (shape.rows() as u32, shape.cols() as u32);
     let warp_rows_block = WARP_PER_ROW_WARPS_PER_BLOCK * WARP_SIZE;
     let warp_rows_grid = rows.div_ceil(WARP_PER_ROW_WARPS_PER_BLOCK);
     let len = shape.len() as u64;

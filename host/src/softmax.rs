@@ -185,7 +185,7 @@ impl Softmax {
         shape: Shape,
     ) -> Result<()> {
         CurrentContext::set_current(&self.context).during("making the context current")?;
-        let layout = Layout::of(input_address, output_address, shape.cols);
+        let layout = Layout::of(input_address, output_address, shape.cols());
         let variant = match variant {
             Variant::BlockPerRowAutotuned => {
                 let threads_per_block =
@@ -200,7 +200,7 @@ impl Softmax {
             .iter()
             .any(|l| l.kernel.starts_with("softmax_unfused"))
         {
-            self.reserve_row_stats(shape.rows)?;
+            self.reserve_row_stats(shape.rows())?;
         }
         self.reserve_partials(plan::partials_needed(&launches))?;
         for launch in launches.iter() {
@@ -250,10 +250,10 @@ impl Softmax {
                     ]);
                 }
             },
-            Variant::Auto => self.tuned_auto(shape, Layout::of(0, 0, shape.cols)),
+            Variant::Auto => self.tuned_auto(shape, Layout::of(0, 0, shape.cols())),
             other => other,
         };
-        let layout = Layout::of(0, 0, shape.cols);
+        let layout = Layout::of(0, 0, shape.cols());
         Ok(self
             .plan(variant, shape, layout)?
             .into_iter()
@@ -351,7 +351,7 @@ impl Softmax {
             input.as_device_ptr().as_raw(),
             output.as_device_ptr().as_raw(),
         );
-        let layout = Layout::of(input, output, shape.cols);
+        let layout = Layout::of(input, output, shape.cols());
         let candidates: Vec<Variant> = [
             Variant::RowsInRegisters,
             Variant::BlockRegisters,
@@ -386,7 +386,7 @@ impl Softmax {
         input: u64,
         output: u64,
     ) -> Result<Variant> {
-        let layout = Layout::of(input, output, shape.cols);
+        let layout = Layout::of(input, output, shape.cols());
         let (start, stop) = (
             Event::new(EventFlags::DEFAULT),
             Event::new(EventFlags::DEFAULT),
@@ -430,7 +430,7 @@ impl Softmax {
                 Arg::Input => ParamValue::U64(input),
                 Arg::Output => ParamValue::U64(output),
                 Arg::RowMax => ParamValue::U64(row_stats),
-                Arg::RowSum => ParamValue::U64(row_stats + 4 * shape.rows as u64),
+                Arg::RowSum => ParamValue::U64(row_stats + 4 * shape.rows() as u64),
                 Arg::Partials => ParamValue::U64(self.workspace.partials.as_device_ptr().as_raw()),
                 Arg::Barriers => ParamValue::U64(self.workspace.barriers.as_device_ptr().as_raw()),
                 Arg::U32(v) => ParamValue::U32(v),

@@ -58,7 +58,7 @@ fn check_all_variants(
     shape: Shape,
     check: &mut Check,
 ) -> Result<(), String> {
-    let expected = softmax_f64(input, shape.rows, shape.cols);
+    let expected = softmax_f64(input, shape.rows(), shape.cols());
     for variant in Variant::all() {
         match check.variant(softmax, variant, input, &expected, shape, TOLERANCE) {
             Err(common::Failure::Refused(error)) if may_refuse(variant, &error) => {
@@ -242,7 +242,7 @@ fn bad_input_is_refused(softmax: &mut Softmax, _rng: &mut StdRng) -> Outcome {
 fn autotuned_threads_are_cached(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     let shape = Shape::new(2048, 4096).unwrap();
     let input = random_matrix(rng, shape, 10.0);
-    let expected = softmax_f64(&input, shape.rows, shape.cols);
+    let expected = softmax_f64(&input, shape.rows(), shape.cols());
     let mut check = Check::default();
     let mut run_checked = |softmax: &mut Softmax| {
         check

@@ -195,11 +195,11 @@ fn child() -> ExitCode {
     let input = common::random_matrix(&mut StdRng::seed_from_u64(seed), shape, 10.0);
 
     let held = check(CORRECT_BEFORE, || {
-        let expected = softmax_f64(&input, shape.rows, shape.cols);
+        let expected = softmax_f64(&input, shape.rows(), shape.cols());
         let output = softmax
             .run_host(Variant::Auto, &input, shape)
             .map_err(|e| format!("run_host refused: {e}"))?;
-        let deviation = deviation(&output, &expected, shape.cols);
+        let deviation = deviation(&output, &expected, shape.cols());
         if deviation.within(TOLERANCE) {
             Ok(format!("auto on {shape}: {deviation:?}"))
         } else {

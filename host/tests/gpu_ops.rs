@@ -197,12 +197,12 @@ fn check_log_sum_exp<I: Element>(
     options: &Options<'_>,
 ) -> Result<(), String> {
     let input = upload::<I>(x)?;
-    let mut lse = DeviceBuffer::from_slice(&vec![f32::NAN; shape.rows]).map_err(text)?;
+    let mut lse = DeviceBuffer::from_slice(&vec![f32::NAN; shape.rows()]).map_err(text)?;
     softmax
         .log_sum_exp(Rows::new(&input, shape).map_err(text)?, &mut lse, options)
         .map_err(|e| format!("log-sum-exp {:?} {shape}: {e}", I::DTYPE))?;
     softmax.synchronize().map_err(text)?;
-    let mut actual = vec![0.0; shape.rows];
+    let mut actual = vec![0.0; shape.rows()];
     lse.copy_to(&mut actual[..]).map_err(text)?;
     tally.record(
         &format!("log-sum-exp {:?} {shape}", I::DTYPE),
@@ -222,7 +222,7 @@ fn every_operation_for<I: Element>(
     let x = rounded::<I>(&random_matrix(rng, shape, 8.0));
     let scores = Scores::default();
     for op in [Operation::Softmax, Operation::LogSoftmax] {
-        let expected = scores.forward(op == Operation::LogSoftmax, &x, shape.rows, shape.cols);
+        let expected = scores.forward(op == Operation::LogSoftmax, &x, shape.rows(), shape.cols());
         check_forward::<I, f32>(softmax, tally, op, &x, &expected, shape, &options)?;
         check_forward::<I, bf16>(softmax, tally, op, &x, &expected, shape, &options)?;
         check_forward::<I, f16>(softmax, tally, op, &x, &expected, shape, &options)?;
@@ -231,12 +231,12 @@ fn every_operation_for<I: Element>(
         let y: Vec<f32> = rounded::<I>(&expected.iter().map(|&v| v as f32).collect::<Vec<_>>());
         let dy = rounded::<I>(&random_matrix(rng, shape, 1.0));
         let log = op == Operation::LogSoftmax;
-        let dx = backward_f64(log, &y, &dy, shape.cols, &vec![1.0; shape.rows]);
+        let dx = backward_f64(log, &y, &dy, shape.cols(), &vec![1.0; shape.rows()]);
         check_backward::<I, f32>(softmax, tally, op, &y, &dy, &dx, shape, &options)?;
         check_backward::<I, bf16>(softmax, tally, op, &y, &dy, &dx, shape, &options)?;
         check_backward::<I, f16>(softmax, tally, op, &y, &dy, &dx, shape, &options)?;
     }
-    let lse = scores.log_sum_exp(&x, shape.rows, shape.cols);
+    let lse = scores.log_sum_exp(&x, shape.rows(), shape.cols());
     check_log_sum_exp::<I>(softmax, tally, &x, &lse, shape, &options)
 }
 
@@ -320,7 +320,7 @@ fn largest_foundation_shapes(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome
         rng: &mut StdRng,
         shape: Shape,
     ) -> Result<(), String> {
-        let (rows, cols) = (shape.rows, shape.cols);
+        let (rows, cols) = (shape.rows(), shape.cols());
         let x = rounded::<T>(&random_matrix(rng, shape, 8.0));
         let softmax_y = Scores::default().forward(false, &x, rows, cols);
         check_forward::<T, T>(
@@ -495,7 +495,7 @@ fn scales_masks_and_causal(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
             causal: true,
             ..Scores::default()
         };
-        let expected = scores.forward(false, &x, shape.rows, shape.cols);
+        let expected = scores.forward(false, &x, shape.rows(), shape.cols());
         check_forward::<f32, f32>(
             softmax,
             &mut tally,
@@ -517,7 +517,7 @@ fn scales_masks_and_causal(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     };
     let options = Options::new().masked_rows(MaskedRows::Zero);
     for op in [Operation::Softmax, Operation::LogSoftmax] {
-        let expected = zero.forward(op == Operation::LogSoftmax, &x, shape.rows, shape.cols);
+        let expected = zero.forward(op == Operation::LogSoftmax, &x, shape.rows(), shape.cols());
         check_forward::<f32, f32>(softmax, &mut tally, op, &x, &expected, shape, &options)?;
         check_forward::<bf16, bf16>(softmax, &mut tally, op, &x, &expected, shape, &options)?;
     }
@@ -794,9 +794,9 @@ fn bad_input_is_refused(softmax: &mut Softmax, _rng: &mut StdRng) -> Outcome {
     let wide = Shape::new(600, 200_000).unwrap();
     let wide_input = DeviceBuffer::<f32>::zeroed(wide.len()).map_err(text)?;
     let mut states =
-        DeviceBuffer::from_slice(&vec![RowState::default(); wide.rows]).map_err(text)?;
+        DeviceBuffer::from_slice(&vec![RowState::default(); wide.rows()]).map_err(text)?;
     // Unmasked and masked: the two plan with different kernels.
-    let allowed = DeviceBuffer::from_slice(&vec![1u8; wide.cols]).map_err(text)?;
+    let allowed = DeviceBuffer::from_slice(&vec![1u8; wide.cols()]).map_err(text)?;
     for options in [Options::new(), Options::new().mask(Mask::Allowed(&allowed))] {
         expect(
             "row states of rows too many and too wide to keep resident",
@@ -812,7 +812,7 @@ fn bad_input_is_refused(softmax: &mut Softmax, _rng: &mut StdRng) -> Outcome {
     if !download(&output)?.iter().all(|v| v.is_nan()) {
         return Err("a refused call wrote to the output".into());
     }
-    let mut host_states = vec![RowState { max: 1.0, sum: 1.0 }; wide.rows];
+    let mut host_states = vec![RowState { max: 1.0, sum: 1.0 }; wide.rows()];
     states.copy_to(&mut host_states[..]).map_err(text)?;
     if host_states.iter().any(|s| *s != RowState::default()) {
         return Err("a refused row_states call wrote states".into());
@@ -863,15 +863,15 @@ impl Placement {
     }
 
     fn allocation(&self, shape: Shape) -> usize {
-        self.offset + shape.rows * self.pitch
+        self.offset + shape.rows() * self.pitch
     }
 
     /// `rows` (compact) laid out in an allocation, with `fill` around them.
     fn spread(&self, rows: &[f32], shape: Shape, fill: f32) -> Vec<f32> {
         let mut all = vec![fill; self.allocation(shape)];
-        for (r, row) in rows.chunks(shape.cols).enumerate() {
+        for (r, row) in rows.chunks(shape.cols()).enumerate() {
             let start = self.offset + r * self.pitch;
-            all[start..start + shape.cols].copy_from_slice(row);
+            all[start..start + shape.cols()].copy_from_slice(row);
         }
         all
     }
@@ -881,13 +881,13 @@ impl Placement {
     fn gather(&self, all: &[f32], shape: Shape) -> Result<Vec<f32>, String> {
         let mut rows = Vec::with_capacity(shape.len());
         let mut next = 0;
-        for r in 0..shape.rows {
+        for r in 0..shape.rows() {
             let start = self.offset + r * self.pitch;
             if !all[next..start].iter().all(|v| v.is_nan()) {
                 return Err(format!("{self:?}: written outside the rows before row {r}"));
             }
-            rows.extend_from_slice(&all[start..start + shape.cols]);
-            next = start + shape.cols;
+            rows.extend_from_slice(&all[start..start + shape.cols()]);
+            next = start + shape.cols();
         }
         if !all[next..].iter().all(|v| v.is_nan()) {
             return Err(format!("{self:?}: written after the last row"));
@@ -908,8 +908,8 @@ fn fuzz_forward<I: Element, O: Element>(
     let magnitude = [1.0, 8.0, 30.0][rng.random_range(0..3)];
     let x = rounded::<I>(&random_matrix(rng, shape, magnitude));
     let (from, to) = (
-        Placement::random(rng, shape.cols),
-        Placement::random(rng, shape.cols),
+        Placement::random(rng, shape.cols()),
+        Placement::random(rng, shape.cols()),
     );
     let what = format!(
         "{op:?} {:?}->{:?} {shape} scale {scale}, input {from:?}, output {to:?}",
@@ -935,7 +935,7 @@ fn fuzz_forward<I: Element, O: Element>(
         scale,
         ..Scores::default()
     }
-    .forward(op == Operation::LogSoftmax, &x, shape.rows, shape.cols);
+    .forward(op == Operation::LogSoftmax, &x, shape.rows(), shape.cols());
     tally.record(
         &what,
         value_deviation(&actual, &expected),
@@ -953,10 +953,10 @@ fn fuzz_backward<T: Element, O: Element>(
     let op = [Operation::Softmax, Operation::LogSoftmax][rng.random_range(0..2)];
     let log = op == Operation::LogSoftmax;
     let x = random_matrix(rng, shape, 8.0);
-    let forward = Scores::default().forward(log, &x, shape.rows, shape.cols);
+    let forward = Scores::default().forward(log, &x, shape.rows(), shape.cols());
     let y = rounded::<T>(&forward.iter().map(|&v| v as f32).collect::<Vec<_>>());
     let dy = rounded::<T>(&random_matrix(rng, shape, 1.0));
-    let [at_y, at_dy, at_dx] = [(); 3].map(|_| Placement::random(rng, shape.cols));
+    let [at_y, at_dy, at_dx] = [(); 3].map(|_| Placement::random(rng, shape.cols()));
     let what = format!(
         "backward {op:?} {:?}->{:?} {shape}, y {at_y:?}, dy {at_dy:?}, dx {at_dx:?}",
         T::DTYPE,
@@ -979,7 +979,7 @@ fn fuzz_backward<T: Element, O: Element>(
     let actual = at_dx
         .gather(&download(&dx)?, shape)
         .map_err(|e| format!("{what}: {e}"))?;
-    let expected = backward_f64(log, &y, &dy, shape.cols, &vec![1.0; shape.rows]);
+    let expected = backward_f64(log, &y, &dy, shape.cols(), &vec![1.0; shape.rows()]);
     let deviation = backward_deviation(op, &y, &dy, &actual, &expected);
     tally.record(&what, deviation, tolerance(O::DTYPE) * 4.0)
 }

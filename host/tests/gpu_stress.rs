@@ -80,7 +80,7 @@ fn fuzz(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
             }
         };
         let input = random_contents(rng, shape);
-        let expected = softmax_f64(&input, shape.rows, shape.cols);
+        let expected = softmax_f64(&input, shape.rows(), shape.cols());
         let (in_offset, out_offset) = (rng.random_range(0..4), rng.random_range(0..4));
         let mut padded = vec![0.0; shape.len() + in_offset];
         padded[in_offset..].copy_from_slice(&input);
@@ -107,7 +107,7 @@ fn fuzz(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
         device_output
             .copy_to(&mut result[..])
             .map_err(|e| e.to_string())?;
-        let deviation = deviation(&result[out_offset..], &expected, shape.cols);
+        let deviation = deviation(&result[out_offset..], &expected, shape.cols());
         if !deviation.within(TOLERANCE) {
             return Err(format!(
                 "case {case}: {variant} on {shape} (input +{in_offset}, output +{out_offset} floats): {deviation:?}"
@@ -127,7 +127,7 @@ fn checked_runs(softmax: &mut Softmax, seed: u64, count: usize) -> Result<usize,
     for _ in 0..count {
         let shape = Shape::new(rng.random_range(1..=256), rng.random_range(1..=20_000)).unwrap();
         let input = random_contents(&mut rng, shape);
-        let expected = softmax_f64(&input, shape.rows, shape.cols);
+        let expected = softmax_f64(&input, shape.rows(), shape.cols());
         let variant = [
             Variant::Auto,
             Variant::BlockRegisters,
@@ -172,7 +172,7 @@ fn two_streams(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     for i in 0..64 {
         let shape = Shape::new(rng.random_range(1..=64), rng.random_range(1..=50_000)).unwrap();
         let input = random_contents(rng, shape);
-        let expected = softmax_f64(&input, shape.rows, shape.cols);
+        let expected = softmax_f64(&input, shape.rows(), shape.cols());
         let device_input = DeviceBuffer::from_slice(&input).map_err(|e| e.to_string())?;
         let mut device_output = poisoned(shape.len())?;
         let instance = if i % 2 == 0 {
@@ -190,7 +190,7 @@ fn two_streams(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     for (shape, expected, _input, output) in &pending {
         let mut result = vec![0.0; shape.len()];
         output.copy_to(&mut result[..]).map_err(|e| e.to_string())?;
-        let deviation = deviation(&result, expected, shape.cols);
+        let deviation = deviation(&result, expected, shape.cols());
         if !deviation.within(TOLERANCE) {
             return Err(format!("{shape}: {deviation:?}"));
         }
@@ -279,7 +279,7 @@ impl SoakBuffers {
     /// Every output against the reference after the soak.
     fn check(&self) -> Result<(), String> {
         let (shape, text) = (self.shape, |e: cust::error::CudaError| e.to_string());
-        let expected = softmax_f64(&self.input, shape.rows, shape.cols);
+        let expected = softmax_f64(&self.input, shape.rows(), shape.cols());
         let mut output = vec![0.0; shape.len()];
         self.device_output.copy_to(&mut output[..]).map_err(text)?;
         let mut output_bf16 = vec![bf16::ZERO; shape.len()];
@@ -292,21 +292,21 @@ impl SoakBuffers {
             .iter()
             .map(|&v| bf16::from_f32(v).to_f32())
             .collect();
-        let expected_bf16 = softmax_f64(&rounded, shape.rows, shape.cols);
+        let expected_bf16 = softmax_f64(&rounded, shape.rows(), shape.cols());
         let mut dx = vec![0.0; shape.len()];
         self.device_dx.copy_to(&mut dx[..]).map_err(text)?;
         let expected_dx = backward_f64(
             false,
             &output,
             &self.gradient,
-            shape.cols,
-            &vec![1.0; shape.rows],
+            shape.cols(),
+            &vec![1.0; shape.rows()],
         );
         for (what, actual, expected, tolerance) in [
             ("f32 softmax", &output, &expected, TOLERANCE),
             ("bf16 softmax", &output_bf16, &expected_bf16, 1.5e-2),
         ] {
-            let deviation = deviation(actual, expected, shape.cols);
+            let deviation = deviation(actual, expected, shape.cols());
             if !deviation.within(tolerance) {
                 return Err(format!("{what} on {shape} after the soak: {deviation:?}"));
             }

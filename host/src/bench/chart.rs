@@ -79,7 +79,7 @@ pub(super) fn draw_all(report: &Report, dir: &Path) -> Result<()> {
         points: measured
             .iter()
             .filter(|s| sweep.contains(s))
-            .map(|&s| (s, (s.cols as f64).log2(), s.cols.to_string()))
+            .map(|&s| (s, (s.cols() as f64).log2(), s.cols().to_string()))
             .collect(),
     };
     let others = ChartSpec {

@@ -295,8 +295,8 @@ pub fn run(config: &BenchConfig) -> Result<Report> {
         measurements.push(Measurement {
             variant: "copy".into(),
             dtype: "f32".into(),
-            rows: shape.rows,
-            cols: shape.cols,
+            rows: shape.rows(),
+            cols: shape.cols(),
             kernels: vec!["cuMemcpyDtoDAsync".into()],
             outcome: timed(copy_ms),
         });
@@ -314,8 +314,8 @@ pub fn run(config: &BenchConfig) -> Result<Report> {
             measurements.push(Measurement {
                 variant: variant.name(),
                 dtype: "f32".into(),
-                rows: shape.rows,
-                cols: shape.cols,
+                rows: shape.rows(),
+                cols: shape.cols(),
                 kernels,
                 outcome,
             });

@@ -165,8 +165,8 @@ impl<T: Bench> OpPools<T> {
         timing::launched(self.call(softmax, &input, &grad, &mut output))?;
         softmax.synchronize().map_err(failed)?;
         for row in timing::verified_rows(shape, rng) {
-            let range = row * shape.cols..(row + 1) * shape.cols;
-            let mut actual = vec![T::from_f32(0.0); shape.cols];
+            let range = row * shape.cols()..(row + 1) * shape.cols();
+            let mut actual = vec![T::from_f32(0.0); shape.cols()];
             output
                 .index(range.clone())
                 .copy_to(&mut actual[..])
@@ -174,7 +174,7 @@ impl<T: Bench> OpPools<T> {
                 .map_err(failed)?;
             let input = to_f32(&self.host_input[range.clone()]);
             let expected = match self.op {
-                BenchOp::Softmax => softmax_f64(&input, 1, shape.cols),
+                BenchOp::Softmax => softmax_f64(&input, 1, shape.cols()),
                 BenchOp::LogSoftmax => log_softmax_row_f64(&input),
                 BenchOp::Backward => {
                     softmax_backward_row_f64(&input, &to_f32(&self.host_grad[range]))
@@ -244,9 +244,9 @@ fn softmax_outputs<T: Element>(
     slots: usize,
 ) -> Vec<T> {
     let mut values = Vec::with_capacity(stride * slots);
-    let mut row = vec![0.0f32; shape.cols];
+    let mut row = vec![0.0f32; shape.cols()];
     for _ in 0..slots {
-        for _ in 0..shape.rows {
+        for _ in 0..shape.rows() {
             row.iter_mut()
                 .for_each(|x| *x = rng.random_range(-8.0..8.0));
             let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -362,8 +362,8 @@ pub(super) fn run<T: Bench>(config: &BenchConfig) -> Result<super::Report> {
         let measurement = |variant: &str, kernels: String, outcome| Measurement {
             variant: variant.into(),
             dtype: dtype.name().into(),
-            rows: shape.rows,
-            cols: shape.cols,
+            rows: shape.rows(),
+            cols: shape.cols(),
             kernels: vec![kernels],
             outcome,
         };

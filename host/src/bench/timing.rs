@@ -25,8 +25,8 @@ const VERIFIED_ROWS: usize = 8;
 
 /// The rows a verification compares: the first, the last and random others.
 pub(super) fn verified_rows(shape: Shape, rng: &mut SmallRng) -> Vec<usize> {
-    let mut rows: Vec<usize> = vec![0, shape.rows - 1];
-    rows.extend((0..VERIFIED_ROWS - 2).map(|_| rng.random_range(0..shape.rows)));
+    let mut rows: Vec<usize> = vec![0, shape.rows() - 1];
+    rows.extend((0..VERIFIED_ROWS - 2).map(|_| rng.random_range(0..shape.rows())));
     rows
 }
 
@@ -105,15 +105,15 @@ impl Pools {
         launched(softmax.run(variant, &input, &mut output, shape))?;
         softmax.synchronize().map_err(failed)?;
         for row in verified_rows(shape, rng) {
-            let range = row * shape.cols..(row + 1) * shape.cols;
-            let mut actual = vec![0.0f32; shape.cols];
+            let range = row * shape.cols()..(row + 1) * shape.cols();
+            let mut actual = vec![0.0f32; shape.cols()];
             output
                 .index(range.clone())
                 .copy_to(&mut actual[..])
                 .during("reading a result row")
                 .map_err(failed)?;
-            let expected = softmax_f64(&self.host_slot0[range], 1, shape.cols);
-            let deviation = deviation(&actual, &expected, shape.cols);
+            let expected = softmax_f64(&self.host_slot0[range], 1, shape.cols());
+            let deviation = deviation(&actual, &expected, shape.cols());
             if !deviation.within(TOLERANCE) {
                 return Err(Outcome::Failed(format!("row {row}: {deviation:?}")));
             }

@@ -150,7 +150,7 @@ impl Check {
         softmax.synchronize().map_err(Failure::Refused)?;
         let mut output = vec![0.0; shape.len()];
         device_output.copy_to(&mut output[..]).map_err(cuda)?;
-        let deviation = deviation(&output, expected, shape.cols);
+        let deviation = deviation(&output, expected, shape.cols());
         if !deviation.within(tolerance) {
             return Err(Failure::Wrong(deviation));
         }
