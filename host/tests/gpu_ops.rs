@@ -896,6 +896,24 @@ impl Placement {
     }
 }
 
+/// Runs `call` on a view of a NaN-poisoned output placed at `at`, waits for it, and returns
+/// the rows it wrote (an error if it wrote anything else).
+fn written<O: Element>(
+    softmax: &mut Softmax,
+    what: &str,
+    at: Placement,
+    shape: Shape,
+    call: impl FnOnce(&mut Softmax, RowsMut<'_, O>) -> softmax::Result<()>,
+) -> Result<Vec<f32>, String> {
+    let output = poisoned::<O>(at.allocation(shape))?;
+    let mut view = output.index(at.offset..);
+    let rows = RowsMut::strided(&mut view, shape, at.pitch).map_err(text)?;
+    call(softmax, rows).map_err(|e| format!("{what}: {e}"))?;
+    softmax.synchronize().map_err(|e| format!("{what}: {e}"))?;
+    at.gather(&download(&output)?, shape)
+        .map_err(|e| format!("{what}: {e}"))
+}
+
 /// One forward case from `I` to `O`: softmax or log-softmax with a random scale.
 fn fuzz_forward<I: Element, O: Element>(
     softmax: &mut Softmax,
@@ -917,20 +935,11 @@ fn fuzz_forward<I: Element, O: Element>(
         O::DTYPE
     );
     let input = upload::<I>(&from.spread(&x, shape, 7.0))?;
-    let output = poisoned::<O>(to.allocation(shape))?;
-    let mut output_view = output.index(to.offset..);
-    softmax
-        .forward(
-            op,
-            Rows::strided(&input.index(from.offset..), shape, from.pitch).map_err(text)?,
-            RowsMut::strided(&mut output_view, shape, to.pitch).map_err(text)?,
-            &Options::new().scale(scale),
-        )
-        .map_err(|e| format!("{what}: {e}"))?;
-    softmax.synchronize().map_err(|e| format!("{what}: {e}"))?;
-    let actual = to
-        .gather(&download(&output)?, shape)
-        .map_err(|e| format!("{what}: {e}"))?;
+    let input_view = input.index(from.offset..);
+    let input = Rows::strided(&input_view, shape, from.pitch).map_err(text)?;
+    let actual = written::<O>(softmax, &what, to, shape, |softmax, output| {
+        softmax.forward(op, input, output, &Options::new().scale(scale))
+    })?;
     let expected = Scores {
         scale,
         ..Scores::default()
@@ -962,23 +971,19 @@ fn fuzz_backward<T: Element, O: Element>(
         T::DTYPE,
         O::DTYPE
     );
-    let y_device = upload::<T>(&at_y.spread(&y, shape, 0.5))?;
-    let dy_device = upload::<T>(&at_dy.spread(&dy, shape, 0.5))?;
-    let dx = poisoned::<O>(at_dx.allocation(shape))?;
-    let mut dx_view = dx.index(at_dx.offset..);
-    softmax
-        .backward(
-            op,
-            Rows::strided(&y_device.index(at_y.offset..), shape, at_y.pitch).map_err(text)?,
-            Rows::strided(&dy_device.index(at_dy.offset..), shape, at_dy.pitch).map_err(text)?,
-            RowsMut::strided(&mut dx_view, shape, at_dx.pitch).map_err(text)?,
-            &Options::new(),
-        )
-        .map_err(|e| format!("{what}: {e}"))?;
-    softmax.synchronize().map_err(|e| format!("{what}: {e}"))?;
-    let actual = at_dx
-        .gather(&download(&dx)?, shape)
-        .map_err(|e| format!("{what}: {e}"))?;
+    let (y_device, dy_device) = (
+        upload::<T>(&at_y.spread(&y, shape, 0.5))?,
+        upload::<T>(&at_dy.spread(&dy, shape, 0.5))?,
+    );
+    let (y_view, dy_view) = (
+        y_device.index(at_y.offset..),
+        dy_device.index(at_dy.offset..),
+    );
+    let y_rows = Rows::strided(&y_view, shape, at_y.pitch).map_err(text)?;
+    let dy_rows = Rows::strided(&dy_view, shape, at_dy.pitch).map_err(text)?;
+    let actual = written::<O>(softmax, &what, at_dx, shape, |softmax, dx| {
+        softmax.backward(op, y_rows, dy_rows, dx, &Options::new())
+    })?;
     let expected = backward_f64(log, &y, &dy, shape.cols(), &vec![1.0; shape.rows()]);
     let deviation = backward_deviation(op, &y, &dy, &actual, &expected);
     tally.record(&what, deviation, tolerance(O::DTYPE) * 4.0)
