@@ -372,11 +372,13 @@ macro_rules! op_layout_entries {
 
 /// Every operation entry of one input type, from the instance lists of
 /// `crate::row_ops::with_op_instances` (the host's tables come from the same lists and name
-/// the entries the same way: [`crate::row_ops::OpKernelName`]).
+/// the entries the same way: [`crate::row_ops::OpKernelName`]). The first group instance has
+/// fewer slots than a peeled row's ends take, so it has no peeled entries (`row_ops` asserts
+/// that it is the only one).
 macro_rules! op_entries_for {
     (
         $feature:literal, $input:ty, $name:literal, $vector:literal,
-        rows_vector $rows_vector:tt,
+        rows_vector [$one_slot:tt, $($rows_vector:tt),+],
         rows_scalar $rows_scalar:tt,
         block_vector $block_vector:tt,
         block_scalar $block_scalar:tt
@@ -389,7 +391,7 @@ macro_rules! op_entries_for {
             $vector,
             "",
             [("fwd", Forward), ("mfwd", MaskedForward), ("bwd", Backward)],
-            $rows_vector,
+            [$one_slot, $($rows_vector),+],
             $block_vector
         );
         op_layout_entries!(
@@ -411,7 +413,7 @@ macro_rules! op_entries_for {
             $vector,
             "peeled",
             [("fwd", Forward), ("bwd", Backward)],
-            $rows_vector,
+            [$($rows_vector),+],
             $block_vector
         );
     };
