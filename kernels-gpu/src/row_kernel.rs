@@ -130,6 +130,21 @@ unsafe fn store_outputs<const PACK: usize>(
     }
 }
 
+/// Row `row`'s scale: `scale · row_scale[row]`, or `scale` without a row-scale buffer.
+///
+/// # Safety
+/// `row < params.rows`; a row-scale buffer, if given, holds `rows` floats.
+#[inline(always)]
+unsafe fn row_scale(p: &RowOpParams, row: usize) -> f32 {
+    let row_scale = if p.row_scale == 0 {
+        1.0
+    } else {
+        // SAFETY: forwarded from the contract.
+        unsafe { (p.row_scale as *const f32).add(row).read() }
+    };
+    p.scale * row_scale
+}
+
 /// Element address of row `row` of a buffer with `stride` elements per row.
 #[inline(always)]
 fn row_start(base: u64, row: usize, stride: u64, dtype: DType) -> u64 {
@@ -222,12 +237,8 @@ impl ForwardRow {
     /// As [`RowKernel::for_row`].
     #[inline(always)]
     unsafe fn new(p: &RowOpParams, row: usize) -> Self {
-        let row_scale = if p.row_scale == 0 {
-            1.0
-        } else {
-            // SAFETY: the row-scale buffer holds `rows` floats.
-            unsafe { (p.row_scale as *const f32).add(row).read() }
-        };
+        // SAFETY: forwarded.
+        let scale = unsafe { row_scale(p, row) };
         ForwardRow {
             y: if p.output == 0 {
                 0
@@ -237,7 +248,7 @@ impl ForwardRow {
             output_dtype: p.output_dtype,
             log: p.op == op::LOG_SOFTMAX,
             zero_masked_rows: p.masked_rows_zero != 0,
-            scale: p.scale * row_scale,
+            scale,
             log_sum_exp: if p.log_sum_exp == 0 {
                 core::ptr::null_mut()
             } else {
@@ -632,19 +643,15 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for Backward<In> {
 
     #[inline(always)]
     unsafe fn for_row(p: &RowOpParams, row: usize) -> Self {
-        let row_scale = if p.row_scale == 0 {
-            1.0
-        } else {
-            // SAFETY: the row-scale buffer holds `rows` floats.
-            unsafe { (p.row_scale as *const f32).add(row).read() }
-        };
+        // SAFETY: forwarded.
+        let scale = unsafe { row_scale(p, row) };
         Backward {
             y: row_start(p.input, row, p.input_stride, In::DTYPE) as *const In,
             dy: row_start(p.grad, row, p.grad_stride, In::DTYPE) as *const In,
             dx: row_start(p.output, row, p.output_stride, output_dtype(p)),
             output_dtype: p.output_dtype,
             log: p.op == op::LOG_SOFTMAX,
-            scale: p.scale * row_scale,
+            scale,
             _input: PhantomData,
         }
     }
