@@ -3,10 +3,8 @@
 
 use kernels_gpu::launch::REDUCTION_SCRATCH_FLOATS;
 use kernels_gpu::row_ops::{
-    DType, Direction, OP_BLOCK_SCALAR, OP_BLOCK_VECTOR, OP_ROWS_BLOCK, OP_ROWS_SCALAR,
-    OP_ROWS_VECTOR, OpKernelName, OpKernelShape, PackLayout,
+    DType, Direction, OP_ROWS_BLOCK, OpKernelName, OpKernelShape, PackLayout,
 };
-use kernels_gpu::row_part::END_SLOTS;
 
 use crate::plan::DeviceLimits;
 
@@ -66,27 +64,10 @@ pub(crate) fn plan_op(
     let vector = layout != PackLayout::Elements;
     let pack = layout.pack(input);
     // Slots a group or block needs beyond its body packs: the row's head and tail.
-    let ends = if layout == PackLayout::Peeled {
-        END_SLOTS
-    } else {
-        0
-    };
+    let ends = layout.end_slots();
     // Whole packs of the row's body (at most; an unaligned row's body may have one less).
     let row_packs = cols / pack;
-    let instances = |shape_of: fn(u32) -> OpKernelShape, table: &'static [(u32, u32)]| {
-        table.iter().map(move |&(width, packs)| OpKernelName {
-            direction,
-            input,
-            layout,
-            shape: shape_of(width),
-            packs,
-        })
-    };
-    let (rows_table, block_table) = if vector {
-        (OP_ROWS_VECTOR, OP_BLOCK_VECTOR)
-    } else {
-        (OP_ROWS_SCALAR, OP_BLOCK_SCALAR)
-    };
+    let instances = OpKernelName::instances(direction, input, layout);
 
     // Narrow rows: a group of lanes per row. With 16-byte packs, each lane takes about
     // `LANE_PACKS` of them (at least two lanes once the row has two packs: a warp's load
@@ -97,8 +78,9 @@ pub(crate) fn plan_op(
         .div_ceil(lane_packs)
         .next_power_of_two()
         .clamp(slots.min(2), 32);
-    let group = instances(|lanes| OpKernelShape::Rows { lanes }, rows_table)
-        .filter(|k| k.threads_per_row() == lanes && k.slots() >= slots)
+    let group = instances
+        .clone()
+        .filter(|k| k.shape == OpKernelShape::Rows { lanes } && k.slots() >= slots)
         .min_by_key(|k| k.packs);
     if let Some(kernel) = group {
         return Some(OpLaunch {
@@ -113,11 +95,11 @@ pub(crate) fn plan_op(
     let scratch = REDUCTION_SCRATCH_FLOATS * 4;
     let resident =
         |k: &OpKernelName| device.blocks_per_sm(&k.to_string(), k.threads_per_row(), scratch);
-    let blocks: Vec<(OpKernelName, u32)> =
-        instances(|threads| OpKernelShape::Block { threads }, block_table)
-            .map(|k| (k, resident(&k)))
-            .filter(|&(_, resident)| resident > 0)
-            .collect();
+    let blocks: Vec<(OpKernelName, u32)> = instances
+        .filter(|k| matches!(k.shape, OpKernelShape::Block { .. }))
+        .map(|k| (k, resident(&k)))
+        .filter(|&(_, resident)| resident > 0)
+        .collect();
     let launch = |kernel: OpKernelName, slices: u32| OpLaunch {
         kernel,
         grid: rows * slices,
@@ -207,11 +189,7 @@ mod tests {
     fn check(launch: &OpLaunch, input: DType, cols: u32, layout: PackLayout) -> Result<(), String> {
         let k = launch.kernel;
         let pack = layout.pack(input);
-        let ends = if layout == PackLayout::Peeled {
-            END_SLOTS
-        } else {
-            0
-        };
+        let ends = layout.end_slots();
         if k.layout != layout || k.input != input {
             return Err(format!("{k} for {input:?} laid out as {layout:?}"));
         }

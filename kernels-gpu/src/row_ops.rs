@@ -259,6 +259,14 @@ impl PackLayout {
         }
     }
 
+    /// Slots a row's share takes besides its body packs: a peeled row's head and tail.
+    pub const fn end_slots(self) -> u32 {
+        match self {
+            PackLayout::Peeled => END_SLOTS,
+            PackLayout::Elements | PackLayout::Aligned => 0,
+        }
+    }
+
     /// Whether the layout has entries for `direction`.
     pub const fn serves(self, direction: Direction) -> bool {
         !matches!(
@@ -304,26 +312,37 @@ impl OpKernelName {
         self.slots() * self.pack()
     }
 
-    /// The instances of one layout: `(shape, packs)` from its group and block tables.
-    pub fn instances(layout: PackLayout) -> impl Iterator<Item = (OpKernelShape, u32)> {
+    /// The entries of one direction, input type and layout: its group and block tables'
+    /// instances, less those with fewer slots than the layout's ends take (asserted under the
+    /// tables: only the first group instance, for peeled rows).
+    pub fn instances(
+        direction: Direction,
+        input: DType,
+        layout: PackLayout,
+    ) -> impl Iterator<Item = OpKernelName> + Clone {
         let (rows, blocks) = match layout {
             PackLayout::Elements => (OP_ROWS_SCALAR, OP_BLOCK_SCALAR),
             PackLayout::Aligned | PackLayout::Peeled => (OP_ROWS_VECTOR, OP_BLOCK_VECTOR),
         };
-        // A peeled row needs its two end slots besides its body (asserted under the tables).
         let rows = rows
             .iter()
-            .filter(move |&&(lanes, packs)| {
-                layout != PackLayout::Peeled || lanes * packs >= END_SLOTS
-            })
             .map(|&(lanes, packs)| (OpKernelShape::Rows { lanes }, packs));
         let blocks = blocks
             .iter()
             .map(|&(threads, packs)| (OpKernelShape::Block { threads }, packs));
         rows.chain(blocks)
+            .map(move |(shape, packs)| OpKernelName {
+                direction,
+                input,
+                layout,
+                shape,
+                packs,
+            })
+            .filter(move |k| k.slots() >= layout.end_slots())
     }
 
-    /// Every entry of one input type: each direction, layout and instance.
+    /// Every entry of one input type: each layout, the directions it serves, and their
+    /// instances.
     pub fn all_for(input: DType) -> impl Iterator<Item = OpKernelName> {
         [
             PackLayout::Elements,
@@ -332,18 +351,10 @@ impl OpKernelName {
         ]
         .into_iter()
         .flat_map(move |layout| {
-            Self::instances(layout).flat_map(move |(shape, packs)| {
-                Direction::ALL
-                    .into_iter()
-                    .filter(move |&direction| layout.serves(direction))
-                    .map(move |direction| OpKernelName {
-                        direction,
-                        input,
-                        layout,
-                        shape,
-                        packs,
-                    })
-            })
+            Direction::ALL
+                .into_iter()
+                .filter(move |&direction| layout.serves(direction))
+                .flat_map(move |direction| Self::instances(direction, input, layout))
         })
     }
 }
