@@ -22,7 +22,9 @@ use crate::plan::Launch;
 use crate::shape::Shape;
 use crate::variant::Variant;
 
-/// Device address and row stride of one buffer an operation touches, for the alignment check.
+/// Device address and row stride of one buffer an operation touches: for the alignment
+/// check, and for the parameters of the buffer it writes.
+#[derive(Clone, Copy)]
 struct Operand {
     address: u64,
     stride_bytes: u64,
@@ -128,10 +130,10 @@ struct Call {
 }
 
 impl Call {
-    /// Writes the element outputs as `dtype` rows `stride` elements apart from `address`.
-    fn writing(mut self, address: u64, stride: usize, dtype: DType) -> Self {
-        self.params.output = address;
-        self.params.output_stride = stride as u64;
+    /// Writes the element outputs into `output`, as `dtype`.
+    fn writing(mut self, output: Operand, dtype: DType) -> Self {
+        self.params.output = output.address;
+        self.params.output_stride = output.stride_bytes / u64::from(output.element_bytes);
         self.params.output_dtype = dtype as u32;
         self
     }
@@ -176,15 +178,7 @@ impl Softmax {
                 input.shape,
             );
         }
-        let y = Operand::of(output.data, output.stride);
-        let call = self
-            .reading(Direction::Forward, &input, options, [y])
-            .operation(op)
-            .writing(
-                output.data.as_device_ptr().as_raw(),
-                output.stride,
-                O::DTYPE,
-            );
+        let call = self.forward_call(op, &input, &output, options);
         self.enqueue_call(call)
     }
 
@@ -199,7 +193,7 @@ impl Softmax {
         if data.shape.is_empty() {
             return Ok(());
         }
-        let address = data.data.as_device_ptr().as_raw();
+        let output = Operand::of(data.data, data.stride);
         let input = Rows {
             data: &*data.data,
             shape: data.shape,
@@ -208,7 +202,7 @@ impl Softmax {
         let call = self
             .reading(Direction::Forward, &input, options, [])
             .operation(op)
-            .writing(address, data.stride, T::DTYPE);
+            .writing(output, T::DTYPE);
         self.enqueue_call(call)
     }
 
@@ -242,18 +236,8 @@ impl Softmax {
     ) -> Result<()> {
         check_shapes(y.shape, dy.shape, "gradient")?;
         check_shapes(y.shape, dx.shape, "gradient output")?;
-        let dx_address = dx.data.as_device_ptr().as_raw();
-        let dx_operand = Operand::of(dx.data, dx.stride);
-        self.backward_call::<T>(
-            op,
-            &y,
-            &dy,
-            dx_operand,
-            dx_address,
-            dx.stride,
-            O::DTYPE,
-            options,
-        )
+        let dx = Operand::of(dx.data, dx.stride);
+        self.backward_call::<T>(op, &y, &dy, dx, O::DTYPE, options)
     }
 
     /// [`Softmax::backward`] with `dx` written over `dy`.
@@ -265,34 +249,21 @@ impl Softmax {
         options: &Options<'_>,
     ) -> Result<()> {
         check_shapes(y.shape, dy.shape, "gradient")?;
-        let address = dy.data.as_device_ptr().as_raw();
+        let dx = Operand::of(dy.data, dy.stride);
         let gradient = Rows {
             data: &*dy.data,
             shape: dy.shape,
             stride: dy.stride,
         };
-        let operand = Operand::of(dy.data, dy.stride);
-        self.backward_call::<T>(
-            op,
-            &y,
-            &gradient,
-            operand,
-            address,
-            dy.stride,
-            T::DTYPE,
-            options,
-        )
+        self.backward_call::<T>(op, &y, &gradient, dx, T::DTYPE, options)
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn backward_call<T: Element>(
         &mut self,
         op: Operation,
         y: &Rows<'_, T>,
         dy: &Rows<'_, T>,
         dx: Operand,
-        dx_address: u64,
-        dx_stride: usize,
         dx_dtype: DType,
         options: &Options<'_>,
     ) -> Result<()> {
@@ -316,7 +287,7 @@ impl Softmax {
                 [Operand::of(dy.data, dy.stride), dx],
             )
             .operation(op)
-            .writing(dx_address, dx_stride, dx_dtype);
+            .writing(dx, dx_dtype);
         call.params.grad = dy.data.as_device_ptr().as_raw();
         call.params.grad_stride = dy.stride as u64;
         self.enqueue_call(call)
@@ -368,15 +339,7 @@ impl Softmax {
         if input.shape.is_empty() {
             return Ok(());
         }
-        let y = Operand::of(output.data, output.stride);
-        let mut call = self
-            .reading(Direction::Forward, &input, options, [y])
-            .operation(op)
-            .writing(
-                output.data.as_device_ptr().as_raw(),
-                output.stride,
-                O::DTYPE,
-            );
+        let mut call = self.forward_call(op, &input, &output, options);
         call.params.mode = mode::APPLY_STATES;
         call.params.states = states.as_device_ptr().as_raw();
         call.params.state_slots = (states.len() / rows) as u32;
@@ -398,6 +361,20 @@ impl Softmax {
             return Ok(None);
         }
         Ok(Some(self.reading(Direction::Forward, input, options, [])))
+    }
+
+    /// The call writing `op` of `input`'s rows into `output`.
+    fn forward_call<I: Element, O: Element>(
+        &self,
+        op: Operation,
+        input: &Rows<'_, I>,
+        output: &RowsMut<'_, O>,
+        options: &Options<'_>,
+    ) -> Call {
+        let y = Operand::of(output.data, output.stride);
+        self.reading(Direction::Forward, input, options, [y])
+            .operation(op)
+            .writing(y, O::DTYPE)
     }
 
     /// A call that reads `input`; `others` are the other buffers it touches, for the
