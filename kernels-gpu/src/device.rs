@@ -33,17 +33,39 @@ pub fn sync_threads() {
     unsafe { nvptx::_syncthreads() }
 }
 
-/// `2^x` with the special-function unit (`ex2.approx.ftz`, about 2 ulp; `2^-inf = 0`).
-#[inline(always)]
-pub fn exp2_approx(x: f32) -> f32 {
-    let y: f32;
-    // SAFETY: a pure arithmetic instruction on registers.
-    unsafe {
-        asm!("ex2.approx.ftz.f32 {y}, {x};", y = out(reg32) y, x = in(reg32) x,
-            options(pure, nomem, nostack))
+/// A one-operand `f32` instruction of the special-function unit, as a function.
+macro_rules! special_function {
+    ($(#[$doc:meta])* $name:ident, $instruction:literal) => {
+        $(#[$doc])*
+        #[inline(always)]
+        pub fn $name(x: f32) -> f32 {
+            let y: f32;
+            // SAFETY: a pure arithmetic instruction on registers.
+            unsafe {
+                asm!(concat!($instruction, " {y}, {x};"), y = out(reg32) y, x = in(reg32) x,
+                    options(pure, nomem, nostack))
+            };
+            y
+        }
     };
-    y
 }
+
+special_function!(
+    /// `2^x` (`ex2.approx.ftz`, about 2 ulp; `2^-inf = 0`).
+    exp2_approx,
+    "ex2.approx.ftz.f32"
+);
+special_function!(
+    /// `log2(x)` (`lg2.approx.ftz`; `log2(0) = -inf`).
+    log2_approx,
+    "lg2.approx.ftz.f32"
+);
+special_function!(
+    /// `1 / x` (`rcp.approx.ftz`, within 1 ulp; `1/0 = inf`): one instruction where IEEE
+    /// division takes a dozen with a slow path.
+    reciprocal_approx,
+    "rcp.approx.ftz.f32"
+);
 
 /// `a · b + c` rounded once (`fma.rn.f32`; rustc keeps `a * b + c` as two roundings).
 #[inline(always)]
@@ -55,31 +77,6 @@ pub fn fma(a: f32, b: f32, c: f32) -> f32 {
             b = in(reg32) b, c = in(reg32) c, options(pure, nomem, nostack))
     };
     d
-}
-
-/// `log2(x)` with the special-function unit (`lg2.approx.ftz`; `log2(0) = -inf`).
-#[inline(always)]
-pub fn log2_approx(x: f32) -> f32 {
-    let y: f32;
-    // SAFETY: a pure arithmetic instruction on registers.
-    unsafe {
-        asm!("lg2.approx.ftz.f32 {y}, {x};", y = out(reg32) y, x = in(reg32) x,
-            options(pure, nomem, nostack))
-    };
-    y
-}
-
-/// `1 / x` with the special-function unit (`rcp.approx.ftz`, within 1 ulp; `1/0 = inf`):
-/// one instruction where IEEE division takes a dozen with a slow path.
-#[inline(always)]
-pub fn reciprocal_approx(x: f32) -> f32 {
-    let y: f32;
-    // SAFETY: a pure arithmetic instruction on registers.
-    unsafe {
-        asm!("rcp.approx.ftz.f32 {y}, {x};", y = out(reg32) y, x = in(reg32) x,
-            options(pure, nomem, nostack))
-    };
-    y
 }
 
 /// Value of `value` held by lane `lane ^ mask`. Every lane of the warp must execute it.
