@@ -10,8 +10,8 @@ use crate::device::{block_dim, block_idx, dynamic_shared_f32, thread_idx};
 use crate::element::{Bf16, F16};
 use crate::row_exchange::exchange_row_stats;
 use crate::row_kernel::{
-    Backward, Forward, MaskedForward, PeelableRow, RowKernel, merged_states, store_slice_state,
-    store_state,
+    Backward, Forward, MaskedForward, PeelableRow, RowKernel, block_merged_states, merged_states,
+    store_slice_state, store_state,
 };
 use crate::row_ops::{RowOpParams, mode};
 use crate::row_part::{END_SLOTS, Piece, RowPart, Share};
@@ -280,9 +280,10 @@ pub unsafe fn op_block<
     let mut values = unsafe { L::load::<PACKS>(&kernel, share, THREADS, tid) };
     let scratch = dynamic_shared_f32();
     let (stats, mine) = if p.mode == mode::APPLY_STATES {
-        // SAFETY: the states buffer holds the row's slots (contract of that mode).
+        // SAFETY: the states buffer holds the row's slots (contract of that mode); uniform
+        // control flow; the launch provides the scratch.
         (
-            unsafe { merged_states(p, row) },
+            unsafe { block_merged_states(p, row, scratch) },
             kernel.partial(&mut values),
         )
     } else {

@@ -6,7 +6,9 @@
 
 use core::marker::PhantomData;
 
-use crate::device::{DeviceExp2, exp2_approx, fma, log2_approx, reciprocal_approx};
+use crate::device::{
+    DeviceExp2, block_dim, exp2_approx, fma, log2_approx, reciprocal_approx, thread_idx,
+};
 use crate::element::{Element, load, store_as};
 use crate::online::{LOG2_E, OnlineStats};
 use crate::reduce::{Max, Partial, Sum, block_reduce, group_max, group_reduce, group_sum};
@@ -183,24 +185,55 @@ pub unsafe fn store_slice_state<S: Partial>(
     };
 }
 
-/// Merges the `state_slots` stored states of `row`.
+/// The state of `row` stored in slot `slot`.
+///
+/// # Safety
+/// `params.states` holds `rows · (slot + 1)` [`RowState`]s at least, and `row < rows`.
+#[inline(always)]
+unsafe fn stored_state<S: Partial>(params: &RowOpParams, row: usize, slot: usize) -> S {
+    let slot = slot * params.rows as usize + row;
+    // SAFETY: forwarded from the contract.
+    let state = unsafe { (params.states as *const RowState).add(slot).read() };
+    S::from_floats([state.max, state.sum])
+}
+
+/// Merges the `state_slots` stored states of `row`, one after another (a group's lanes each
+/// merge all of a caller's few slots).
 ///
 /// # Safety
 /// As [`store_state`].
 #[inline(always)]
 pub unsafe fn merged_states<S: Partial>(params: &RowOpParams, row: usize) -> S {
-    let rows = params.rows as usize;
     let mut merged = S::EMPTY;
     for slot in 0..params.state_slots as usize {
         // SAFETY: forwarded from the contract.
-        let state = unsafe {
-            (params.states as *const RowState)
-                .add(slot * rows + row)
-                .read()
-        };
-        merged = merged.merge(S::from_floats([state.max, state.sum]));
+        merged = merged.merge(unsafe { stored_state(params, row, slot) });
     }
     merged
+}
+
+/// Merges the `state_slots` stored states of `row` with the whole block: each thread reads
+/// every `block_dim`-th slot and a block reduction merges theirs. A split launch leaves one
+/// slot per slice (dozens); merged one after another by every thread, their dependent reads
+/// took longer than the slice's own work.
+///
+/// # Safety
+/// As [`store_state`]; called by every thread of the block from uniform control flow, with
+/// `scratch` as for [`block_reduce`].
+#[inline(always)]
+pub unsafe fn block_merged_states<S: Partial>(
+    params: &RowOpParams,
+    row: usize,
+    scratch: *mut f32,
+) -> S {
+    let mut merged = S::EMPTY;
+    let slots = params.state_slots as usize;
+    for slot in (thread_idx() as usize..slots).step_by(block_dim() as usize) {
+        // SAFETY: forwarded from the contract.
+        merged = merged.merge(unsafe { stored_state(params, row, slot) });
+    }
+    // SAFETY: forwarded from the contract.
+    unsafe { block_reduce(merged, scratch) }
 }
 
 /// `ln x` from the special-function unit's `log2`.

@@ -8,6 +8,7 @@
 
 use cust::memory::{AsyncCopyDestination, CopyDestination, DeviceBuffer, DeviceSlice};
 use indicatif::{ProgressBar, ProgressStyle};
+use kernels_gpu::row_ops::{Direction, PackLayout};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -15,6 +16,7 @@ use super::timing::{self, Launcher, WORKING_SET_OVER_L2};
 use super::{BenchConfig, BenchOp, Measurement, Outcome, timed_outcome, traffic_bytes};
 use crate::error::{CudaContext, Error, Result};
 use crate::ops::{DType, Element, Operation, Options, Rows, RowsMut};
+
 use crate::reference::softmax_f64;
 use crate::shape::Shape;
 use crate::softmax::Softmax;
@@ -208,6 +210,27 @@ fn forward_operation(op: BenchOp) -> Operation {
     }
 }
 
+/// The kernel `auto` launches for `op` on `shape` (the pools' slots start 16-byte aligned and
+/// are compact, so rows are aligned for 16-byte packs when `cols` is a multiple of one, and
+/// peeled otherwise).
+fn planned_kernel(
+    softmax: &mut Softmax,
+    op: BenchOp,
+    dtype: DType,
+    shape: Shape,
+) -> Result<String> {
+    let direction = match op {
+        BenchOp::Softmax | BenchOp::LogSoftmax => Direction::Forward,
+        BenchOp::Backward => Direction::Backward,
+    };
+    let layout = if shape.cols().is_multiple_of(dtype.vector_pack() as usize) {
+        PackLayout::Aligned
+    } else {
+        PackLayout::Peeled
+    };
+    softmax.op_plan_label(direction, dtype, shape, layout)
+}
+
 /// How the report names the call `auto` makes (in the kernels column).
 fn api_call(op: BenchOp, dtype: DType) -> String {
     let t = dtype.name();
@@ -376,7 +399,12 @@ pub(super) fn run<T: Bench>(config: &BenchConfig) -> Result<super::Report> {
             Ok(()) => timed_outcome(traffic_bytes(op, dtype, shape), medians[1], copy_gbps),
             Err(outcome) => outcome,
         };
-        measurements.push(measurement("auto", api_call(op, dtype), outcome));
+        let kernels = format!(
+            "{}: {}",
+            api_call(op, dtype),
+            planned_kernel(&mut softmax, op, dtype, shape)?
+        );
+        measurements.push(measurement("auto", kernels, outcome));
         progress.inc(1);
     }
     progress.finish_and_clear();
