@@ -494,7 +494,9 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for Forward<In> {
                 run,
                 row,
                 |i| exp2_approx(fma(value(i), slope, row.shift)) * row.inv_sum,
-                |i| fma(value(i), self.row.scale, -row.offset),
+                // Not fused: the product rounds as the row's maximum did, so the maximum's own
+                // element gives exactly `-ln sum` (0 in a single column).
+                |i| value(i) * self.row.scale - row.offset,
             )
         }
     }
