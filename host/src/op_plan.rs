@@ -63,7 +63,8 @@ pub(crate) fn plan_op(
     );
     let vector = layout != PackLayout::Elements;
     let pack = layout.pack(input);
-    // Slots a group or block needs beyond its body packs: the row's head and tail.
+    // Slots a group needs beyond its body packs: the row's head and tail (a block holds them
+    // apart from its body's slots).
     let ends = layout.end_slots();
     // Whole packs of the row's body (at most; an unaligned row's body may have one less).
     let row_packs = cols / pack;
@@ -110,7 +111,7 @@ pub(crate) fn plan_op(
     // Whole rows: most rows resident per multiprocessor, then the smallest instance.
     let whole = blocks
         .iter()
-        .filter(|(k, _)| k.slots() >= slots)
+        .filter(|(k, _)| k.slots() >= row_packs)
         .max_by_key(|&&(k, resident)| (resident, std::cmp::Reverse(k.capacity())))
         .copied();
     let fills_gpu = whole.is_some_and(|(_, r)| rows >= device.multiprocessors() * r);
@@ -123,10 +124,8 @@ pub(crate) fn plan_op(
     // still cover every multiprocessor; failing that (one or two rows), the fewest packs per
     // thread (the most blocks). Measured on the H200 (bench/NOTES.md, session 4): bf16 16x262144 34% -> 55%
     // of copy, 32x151936 47% -> 55%, one-row shapes unchanged.
-    // Body packs a slice of instance `k` holds, beside the ends.
-    let body_slots = |k: &OpKernelName| k.slots().saturating_sub(ends).max(1);
     let sliced = |&(k, resident): &(OpKernelName, u32)| {
-        let slices = row_packs.div_ceil(body_slots(&k));
+        let slices = row_packs.div_ceil(k.slots());
         let fits = slices > 1
             && slices <= k.threads_per_row()
             && u64::from(rows) * u64::from(slices)
@@ -158,7 +157,7 @@ pub(crate) fn plan_op(
             )
         })
         .copied()?;
-    let slices = row_packs.div_ceil(body_slots(&k)).max(1);
+    let slices = row_packs.div_ceil(k.slots()).max(1);
     if slices == 1 {
         return Some(launch(k, 1));
     }
@@ -189,7 +188,7 @@ mod tests {
     fn check(launch: &OpLaunch, input: DType, cols: u32, layout: PackLayout) -> Result<(), String> {
         let k = launch.kernel;
         let pack = layout.pack(input);
-        let ends = layout.end_slots();
+        let ends = k.end_slots();
         if k.layout != layout || k.input != input {
             return Err(format!("{k} for {input:?} laid out as {layout:?}"));
         }
@@ -229,6 +228,7 @@ mod tests {
                     (1, 1_048_576),
                     (3, 100_003),
                     (128, 50257),
+                    (6400, 16383),
                     (7, 5),
                 ] {
                     for layout in LAYOUTS {
@@ -261,17 +261,27 @@ mod tests {
                 slice,
                 slice_packs: launch.slice_packs as usize,
             };
-            for j in 0..launch.kernel.slots() as usize {
-                let piece = if launch.kernel.layout == PackLayout::Peeled {
-                    share.peeled::<PACK>(head).piece::<PACK>(j)
-                } else {
+            let k = launch.kernel;
+            let part = share.peeled::<PACK>(head);
+            // A peeled block's ends: one more slot of its first two threads.
+            let apart_ends = match (k.layout, k.shape) {
+                (PackLayout::Peeled, OpKernelShape::Block { .. }) => vec![0, 1],
+                _ => vec![],
+            };
+            let body = (0..k.slots() as usize).map(|j| match (k.layout, k.shape) {
+                (PackLayout::Peeled, OpKernelShape::Rows { .. }) => part.piece::<PACK>(j),
+                (PackLayout::Peeled, OpKernelShape::Block { .. }) => part.body_pack::<PACK>(j),
+                _ => {
                     let (first, end) = share.aligned_packs::<PACK>();
                     if first + j < end {
                         Piece::Pack((first + j) * PACK)
                     } else {
                         Piece::Nothing
                     }
-                };
+                }
+            });
+            let ends = apart_ends.into_iter().map(|end| part.end_piece(end));
+            for (j, piece) in body.chain(ends).enumerate() {
                 let (start, count) = match piece {
                     Piece::Pack(col) => (col, PACK),
                     Piece::Run { start, count } => (start, count),
@@ -298,6 +308,7 @@ mod tests {
                 (256, 16384),
                 (3, 100_003),
                 (128, 50257),
+                (6400, 16383),
                 (7, 5),
                 (1, 1_048_576),
             ] {
@@ -322,6 +333,34 @@ mod tests {
                         );
                     }
                 }
+            }
+        }
+    }
+
+    /// A block holds a peeled row's ends apart from its body's slots, so a row one element
+    /// short of an aligned width runs on the aligned width's instance (with the ends among
+    /// the slots, bf16 16383 columns took an instance twice as large, at a third of the speed).
+    #[test]
+    fn peeled_block_rows_plan_as_their_aligned_neighbour() {
+        for input in [DType::Bf16, DType::F32] {
+            for (rows, cols) in [(6400, 16384), (2048, 4096), (1024, 8192), (32, 151_936)] {
+                let aligned = planned(Direction::Forward, input, rows, cols).unwrap();
+                let peeled = plan_op(
+                    Direction::Forward,
+                    input,
+                    rows,
+                    cols - 1,
+                    PackLayout::Peeled,
+                    &FakeH200,
+                )
+                .unwrap();
+                assert!(matches!(peeled.kernel.shape, OpKernelShape::Block { .. }));
+                assert_eq!(
+                    (peeled.kernel.shape, peeled.kernel.packs, peeled.slices),
+                    (aligned.kernel.shape, aligned.kernel.packs, aligned.slices),
+                    "{input:?} {rows}x{}",
+                    cols - 1
+                );
             }
         }
     }

@@ -379,47 +379,70 @@ fn reference_masks_causal_and_fully_masked_rows() {
     assert_eq!(y, vec![1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0]);
 }
 
+/// Where a peeled row's head and tail go.
+#[derive(Clone, Copy, PartialEq)]
+enum Ends {
+    /// Aligned rows and single elements: none.
+    None,
+    /// A group's first two slots (`RowPart::piece`).
+    InSlots,
+    /// A block's extra slot, apart from the body's (`RowPart::body_pack`, `RowPart::end_piece`).
+    Apart,
+}
+
 /// Every column of a row covered exactly once by the pieces of its parts, packs aligned,
 /// runs shorter than a pack, within the slots the planner gives each part: `slice_packs`, plus
-/// `END_SLOTS` when rows may be unaligned (`peeled`). The row starts `row_start` elements past
-/// a 16-byte boundary and is cut into `slices` parts as the planner sizes them.
+/// `END_SLOTS` when a group holds a peeled row's ends in its slots. The row starts `row_start`
+/// elements past a 16-byte boundary and is cut into `slices` parts as the planner sizes them.
 fn row_parts_cover<const PACK: usize>(
     cols: usize,
     row_start: usize,
     slices: usize,
-    peeled: bool,
+    ends: Ends,
 ) -> Result<(), TestCaseError> {
     use kernels_gpu::row_part::{END_SLOTS, Piece, RowPart, unaligned_head};
 
     let bytes = 16 / PACK;
     let head = unaligned_head(row_start * bytes, bytes, PACK);
     let slice_packs = (cols / PACK).div_ceil(slices).max(1);
-    let slots = slice_packs + if peeled { END_SLOTS as usize } else { 0 };
+    let end_slots = END_SLOTS as usize;
     let mut covered = vec![0u8; cols];
     for slice in 0..slices {
         let part = RowPart::new::<PACK>(cols, head, slice, slice_packs);
-        for j in 0..slots {
-            let (start, count) = match part.piece::<PACK>(j) {
+        let pieces: Vec<(Piece, bool)> = match ends {
+            Ends::InSlots => (0..slice_packs + end_slots)
+                .map(|j| {
+                    let piece = part.piece::<PACK>(j);
+                    // Slots that cannot be ends read the same either way.
+                    if j >= end_slots {
+                        assert_eq!(piece, part.body_piece::<PACK>(j));
+                    }
+                    (piece, j < end_slots)
+                })
+                .collect(),
+            Ends::None | Ends::Apart => (0..slice_packs)
+                .map(|j| (part.body_pack::<PACK>(j), false))
+                .chain(
+                    (0..end_slots)
+                        .filter(|_| ends == Ends::Apart)
+                        .map(|end| (part.end_piece(end), true)),
+                )
+                .collect(),
+        };
+        for (piece, end_slot) in pieces {
+            let (start, count) = match piece {
                 Piece::Pack(col) => {
+                    prop_assert!(!end_slot || ends == Ends::InSlots, "pack in an end slot");
                     prop_assert_eq!((row_start + col) % PACK, 0, "pack at {} not aligned", col);
                     (col, PACK)
                 }
                 Piece::Run { start, count } => {
-                    prop_assert!(
-                        slice == 0 && j < END_SLOTS as usize,
-                        "run in slot {} of part {}",
-                        j,
-                        slice
-                    );
+                    prop_assert!(slice == 0 && end_slot, "run in part {} off its ends", slice);
                     prop_assert!(0 < count && count < PACK);
                     (start, count)
                 }
                 Piece::Nothing => continue,
             };
-            // Slots that cannot be ends read the same either way.
-            if j >= END_SLOTS as usize {
-                prop_assert_eq!(part.piece::<PACK>(j), part.body_piece::<PACK>(j));
-            }
             prop_assert!(start + count <= cols, "columns {}.. past the row", start);
             for times in &mut covered[start..start + count] {
                 *times += 1;
@@ -437,12 +460,14 @@ proptest! {
         row_start in 0usize..8,
         slices in 1usize..6,
     ) {
-        // Unaligned rows, with the two end slots the planner adds for them.
-        row_parts_cover::<8>(cols, row_start, slices, true)?;
-        row_parts_cover::<4>(cols, row_start % 4, slices, true)?;
-        // Aligned rows (whole packs from an aligned start) and single elements: no end slots.
-        row_parts_cover::<8>(cols.next_multiple_of(8), 0, slices, false)?;
-        row_parts_cover::<4>(cols.next_multiple_of(4), 0, slices, false)?;
-        row_parts_cover::<1>(cols, 0, slices, false)?;
+        // Unaligned rows: the ends in a group's slots, or apart as a block holds them.
+        for ends in [Ends::InSlots, Ends::Apart] {
+            row_parts_cover::<8>(cols, row_start, slices, ends)?;
+            row_parts_cover::<4>(cols, row_start % 4, slices, ends)?;
+        }
+        // Aligned rows (whole packs from an aligned start) and single elements: no ends.
+        row_parts_cover::<8>(cols.next_multiple_of(8), 0, slices, Ends::None)?;
+        row_parts_cover::<4>(cols.next_multiple_of(4), 0, slices, Ends::None)?;
+        row_parts_cover::<1>(cols, 0, slices, Ends::None)?;
     }
 }

@@ -31,6 +31,10 @@ const TESTS: &[common::Test] = &[
     ("ops_largest_foundation_shapes", largest_foundation_shapes),
     ("ops_scales_masks_and_causal", scales_masks_and_causal),
     ("ops_strides_and_in_place", strides_and_in_place),
+    (
+        "ops_peeled_rows_at_each_block_capacity",
+        peeled_rows_at_block_capacity,
+    ),
     ("ops_partial_states_merge_across_slices", partial_states),
     ("ops_bad_input_is_refused", bad_input_is_refused),
     ("ops_fuzz_ten_thousand_random_cases", fuzz),
@@ -324,6 +328,38 @@ fn every_operation_and_type_pair(softmax: &mut Softmax, rng: &mut StdRng) -> Out
         }
         let lse = Scores::default().log_sum_exp(&rounded::<f32>(&x), rows, cols);
         check_log_sum_exp::<f32>(softmax, &mut tally, &x, &lse, shape, &Options::new())?;
+    }
+    Ok(tally.summary())
+}
+
+/// Odd widths one element short of a block instance's aligned capacity (and the 151,935-wide
+/// LLM row): the rows are peeled, and a block holds their head and tail in one more slot of
+/// its first two threads, so the instance is the aligned width's. Few rows (cooperative
+/// slices) and many (a block per row), softmax and log-softmax forward and the softmax
+/// gradient, bf16 and f32.
+fn peeled_rows_at_block_capacity(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
+    let mut tally = Tally::default();
+    let shapes = [1023, 2047, 4095, 8191, 16383]
+        .into_iter()
+        .flat_map(|cols| [(3, cols), (300, cols)])
+        .chain([(32, 151_935)]);
+    for (rows, cols) in shapes {
+        let shape = Shape::new(rows, cols).unwrap();
+        let x = random_matrix(rng, shape, 8.0);
+        let dy = random_matrix(rng, shape, 1.0);
+        for op in [Operation::Softmax, Operation::LogSoftmax] {
+            let log = op == Operation::LogSoftmax;
+            let x16 = rounded::<bf16>(&x);
+            let expected = Scores::default().forward(log, &x16, rows, cols);
+            let options = Options::new();
+            check_forward::<bf16, bf16>(softmax, &mut tally, op, &x16, &expected, shape, &options)?;
+            let expected = Scores::default().forward(log, &x, rows, cols);
+            check_forward::<f32, f32>(softmax, &mut tally, op, &x, &expected, shape, &options)?;
+            let y = rounded::<bf16>(&expected.iter().map(|&v| v as f32).collect::<Vec<_>>());
+            let dy16 = rounded::<bf16>(&dy);
+            let dx = backward_f64(log, &y, &dy16, cols, &vec![1.0; rows]);
+            check_backward::<bf16, bf16>(softmax, &mut tally, op, &y, &dy16, &dx, shape, &options)?;
+        }
     }
     Ok(tally.summary())
 }

@@ -185,8 +185,9 @@ macro_rules! op_tables {
 
 with_op_instances!(op_tables);
 
-/// Peeled rows need `END_SLOTS` slots at least. The kernel crate leaves the first group
-/// instance out of its peeled entries, so it must be the only one with fewer.
+/// A peeled row's ends take `END_SLOTS` slots of a group, and one slot each of the first
+/// `END_SLOTS` threads of a block. The kernel crate leaves the first group instance out of its
+/// peeled entries, so it must be the only one with fewer slots.
 const _: () = {
     assert!(OP_ROWS_VECTOR[0].0 * OP_ROWS_VECTOR[0].1 < END_SLOTS);
     let mut i = 1;
@@ -196,7 +197,7 @@ const _: () = {
     }
     let mut i = 0;
     while i < OP_BLOCK_VECTOR.len() {
-        assert!(OP_BLOCK_VECTOR[i].0 * OP_BLOCK_VECTOR[i].1 >= END_SLOTS);
+        assert!(OP_BLOCK_VECTOR[i].0 >= END_SLOTS);
         i += 1;
     }
 };
@@ -259,7 +260,8 @@ impl PackLayout {
         }
     }
 
-    /// Slots a row's share takes besides its body packs: a peeled row's head and tail.
+    /// Slots a row's head and tail take: none for whole packs or single elements, two when
+    /// peeled.
     pub const fn end_slots(self) -> u32 {
         match self {
             PackLayout::Peeled => END_SLOTS,
@@ -307,13 +309,23 @@ impl OpKernelName {
         self.threads_per_row() * self.packs
     }
 
+    /// Slots a row's share takes beside its body packs: a peeled row's head and tail in a
+    /// group, which holds them in its body's slots. A block holds them in one more slot per
+    /// thread, apart from the `packs` its body fills (`op_templates::PeeledApart`).
+    pub fn end_slots(&self) -> u32 {
+        match self.shape {
+            OpKernelShape::Rows { .. } => self.layout.end_slots(),
+            OpKernelShape::Block { .. } => 0,
+        }
+    }
+
     /// Widest aligned row (or slice) one group or block holds.
     pub fn capacity(&self) -> u32 {
         self.slots() * self.pack()
     }
 
     /// The entries of one direction, input type and layout: its group and block tables'
-    /// instances, less those with fewer slots than the layout's ends take (asserted under the
+    /// instances, less those with fewer slots than their row's ends take (asserted under the
     /// tables: only the first group instance, for peeled rows).
     pub fn instances(
         direction: Direction,
@@ -338,7 +350,7 @@ impl OpKernelName {
                 shape,
                 packs,
             })
-            .filter(move |k| k.slots() >= layout.end_slots())
+            .filter(move |k| k.slots() >= k.end_slots())
     }
 
     /// Every entry of one input type: each layout, the directions it serves, and their

@@ -81,28 +81,21 @@ impl RowPart {
         }
     }
 
-    /// Slot `j` of this part (slots are numbered from 0 within the part). In the part that
-    /// holds the row's ends, slot 0 is the head and slot 1 the tail, so that they fall in the
-    /// first pack of the first threads, where the kernels place the one-element code.
+    /// Slot `j` of this part (slots are numbered from 0 within the part), for a group that
+    /// holds the ends in its body's slots: in the part that holds the row's ends, slot 0 is the
+    /// head and slot 1 the tail, so that they fall in the first pack of the first threads,
+    /// where the kernels place the one-element code.
     #[inline(always)]
     pub fn piece<const PACK: usize>(&self, j: usize) -> Piece {
         if self.holds_ends && j < END_SLOTS as usize {
-            let (start, count) = if j == 0 {
-                (0, self.head)
-            } else {
-                (self.tail_start, self.cols - self.tail_start)
-            };
-            if count > 0 {
-                Piece::Run { start, count }
-            } else {
-                Piece::Nothing
-            }
+            self.end_piece(j)
         } else {
             self.body_piece::<PACK>(j)
         }
     }
 
-    /// Slot `j` when it cannot be one of the row's ends: a body pack or nothing.
+    /// Slot `j` of [`RowPart::piece`] when it cannot be one of the row's ends: a body pack or
+    /// nothing.
     #[inline(always)]
     pub fn body_piece<const PACK: usize>(&self, j: usize) -> Piece {
         let ends = if self.holds_ends {
@@ -110,8 +103,35 @@ impl RowPart {
         } else {
             0
         };
-        if j >= ends && j - ends < self.end - self.first {
-            Piece::Pack(self.head + (self.first + j - ends) * PACK)
+        if j >= ends {
+            self.body_pack::<PACK>(j - ends)
+        } else {
+            Piece::Nothing
+        }
+    }
+
+    /// The part's body pack `j` (numbered from its first), or nothing past its last: the
+    /// slots of a block, which holds the row's ends apart ([`RowPart::end_piece`]).
+    #[inline(always)]
+    pub fn body_pack<const PACK: usize>(&self, j: usize) -> Piece {
+        if j < self.end - self.first {
+            Piece::Pack(self.head + (self.first + j) * PACK)
+        } else {
+            Piece::Nothing
+        }
+    }
+
+    /// The row's head (`k == 0`) or tail (any other `k`) when this part holds the row's ends
+    /// and that end is not empty; nothing otherwise.
+    #[inline(always)]
+    pub fn end_piece(&self, k: usize) -> Piece {
+        let (start, count) = if k == 0 {
+            (0, self.head)
+        } else {
+            (self.tail_start, self.cols - self.tail_start)
+        };
+        if self.holds_ends && count > 0 {
+            Piece::Run { start, count }
         } else {
             Piece::Nothing
         }
