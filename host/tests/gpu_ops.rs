@@ -192,7 +192,8 @@ fn check_backward<T: Element, O: Element>(
 
 /// [`value_deviation`] of a gradient, relative to the size of the terms (`y·dy` for softmax,
 /// `dy` for log-softmax) when that is larger than the gradient: dx cancels to near zero when
-/// dy is nearly constant along a row, and f32 rounding of the terms is all that is left.
+/// dy is nearly constant along a row (exactly 0 in a single column), and f32 rounding of the
+/// terms is all that is left.
 fn backward_deviation(
     op: Operation,
     y: &[f32],
@@ -200,19 +201,40 @@ fn backward_deviation(
     actual: &[f32],
     expected: &[f64],
 ) -> Deviation {
-    let deviation = value_deviation(actual, expected);
-    let expected_norm = expected.iter().map(|e| e * e).sum::<f64>().sqrt();
-    let terms_norm = y
-        .iter()
-        .zip(dy)
-        .map(|(&y, &dy)| match op {
-            Operation::Softmax => f64::from(y * dy).powi(2),
-            Operation::LogSoftmax => f64::from(dy).powi(2),
-        })
+    let terms = y.iter().zip(dy).map(|(&y, &dy)| match op {
+        Operation::Softmax => f64::from(y * dy),
+        Operation::LogSoftmax => f64::from(dy),
+    });
+    relative_to_terms(value_deviation(actual, expected), expected, norm(terms))
+}
+
+/// `‖values‖₂` over the finite ones.
+fn norm(values: impl IntoIterator<Item = f64>) -> f64 {
+    values
+        .into_iter()
+        .filter(|v| v.is_finite())
+        .map(|v| v * v)
         .sum::<f64>()
-        .sqrt();
+        .sqrt()
+}
+
+/// `deviation` (of `expected`) measured against `max(‖expected‖, terms_norm)`: the error of a
+/// result that cancels to near zero is the rounding of the terms it came from.
+fn relative_to_terms(deviation: Deviation, expected: &[f64], terms_norm: f64) -> Deviation {
+    let expected_norm = norm(expected.iter().copied());
+    // `value_deviation` gives the absolute error when the reference is all zeros.
+    let error_norm = if expected_norm > 0.0 {
+        deviation.relative_l2 * expected_norm
+    } else {
+        deviation.relative_l2
+    };
+    let scale = expected_norm.max(terms_norm);
     Deviation {
-        relative_l2: deviation.relative_l2 * expected_norm / expected_norm.max(terms_norm),
+        relative_l2: if scale > 0.0 {
+            error_norm / scale
+        } else {
+            error_norm
+        },
         ..deviation
     }
 }
@@ -1006,9 +1028,16 @@ fn fuzz_forward<I: Element, O: Element>(
         ..Scores::default()
     }
     .forward(op == Operation::LogSoftmax, &x, shape.rows(), shape.cols());
+    let mut deviation = value_deviation(&actual, &as_written::<O>(&expected));
+    if op == Operation::LogSoftmax {
+        // `k·x − max − ln Σ` cancels to near zero in rows of one or a few columns (exactly 0
+        // in one): what is left is the rounding of the scaled scores.
+        let scores = x.iter().map(|&v| f64::from(v) * f64::from(scale));
+        deviation = relative_to_terms(deviation, &expected, norm(scores));
+    }
     tally.record(
         &what,
-        value_deviation(&actual, &as_written::<O>(&expected)),
+        deviation,
         forward_tolerance(O::DTYPE, magnitude * scale),
     )
 }

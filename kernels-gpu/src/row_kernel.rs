@@ -494,8 +494,8 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for Forward<In> {
                 run,
                 row,
                 |i| exp2_approx(fma(value(i), slope, row.shift)) * row.inv_sum,
-                // Not fused: the product rounds as the row's maximum did, so the maximum's own
-                // element gives exactly `-ln sum` (0 in a single column).
+                // Not fused: the product rounds as the row's maximum did, so the two cancel
+                // exactly at the maximum (fused, every output carried its product's rounding).
                 |i| value(i) * self.row.scale - row.offset,
             )
         }
