@@ -4,11 +4,13 @@
 # test), the full benchmark with the peers, the bf16 and backward benchmarks, the
 # dispatch-boundary sweep, compute-sanitizer over both test binaries (bench/sanitize.sh),
 # ptxas and a short criterion run, from the bundle
-# `cargo xtask device-bundle` built into .gpu/. Logs go to $OUT (or ./device-out).
+# `cargo xtask device-bundle` packed into .gpu/ (unpacked here first). Logs go to $OUT (or
+# ./device-out).
 set -uo pipefail
 out=${OUT:-device-out}
 mkdir -p "$out"
 export PATH=$PATH:/usr/local/cuda/bin PYTHONUNBUFFERED=1
+bash bench/unpack-bundle.sh || exit 2
 gpu_tests=$(ls .gpu/tests/gpu-* | grep -v stress | head -n1)
 stress_tests=$(ls .gpu/tests/gpu_stress-* | head -n1)
 fault_tests=$(ls .gpu/tests/gpu_fault-* | head -n1)

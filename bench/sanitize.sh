@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # compute-sanitizer over the GPU tests, on a GPU machine, from the repository root, using the
-# bundle `cargo xtask device-bundle` built into .gpu/ (no Rust toolchain needed there):
+# bundle `cargo xtask device-bundle` packed into .gpu/ (no Rust toolchain needed there):
 #
 #   bash bench/sanitize.sh [EXTRA_FILTER ...]
 #
@@ -37,6 +37,7 @@ filters=(${SANITIZE_FILTERS:-every_variant special misaligned llm} "$@")
 timeout_default=${SANITIZE_TIMEOUT:-600}
 timeout_racecheck=${SANITIZE_RACECHECK_TIMEOUT:-1800}
 
+bash bench/unpack-bundle.sh || exit 2
 # The `gpu` test binary (`gpu-<hash>`; gpu_stress and gpu_fault are named with an underscore).
 binary=${SANITIZE_BINARY:-gpu}
 gpu_tests=""

@@ -5,8 +5,11 @@
 //! - `fetch-driver`: unpack Debian's `libcuda1` under `target/cuda-driver` so machines without
 //!   CUDA can link cust (it reports "no device" at run time).
 //! - `test [ARGS]`: fetch the driver library if linking needs it, then `cargo test --workspace`.
-//! - `device-bundle`: build the release `host` binary and the test binaries into `.gpu/` to run
-//!   on a GPU machine that has no Rust toolchain.
+//! - `device-bundle [--base REV]`: build the release `host` binary, the GPU test binaries, the
+//!   criterion benches and the PTX modules, to run on a GPU machine that has no Rust toolchain,
+//!   and pack them into `.gpu/bundle.tar.gz` (the device tool carries at most 64 MiB; unpacked,
+//!   the bundle is larger). With `--base REV`, the bundle also holds `host-base`, the `host`
+//!   binary of revision `REV`, for A/B runs in one device call.
 
 mod ptx_build;
 
@@ -17,16 +20,21 @@ use std::process::{Command, ExitCode};
 
 type Result<T> = std::result::Result<T, String>;
 
+const USAGE: &str =
+    "usage: cargo xtask <build-ptx | fetch-driver | test [ARGS] | device-bundle [--base REV]>";
+
 fn main() -> ExitCode {
     let args: Vec<String> = env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("build-ptx") => build_ptx(),
         Some("fetch-driver") => fetch_driver().map(|_| ()),
         Some("test") => test(&args[1..]),
-        Some("device-bundle") => device_bundle(),
-        _ => Err(
-            "usage: cargo xtask <build-ptx | fetch-driver | test [ARGS] | device-bundle>".into(),
-        ),
+        Some("device-bundle") => match &args[1..] {
+            [] => device_bundle(None),
+            [flag, revision] if flag == "--base" => device_bundle(Some(revision)),
+            _ => Err(USAGE.into()),
+        },
+        _ => Err(USAGE.into()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -290,18 +298,18 @@ fn count_before(result: &str, word: &str) -> u64 {
 
 /// Builds what a GPU machine without Rust needs into `.gpu/` (ignored by git; name it in the
 /// device tool's `carry`): the release `host` binary and every test binary, with a list.
-fn device_bundle() -> Result<()> {
+fn device_bundle(base: Option<&str>) -> Result<()> {
     let workspace = workspace();
-    let bundle = workspace.join(".gpu");
-    let _ = fs::remove_dir_all(&bundle);
-    fs::create_dir_all(&bundle).map_err(|e| e.to_string())?;
+    let staging = workspace.join("target").join("gpu-bundle");
+    let _ = fs::remove_dir_all(&staging);
+    fs::create_dir_all(&staging).map_err(|e| e.to_string())?;
     if !driver_linkable() {
         fetch_driver()?;
     }
     run(Command::new(cargo())
         .current_dir(&workspace)
         .args(["build", "--release", "-p", "host"]))?;
-    fs::copy(workspace.join("target/release/host"), bundle.join("host"))
+    fs::copy(workspace.join("target/release/host"), staging.join("host"))
         .map_err(|e| e.to_string())?;
     // Only what needs the GPU: the `gpu*` test binaries and the criterion benches (the CPU
     // tests run here, and the carry to the GPU machine is limited in size).
@@ -318,7 +326,7 @@ fn device_bundle() -> Result<()> {
         if !output.status.success() {
             return Err(String::from_utf8_lossy(&output.stderr).into_owned());
         }
-        fs::create_dir_all(bundle.join(folder)).map_err(|e| e.to_string())?;
+        fs::create_dir_all(staging.join(folder)).map_err(|e| e.to_string())?;
         let mut names = Vec::new();
         for line in String::from_utf8_lossy(&output.stdout).lines() {
             if let Some(executable) = json_string_field(line, "executable") {
@@ -332,17 +340,70 @@ fn device_bundle() -> Result<()> {
                 if !wanted {
                     continue;
                 }
-                fs::copy(&path, bundle.join(folder).join(&name)).map_err(|e| e.to_string())?;
+                fs::copy(&path, staging.join(folder).join(&name)).map_err(|e| e.to_string())?;
                 names.push(name.to_string_lossy().into_owned());
             }
         }
-        println!(
-            "bundled into {}: {}",
-            bundle.join(folder).display(),
-            names.join(" ")
-        );
+        println!("bundled {folder}: {}", names.join(" "));
     }
-    ptx_build::build_all_ptx(&cargo(), &workspace, &bundle.join("ptx"))
+    ptx_build::build_all_ptx(&cargo(), &workspace, &staging.join("ptx"))?;
+    if let Some(revision) = base {
+        build_base_host(&workspace, revision, &staging.join("host-base"))?;
+    }
+    let bundle = workspace.join(".gpu");
+    let _ = fs::remove_dir_all(&bundle);
+    fs::create_dir_all(&bundle).map_err(|e| e.to_string())?;
+    let archive = bundle.join("bundle.tar.gz");
+    run(Command::new("tar")
+        .arg("czf")
+        .arg(&archive)
+        .arg("-C")
+        .arg(&staging)
+        .arg("."))?;
+    let bytes = fs::metadata(&archive).map_err(|e| e.to_string())?.len();
+    println!(
+        "{}: {:.1} MiB (bench/device-run.sh and bench/sanitize.sh unpack it on the GPU machine)",
+        archive.display(),
+        bytes as f64 / (1024.0 * 1024.0)
+    );
+    Ok(())
+}
+
+/// Builds the release `host` binary of `revision` in a temporary worktree (its own target
+/// directory, this checkout's driver library) and copies it to `destination`.
+fn build_base_host(workspace: &Path, revision: &str, destination: &Path) -> Result<()> {
+    let tree = workspace.join("target").join("base-worktree");
+    let git = |args: &[&str]| {
+        run(Command::new("git")
+            .current_dir(workspace)
+            .args(args)
+            .arg(&tree))
+    };
+    if tree.exists() {
+        git(&["worktree", "remove", "--force"])?;
+    }
+    git(&["worktree", "add", "--detach", "--force"])?;
+    run(Command::new("git")
+        .current_dir(&tree)
+        .args(["checkout", "--detach", "--quiet", revision]))?;
+    let built = run(Command::new(cargo())
+        .current_dir(&tree)
+        .env(
+            "CARGO_TARGET_DIR",
+            workspace.join("target").join("base-target"),
+        )
+        .env("CUDA_LIBRARY_PATH", driver_dir(workspace))
+        .args(["build", "--release", "-p", "host"]));
+    let copied = built.and_then(|()| {
+        fs::copy(
+            workspace.join("target/base-target/release/host"),
+            destination,
+        )
+        .map(|_| println!("bundled host-base: host at {revision}"))
+        .map_err(|e| e.to_string())
+    });
+    git(&["worktree", "remove", "--force"])?;
+    copied
 }
 
 /// The value of a string field in one line of cargo's JSON messages (enough for
