@@ -340,6 +340,8 @@ mod tests {
     /// A block holds a peeled row's ends apart from its body's slots, so a row one element
     /// short of an aligned width runs on the aligned width's instance (with the ends among
     /// the slots, bf16 16383 columns took an instance twice as large, at a third of the speed).
+    /// Under the model's occupancy, which does not see the extra slot's registers: on a card
+    /// the driver's count may still pick another instance.
     #[test]
     fn peeled_block_rows_plan_as_their_aligned_neighbour() {
         for input in [DType::Bf16, DType::F32] {

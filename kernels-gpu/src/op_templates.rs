@@ -2,7 +2,8 @@
 //! ([`op_rows`]), or a block per row or per slice of a row ([`op_block`]). Either keeps its
 //! packs in registers between the reduction and the writes, so each input is read once.
 //! Where a thread's packs lie is the launch's [`PackLayout`](crate::row_ops::PackLayout),
-//! a type parameter ([`Aligned`] or [`Peeled`]). The entries are generated at the bottom, one
+//! a type parameter ([`Aligned`]; for unaligned rows [`Peeled`] in groups, [`PeeledApart`] in
+//! blocks). The entries are generated at the bottom, one
 //! set per input type behind that type's feature, from the same instance lists as
 //! [`crate::row_ops`]'s tables.
 
@@ -305,10 +306,11 @@ pub unsafe fn op_rows<
 /// `THREADS` threads with up to `PACKS` packs each.
 ///
 /// # Safety
-/// The operation contract of [`op_rows`] (with [`PeeledApart`] in place of [`Peeled`]), with
-/// `THREADS · PACKS ≥ slice_packs` (`THREADS · (PACKS - 1)` for [`PeeledApart`] rows, whose
-/// last slot holds the ends, and `THREADS ≥ END_SLOTS`) and `slices · slice_packs ≥ cols /
-/// PACK` (the body's packs; a peeled row's ends lie in slice 0's end slot). Launch
+/// The operation contract of [`op_rows`]: its buffers, and the layout's conditions on rows
+/// ([`Aligned`]; [`PeeledApart`] as [`Peeled`] there) but not its bound on `cols`. Instead
+/// `slices · slice_packs ≥ cols / PACK` (the body's packs) and `THREADS · PACKS ≥
+/// slice_packs`; for [`PeeledApart`] rows `THREADS · (PACKS - 1) ≥ slice_packs` and `THREADS ≥
+/// END_SLOTS` (the last slot of threads 0 and 1 holds the row's ends, in slice 0). Launch
 /// `rows · slices` blocks of `THREADS` threads with `REDUCTION_SCRATCH_FLOATS · 4` bytes of
 /// dynamic shared memory. When `slices > 1`: `partials` holds two floats per block,
 /// `barriers` two words per row zeroed when allocated and used by one launch at a time, and

@@ -494,8 +494,9 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for Forward<In> {
                 run,
                 row,
                 |i| exp2_approx(fma(value(i), slope, row.shift)) * row.inv_sum,
-                // Not fused: the product rounds as the row's maximum did, so the two cancel
-                // exactly at the maximum (fused, every output carried its product's rounding).
+                // Not fused: the product rounds as the row's maximum did, so at the maximum
+                // only the rounding of `offset` remains (fused, every output also carried its
+                // product's rounding error).
                 |i| value(i) * self.row.scale - row.offset,
             )
         }

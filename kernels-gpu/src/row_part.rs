@@ -138,7 +138,8 @@ impl RowPart {
     }
 }
 
-/// Slots a part needs beyond its body packs when rows may be unaligned: the head and the tail.
+/// A peeled row's two ends, the head and the tail: the slots a group needs beyond its body
+/// packs, and the threads of a block that hold one end each in their extra slot.
 pub const END_SLOTS: u32 = 2;
 
 /// Elements before the first 16-byte boundary at or after `address`, for elements of `bytes`
