@@ -4,6 +4,9 @@
 //!   where `ptxas` is installed, its registers, shared memory and spills per kernel.
 //! - `fetch-driver`: unpack Debian's `libcuda1` under `target/cuda-driver` so machines without
 //!   CUDA can link cust (it reports "no device" at run time).
+//! - `fetch-ptxas`: unpack `ptxas` from NVIDIA's `nvidia-cuda-nvcc-cu12` wheel (through pip)
+//!   under `target/ptxas`, so `build-ptx` reports registers and spills on machines without
+//!   CUDA (no GPU needed).
 //! - `test [ARGS]`: fetch the driver library if linking needs it, then `cargo test --workspace`.
 //! - `device-bundle [--base REV]`: build the release `host` binary, the GPU test binaries, the
 //!   criterion benches and the PTX modules, to run on a GPU machine that has no Rust toolchain,
@@ -15,19 +18,21 @@ mod ptx_build;
 
 use std::env;
 use std::fs;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 type Result<T> = std::result::Result<T, String>;
 
-const USAGE: &str =
-    "usage: cargo xtask <build-ptx | fetch-driver | test [ARGS] | device-bundle [--base REV]>";
+const USAGE: &str = "usage: cargo xtask <build-ptx | fetch-driver | fetch-ptxas | test [ARGS] | \
+                     device-bundle [--base REV]>";
 
 fn main() -> ExitCode {
     let args: Vec<String> = env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("build-ptx") => build_ptx(),
         Some("fetch-driver") => fetch_driver().map(|_| ()),
+        Some("fetch-ptxas") => fetch_ptxas().map(|_| ()),
         Some("test") => test(&args[1..]),
         Some("device-bundle") => match &args[1..] {
             [] => device_bundle(None),
@@ -119,20 +124,78 @@ fn local_memory_in(ptx: &str, entry: &str) -> bool {
     body[..end].contains("__local_depot")
 }
 
+/// Where `fetch-ptxas` puts `ptxas`.
+fn fetched_ptxas(workspace: &Path) -> PathBuf {
+    workspace
+        .join("target")
+        .join("ptxas")
+        .join("bin")
+        .join("ptxas")
+}
+
+/// The `nvidia-cuda-nvcc-cu12` wheel `fetch-ptxas` takes `ptxas` from. Its register counts
+/// matched the H200's CUDA 13.0 `ptxas` entry for entry on the operation modules (2026-11-30).
+const PTXAS_WHEEL: &str = "nvidia-cuda-nvcc-cu12==12.9.86";
+
 fn find_ptxas() -> Option<PathBuf> {
     let on_path = env::var_os("PATH")
         .into_iter()
         .flat_map(|paths| env::split_paths(&paths).collect::<Vec<_>>())
         .map(|dir| dir.join("ptxas"));
     on_path
-        .chain([PathBuf::from("/usr/local/cuda/bin/ptxas")])
+        .chain([
+            PathBuf::from("/usr/local/cuda/bin/ptxas"),
+            fetched_ptxas(&workspace()),
+        ])
         .find(|p| p.is_file())
 }
 
+/// Downloads NVIDIA's nvcc wheel with pip and unpacks its `ptxas` to [`fetched_ptxas`].
+fn fetch_ptxas() -> Result<PathBuf> {
+    let ptxas = fetched_ptxas(&workspace());
+    if ptxas.is_file() {
+        return Ok(ptxas);
+    }
+    let root = ptxas
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/ptxas/bin/ptxas");
+    let wheels = root.join("wheel");
+    fs::create_dir_all(&wheels).map_err(|e| e.to_string())?;
+    run(Command::new("python3")
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--quiet",
+            PTXAS_WHEEL,
+            "-d",
+        ])
+        .arg(&wheels))?;
+    let wheel = fs::read_dir(&wheels)
+        .map_err(|e| e.to_string())?
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .find(|path| path.extension().is_some_and(|ext| ext == "whl"))
+        .ok_or("pip downloaded no wheel")?;
+    let unpacked = root.join("unpacked");
+    run(Command::new("python3")
+        .args(["-m", "zipfile", "-e"])
+        .arg(&wheel)
+        .arg(&unpacked))?;
+    fs::create_dir_all(ptxas.parent().expect("has a parent")).map_err(|e| e.to_string())?;
+    fs::copy(unpacked.join("nvidia/cuda_nvcc/bin/ptxas"), &ptxas).map_err(|e| e.to_string())?;
+    fs::set_permissions(&ptxas, fs::Permissions::from_mode(0o755)).map_err(|e| e.to_string())?;
+    println!("ptxas: {}", ptxas.display());
+    Ok(ptxas)
+}
+
+/// Registers and spills of every entry of `ptx`, one line each, from `ptxas -v`.
 fn print_ptxas_report(ptx: &Path) -> Result<()> {
     let Some(ptxas) = find_ptxas() else {
         println!(
-            "ptxas not found (no CUDA toolkit here): registers, shared memory and spills not reported"
+            "ptxas not found (no CUDA toolkit here; `cargo xtask fetch-ptxas` gets one): \
+             registers, shared memory and spills not reported"
         );
         return Ok(());
     };
@@ -141,13 +204,33 @@ fn print_ptxas_report(ptx: &Path) -> Result<()> {
         .arg(ptx)
         .output()
         .map_err(|e| format!("running {}: {e}", ptxas.display()))?;
-    println!("ptxas -v ({}):", ptxas.display());
-    print!("{}", String::from_utf8_lossy(&output.stderr));
-    output
-        .status
-        .success()
-        .then_some(())
-        .ok_or_else(|| "ptxas rejected the PTX".into())
+    let report = String::from_utf8_lossy(&output.stderr);
+    if !output.status.success() {
+        print!("{report}");
+        return Err("ptxas rejected the PTX".into());
+    }
+    println!(
+        "ptxas -v ({}): registers per thread (and any local memory)",
+        ptxas.display()
+    );
+    let (mut entry, mut frame) = (String::new(), String::new());
+    for line in report.lines() {
+        if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+            entry = rest.split('\'').next().unwrap_or_default().to_owned();
+        } else if line.contains("bytes stack frame") {
+            frame = line.trim().to_owned();
+        } else if let Some(rest) = line.split("Used ").nth(1) {
+            let registers = rest.split(' ').next().unwrap_or_default();
+            let clean = frame.starts_with("0 bytes stack frame, 0 bytes spill stores");
+            let memory = if clean {
+                String::new()
+            } else {
+                format!("  LOCAL MEMORY: {frame}")
+            };
+            println!("  {entry:44} {registers:>3} registers{memory}");
+        }
+    }
+    Ok(())
 }
 
 /// Directory holding `libcuda.so` for linking; `.cargo/config.toml` points cust at it.
