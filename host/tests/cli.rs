@@ -1,6 +1,11 @@
 //! The `host` command line: parsing and refusals, which need no GPU.
 
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
 use std::process::{Command, Output};
+
+use softmax::bench::Report;
 
 fn host(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_host"))
@@ -178,4 +183,78 @@ fn without_a_gpu_bench_names_the_cause() {
         stderr.contains("no CUDA device"),
         "unexpected failure: {stderr}"
     );
+}
+
+/// `bench/ab.sh` (the A/B of two builds on the GPU machine) reads the benchmark's own table:
+/// given two builds whose `bench` prints a saved run's table, it reports auto's % of copy for
+/// every shape, build and round.
+#[test]
+fn ab_script_reads_the_benchmark_table() {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("host/ sits in the workspace");
+    let saved = workspace.join("bench/results/session5/nvidia-h200-softmax-bf16.json");
+    let table = Report::load(&saved).expect("a saved run").table();
+    let dir = std::env::temp_dir().join(format!("softmax-ab-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(dir.join(".gpu/staging")).unwrap();
+    fs::create_dir_all(dir.join("bench")).unwrap();
+    for script in ["ab.sh", "unpack-bundle.sh"] {
+        fs::copy(
+            workspace.join("bench").join(script),
+            dir.join("bench").join(script),
+        )
+        .unwrap();
+    }
+    fs::write(dir.join("table.txt"), &table).unwrap();
+    for build in ["host", "host-base"] {
+        let path = dir.join(".gpu/staging").join(build);
+        fs::write(&path, "#!/bin/sh\ncat table.txt\n").unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let packed = Command::new("tar")
+        .args(["czf", ".gpu/bundle.tar.gz", "-C", ".gpu/staging", "."])
+        .current_dir(&dir)
+        .status()
+        .expect("tar runs");
+    assert!(packed.success());
+    let out = Command::new("bash")
+        .args(["bench/ab.sh", "2", "--dtype", "bf16"])
+        .current_dir(&dir)
+        .env("OUT", dir.join("out"))
+        .output()
+        .expect("bash runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Every auto line of the table, as `shape pct`: each must come back twice per build.
+    let mut shape = "";
+    let mut expected = Vec::new();
+    for line in table.lines() {
+        if line.contains(" per tensor)") {
+            shape = line.split_whitespace().next().unwrap();
+        } else if line.starts_with("  auto ") {
+            expected.push((shape, line.split_whitespace().nth(3).unwrap().to_owned()));
+        }
+    }
+    assert!(
+        expected.len() >= 10,
+        "the saved run has its shapes: {table}"
+    );
+    for (shape, pct) in expected {
+        for build in ["base", "new"] {
+            let wanted: Vec<&str> = vec![shape, build, &pct, &pct];
+            assert!(
+                stdout
+                    .lines()
+                    .any(|l| l.split_whitespace().take(4).eq(wanted.iter().copied())),
+                "no `{}` line in:\n{stdout}",
+                wanted.join(" ")
+            );
+        }
+    }
+    let _ = fs::remove_dir_all(&dir);
 }
