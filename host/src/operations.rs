@@ -475,31 +475,37 @@ impl Softmax {
         Ok(plan)
     }
 
-    /// What a call of `direction` on `shape` launches, for the benchmark's report: the entry,
-    /// and for sliced rows the slices per row and whether they meet in one cooperative launch
-    /// or in two launches. `layout` as [`pack_layout`] finds it for the call's buffers.
-    pub(crate) fn op_plan_label(
+    /// What a call of `direction` on `shape` over compact `buffers` launches, for the
+    /// benchmark's report: the entry, and for sliced rows the slices per row and whether they
+    /// meet in one cooperative launch or in two launches.
+    pub(crate) fn op_plan_label<T: Element>(
         &mut self,
         direction: Direction,
-        input: DType,
         shape: Shape,
-        layout: PackLayout,
+        buffers: &[&DeviceSlice<T>],
     ) -> Result<String> {
+        let operands: Vec<Operand> = buffers
+            .iter()
+            .map(|buffer| Operand::of(buffer, shape.cols()))
+            .collect();
+        let layout = pack_layout(T::DTYPE, direction, shape.cols(), &operands);
         let (rows, cols) = (shape.rows() as u32, shape.cols() as u32);
-        Ok(match self.op_plan(direction, input, rows, cols, layout)? {
-            None => "no kernel launches".into(),
-            Some(PlannedOp { launch, .. }) if launch.slices == 1 => launch.kernel.to_string(),
-            Some(PlannedOp { launch, .. }) => format!(
-                "{} ({} slices per row, {})",
-                launch.kernel,
-                launch.slices,
-                if launch.split {
-                    "2 launches"
-                } else {
-                    "cooperative"
-                }
-            ),
-        })
+        Ok(
+            match self.op_plan(direction, T::DTYPE, rows, cols, layout)? {
+                None => "no kernel launches".into(),
+                Some(PlannedOp { launch, .. }) if launch.slices == 1 => launch.kernel.to_string(),
+                Some(PlannedOp { launch, .. }) => format!(
+                    "{} ({} slices per row, {})",
+                    launch.kernel,
+                    launch.slices,
+                    if launch.split {
+                        "2 launches"
+                    } else {
+                        "cooperative"
+                    }
+                ),
+            },
+        )
     }
 
     /// The operation module of `input`, loaded on first use.

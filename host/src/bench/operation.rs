@@ -8,7 +8,7 @@
 
 use cust::memory::{AsyncCopyDestination, CopyDestination, DeviceBuffer, DeviceSlice};
 use indicatif::{ProgressBar, ProgressStyle};
-use kernels_gpu::row_ops::{Direction, PackLayout};
+use kernels_gpu::row_ops::Direction;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -210,25 +210,18 @@ fn forward_operation(op: BenchOp) -> Operation {
     }
 }
 
-/// The kernel `auto` launches for `op` on `shape` (the pools' slots start 16-byte aligned and
-/// are compact, so rows are aligned for 16-byte packs when `cols` is a multiple of one, and
-/// peeled otherwise).
-fn planned_kernel(
+/// The kernel `auto` launches for `op` on the pools' first slot.
+fn planned_kernel<T: Bench>(
     softmax: &mut Softmax,
     op: BenchOp,
-    dtype: DType,
-    shape: Shape,
+    pools: &OpPools<T>,
 ) -> Result<String> {
-    let direction = match op {
-        BenchOp::Softmax | BenchOp::LogSoftmax => Direction::Forward,
-        BenchOp::Backward => Direction::Backward,
+    let (input, grad, output) = pools.slot(0);
+    let (direction, buffers) = match op {
+        BenchOp::Softmax | BenchOp::LogSoftmax => (Direction::Forward, vec![&input, &output]),
+        BenchOp::Backward => (Direction::Backward, vec![&input, &grad, &output]),
     };
-    let layout = if shape.cols().is_multiple_of(dtype.vector_pack() as usize) {
-        PackLayout::Aligned
-    } else {
-        PackLayout::Peeled
-    };
-    softmax.op_plan_label(direction, dtype, shape, layout)
+    softmax.op_plan_label(direction, pools.shape, &buffers)
 }
 
 /// How the report names the call `auto` makes (in the kernels column).
@@ -400,8 +393,8 @@ pub(super) fn run<T: Bench>(config: &BenchConfig) -> Result<super::Report> {
             Err(outcome) => outcome,
         };
         // The plan is only a label here: not having one does not stop the run.
-        let plan = planned_kernel(&mut softmax, op, dtype, shape)
-            .unwrap_or_else(|e| format!("(no plan: {e})"));
+        let plan =
+            planned_kernel(&mut softmax, op, &pools).unwrap_or_else(|e| format!("(no plan: {e})"));
         let kernels = format!("{}: {plan}", api_call(op, dtype));
         measurements.push(measurement("auto", kernels, outcome));
         progress.inc(1);
