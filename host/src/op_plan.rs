@@ -272,8 +272,8 @@ mod tests {
                 (PackLayout::Peeled, OpKernelShape::Rows { .. }) => part.piece::<PACK>(j),
                 (PackLayout::Peeled, OpKernelShape::Block { .. }) => part.body_pack::<PACK>(j),
                 _ => {
-                    let (first, end) = share.aligned_packs::<PACK>();
-                    if first + j < end {
+                    let (first, count) = share.aligned_packs::<PACK>();
+                    if j < count {
                         Piece::Pack((first + j) * PACK)
                     } else {
                         Piece::Nothing

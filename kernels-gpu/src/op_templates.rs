@@ -57,13 +57,15 @@ impl<K: RowKernel<PACK>, const PACK: usize> Slots<K, PACK> for Aligned {
         threads: usize,
         thread: usize,
     ) -> [K::Values; PACKS] {
-        let (first, end) = share.aligned_packs::<PACK>();
-        let pack_of = |i: usize| first + i * threads + thread;
+        // Slot `i` holds pack `first + slot(i)` if `slot(i) < count`: comparing the slot
+        // rather than the pack let ptxas keep 8-pack blocks in 72 registers instead of 96.
+        let (first, count) = share.aligned_packs::<PACK>();
+        let slot = |i: usize| i * threads + thread;
         let mut values = [K::PAD; PACKS];
         for i in 0..PACKS {
-            if pack_of(i) < end {
+            if slot(i) < count {
                 // SAFETY: the pack lies in the row, aligned per the layout.
-                values[i] = unsafe { kernel.load(pack_of(i) * PACK) };
+                values[i] = unsafe { kernel.load((first + slot(i)) * PACK) };
             }
         }
         values
@@ -78,12 +80,12 @@ impl<K: RowKernel<PACK>, const PACK: usize> Slots<K, PACK> for Aligned {
         values: &[K::Values; PACKS],
         row: K::Finished,
     ) {
-        let (first, end) = share.aligned_packs::<PACK>();
-        let pack_of = |i: usize| first + i * threads + thread;
+        let (first, count) = share.aligned_packs::<PACK>();
+        let slot = |i: usize| i * threads + thread;
         for i in 0..PACKS {
-            if pack_of(i) < end {
+            if slot(i) < count {
                 // SAFETY: as for the loads.
-                unsafe { kernel.write(pack_of(i) * PACK, None, values[i], row) };
+                unsafe { kernel.write((first + slot(i)) * PACK, None, values[i], row) };
             }
         }
     }

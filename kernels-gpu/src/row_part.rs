@@ -15,12 +15,14 @@ pub struct Share {
 }
 
 impl Share {
-    /// The share's packs `first..end` in a row that starts on a pack and whose `cols` is a
-    /// multiple of `PACK` (or `PACK == 1`): slot `j` of the share is pack `first + j`.
+    /// The share's packs in a row that starts on a pack and whose `cols` is a multiple of
+    /// `PACK` (or `PACK == 1`): `count` packs from pack `first`, so slot `j < count` of the
+    /// share is pack `first + j`.
     #[inline(always)]
     pub fn aligned_packs<const PACK: usize>(&self) -> (usize, usize) {
         let first = self.slice * self.slice_packs;
-        (first, (first + self.slice_packs).min(self.cols / PACK))
+        let end = (first + self.slice_packs).min(self.cols / PACK);
+        (first, end.saturating_sub(first))
     }
 
     /// The share as a [`RowPart`] of a row whose first `head` elements precede its first
