@@ -192,11 +192,13 @@ impl<K: PeelableRow<PACK>, const PACK: usize> Slots<K, PACK> for PeeledApart {
         thread: usize,
     ) -> [K::Values; PACKS] {
         let part = share.peeled::<PACK>(kernel.head());
+        let (first_col, count) = part.body::<PACK>();
+        let slot = |i: usize| i * threads + thread;
         let mut values = [K::PAD; PACKS];
         for i in 0..PACKS - 1 {
-            if let Piece::Pack(col) = part.body_pack::<PACK>(i * threads + thread) {
+            if slot(i) < count {
                 // SAFETY: the body pack lies in the row, aligned.
-                values[i] = unsafe { kernel.load(col) };
+                values[i] = unsafe { kernel.load(first_col + slot(i) * PACK) };
             }
         }
         if thread < END_SLOTS as usize {
@@ -218,10 +220,12 @@ impl<K: PeelableRow<PACK>, const PACK: usize> Slots<K, PACK> for PeeledApart {
         row: K::Finished,
     ) {
         let part = share.peeled::<PACK>(kernel.head());
+        let (first_col, count) = part.body::<PACK>();
+        let slot = |i: usize| i * threads + thread;
         for i in 0..PACKS - 1 {
-            if let Piece::Pack(col) = part.body_pack::<PACK>(i * threads + thread) {
+            if slot(i) < count {
                 // SAFETY: as for the loads.
-                unsafe { kernel.write(col, None, values[i], row) };
+                unsafe { kernel.write(first_col + slot(i) * PACK, None, values[i], row) };
             }
         }
         if thread < END_SLOTS as usize {

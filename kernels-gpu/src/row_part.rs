@@ -123,6 +123,12 @@ impl RowPart {
         }
     }
 
+    /// The part's body: its first pack's column and its number of packs.
+    #[inline(always)]
+    pub fn body<const PACK: usize>(&self) -> (usize, usize) {
+        (self.head + self.first * PACK, self.end - self.first)
+    }
+
     /// The row's head (`k == 0`) or tail (any other `k`) when this part holds the row's ends
     /// and that end is not empty; nothing otherwise.
     #[inline(always)]
