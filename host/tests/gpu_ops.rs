@@ -29,6 +29,7 @@ const TESTS: &[common::Test] = &[
         every_operation_and_type_pair,
     ),
     ("ops_largest_foundation_shapes", largest_foundation_shapes),
+    ("ops_special_values_follow_pytorch", special_values),
     ("ops_scales_masks_and_causal", scales_masks_and_causal),
     ("ops_strides_and_in_place", strides_and_in_place),
     (
@@ -140,6 +141,23 @@ fn check_forward<I: Element, O: Element>(
     shape: Shape,
     options: &Options<'_>,
 ) -> Result<(), String> {
+    let (what, actual) = run_forward::<I, O>(softmax, op, x, shape, options)?;
+    // Element by element: rows masked everywhere may rightly sum to 0.
+    tally.record(
+        &what,
+        value_deviation(&actual, &as_written::<O>(expected)),
+        tolerance(O::DTYPE),
+    )
+}
+
+/// Runs a forward operation from `I` to `O` into a poisoned output: what ran, and the output.
+fn run_forward<I: Element, O: Element>(
+    softmax: &mut Softmax,
+    op: Operation,
+    x: &[f32],
+    shape: Shape,
+    options: &Options<'_>,
+) -> Result<(String, Vec<f32>), String> {
     let input = upload::<I>(x)?;
     let mut output = poisoned::<O>(shape.len())?;
     let what = format!("{op:?} {:?}->{:?} {shape}", I::DTYPE, O::DTYPE);
@@ -152,13 +170,7 @@ fn check_forward<I: Element, O: Element>(
         )
         .map_err(|e| format!("{what}: {e}"))?;
     softmax.synchronize().map_err(text)?;
-    // Element by element: rows masked everywhere may rightly sum to 0.
-    let actual = download(&output)?;
-    tally.record(
-        &what,
-        value_deviation(&actual, &as_written::<O>(expected)),
-        tolerance(O::DTYPE),
-    )
+    Ok((what, download(&output)?))
 }
 
 /// Runs a backward operation from `T` to `O` and compares with `expected`.
@@ -289,6 +301,94 @@ fn every_operation_for<I: Element>(
     }
     let lse = scores.log_sum_exp(&x, shape.rows(), shape.cols());
     check_log_sum_exp::<I>(softmax, tally, &x, &lse, shape, &options)
+}
+
+/// Rows of the special-values test, one per pattern of [`special_rows`].
+const SPECIAL_ROWS: usize = 10;
+
+/// One row per pattern: plain scores of ±30; all -inf; one -inf; one NaN; one +inf; one 3e38
+/// (it takes all the mass); every score scaled to ±3e38; -3e38 and two 3e38 (a tie) among
+/// plain scores; denormals only; one score 100 above the rest.
+fn special_rows(rng: &mut StdRng, cols: usize) -> Vec<f32> {
+    let mut x = Vec::with_capacity(SPECIAL_ROWS * cols);
+    for pattern in 0..SPECIAL_ROWS {
+        let mut row: Vec<f32> = (0..cols).map(|_| rng.random_range(-30.0..=30.0)).collect();
+        let mut at = || rng.random_range(0..cols);
+        match pattern {
+            0 => {}
+            1 => row.fill(f32::NEG_INFINITY),
+            2 => row[at()] = f32::NEG_INFINITY,
+            3 => row[at()] = f32::NAN,
+            4 => row[at()] = f32::INFINITY,
+            5 => row[at()] = 3e38,
+            6 => row.iter_mut().for_each(|v| *v *= 1e37),
+            7 => {
+                row[at()] = -3e38;
+                row[at()] = 3e38;
+                row[at()] = 3e38;
+            }
+            8 => row.iter_mut().for_each(|v| *v *= 1e-41),
+            _ => row[at()] = 130.0,
+        }
+        x.extend(row);
+    }
+    x
+}
+
+/// Special values through the forward operations, every input type and the kernels' paths
+/// (rows in registers, whole-row blocks, cooperative slices, peeled ends), against the f64
+/// reference, which follows PyTorch: a row with a NaN or a +inf is NaN, so is a row of -inf
+/// only; -inf entries give 0; scores near ±3e38 are as exact as any others. f16 inputs hold
+/// the huge values as ±inf, as the reference (fed the rounded inputs) does too.
+fn special_values(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
+    let mut tally = Tally::default();
+    for cols in [1, 33, 1000, 4097, 100_003] {
+        let x = special_rows(rng, cols);
+        let shape = Shape::new(SPECIAL_ROWS, cols).unwrap();
+        special_values_for::<f32>(softmax, &mut tally, &x, shape)?;
+        special_values_for::<bf16>(softmax, &mut tally, &x, shape)?;
+        special_values_for::<f16>(softmax, &mut tally, &x, shape)?;
+    }
+    Ok(tally.summary())
+}
+
+fn special_values_for<I: Element>(
+    softmax: &mut Softmax,
+    tally: &mut Tally,
+    x: &[f32],
+    shape: Shape,
+) -> Result<(), String> {
+    let (x, options, scores) = (rounded::<I>(x), Options::new(), Scores::default());
+    for op in [Operation::Softmax, Operation::LogSoftmax] {
+        let expected = scores.forward(op == Operation::LogSoftmax, &x, shape.rows(), shape.cols());
+        check_rows::<I, f32>(softmax, tally, op, &x, &expected, shape)?;
+        check_rows::<I, bf16>(softmax, tally, op, &x, &expected, shape)?;
+    }
+    let lse = scores.log_sum_exp(&x, shape.rows(), shape.cols());
+    check_log_sum_exp::<I>(softmax, tally, &x, &lse, shape, &options)
+}
+
+/// [`check_forward`] row by row, so that rows of ±3e38 log-probabilities do not drown the
+/// errors of the others in one norm.
+fn check_rows<I: Element, O: Element>(
+    softmax: &mut Softmax,
+    tally: &mut Tally,
+    op: Operation,
+    x: &[f32],
+    expected: &[f64],
+    shape: Shape,
+) -> Result<(), String> {
+    let (what, actual) = run_forward::<I, O>(softmax, op, x, shape, &Options::new())?;
+    let expected = as_written::<O>(expected);
+    let cols = shape.cols();
+    for (row, (actual, expected)) in actual.chunks(cols).zip(expected.chunks(cols)).enumerate() {
+        tally.record(
+            &format!("{what}, row {row}"),
+            value_deviation(actual, expected),
+            tolerance(O::DTYPE),
+        )?;
+    }
+    Ok(())
 }
 
 fn every_operation_and_type_pair(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {

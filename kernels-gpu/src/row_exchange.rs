@@ -21,9 +21,12 @@ unsafe fn row_barrier(counter: *mut u32, generation: *mut u32, participants: u32
         fence_device();
         let arrived = AtomicU32::from_ptr(counter).fetch_add(1, Ordering::Relaxed);
         if arrived + 1 == participants {
-            counter.write_volatile(0);
+            // Acquire the other blocks' statistics, and release them with the new generation.
+            // The reset needs no ordering: the next launch on this row starts after this one
+            // ends.
             fence_device();
             AtomicU32::from_ptr(generation).fetch_add(1, Ordering::Relaxed);
+            counter.write_volatile(0);
         } else {
             while generation.read_volatile() == entered {
                 sleep_briefly();

@@ -7,7 +7,7 @@
 use core::marker::PhantomData;
 
 use crate::device::{
-    DeviceExp2, block_dim, exp2_approx, fma, log2_approx, reciprocal_approx, thread_idx,
+    DeviceExp2, block_dim, exp2_approx, log2_approx, reciprocal_approx, thread_idx,
 };
 use crate::element::{Element, load, store_as};
 use crate::online::{LOG2_E, OnlineStats};
@@ -236,6 +236,20 @@ pub unsafe fn block_merged_states<S: Partial>(
     unsafe { block_reduce(merged, scratch) }
 }
 
+/// `max`, or 0 where it is -inf (nothing but -inf scores), so that those give `2^-inf = 0`,
+/// not NaN.
+///
+/// The exponents are `(score − max)·log2 e`, the subtraction first, not one FMA
+/// `score·log2 e − max·log2 e`: one instruction more per element, but exact at the maximum
+/// (the FMA kept the rounding of `max·log2 e`, ~|max|·2^-24, which grows with the scores),
+/// and `max·log2 e` overflows f32 once |max| passes 2.36e38, which made such rows NaN. Scores
+/// are rounded products `x·k` everywhere (never fused with what follows), so the row's
+/// maximum is the rounded product of its largest element.
+#[inline(always)]
+fn finite_or_zero(max: f32) -> f32 {
+    if max == f32::NEG_INFINITY { 0.0 } else { max }
+}
+
 /// `ln x` from the special-function unit's `log2`.
 #[inline(always)]
 fn ln(x: f32) -> f32 {
@@ -253,12 +267,12 @@ struct ForwardRow {
     log_sum_exp: *mut f32,
 }
 
-/// What the forward writes need: softmax computes `2^(k·log2e·v + shift)·inv_sum` (or, with
+/// What the forward writes need: softmax computes `2^((k·v − max)·log2e)·inv_sum` (or, with
 /// the exponentials kept, `e · factor`), log-softmax `k·v − offset` (`offset = max + ln sum`);
 /// `zero` when the row is masked everywhere and the caller asked for zeros there.
 #[derive(Clone, Copy)]
 pub struct ForwardFinished {
-    shift: f32,
+    max: f32,
     inv_sum: f32,
     factor: f32,
     offset: f32,
@@ -298,13 +312,8 @@ impl ForwardRow {
         let sum = row.sum();
         let inv_sum = reciprocal_approx(sum);
         ForwardFinished {
-            // A maximum of -inf is taken as 0 so -inf scores give 0 (the row is then NaN or,
-            // by choice, zero).
-            shift: if row.max == f32::NEG_INFINITY {
-                0.0
-            } else {
-                -row.max * LOG2_E
-            },
+            // The row is then NaN or, by choice, zero.
+            max: finite_or_zero(row.max),
             inv_sum,
             factor: OnlineStats::exp_relative::<DeviceExp2>(mine_max, row.max) * inv_sum,
             offset: row.max + ln(sum),
@@ -366,8 +375,7 @@ impl ForwardRow {
 
 /// Softmax, log-softmax and log-sum-exp of the scores `x · scale · row_scale`, without
 /// masks. Packs stay in registers as loaded (two 16-bit elements per register, so a block
-/// keeps twice the bf16 data in flight), widened each time they are used; the scale is
-/// folded into the exponent (`2^(v·k·log2e + shift)`, one FMA).
+/// keeps twice the bf16 data in flight), widened each time they are used.
 pub struct Forward<In> {
     x: *const In,
     row: ForwardRow,
@@ -397,15 +405,11 @@ impl<In: Element> Forward<In> {
         max: f32,
     ) -> f32 {
         let slope = self.row.scale * LOG2_E;
-        let shift = if max == f32::NEG_INFINITY {
-            0.0
-        } else {
-            -max * slope
-        };
+        let max = finite_or_zero(max);
         let mut sum = 0.0;
         for pack in packs {
             for i in 0..PACK {
-                sum += exp2_approx(fma(In::widen(pack, i), slope, shift));
+                sum += exp2_approx((In::widen(pack, i) - max) * slope);
             }
         }
         sum
@@ -485,19 +489,15 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for Forward<In> {
         pack: [u32; PACK],
         row: ForwardFinished,
     ) {
-        let slope = self.row.scale * LOG2_E;
-        let value = |i: usize| In::widen(&pack, i);
+        let score = |i: usize| In::widen(&pack, i) * self.row.scale;
         // SAFETY: forwarded from the caller.
         unsafe {
             self.row.store::<PACK>(
                 col,
                 run,
                 row,
-                |i| exp2_approx(fma(value(i), slope, row.shift)) * row.inv_sum,
-                // Not fused: the product rounds as the row's maximum did, so at the maximum
-                // only the rounding of `offset` remains (fused, every output also carried its
-                // product's rounding error).
-                |i| value(i) * self.row.scale - row.offset,
+                |i| exp2_approx((score(i) - row.max) * LOG2_E) * row.inv_sum,
+                |i| score(i) - row.offset,
             )
         }
     }
@@ -598,15 +598,11 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for MaskedForward<In> {
                 max = max.max(value);
             }
         }
-        let shift = if max == f32::NEG_INFINITY {
-            0.0
-        } else {
-            -max * LOG2_E
-        };
+        let finite_max = finite_or_zero(max);
         let mut sum = 0.0;
         for pack in packs.iter_mut() {
             for value in pack.iter_mut() {
-                let e = exp2_approx(fma(*value, LOG2_E, shift));
+                let e = exp2_approx((*value - finite_max) * LOG2_E);
                 sum += e;
                 if !self.row.log {
                     *value = e;
