@@ -250,6 +250,13 @@ fn finite_or_zero(max: f32) -> f32 {
     if max == f32::NEG_INFINITY { 0.0 } else { max }
 }
 
+/// Whether the row's scores are all -inf. The maximum skips NaN, so a row of NaN and -inf
+/// also has a maximum of -inf; its NaN sum tells it apart (it is NaN, not masked).
+#[inline(always)]
+fn masked_everywhere(row: OnlineStats) -> bool {
+    row.max == f32::NEG_INFINITY && row.sum() == 0.0
+}
+
 /// `ln x` from the special-function unit's `log2`.
 #[inline(always)]
 fn ln(x: f32) -> f32 {
@@ -317,7 +324,7 @@ impl ForwardRow {
             inv_sum,
             factor: OnlineStats::exp_relative::<DeviceExp2>(mine_max, row.max) * inv_sum,
             offset: row.max + ln(sum),
-            zero: self.zero_masked_rows && row.max == f32::NEG_INFINITY,
+            zero: self.zero_masked_rows && masked_everywhere(row),
         }
     }
 
@@ -362,7 +369,7 @@ impl ForwardRow {
     #[inline(always)]
     unsafe fn write_row(&self, row: OnlineStats) {
         if !self.log_sum_exp.is_null() {
-            let value = if row.max == f32::NEG_INFINITY {
+            let value = if masked_everywhere(row) {
                 f32::NEG_INFINITY
             } else {
                 row.max + ln(row.sum())
