@@ -57,9 +57,10 @@ fn tolerance(output: DType) -> f64 {
 }
 
 /// The tolerance of a forward result whose scores reach `±score_bound`. The kernels take
-/// `e^x` as `2^t` with `t = x·log2 e` rounded to f32, an error of up to ~|t|·2^-24 that becomes
-/// a relative error of the exponential: f32 outputs get `score_bound · log2 e · 2^-22` where
-/// that exceeds their usual tolerance (scores of ±90: 3.4e-5).
+/// `e^(x − max)` as `2^t` with `t = (x − max)·log2 e` rounded to f32, an error of up to
+/// ~|t|·2^-24 (|t| ≤ 2·score_bound·log2 e) that becomes a relative error of the exponential:
+/// f32 outputs get `score_bound · log2 e · 2^-22` where that exceeds their usual tolerance
+/// (scores of ±90: 3.4e-5).
 fn forward_tolerance(output: DType, score_bound: f32) -> f64 {
     let exponent_rounding = f64::from(score_bound) * std::f64::consts::LOG2_E * 2f64.powi(-22);
     tolerance(output).max(exponent_rounding)
