@@ -80,13 +80,22 @@ impl OnlineStats {
         self.sum.value()
     }
 
-    /// `e^(x - max)`. A maximum of `-inf` (nothing seen yet, or only `-inf`) is taken as 0 so
-    /// that `-inf` entries contribute 0 instead of `e^(-inf + inf) = NaN`; a row that is all
-    /// `-inf` still ends up NaN when it is normalized, as in PyTorch.
+    /// `e^(x - max)`, as `2^((x − max)·log2 e)` with the subtraction first: exact at the
+    /// maximum whatever its size (one FMA `x·log2 e − max·log2 e` keeps the rounding of
+    /// `max·log2 e`, ~|max|·2^-24, and overflows once |max| passes 2.36e38). The maximum is
+    /// taken from [`Self::exponent_origin`].
     #[inline(always)]
     pub fn exp_relative<E: Exp2>(x: f32, max: f32) -> f32 {
-        let max = if max == f32::NEG_INFINITY { 0.0 } else { max };
-        E::exp2((x - max) * LOG2_E)
+        E::exp2((x - Self::exponent_origin(max)) * LOG2_E)
+    }
+
+    /// What exponents are taken relative to: `max`, or 0 where it is `-inf` (nothing seen
+    /// yet, or only `-inf`), so that `-inf` entries contribute 0 instead of
+    /// `e^(-inf + inf) = NaN`; a row that is all `-inf` still ends up NaN when it is
+    /// normalized, as in PyTorch.
+    #[inline(always)]
+    pub fn exponent_origin(max: f32) -> f32 {
+        if max == f32::NEG_INFINITY { 0.0 } else { max }
     }
 
     /// Adds one element. The exponential of the new maximum is computed as `e^(x - x)`, not

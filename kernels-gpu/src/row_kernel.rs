@@ -236,20 +236,6 @@ pub unsafe fn block_merged_states<S: Partial>(
     unsafe { block_reduce(merged, scratch) }
 }
 
-/// `max`, or 0 where it is -inf (nothing but -inf scores), so that those give `2^-inf = 0`,
-/// not NaN.
-///
-/// The exponents are `(score − max)·log2 e`, the subtraction first, not one FMA
-/// `score·log2 e − max·log2 e`: one instruction more per element, but exact at the maximum
-/// (the FMA kept the rounding of `max·log2 e`, ~|max|·2^-24, which grows with the scores),
-/// and `max·log2 e` overflows f32 once |max| passes 2.36e38, which made such rows NaN. Scores
-/// are rounded products `x·k` everywhere (never fused with what follows), so the row's
-/// maximum is the rounded product of its largest element.
-#[inline(always)]
-fn finite_or_zero(max: f32) -> f32 {
-    if max == f32::NEG_INFINITY { 0.0 } else { max }
-}
-
 /// Whether the row's scores are all -inf. The maximum skips NaN, so a row of NaN and -inf
 /// also has a maximum of -inf; its NaN sum tells it apart (it is NaN, not masked).
 #[inline(always)]
@@ -274,8 +260,10 @@ struct ForwardRow {
     log_sum_exp: *mut f32,
 }
 
-/// What the forward writes need: softmax computes `2^((k·v − max)·log2e)·inv_sum` (or, with
-/// the exponentials kept, `e · factor`), log-softmax `k·v − offset` (`offset = max + ln sum`);
+/// What the forward writes need: softmax computes `e^(k·v − max)·inv_sum` (or, with the
+/// exponentials kept, `e · factor`); `max` is the rounded product `x·k` of the row's largest
+/// element, as the writes round each score (never fused with what follows), so the exponent
+/// is exactly 0 there; log-softmax `k·v − offset` (`offset = max + ln sum`);
 /// `zero` when the row is masked everywhere and the caller asked for zeros there.
 #[derive(Clone, Copy)]
 pub struct ForwardFinished {
@@ -319,8 +307,7 @@ impl ForwardRow {
         let sum = row.sum();
         let inv_sum = reciprocal_approx(sum);
         ForwardFinished {
-            // The row is then NaN or, by choice, zero.
-            max: finite_or_zero(row.max),
+            max: row.max,
             inv_sum,
             factor: OnlineStats::exp_relative::<DeviceExp2>(mine_max, row.max) * inv_sum,
             offset: row.max + ln(sum),
@@ -412,7 +399,8 @@ impl<In: Element> Forward<In> {
         max: f32,
     ) -> f32 {
         let slope = self.row.scale * LOG2_E;
-        let max = finite_or_zero(max);
+        // In input units, `k` applied after the subtraction (as in `exp_relative`).
+        let max = OnlineStats::exponent_origin(max);
         let mut sum = 0.0;
         for pack in packs {
             for i in 0..PACK {
@@ -503,7 +491,7 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for Forward<In> {
                 col,
                 run,
                 row,
-                |i| exp2_approx((score(i) - row.max) * LOG2_E) * row.inv_sum,
+                |i| OnlineStats::exp_relative::<DeviceExp2>(score(i), row.max) * row.inv_sum,
                 |i| score(i) - row.offset,
             )
         }
@@ -605,11 +593,10 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for MaskedForward<In> {
                 max = max.max(value);
             }
         }
-        let finite_max = finite_or_zero(max);
         let mut sum = 0.0;
         for pack in packs.iter_mut() {
             for value in pack.iter_mut() {
-                let e = exp2_approx((*value - finite_max) * LOG2_E);
+                let e = OnlineStats::exp_relative::<DeviceExp2>(*value, max);
                 sum += e;
                 if !self.row.log {
                     *value = e;
