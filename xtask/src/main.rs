@@ -379,8 +379,10 @@ fn count_before(result: &str, word: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// Builds what a GPU machine without Rust needs into `.gpu/` (ignored by git; name it in the
-/// device tool's `carry`): the release `host` binary and every test binary, with a list.
+/// Builds what a GPU machine without Rust needs and packs it into `.gpu/bundle.tar.gz`
+/// (ignored by git; name `.gpu` in the device tool's `carry`): the release `host` binary, the
+/// `gpu*` test binaries, the criterion benches, the PTX modules, and with `base` the `host`
+/// binary of that revision as `host-base`.
 fn device_bundle(base: Option<&str>) -> Result<()> {
     let workspace = workspace();
     let staging = workspace.join("target").join("gpu-bundle");
