@@ -260,19 +260,27 @@ fn check_log_sum_exp<I: Element>(
     shape: Shape,
     options: &Options<'_>,
 ) -> Result<(), String> {
+    let (what, actual) = run_log_sum_exp::<I>(softmax, x, shape, options)?;
+    tally.record(&what, value_deviation(&actual, expected), 1e-5)
+}
+
+/// Runs log-sum-exp on `I` input into a poisoned buffer: what ran, and one value per row.
+fn run_log_sum_exp<I: Element>(
+    softmax: &mut Softmax,
+    x: &[f32],
+    shape: Shape,
+    options: &Options<'_>,
+) -> Result<(String, Vec<f32>), String> {
     let input = upload::<I>(x)?;
     let mut lse = DeviceBuffer::from_slice(&vec![f32::NAN; shape.rows()]).map_err(text)?;
+    let what = format!("log-sum-exp {:?} {shape}", I::DTYPE);
     softmax
         .log_sum_exp(Rows::new(&input, shape).map_err(text)?, &mut lse, options)
-        .map_err(|e| format!("log-sum-exp {:?} {shape}: {e}", I::DTYPE))?;
+        .map_err(|e| format!("{what}: {e}"))?;
     softmax.synchronize().map_err(text)?;
     let mut actual = vec![0.0; shape.rows()];
     lse.copy_to(&mut actual[..]).map_err(text)?;
-    tally.record(
-        &format!("log-sum-exp {:?} {shape}", I::DTYPE),
-        value_deviation(&actual, expected),
-        1e-5,
-    )
+    Ok((what, actual))
 }
 
 /// Every operation with input type `I`, into each output type, on one shape.
@@ -305,11 +313,13 @@ fn every_operation_for<I: Element>(
 }
 
 /// Rows of the special-values test, one per pattern of [`special_rows`].
-const SPECIAL_ROWS: usize = 10;
+const SPECIAL_ROWS: usize = 12;
 
 /// One row per pattern: plain scores of ±30; all -inf; one -inf; one NaN; one +inf; one 3e38
-/// (it takes all the mass); every score scaled to ±3e38; -3e38 and two 3e38 (a tie) among
-/// plain scores; denormals only; one score 100 above the rest.
+/// (it takes all the mass); every score scaled to ±3e38; two 3e38 (a tie, where the row has
+/// two columns) and a -3e38 among plain scores; denormals only; one score 100 above the rest;
+/// every score 1e4 (log-softmax `−ln cols`, exact only if the maximum is subtracted first);
+/// -inf but for one NaN.
 fn special_rows(rng: &mut StdRng, cols: usize) -> Vec<f32> {
     let mut x = Vec::with_capacity(SPECIAL_ROWS * cols);
     for pattern in 0..SPECIAL_ROWS {
@@ -324,12 +334,18 @@ fn special_rows(rng: &mut StdRng, cols: usize) -> Vec<f32> {
             5 => row[at()] = 3e38,
             6 => row.iter_mut().for_each(|v| *v *= 1e37),
             7 => {
-                row[at()] = -3e38;
-                row[at()] = 3e38;
-                row[at()] = 3e38;
+                let first = at();
+                row[(first + 2) % cols] = -3e38;
+                row[first] = 3e38;
+                row[(first + 1) % cols] = 3e38;
             }
             8 => row.iter_mut().for_each(|v| *v *= 1e-41),
-            _ => row[at()] = 130.0,
+            9 => row[at()] = 130.0,
+            10 => row.fill(1e4),
+            _ => {
+                row.fill(f32::NEG_INFINITY);
+                row[at()] = f32::NAN;
+            }
         }
         x.extend(row);
     }
@@ -337,10 +353,12 @@ fn special_rows(rng: &mut StdRng, cols: usize) -> Vec<f32> {
 }
 
 /// Special values through the forward operations, every input type and the kernels' paths
-/// (rows in registers, whole-row blocks, cooperative slices, peeled ends), against the f64
-/// reference, which follows PyTorch: a row with a NaN or a +inf is NaN, so is a row of -inf
-/// only; -inf entries give 0; scores near ±3e38 are as exact as any others. f16 inputs hold
-/// the huge values as ±inf, as the reference (fed the rounded inputs) does too.
+/// (rows in registers, whole-row blocks, cooperative slices, peeled ends; unmasked, and
+/// masked with every element allowed and fully masked rows asked to give zeros), against the
+/// f64 reference, which follows PyTorch: a row with a NaN or a +inf is NaN, so is a row of
+/// -inf only (unless zeros were asked for); -inf entries give 0; scores near ±3e38 are as
+/// exact as any others. f16 inputs hold the huge values as ±inf, as the reference (fed the
+/// rounded inputs) does too. Each row is compared on its own.
 fn special_values(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     let mut tally = Tally::default();
     for cols in [1, 33, 1000, 4097, 100_003] {
@@ -359,16 +377,37 @@ fn special_values_for<I: Element>(
     x: &[f32],
     shape: Shape,
 ) -> Result<(), String> {
-    let (x, options, scores) = (rounded::<I>(x), Options::new(), Scores::default());
-    for op in [Operation::Softmax, Operation::LogSoftmax] {
-        let expected = scores.forward(op == Operation::LogSoftmax, &x, shape.rows(), shape.cols());
-        let (what, actual) = run_forward::<I, f32>(softmax, op, &x, shape, &options)?;
-        record_rows::<f32>(tally, &what, &actual, &expected, shape)?;
-        let (what, actual) = run_forward::<I, bf16>(softmax, op, &x, shape, &options)?;
-        record_rows::<bf16>(tally, &what, &actual, &expected, shape)?;
+    let x = rounded::<I>(x);
+    let allowed = vec![1u8; shape.len()];
+    let allowed_device = DeviceBuffer::from_slice(&allowed).map_err(text)?;
+    let cases = [
+        (Options::new(), Scores::default()),
+        (
+            Options::new()
+                .mask(Mask::Allowed(&allowed_device))
+                .masked_rows(MaskedRows::Zero),
+            Scores {
+                allowed_mask: Some(&allowed),
+                zero_masked_rows: true,
+                ..Scores::default()
+            },
+        ),
+    ];
+    for (options, scores) in &cases {
+        for op in [Operation::Softmax, Operation::LogSoftmax] {
+            let (rows, cols) = (shape.rows(), shape.cols());
+            let expected = scores.forward(op == Operation::LogSoftmax, &x, rows, cols);
+            let (what, actual) = run_forward::<I, f32>(softmax, op, &x, shape, options)?;
+            record_rows::<f32>(tally, &what, &actual, &expected, shape)?;
+            let (what, actual) = run_forward::<I, bf16>(softmax, op, &x, shape, options)?;
+            record_rows::<bf16>(tally, &what, &actual, &expected, shape)?;
+        }
+        let lse = scores.log_sum_exp(&x, shape.rows(), shape.cols());
+        let (what, actual) = run_log_sum_exp::<I>(softmax, &x, shape, options)?;
+        let one_per_row = Shape::new(shape.rows(), 1).unwrap();
+        record_rows::<f32>(tally, &what, &actual, &lse, one_per_row)?;
     }
-    let lse = scores.log_sum_exp(&x, shape.rows(), shape.cols());
-    check_log_sum_exp::<I>(softmax, tally, &x, &lse, shape, &options)
+    Ok(())
 }
 
 /// Records each row's deviation from `expected` as written in `O`, on its own, so that rows

@@ -263,14 +263,15 @@ struct ForwardRow {
 /// What the forward writes need: softmax computes `e^(k·v − max)·inv_sum` (or, with the
 /// exponentials kept, `e · factor`); `max` is the rounded product `x·k` of the row's largest
 /// element, as the writes round each score (never fused with what follows), so the exponent
-/// is exactly 0 there; log-softmax `k·v − offset` (`offset = max + ln sum`);
+/// is exactly 0 there; log-softmax `(k·v − max) − ln sum` (the difference first, as PyTorch:
+/// `k·v − (max + ln sum)` rounds away ~|max|·2^-24);
 /// `zero` when the row is masked everywhere and the caller asked for zeros there.
 #[derive(Clone, Copy)]
 pub struct ForwardFinished {
     max: f32,
     inv_sum: f32,
     factor: f32,
-    offset: f32,
+    ln_sum: f32,
     zero: bool,
 }
 
@@ -310,7 +311,7 @@ impl ForwardRow {
             max: row.max,
             inv_sum,
             factor: OnlineStats::exp_relative::<DeviceExp2>(mine_max, row.max) * inv_sum,
-            offset: row.max + ln(sum),
+            ln_sum: ln(sum),
             zero: self.zero_masked_rows && masked_everywhere(row),
         }
     }
@@ -492,7 +493,7 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for Forward<In> {
                 run,
                 row,
                 |i| OnlineStats::exp_relative::<DeviceExp2>(score(i), row.max) * row.inv_sum,
-                |i| score(i) - row.offset,
+                |i| (score(i) - row.max) - row.ln_sum,
             )
         }
     }
@@ -626,7 +627,7 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for MaskedForward<In> {
                 run,
                 row,
                 |i| values[i] * row.factor,
-                |i| values[i] - row.offset,
+                |i| (values[i] - row.max) - row.ln_sum,
             )
         }
     }
