@@ -1,5 +1,6 @@
 //! Tests that need no GPU: the reference, the online statistics, shapes and variant names.
 
+use kernels_gpu::barrier_word;
 use kernels_gpu::online::{CompensatedSum, Exp2, OnlineStats};
 use kernels_gpu::row_ops::OpKernelName;
 use proptest::prelude::*;
@@ -287,6 +288,34 @@ proptest! {
         let y = softmax_f64(&row, 1, row.len());
         prop_assert!((y.iter().sum::<f64>() - 1.0).abs() < 1e-12);
         prop_assert!(y.iter().all(|&v| (0.0..=1.0).contains(&v)));
+    }
+}
+
+proptest! {
+    /// The cooperative kernels' per-row barrier word, over several launches with different
+    /// numbers of blocks per row and the leader arriving at any point: no block's addition
+    /// but the last one's flips the word (nobody is released early), the last one's does (the
+    /// waiting blocks are released, and the last block knows it is last), and the word is
+    /// left ready for the next launch.
+    #[test]
+    fn barrier_word_flips_exactly_at_the_last_arrival(
+        launches in prop::collection::vec((1u32..=2048, any::<prop::sample::Index>()), 1..8)
+    ) {
+        let mut word = 0u32;
+        for (participants, leader_index) in launches {
+            let leader_rank = leader_index.index(participants as usize) as u32;
+            let entered = word;
+            for rank in 0..participants {
+                let arrival = barrier_word::arrival(participants, rank == leader_rank);
+                let before = word;
+                word = word.wrapping_add(arrival);
+                let last = rank + 1 == participants;
+                prop_assert!(!barrier_word::has_flipped(entered, before));
+                prop_assert_eq!(barrier_word::has_flipped(before, word), last);
+            }
+            prop_assert!(barrier_word::has_flipped(entered, word));
+            prop_assert_eq!(word & !barrier_word::GENERATION_BIT, 0);
+        }
     }
 }
 

@@ -38,6 +38,7 @@
     allow(dead_code, unused_imports)
 )]
 
+pub mod barrier_word;
 pub mod launch;
 pub mod online;
 #[macro_use]

@@ -4,31 +4,28 @@
 
 use core::sync::atomic::{AtomicU32, Ordering};
 
+use crate::barrier_word;
 use crate::device::{block_dim, block_idx, fence_device, sleep_briefly, sync_threads, thread_idx};
 use crate::reduce::{Partial, block_reduce};
 
-/// Waits until `participants` blocks have arrived at this row's barrier. Called by one thread
-/// per block. The barrier resets itself, so it is reusable by the next launch without a memset.
+/// Waits until `participants` blocks have arrived at this row's barrier (the word's
+/// arithmetic is in [`barrier_word`]). Called by one thread per block; `leader` is true for
+/// exactly one of the row's blocks.
 ///
 /// # Safety
-/// `counter` and `generation` are this row's two words of the barrier buffer, zeroed once when
-/// it was allocated; all `participants` blocks are resident (cooperative launch).
-unsafe fn row_barrier(counter: *mut u32, generation: *mut u32, participants: u32) {
-    // SAFETY: both words are valid, 4-byte aligned and only accessed atomically or volatile.
+/// `word` is this row's word of the barrier buffer, zeroed when it was allocated and only
+/// touched by launches that ran to completion; all `participants` blocks are resident
+/// (cooperative launch).
+unsafe fn row_barrier(word: *mut u32, participants: u32, leader: bool) {
+    let arrival = barrier_word::arrival(participants, leader);
+    // SAFETY: the word is valid, 4-byte aligned and only accessed atomically or volatile.
     unsafe {
-        let entered = generation.read_volatile();
         // Release: this block's partial statistics are visible before its arrival is.
         fence_device();
-        let arrived = AtomicU32::from_ptr(counter).fetch_add(1, Ordering::Relaxed);
-        if arrived + 1 == participants {
-            // Acquire the other blocks' statistics, and release them with the new generation.
-            // The reset needs no ordering: the next launch on this row starts after this one
-            // ends.
-            fence_device();
-            AtomicU32::from_ptr(generation).fetch_add(1, Ordering::Relaxed);
-            counter.write_volatile(0);
-        } else {
-            while generation.read_volatile() == entered {
+        let before = AtomicU32::from_ptr(word).fetch_add(arrival, Ordering::Relaxed);
+        // The last block to arrive knows it from its own addition.
+        if !barrier_word::has_flipped(before, before.wrapping_add(arrival)) {
+            while !barrier_word::has_flipped(before, word.read_volatile()) {
                 sleep_briefly();
             }
         }
@@ -43,7 +40,7 @@ unsafe fn row_barrier(counter: *mut u32, generation: *mut u32, participants: u32
 /// # Safety
 /// Called by every thread of the block from uniform control flow. The launch has `slices`
 /// blocks per row, consecutive in block index and all resident at once (cooperative launch);
-/// `partials` holds two floats per block of the launch, `barriers` two words per row, zeroed
+/// `partials` holds two floats per block of the launch, `barriers` one word per row, zeroed
 /// when allocated and used by one launch at a time; `scratch` is the block-reduction scratch
 /// of [`block_reduce`].
 #[inline(always)]
@@ -60,9 +57,9 @@ pub unsafe fn exchange_row_stats<S: Partial>(
         unsafe {
             publish_block_stats(block, partials);
             row_barrier(
-                barriers.add(2 * row),
-                barriers.add(2 * row + 1),
+                barriers.add(row),
                 slices as u32,
+                block_idx() as usize % slices == 0,
             );
         }
     }
