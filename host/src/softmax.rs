@@ -68,7 +68,7 @@ struct Workspace {
     row_stats: DeviceBuffer<f32>,
     /// Two floats per block of a sliced launch (grown on demand).
     partials: DeviceBuffer<f32>,
-    /// One word per row of a sliced launch, zeroed once; a finished launch leaves it reusable.
+    /// Two words per row of a sliced launch, zeroed once; a finished launch leaves them reusable.
     barriers: DeviceBuffer<u32>,
     /// Per-row, per-chunk states of operations on rows too wide for one launch.
     states: DeviceBuffer<RowState>,
@@ -116,7 +116,7 @@ impl Softmax {
         let workspace = Workspace {
             row_stats: DeviceBuffer::zeroed(2).during("allocating workspace")?,
             partials: DeviceBuffer::zeroed(2 * resident).during("allocating workspace")?,
-            barriers: DeviceBuffer::zeroed(resident).during("allocating workspace")?,
+            barriers: DeviceBuffer::zeroed(2 * resident).during("allocating workspace")?,
             // SAFETY: any bit pattern is a valid pair of floats; states are stored before
             // they are read.
             states: unsafe { DeviceBuffer::uninitialized(1) }.during("allocating workspace")?,

@@ -20,7 +20,7 @@ use crate::row_slice::RowSlice;
 /// `rows · slices` blocks of `THREADS` threads (whole warps, 8 to 1024), with
 /// `REDUCTION_SCRATCH_FLOATS · 4` bytes of dynamic shared memory, and
 /// `THREADS · PACKS ≥ slice_packs`, `slices · slice_packs · PACK ≥ cols - 3`. When
-/// `slices > 1`: `partials` holds `2 · rows · slices` floats, `barriers` holds `rows`
+/// `slices > 1`: `partials` holds `2 · rows · slices` floats, `barriers` holds `2 · rows`
 /// words zeroed when allocated and used by one launch at a time, and every block is resident
 /// at once (cooperative launch).
 #[inline(always)]

@@ -319,7 +319,7 @@ pub unsafe fn op_rows<
 /// END_SLOTS` (the last slot of threads 0 and 1 holds the row's ends, in slice 0). Launch
 /// `rows · slices` blocks of `THREADS` threads with `REDUCTION_SCRATCH_FLOATS · 4` bytes of
 /// dynamic shared memory. When `slices > 1`: `partials` holds two floats per block,
-/// `barriers` one word per row zeroed when allocated and used by one launch at a time, and
+/// `barriers` two words per row zeroed when allocated and used by one launch at a time, and
 /// every block is resident at once (cooperative launch), except in mode `SLICE_STATES`,
 /// where each block only stores its slice's state, and `APPLY_STATES`. In-place operation is
 /// allowed: each thread reads its packs before it writes them, and no thread reads another's.

@@ -40,7 +40,7 @@ unsafe fn row_barrier(word: *mut u32, participants: u32, leader: bool) {
 /// # Safety
 /// Called by every thread of the block from uniform control flow. The launch has `slices`
 /// blocks per row, consecutive in block index and all resident at once (cooperative launch);
-/// `partials` holds two floats per block of the launch, `barriers` one word per row, zeroed
+/// `partials` holds two floats per block of the launch, `barriers` two words per row, zeroed
 /// when allocated and used by one launch at a time; `scratch` is the block-reduction scratch
 /// of [`block_reduce`].
 #[inline(always)]
@@ -56,10 +56,13 @@ pub unsafe fn exchange_row_stats<S: Partial>(
         // SAFETY: block_idx < rows · slices and row < rows: inside both buffers.
         unsafe {
             publish_block_stats(block, partials);
+            // The row's first word is its barrier; the second is unused. Addressed as one
+            // word per row (and the leader found as `block % slices == 0`), the same code took
+            // the 8-pack forward blocks from 64 to 72 registers (ptxas 12.9).
             row_barrier(
-                barriers.add(row),
+                barriers.add(2 * row),
                 slices as u32,
-                block_idx() as usize % slices == 0,
+                block_idx() as usize == row * slices,
             );
         }
     }

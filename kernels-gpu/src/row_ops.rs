@@ -108,7 +108,7 @@ pub struct RowOpParams {
     pub states: u64,
     /// Two floats per block (cooperative slices exchange their statistics through them).
     pub partials: u64,
-    /// One word per row, zeroed once (the cooperative slices' barrier).
+    /// Two words per row, zeroed once (the cooperative slices' barrier).
     pub barriers: u64,
     pub rows: u32,
     pub cols: u32,

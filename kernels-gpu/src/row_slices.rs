@@ -19,7 +19,7 @@ use crate::row_slice::RowSlice;
 /// `slices · slice_packs · PACK ≥ cols - 3`. Launch `rows · slices` blocks of whole warps (at
 /// least 8 threads, at most 1024) with `(REDUCTION_SCRATCH_FLOATS + cached · slice_packs ·
 /// PACK) · 4` bytes of dynamic shared memory, where `cached` is 0 or 1. When `slices > 1`:
-/// `partials` holds `2 · rows · slices` floats, `barriers` holds `rows` words zeroed when
+/// `partials` holds `2 · rows · slices` floats, `barriers` holds `2 · rows` words zeroed when
 /// allocated and used by one launch at a time, and all blocks are resident together
 /// (cooperative launch).
 #[inline(always)]
