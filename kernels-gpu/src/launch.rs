@@ -186,8 +186,10 @@ impl core::fmt::Display for RegisterKernelName {
     }
 }
 
-/// Threads per block of the row-slices kernel.
-pub const ROW_SLICE_THREADS: u32 = 512;
+/// Most threads per block of a sliced row-slices launch (and most slices per row). Measured
+/// on the H200 (bench/NOTES.md, session 7): 256 rather than 512 lets more, shorter slices stay
+/// resident; f32 32x151936 20.2 -> 18.2 us, 128x50257 23.8 -> 22.5 us.
+pub const ROW_SLICE_THREADS: u32 = 256;
 
 /// Vector packs each thread loads before it uses any of them: the loads in flight per thread.
 pub const LOADS_IN_FLIGHT: u32 = 4;
