@@ -27,10 +27,11 @@ for run in "--dtype bf16" "--op backward" "--op backward --dtype bf16"; do
     timeout 180 .gpu/host bench $run --peers --out bench/results > "$out/bench-${run//[- ]/}.txt" 2>&1
 done
 timeout 120 .gpu/host bench --boundaries --variants auto,registers,block-registers --out bench/results/boundaries > "$out/boundaries.txt" 2>&1
-# memcheck, racecheck, initcheck, synccheck over the gpu tests: $out/sanitizer.txt and
-# $out/sanitizer-summary.txt (the summary is printed too).
+# memcheck, racecheck, initcheck, synccheck over both test binaries' default filters:
+# $out/sanitizer.txt and $out/sanitizer-summary.txt (the summary is printed too); then the
+# operation tests the defaults leave out (scales and masks, the two largest tensors).
 OUT="$out" bash bench/sanitize.sh
-SANITIZE_BINARY=gpu_ops SANITIZE_FILTERS=ops_ OUT="$out/ops" bash bench/sanitize.sh
+SANITIZE_BINARY=gpu_ops SANITIZE_FILTERS="ops_scales ops_largest" OUT="$out/ops" bash bench/sanitize.sh
 bench=$(ls .gpu/benches/softmax-* | xargs -n1 sh -c 'strings "$0" | grep -q criterion && echo "$0"' | head -n1)
 timeout 90 "$bench" --bench --noplot --warm-up-time 0.2 --measurement-time 0.5 'softmax/(auto|registers)/' > "$out/criterion.txt" 2>&1
 tail -n 4 "$out/criterion.txt"

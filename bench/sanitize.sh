@@ -1,29 +1,34 @@
 #!/usr/bin/env bash
 # compute-sanitizer over the GPU tests, on a GPU machine, from the repository root, using the
-# bundle `cargo xtask device-bundle` packed into .gpu/ (no Rust toolchain needed there):
+# bundle `cargo xtask device-bundle` packed into .gpu/ (no Rust toolchain needed there). The one
+# command for every kernel:
 #
 #   bash bench/sanitize.sh [EXTRA_FILTER ...]
 #
-# Runs each tool (memcheck, racecheck, initcheck, synccheck) over the gpu test binary once per
-# test filter: `every_variant`, `special`, `misaligned`, `llm`, then any filters given as
-# arguments (a filter selects the tests whose name contains it, so later tests can be added
-# without editing this file). `every_variant` is the foundation shape list: every variant on
-# cols {1, 2, 31, 32, 33, 127, 1000, 4097, 16384, 65537} x rows {1, 3, 1000}.
+# Runs each tool (memcheck, racecheck, initcheck, synccheck) over each test binary once per
+# test filter (a filter selects the tests whose name contains it, so later tests can be added
+# without editing this file), then once per filter given as an argument:
+# - `gpu` (the f32 variants): `every_variant`, `special`, `misaligned`, `llm`. `every_variant`
+#   is the foundation shape list: every variant on cols {1, 2, 31, 32, 33, 127, 1000, 4097,
+#   16384, 65537} x rows {1, 3, 1000}.
+# - `gpu_ops` (the operation kernels): `ops_special`, `ops_every` (every operation and type
+#   pair on the same shape list), `ops_peeled`, `ops_partial`, `ops_strides`, `ops_bad`.
 #
-# Writes the full log to $OUT/sanitizer.txt and one line per (tool, filter) to
+# Writes the full log to $OUT/sanitizer.txt and one line per (binary, tool, filter) to
 # $OUT/sanitizer-summary.txt (OUT defaults to ./device-out): the tool's error count (its
 # ERROR SUMMARY; racecheck's RACECHECK SUMMARY), the harness's `test result:` line and the exit
 # code. Exits non-zero if any tool reported an error, a test failed, a filter matched no test,
 # or a run timed out.
 #
 # Every run has a timeout. racecheck and initcheck are much slower than the uninstrumented
-# run (racecheck most), so racecheck gets its own, longer one. Environment:
-#   SANITIZE_TOOLS              tools to run (default "memcheck racecheck initcheck synccheck";
-#                               a subset splits the work over several shorter calls)
+# run (racecheck most), so racecheck gets its own, longer one. All of it takes about six
+# minutes on an H200. Environment:
+#   SANITIZE_BINARY             test binaries (default "gpu gpu_ops"; one of them to split the
+#                               work over two shorter calls)
+#   SANITIZE_TOOLS              tools to run (default "memcheck racecheck initcheck synccheck")
+#   SANITIZE_FILTERS            every binary's default filters replaced (space-separated)
 #   SANITIZE_TIMEOUT            seconds per run for memcheck, initcheck, synccheck (default 600)
 #   SANITIZE_RACECHECK_TIMEOUT  seconds per racecheck run (default 1800)
-#   SANITIZE_FILTERS            the default filters replaced (space-separated)
-#   SANITIZE_BINARY             test binary: gpu (default) or gpu_ops (the operation kernels)
 #   SOFTMAX_TEST_SEED           passed through to the tests (replays their random inputs)
 set -uo pipefail
 out=${OUT:-device-out}
@@ -33,28 +38,39 @@ log="$out/sanitizer.txt"
 summary="$out/sanitizer-summary.txt"
 
 read -ra tools <<< "${SANITIZE_TOOLS:-memcheck racecheck initcheck synccheck}"
-filters=(${SANITIZE_FILTERS:-every_variant special misaligned llm} "$@")
+read -ra binaries <<< "${SANITIZE_BINARY:-gpu gpu_ops}"
 timeout_default=${SANITIZE_TIMEOUT:-600}
 timeout_racecheck=${SANITIZE_RACECHECK_TIMEOUT:-1800}
 
+# The default filters of a test binary.
+default_filters() {
+    case $1 in
+        gpu) echo "every_variant special misaligned llm" ;;
+        gpu_ops) echo "ops_special ops_every ops_peeled ops_partial ops_strides ops_bad" ;;
+        *) echo "" ;;
+    esac
+}
+
 bash bench/unpack-bundle.sh || exit 2
-# The `gpu` test binary (`gpu-<hash>`; gpu_stress and gpu_fault are named with an underscore).
-binary=${SANITIZE_BINARY:-gpu}
-gpu_tests=""
-for candidate in .gpu/tests/"$binary"-*; do
-    [ -x "$candidate" ] && gpu_tests=$candidate && break
-done
-if [ -z "$gpu_tests" ]; then
-    echo "sanitize: no .gpu/tests/$binary-* test binary (run \`cargo xtask device-bundle\` and bring .gpu/ along)" >&2
-    exit 2
-fi
 if ! command -v compute-sanitizer > /dev/null; then
     echo "sanitize: compute-sanitizer is not on PATH (nor in /usr/local/cuda/bin)" >&2
     exit 2
 fi
+# The test binaries (`gpu-<hash>`, `gpu_ops-<hash>`; the glob's `-` keeps `gpu` from matching
+# gpu_stress or gpu_fault), each found before anything runs.
+declare -A executables
+for binary in "${binaries[@]}"; do
+    for candidate in .gpu/tests/"$binary"-*; do
+        [ -x "$candidate" ] && executables[$binary]=$candidate && break
+    done
+    if [ -z "${executables[$binary]:-}" ]; then
+        echo "sanitize: no .gpu/tests/$binary-* test binary (run \`cargo xtask device-bundle\` and bring .gpu/ along)" >&2
+        exit 2
+    fi
+done
 
 {
-    echo "# compute-sanitizer over $gpu_tests, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo "# compute-sanitizer over ${executables[*]}, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
     compute-sanitizer --version 2>&1 | grep -i version | head -n1 | sed 's/^/# /'
 } | tee "$summary" > "$log"
 
@@ -75,59 +91,65 @@ error_count() {
 }
 
 failures=0
+runs=0
 run_log=$(mktemp)
 trap 'rm -f "$run_log"' EXIT
-for tool in "${tools[@]}"; do
-    limit=$timeout_default
-    [ "$tool" = racecheck ] && limit=$timeout_racecheck
-    for filter in "${filters[@]}"; do
-        started=$(date +%s)
-        # --error-exitcode makes errors found visible in the exit code too; the timeout's kill
-        # follows its TERM after 30 s if the sanitizer does not stop.
-        timeout -k 30 "$limit" compute-sanitizer --tool "$tool" --error-exitcode 86 \
-            "$gpu_tests" "$filter" > "$run_log" 2>&1
-        code=$?
-        seconds=$(($(date +%s) - started))
-        {
-            echo
-            echo "##### $tool / $filter (limit ${limit} s): exit $code after ${seconds} s"
-            cat "$run_log"
-        } >> "$log"
-        errors=$(error_count "$tool" "$run_log")
-        result=$(grep -m1 '^test result:' "$run_log")
-        warnings=""
-        if [ "$tool" = racecheck ]; then
-            w=$(grep -oE 'RACECHECK SUMMARY: .*, ([0-9]+) warnings?' "$run_log" | tail -n1 |
-                grep -oE '[0-9]+ warnings?' | grep -oE '[0-9]+')
-            [ -n "$w" ] && warnings=" ($w warnings)"
-        fi
-        if [ "$code" -eq 124 ] || [ "$code" -eq 137 ]; then
-            verdict="TIMEOUT after ${limit} s"
-        elif [ -z "$errors" ]; then
-            verdict="FAILED: no sanitizer summary"
-        elif [ "$errors" -ne 0 ]; then
-            verdict="ERRORS"
-        elif [ -z "$result" ]; then
-            verdict="FAILED: no test result line"
-        elif grep -q 'skipped (no GPU)' <<< "$result"; then
-            verdict="FAILED: the tests saw no GPU"
-        elif ! grep -qE '^test result: [0-9]+ passed, 0 failed' <<< "$result"; then
-            verdict="FAILED: a test failed"
-        elif grep -qE '^test result: 0 passed' <<< "$result"; then
-            verdict="FAILED: no test matched the filter"
-        elif [ "$code" -ne 0 ]; then
-            verdict="FAILED: exit $code"
-        else
-            verdict="ok"
-        fi
-        [ "$verdict" = ok ] || failures=$((failures + 1))
-        printf '%-9s %-14s errors %-15s exit %-3s %4s s  %-38s %s\n' \
-            "$tool" "$filter" "${errors:-?}$warnings" "$code" "$seconds" \
-            "${result:-(no test result line)}" "$verdict" | tee -a "$summary"
+for binary in "${binaries[@]}"; do
+    gpu_tests=${executables[$binary]}
+    filters=(${SANITIZE_FILTERS:-$(default_filters "$binary")} "$@")
+    echo "# $binary: $gpu_tests" | tee -a "$summary" >> "$log"
+    for tool in "${tools[@]}"; do
+        limit=$timeout_default
+        [ "$tool" = racecheck ] && limit=$timeout_racecheck
+        for filter in "${filters[@]}"; do
+            started=$(date +%s)
+            # --error-exitcode makes errors found visible in the exit code too; the timeout's kill
+            # follows its TERM after 30 s if the sanitizer does not stop.
+            timeout -k 30 "$limit" compute-sanitizer --tool "$tool" --error-exitcode 86 \
+                "$gpu_tests" "$filter" > "$run_log" 2>&1
+            code=$?
+            seconds=$(($(date +%s) - started))
+            {
+                echo
+                echo "##### $binary / $tool / $filter (limit ${limit} s): exit $code after ${seconds} s"
+                cat "$run_log"
+            } >> "$log"
+            errors=$(error_count "$tool" "$run_log")
+            result=$(grep -m1 '^test result:' "$run_log")
+            warnings=""
+            if [ "$tool" = racecheck ]; then
+                w=$(grep -oE 'RACECHECK SUMMARY: .*, ([0-9]+) warnings?' "$run_log" | tail -n1 |
+                    grep -oE '[0-9]+ warnings?' | grep -oE '[0-9]+')
+                [ -n "$w" ] && warnings=" ($w warnings)"
+            fi
+            if [ "$code" -eq 124 ] || [ "$code" -eq 137 ]; then
+                verdict="TIMEOUT after ${limit} s"
+            elif [ -z "$errors" ]; then
+                verdict="FAILED: no sanitizer summary"
+            elif [ "$errors" -ne 0 ]; then
+                verdict="ERRORS"
+            elif [ -z "$result" ]; then
+                verdict="FAILED: no test result line"
+            elif grep -q 'skipped (no GPU)' <<< "$result"; then
+                verdict="FAILED: the tests saw no GPU"
+            elif ! grep -qE '^test result: [0-9]+ passed, 0 failed' <<< "$result"; then
+                verdict="FAILED: a test failed"
+            elif grep -qE '^test result: 0 passed' <<< "$result"; then
+                verdict="FAILED: no test matched the filter"
+            elif [ "$code" -ne 0 ]; then
+                verdict="FAILED: exit $code"
+            else
+                verdict="ok"
+            fi
+            [ "$verdict" = ok ] || failures=$((failures + 1))
+            runs=$((runs + 1))
+            printf '%-8s %-9s %-14s errors %-15s exit %-3s %4s s  %-38s %s\n' \
+                "$binary" "$tool" "$filter" "${errors:-?}$warnings" "$code" "$seconds" \
+                "${result:-(no test result line)}" "$verdict" | tee -a "$summary"
+        done
     done
 done
 
-runs=$((${#tools[@]} * ${#filters[@]}))
 if [ "$failures" -eq 0 ]; then
     echo "sanitize: all $runs runs clean" | tee -a "$summary"
 else
