@@ -111,7 +111,12 @@ impl Softmax {
     pub fn on_device(ordinal: u32) -> Result<Self> {
         let (context, _device, info) = device::open(ordinal)?;
         let kernels = Kernels::load_softmax(info.max_shared_per_block)?;
-        let stream = Stream::new(StreamFlags::NON_BLOCKING, None).during("creating a stream")?;
+        // A blocking stream: its work waits for what came before it on the legacy default
+        // stream, where cust's synchronous calls run. A pageable host-to-device copy
+        // (`DeviceBuffer::from_slice`, `copy_from`) may return before its DMA lands, and
+        // `DeviceBuffer::zeroed` below only enqueues its memset; a non-blocking stream would
+        // let a launch read inputs half copied, or a barrier word the memset then clears.
+        let stream = Stream::new(StreamFlags::DEFAULT, None).during("creating a stream")?;
         let resident = info.multiprocessors as usize * MAX_RESIDENT_BLOCKS_PER_SM;
         let workspace = Workspace {
             row_stats: DeviceBuffer::zeroed(2).during("allocating workspace")?,
