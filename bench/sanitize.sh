@@ -67,6 +67,10 @@ for binary in "${binaries[@]}"; do
         echo "sanitize: no .gpu/tests/$binary-* test binary (run \`cargo xtask device-bundle\` and bring .gpu/ along)" >&2
         exit 2
     fi
+    if [ -z "${SANITIZE_FILTERS:-$(default_filters "$binary")}$*" ]; then
+        echo "sanitize: no filters for $binary (set SANITIZE_FILTERS or give some)" >&2
+        exit 2
+    fi
 done
 
 {
