@@ -9,7 +9,7 @@
 //!   CUDA (no GPU needed).
 //! - `test [ARGS]`: fetch the driver library if linking needs it, then `cargo test --workspace`.
 //! - `device-bundle [--base REV]`: build the release `host` binary, the GPU test binaries, the
-//!   criterion benches and the PTX modules, to run on a GPU machine that has no Rust toolchain,
+//!   criterion benches, the examples and the PTX modules, to run on a GPU machine that has no Rust toolchain,
 //!   and pack them into `.gpu/bundle.tar.gz` (the device tool carries at most 64 MiB; unpacked,
 //!   the bundle is larger). With `--base REV`, the bundle also holds `host-base`, the `host`
 //!   binary of revision `REV`, for A/B runs in one device call.
@@ -381,8 +381,8 @@ fn count_before(result: &str, word: &str) -> u64 {
 
 /// Builds what a GPU machine without Rust needs and packs it into `.gpu/bundle.tar.gz`
 /// (ignored by git; name `.gpu` in the device tool's `carry`): the release `host` binary, the
-/// `gpu*` test binaries, the criterion benches, the PTX modules, and with `base` the `host`
-/// binary of that revision as `host-base`.
+/// `gpu*` test binaries, the criterion benches, the examples, the PTX modules, and with `base`
+/// the `host` binary of that revision as `host-base`.
 fn device_bundle(base: Option<&str>) -> Result<()> {
     let workspace = workspace();
     let staging = workspace.join("target").join("gpu-bundle");
@@ -396,16 +396,27 @@ fn device_bundle(base: Option<&str>) -> Result<()> {
         .args(["build", "--release", "-p", "host"]))?;
     fs::copy(workspace.join("target/release/host"), staging.join("host"))
         .map_err(|e| e.to_string())?;
-    // Only what needs the GPU: the `gpu*` test binaries and the criterion benches (the CPU
-    // tests run here, and the carry to the GPU machine is limited in size).
+    // Only what needs the GPU: the `gpu*` test binaries, the criterion benches and the
+    // examples (the CPU tests run here, and the carry to the GPU machine is limited in size).
     for (command, folder, kind, prefix) in [
-        (["test", "--release"].as_slice(), "tests", "test", "gpu"),
-        (["bench"].as_slice(), "benches", "bench", ""),
+        (
+            ["test", "--release", "--no-run"].as_slice(),
+            "tests",
+            "test",
+            "gpu",
+        ),
+        (["bench", "--no-run"].as_slice(), "benches", "bench", ""),
+        (
+            ["build", "--release", "--examples"].as_slice(),
+            "examples",
+            "example",
+            "",
+        ),
     ] {
         let output = Command::new(cargo())
             .current_dir(&workspace)
             .args(command)
-            .args(["-p", "host", "--no-run", "--message-format=json"])
+            .args(["-p", "host", "--message-format=json"])
             .output()
             .map_err(|e| e.to_string())?;
         if !output.status.success() {
