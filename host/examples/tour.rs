@@ -7,7 +7,7 @@ use softmax::cust::memory::{CopyDestination, DeviceBuffer};
 use softmax::half::bf16;
 use softmax::reference::softmax_f64;
 use softmax::{
-    Mask, MaskedRows, Operation, Options, RowState, Rows, RowsMut, Shape, Softmax, Variant,
+    Element, Mask, MaskedRows, Operation, Options, RowState, Rows, RowsMut, Shape, Softmax, Variant,
 };
 
 type Outcome = Result<(), Box<dyn std::error::Error>>;
@@ -25,6 +25,29 @@ fn to_host<T: softmax::cust::memory::DeviceCopy + Default + Clone>(
     let mut host = vec![T::default(); buffer.len()];
     buffer.copy_to(&mut host[..])?;
     Ok(host)
+}
+
+/// A device buffer of `len` zeros.
+fn zeros(len: usize) -> Result<DeviceBuffer<f32>, Box<dyn std::error::Error>> {
+    Ok(DeviceBuffer::from_slice(&vec![0.0f32; len])?)
+}
+
+/// `op` of contiguous rows of any input type with `options`, into a new f32 buffer.
+fn forward_to_f32<I: Element>(
+    softmax: &mut Softmax,
+    op: Operation,
+    input: &DeviceBuffer<I>,
+    shape: Shape,
+    options: &Options,
+) -> Result<DeviceBuffer<f32>, Box<dyn std::error::Error>> {
+    let mut output = zeros(shape.len())?;
+    softmax.forward(
+        op,
+        Rows::new(input, shape)?,
+        RowsMut::new(&mut output, shape)?,
+        options,
+    )?;
+    Ok(output)
 }
 
 /// Whether every row of `values` (rows of `cols`, `stride` apart) sums to 1 within `tolerance`.
@@ -50,7 +73,7 @@ fn main() -> Outcome {
     let shape = Shape::new(4096, 1000)?;
     let x = scores(shape.len(), 1);
     let input = DeviceBuffer::from_slice(&x)?;
-    let mut output = DeviceBuffer::from_slice(&vec![0.0f32; shape.len()])?;
+    let mut output = zeros(shape.len())?;
     softmax.run(Variant::Auto, &input, &mut output, shape)?;
     softmax.synchronize()?;
     let expected = softmax_f64(&x, shape.rows(), shape.cols());
@@ -76,14 +99,8 @@ fn main() -> Outcome {
         .map(bf16::from_f32)
         .collect();
     let logits = DeviceBuffer::from_slice(&logits)?;
-    let mut probs = DeviceBuffer::from_slice(&vec![0.0f32; shape.len()])?;
     let options = Options::new().temperature(0.7);
-    softmax.forward(
-        Operation::Softmax,
-        Rows::new(&logits, shape)?,
-        RowsMut::new(&mut probs, shape)?,
-        &options,
-    )?;
+    let probs = forward_to_f32(&mut softmax, Operation::Softmax, &logits, shape, &options)?;
     softmax.synchronize()?;
     let probs_host = to_host(&probs)?;
     check(
@@ -92,7 +109,7 @@ fn main() -> Outcome {
     )?;
 
     // Per-row log-sum-exp of the same logits agrees with the probabilities: p = e^(x/t - lse).
-    let mut lse = DeviceBuffer::from_slice(&vec![0.0f32; shape.rows()])?;
+    let mut lse = zeros(shape.rows())?;
     softmax.log_sum_exp(Rows::new(&logits, shape)?, &mut lse, &options)?;
     softmax.synchronize()?;
     let first_logit = to_host(&logits)?[0].to_f32();
@@ -122,7 +139,6 @@ fn main() -> Outcome {
     // Attention scores: scale, one additive mask row for every row, zeros for fully masked rows.
     let shape = Shape::new(64, 256)?;
     let s = DeviceBuffer::from_slice(&scores(shape.len(), 4))?;
-    let mut p = DeviceBuffer::from_slice(&vec![0.0f32; shape.len()])?;
     let mask_row: Vec<f32> = (0..shape.cols())
         .map(|c| if c % 3 == 0 { f32::NEG_INFINITY } else { 0.0 })
         .collect();
@@ -131,12 +147,7 @@ fn main() -> Outcome {
         .scale(0.125)
         .mask(Mask::Additive(&mask_row))
         .masked_rows(MaskedRows::Zero);
-    softmax.forward(
-        Operation::Softmax,
-        Rows::new(&s, shape)?,
-        RowsMut::new(&mut p, shape)?,
-        &opts,
-    )?;
+    let p = forward_to_f32(&mut softmax, Operation::Softmax, &s, shape, &opts)?;
     softmax.synchronize()?;
     let p_host = to_host(&p)?;
     let masked_are_zero = p_host
@@ -153,17 +164,11 @@ fn main() -> Outcome {
     let keep = DeviceBuffer::from_slice(&vec![1u8; 64 * 64])?;
     let inverse_temperatures = DeviceBuffer::from_slice(&vec![0.5f32; shape.rows()])?;
     let s = DeviceBuffer::from_slice(&scores(shape.len(), 5))?;
-    let mut p = DeviceBuffer::from_slice(&vec![0.0f32; shape.len()])?;
     let opts = Options::new()
         .causal()
         .mask(Mask::Allowed(&keep))
         .row_scale(&inverse_temperatures);
-    softmax.forward(
-        Operation::Softmax,
-        Rows::new(&s, shape)?,
-        RowsMut::new(&mut p, shape)?,
-        &opts,
-    )?;
+    let p = forward_to_f32(&mut softmax, Operation::Softmax, &s, shape, &opts)?;
     softmax.synchronize()?;
     let p_host = to_host(&p)?;
     let causal = p_host.iter().enumerate().all(|(i, &v)| {
@@ -178,15 +183,9 @@ fn main() -> Outcome {
     // Backward of softmax: every row of dx sums to 0; in place over dy for log-softmax.
     let shape = Shape::new(32, 1000)?;
     let x = DeviceBuffer::from_slice(&scores(shape.len(), 6))?;
-    let mut y = DeviceBuffer::from_slice(&vec![0.0f32; shape.len()])?;
-    softmax.forward(
-        Operation::Softmax,
-        Rows::new(&x, shape)?,
-        RowsMut::new(&mut y, shape)?,
-        &Options::new(),
-    )?;
+    let y = forward_to_f32(&mut softmax, Operation::Softmax, &x, shape, &Options::new())?;
     let dy = DeviceBuffer::from_slice(&scores(shape.len(), 7))?;
-    let mut dx = DeviceBuffer::from_slice(&vec![0.0f32; shape.len()])?;
+    let mut dx = zeros(shape.len())?;
     softmax.backward(
         Operation::Softmax,
         Rows::new(&y, shape)?,
@@ -199,11 +198,11 @@ fn main() -> Outcome {
         .chunks(shape.cols())
         .all(|row| row.iter().sum::<f32>().abs() < 1e-4);
     check("softmax backward: rows of dx sum to 0", rows_zero)?;
-    let mut log_y = DeviceBuffer::from_slice(&vec![0.0f32; shape.len()])?;
-    softmax.forward(
+    let log_y = forward_to_f32(
+        &mut softmax,
         Operation::LogSoftmax,
-        Rows::new(&x, shape)?,
-        RowsMut::new(&mut log_y, shape)?,
+        &x,
+        shape,
         &Options::new(),
     )?;
     let mut grad = DeviceBuffer::from_slice(&vec![1.0f32; shape.len()])?;
@@ -239,7 +238,7 @@ fn main() -> Outcome {
         )?;
     }
     let first_slice = Shape::new(rows, split)?;
-    let mut out = DeviceBuffer::from_slice(&vec![0.0f32; rows * split])?;
+    let mut out = zeros(rows * split)?;
     softmax.normalize_with_states(
         Operation::Softmax,
         Rows::strided(&logits, first_slice, cols)?,
@@ -247,11 +246,11 @@ fn main() -> Outcome {
         RowsMut::new(&mut out, first_slice)?,
         &Options::new(),
     )?;
-    let mut direct = DeviceBuffer::from_slice(&vec![0.0f32; whole.len()])?;
-    softmax.forward(
+    let direct = forward_to_f32(
+        &mut softmax,
         Operation::Softmax,
-        Rows::new(&logits, whole)?,
-        RowsMut::new(&mut direct, whole)?,
+        &logits,
+        whole,
         &Options::new(),
     )?;
     softmax.synchronize()?;
