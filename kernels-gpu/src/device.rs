@@ -67,18 +67,6 @@ special_function!(
     "rcp.approx.ftz.f32"
 );
 
-/// `a · b + c` rounded once (`fma.rn.f32`; rustc keeps `a * b + c` as two roundings).
-#[inline(always)]
-pub fn fma(a: f32, b: f32, c: f32) -> f32 {
-    let d: f32;
-    // SAFETY: a pure arithmetic instruction on registers.
-    unsafe {
-        asm!("fma.rn.f32 {d}, {a}, {b}, {c};", d = out(reg32) d, a = in(reg32) a,
-            b = in(reg32) b, c = in(reg32) c, options(pure, nomem, nostack))
-    };
-    d
-}
-
 /// Value of `value` held by lane `lane ^ mask`. Every lane of the warp must execute it.
 #[inline(always)]
 pub fn shfl_xor_f32(value: f32, mask: u32) -> f32 {
