@@ -484,14 +484,14 @@ impl Softmax {
         shape: Shape,
         buffers: &[&DeviceSlice<T>],
     ) -> Result<String> {
-        let operands: Vec<Operand> = buffers
+        // The layout exactly as a call without options over these buffers finds it.
+        let operands = buffers
             .iter()
-            .map(|buffer| Operand::of(buffer, shape.cols()))
-            .collect();
-        let layout = pack_layout(T::DTYPE, direction, shape.cols(), &operands);
+            .map(|buffer| Operand::of(buffer, shape.cols()));
+        let call = self.call::<T>(direction, shape, &Options::new(), operands);
         let (rows, cols) = (shape.rows() as u32, shape.cols() as u32);
         Ok(
-            match self.op_plan(direction, T::DTYPE, rows, cols, layout)? {
+            match self.op_plan(call.direction, call.input, rows, cols, call.layout)? {
                 None => "no kernel launches".into(),
                 Some(PlannedOp { launch, .. }) if launch.slices == 1 => launch.kernel.to_string(),
                 Some(PlannedOp { launch, .. }) => format!(
