@@ -93,6 +93,21 @@ proptest! {
         prop_assert_eq!(merge_row_states(left, empty), left);
     }
 
+    /// Pushing a row in batches of four packs of four (the last padded with `-inf`, as the
+    /// row-slices kernel does) gives the statistics of pushing it element by element.
+    #[test]
+    fn batched_push_equals_one_pass(row in prop::collection::vec(-80.0f32..80.0, 1..200)) {
+        let mut batched = OnlineStats::EMPTY;
+        for chunk in row.chunks(16) {
+            let mut batch = [[f32::NEG_INFINITY; 4]; 4];
+            for (slot, &x) in batch.iter_mut().flatten().zip(chunk) {
+                *slot = x;
+            }
+            batched.push_batch::<HostExp2, 4, 4>(&batch);
+        }
+        assert_same_stats(batched, one_pass(&row));
+    }
+
     /// Any split of a row into parts, merged in any order, gives the one-pass statistics.
     #[test]
     fn merge_of_any_split_in_any_order_equals_one_pass(
@@ -129,6 +144,21 @@ fn online_stats_handle_infinities_like_pytorch() {
     assert_eq!(one_pass(&[f32::NEG_INFINITY; 3]), OnlineStats::EMPTY);
     assert!(one_pass(&[1.0, inf, 2.0]).sum().is_nan());
     assert!(one_pass(&[1.0, f32::NAN]).sum().is_nan());
+    let batched = |values: [f32; 2]| {
+        let mut stats = OnlineStats::EMPTY;
+        stats.push_batch::<HostExp2, 2, 1>(&[values]);
+        stats
+    };
+    assert_eq!(batched([f32::NEG_INFINITY; 2]), OnlineStats::EMPTY);
+    assert_eq!(
+        (
+            batched([f32::NEG_INFINITY, 1.0]).max,
+            batched([f32::NEG_INFINITY, 1.0]).sum()
+        ),
+        (1.0, 1.0)
+    );
+    assert!(batched([1.0, inf]).sum().is_nan());
+    assert!(batched([f32::NAN, 1.0]).sum().is_nan());
     // An empty part merged with a part of only -inf stays empty, not NaN.
     let merged = OnlineStats::EMPTY.merge::<HostExp2>(one_pass(&[f32::NEG_INFINITY]));
     assert_eq!(merged, OnlineStats::EMPTY);

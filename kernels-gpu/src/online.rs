@@ -111,6 +111,37 @@ impl OnlineStats {
         }
     }
 
+    /// Adds a batch of elements: the batch's maximum first, so at most one rescale and one
+    /// exponential per element, with no branch per element (what [`Self::push`] costs per
+    /// element, this costs per batch). `-inf` entries add nothing, so a partly filled batch
+    /// is padded with them; `+inf` and NaN make the sum NaN as with `push`. The batch's
+    /// exponentials are summed plainly, then added to the compensated sum.
+    #[inline(always)]
+    pub fn push_batch<E: Exp2, const PACK: usize, const PACKS: usize>(
+        &mut self,
+        batch: &[[f32; PACK]; PACKS],
+    ) {
+        // Indexed loops over whole arrays: fully unrolled, so the batch stays in registers
+        // (a flattening iterator put it on the stack).
+        let mut batch_max = f32::NEG_INFINITY;
+        for pack in batch {
+            for &x in pack {
+                batch_max = batch_max.max(x);
+            }
+        }
+        if batch_max > self.max {
+            self.sum.scale(Self::exp_relative::<E>(self.max, batch_max));
+            self.max = batch_max;
+        }
+        let mut batch_sum = 0.0;
+        for pack in batch {
+            for &x in pack {
+                batch_sum += Self::exp_relative::<E>(x, self.max);
+            }
+        }
+        self.sum.add(batch_sum);
+    }
+
     /// Combines the statistics of two disjoint parts of a row. Commutative and associative up
     /// to rounding; [`OnlineStats::EMPTY`] is its identity. Merges happen in trees of small
     /// depth, so the result carries no compensation.

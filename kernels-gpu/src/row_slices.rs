@@ -134,8 +134,9 @@ impl<const PACK: usize> Share<PACK> {
         }
         let mut batch = self.part.first + thread_idx() as usize;
         while batch < self.part.end {
-            // Issue several independent loads before the first use.
-            let mut values = [[0.0; PACK]; LOADS_IN_FLIGHT as usize];
+            // Issue several independent loads before the first use; packs past the end stay
+            // `-inf`, which adds nothing to the statistics.
+            let mut values = [[f32::NEG_INFINITY; PACK]; LOADS_IN_FLIGHT as usize];
             for k in 0..LOADS_IN_FLIGHT as usize {
                 let pack = batch + k * threads;
                 if pack < self.part.end {
@@ -143,18 +144,16 @@ impl<const PACK: usize> Share<PACK> {
                     values[k] = unsafe { load_pack::<PACK>(self.x.add(self.column(pack))) };
                 }
             }
-            for k in 0..LOADS_IN_FLIGHT as usize {
-                let pack = batch + k * threads;
-                if pack < self.part.end {
-                    if let Some(cache) = cache {
+            if let Some(cache) = cache {
+                for k in 0..LOADS_IN_FLIGHT as usize {
+                    let pack = batch + k * threads;
+                    if pack < self.part.end {
                         // SAFETY: pack - first < slice_packs: inside the cache.
                         unsafe { store_pack::<PACK>(cache.add(self.cached_at(pack)), values[k]) };
                     }
-                    for i in 0..PACK {
-                        stats.push::<DeviceExp2>(values[k][i]);
-                    }
                 }
             }
+            stats.push_batch::<DeviceExp2, PACK, { LOADS_IN_FLIGHT as usize }>(&values);
             batch += LOADS_IN_FLIGHT as usize * threads;
         }
         stats
