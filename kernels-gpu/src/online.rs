@@ -121,8 +121,8 @@ impl OnlineStats {
         &mut self,
         batch: &[[f32; PACK]; PACKS],
     ) {
-        // Indexed loops over whole arrays: fully unrolled, so the batch stays in registers
-        // (a flattening iterator put it on the stack).
+        // Nested loops over the arrays unroll fully, so the batch stays in registers (a
+        // flattening iterator put it on the stack).
         let mut batch_max = f32::NEG_INFINITY;
         for pack in batch {
             for &x in pack {
