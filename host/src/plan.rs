@@ -101,7 +101,10 @@ pub(crate) fn plan(
     Ok(match variant {
         Variant::Auto => match register_instance(shape.cols(), layout) {
             Some(instance) => vec![register_launch(instance, rows, cols)],
-            None => vec![block_registers_launch(shape, layout, device).unwrap_or_else(|| row_slices_launch(shape, layout, device))],
+            None => vec![match block_registers_launch(shape, layout, device) {
+                Some(launch) if !(launch.cooperative && shape.len() * 4 >= SLICED_ROW_SLICES_FROM_BYTES) => launch,
+                _ => row_slices_launch(shape, layout, device),
+            }],
         },
         Variant::Unfused => unfused_launches(shape, device),
         Variant::ThreadPerRowNaive => {
@@ -327,6 +330,12 @@ fn register_launch(instance: RegisterKernelName, rows: u32, cols: u32) -> Launch
     }
 }
 
+/// Smallest tensor for which `auto` takes sliced row-slices over sliced block-registers. On the
+/// H200 (session 8) row-slices was faster or even from 4.1 MB (8×128256 8.5 against 10.9 µs,
+/// 1×1048576 8.9 against 9.9, 16×262144 15.3 each) and block-registers faster up to 1.2 MB
+/// (1×128256, 3×100003, 1×32000); nothing between was measured, so the cut is at 2 MiB.
+const SLICED_ROW_SLICES_FROM_BYTES: usize = 2 << 20;
+
 /// Threads for a block that walks `packs` packs: enough for about two rounds of
 /// [`LOADS_IN_FLIGHT`] loads each, within `128..=max`.
 fn slice_threads(packs: usize, max: u32) -> u32 {
@@ -367,9 +376,12 @@ fn row_slices_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) ->
 
     let mut slices = 1;
     let mut config = configure(1, MAX_BLOCK_THREADS);
-    // With fewer rows than two blocks per multiprocessor, a block per row leaves most of the
-    // GPU idle: cut rows into slices until the resident blocks are used.
-    if rows < 2 * sms && device.cooperative_launch() {
+    // Rows that fill one wave by themselves (at least 90% of the multiprocessors, at most one
+    // each) keep a whole cached row per block: no barrier at all.
+    let one_wave = 10 * rows >= 9 * sms && rows <= sms && config.2;
+    // Otherwise, with fewer rows than two blocks per multiprocessor, a block per row leaves
+    // most of the GPU idle: cut rows into slices until the resident blocks are used.
+    if rows < 2 * sms && !one_wave && device.cooperative_launch() {
         let mut candidate = (4 * sms / rows).clamp(1, ROW_SLICE_THREADS);
         while candidate > 1 {
             let candidate_config = configure(candidate, ROW_SLICE_THREADS);
@@ -684,6 +696,14 @@ pub(crate) mod tests {
         assert_eq!(kernel(3200, 16384, 0), "softmax_block_registers_p4_t512_n8");
         assert_eq!(kernel(10, 4096, 0), "softmax_block_registers_p4_t128_n1");
         assert_eq!(kernel(2000, 1 << 20, 0), "softmax_row_slices_p4");
+        // Few rows: sliced block-registers below 2 MiB, sliced row-slices from there.
+        assert_eq!(kernel(1, 128256, 0), "softmax_block_registers_p4_t256_n1");
+        assert_eq!(kernel(8, 128256, 0), "softmax_row_slices_p4");
+        assert_eq!(kernel(1, 1 << 20, 0), "softmax_row_slices_p4");
+        // A row per multiprocessor, cached whole: one block per row, no barrier.
+        let one_wave = row_slices_launch(shape(128, 50257), Layout::of(0, 0, 50257), &FakeH200);
+        assert_eq!((one_wave.grid, one_wave.cooperative), (128, false));
+        assert_eq!(one_wave.args[5], Arg::U32(1), "cached");
     }
 
     #[test]
