@@ -37,7 +37,12 @@ impl Kernels {
     /// Loads the softmax variants' module.
     pub fn load_softmax(max_shared_per_block: u32) -> Result<Self> {
         let kernels = Self::load(PTX, plan::all_kernel_names())?;
-        for name in ["softmax_row_slices_p4", "softmax_row_slices_p1"] {
+        for name in [
+            "softmax_row_slices_p4",
+            "softmax_row_slices_p1",
+            "softmax_row_cluster_p4",
+            "softmax_row_cluster_p1",
+        ] {
             kernels.allow_shared_bytes(name, max_shared_per_block)?;
         }
         Ok(kernels)
@@ -117,7 +122,9 @@ impl Kernels {
         let params = args.as_mut_ptr();
         // SAFETY: the caller vouches for the arguments; grid and block come from the plan.
         let status = unsafe {
-            if launch.cooperative {
+            if launch.cluster > 1 {
+                launch_in_clusters(function, launch, stream, params)
+            } else if launch.cooperative {
                 sys::cuLaunchCooperativeKernel(
                     function,
                     launch.grid,
@@ -148,4 +155,67 @@ impl Kernels {
         };
         check(status, "launching a kernel")
     }
+}
+
+/// `CUlaunchAttribute` of the CUDA 12 driver API (`cuda.h`): an id, padding to 8 bytes, and a
+/// 64-byte value union; for the cluster dimension the value starts with x, y and z.
+#[repr(C)]
+struct LaunchAttribute {
+    id: u32,
+    pad: [u8; 4],
+    value: [u32; 16],
+}
+
+/// `CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION`.
+const LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION: u32 = 4;
+
+/// `CUlaunchConfig` of the CUDA 12 driver API.
+#[repr(C)]
+struct LaunchConfig {
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared_bytes: u32,
+    stream: sys::CUstream,
+    attributes: *mut LaunchAttribute,
+    attribute_count: u32,
+}
+
+unsafe extern "C" {
+    /// CUDA 12's extensible launch; cust 0.3.2's bindings predate it. The driver library
+    /// the crate links (a CUDA 12 or later driver) exports it.
+    fn cuLaunchKernelEx(
+        config: *const LaunchConfig,
+        function: sys::CUfunction,
+        params: *mut *mut c_void,
+        extra: *mut *mut c_void,
+    ) -> sys::CUresult;
+}
+
+/// Enqueues `launch` in clusters of `launch.cluster` blocks along x.
+///
+/// # Safety
+/// As [`Kernels::launch`]; `launch.grid` is a multiple of `launch.cluster`.
+unsafe fn launch_in_clusters(
+    function: sys::CUfunction,
+    launch: &Launch,
+    stream: &Stream,
+    params: *mut *mut c_void,
+) -> sys::CUresult {
+    let mut value = [0; 16];
+    value[..3].copy_from_slice(&[launch.cluster, 1, 1]);
+    let mut attribute = LaunchAttribute {
+        id: LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+        pad: [0; 4],
+        value,
+    };
+    let config = LaunchConfig {
+        grid: [launch.grid, 1, 1],
+        block: [launch.block, 1, 1],
+        shared_bytes: launch.shared_bytes,
+        stream: stream.as_inner(),
+        attributes: &mut attribute,
+        attribute_count: 1,
+    };
+    // SAFETY: the configuration and its attribute outlive the call; the rest is forwarded.
+    unsafe { cuLaunchKernelEx(&config, function, params, std::ptr::null_mut()) }
 }

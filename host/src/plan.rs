@@ -3,8 +3,9 @@
 
 use kernels_gpu::launch::{
     BLOCK_REGISTER_SCALAR_PACKS, BLOCK_REGISTER_SCALAR_THREADS, BLOCK_REGISTER_VECTOR_PACKS,
-    BLOCK_REGISTER_VECTOR_THREADS, BlockRegisterKernelName, ELEMENTWISE_BLOCK, LOADS_IN_FLIGHT,
-    MAX_BLOCK_THREADS, REDUCTION_SCRATCH_FLOATS, REGISTER_ROWS_BLOCK, REGISTER_SCALAR_INSTANCES,
+    BLOCK_REGISTER_VECTOR_THREADS, BlockRegisterKernelName, CLUSTER_STATS_FLOATS,
+    ELEMENTWISE_BLOCK, LOADS_IN_FLIGHT, MAX_BLOCK_THREADS, MAX_CLUSTER_BLOCKS,
+    REDUCTION_SCRATCH_FLOATS, REGISTER_ROWS_BLOCK, REGISTER_SCALAR_INSTANCES,
     REGISTER_VECTOR_INSTANCES, ROW_SLICE_THREADS, RegisterKernelName, THREAD_PER_ROW_BLOCK,
     VECTOR_PACK, WARP_PER_ROW_WARPS_PER_BLOCK, WARP_SIZE,
 };
@@ -39,6 +40,9 @@ pub(crate) struct Launch {
     pub shared_bytes: u32,
     /// Launched with `cuLaunchCooperativeKernel`: all blocks resident at once.
     pub cooperative: bool,
+    /// Blocks per thread-block cluster along x (1: no cluster), launched with
+    /// `cuLaunchKernelEx`.
+    pub cluster: u32,
     pub args: Vec<Arg>,
 }
 
@@ -52,6 +56,8 @@ pub(crate) trait DeviceLimits {
     fn blocks_per_sm(&self, kernel: &str, threads: u32, shared_bytes: u32) -> u32;
     /// Whether cooperative launches (every block resident at once) are available.
     fn cooperative_launch(&self) -> bool;
+    /// Whether thread-block clusters are available (compute capability 9.0 and later).
+    fn thread_block_clusters(&self) -> bool;
 }
 
 /// How the buffers sit in memory, which decides where 16-byte accesses are possible.
@@ -96,6 +102,7 @@ pub(crate) fn plan(
         block,
         shared_bytes: 0,
         cooperative: false,
+        cluster: 1,
         args: vec![Arg::Input, Arg::Output, Arg::U32(rows), Arg::U32(cols)],
     };
     Ok(match variant {
@@ -125,6 +132,7 @@ pub(crate) fn plan(
                 block: threads_per_block,
                 shared_bytes: threads_per_block * 4,
                 cooperative: false,
+                cluster: 1,
                 args: vec![Arg::Input, Arg::Output, Arg::U32(cols)],
             }]
         }
@@ -150,6 +158,17 @@ pub(crate) fn plan(
         })?],
         Variant::RowSlices => vec![row_slices_launch(shape, layout, device)],
         Variant::SplitRows => split_rows_launches(shape, layout, device),
+        Variant::RowCluster => {
+            if !device.thread_block_clusters() {
+                return Err(Error::Unsupported {
+                    variant: variant.name(),
+                    rows: shape.rows(),
+                    cols: shape.cols(),
+                    why: "thread-block clusters need compute capability 9.0 or later".into(),
+                });
+            }
+            vec![row_cluster_launch(shape, layout, device)]
+        }
     })
 }
 
@@ -167,6 +186,8 @@ pub fn all_kernel_names() -> Vec<String> {
         "softmax_warp_per_row_online",
         "softmax_row_slices_p4",
         "softmax_row_slices_p1",
+        "softmax_row_cluster_p4",
+        "softmax_row_cluster_p1",
         "softmax_split_stats_p4",
         "softmax_split_stats_p1",
         "softmax_split_normalize_p4",
@@ -285,6 +306,7 @@ fn block_registers_launch(
         block: instance.threads,
         shared_bytes: REDUCTION_SCRATCH_FLOATS * 4,
         cooperative: slices > 1,
+        cluster: 1,
         args: vec![
             Arg::Input,
             Arg::Output,
@@ -326,6 +348,7 @@ fn register_launch(instance: RegisterKernelName, rows: u32, cols: u32) -> Launch
         block: REGISTER_ROWS_BLOCK,
         shared_bytes: 0,
         cooperative: false,
+        cluster: 1,
         args: vec![Arg::Input, Arg::Output, Arg::U32(rows), Arg::U32(cols)],
     }
 }
@@ -402,6 +425,7 @@ fn row_slices_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) ->
         block: threads,
         shared_bytes,
         cooperative: slices > 1,
+        cluster: 1,
         args: vec![
             Arg::Input,
             Arg::Output,
@@ -412,6 +436,58 @@ fn row_slices_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) ->
             Arg::Partials,
             Arg::Barriers,
         ],
+    }
+}
+
+/// Row cluster: a cluster of blocks per row, about four blocks per multiprocessor's worth
+/// (at most [`MAX_CLUSTER_BLOCKS`], the portable size), more while a slice does not fit in
+/// shared memory; uncached (the second pass re-reads) when even that does not fit.
+fn row_cluster_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) -> Launch {
+    let pack = if layout.vector_peelable {
+        VECTOR_PACK
+    } else {
+        1
+    };
+    let rows = shape.rows() as u32;
+    let row_packs = (shape.cols() as u32).div_ceil(pack);
+    let kernel = format!("softmax_row_cluster_p{pack}");
+    let fixed_bytes = (REDUCTION_SCRATCH_FLOATS + CLUSTER_STATS_FLOATS) * 4;
+    let configure = |slices: u32| {
+        let slice_packs = row_packs.div_ceil(slices);
+        let max_threads = if slices > 1 {
+            ROW_SLICE_THREADS
+        } else {
+            MAX_BLOCK_THREADS
+        };
+        let threads = slice_threads(slice_packs as usize, max_threads);
+        let cached_bytes = fixed_bytes + slice_packs * pack * 4;
+        let cached = cached_bytes <= device.max_shared_per_block()
+            && device.blocks_per_sm(&kernel, threads, cached_bytes) > 0;
+        let shared_bytes = if cached { cached_bytes } else { fixed_bytes };
+        (slice_packs, threads, cached, shared_bytes)
+    };
+    let mut slices = (4 * device.multiprocessors() / rows).clamp(1, MAX_CLUSTER_BLOCKS);
+    let mut config = configure(slices);
+    while !config.2 && slices < MAX_CLUSTER_BLOCKS {
+        slices += 1;
+        config = configure(slices);
+    }
+    let (slice_packs, threads, cached, shared_bytes) = config;
+    Launch {
+        grid: rows * slices,
+        block: threads,
+        shared_bytes,
+        cooperative: false,
+        cluster: slices,
+        args: vec![
+            Arg::Input,
+            Arg::Output,
+            Arg::U32(shape.cols() as u32),
+            Arg::U32(slices),
+            Arg::U32(slice_packs),
+            Arg::U32(cached as u32),
+        ],
+        kernel,
     }
 }
 
@@ -440,6 +516,7 @@ fn split_rows_launches(shape: Shape, layout: Layout, device: &dyn DeviceLimits) 
         block: SPLIT_THREADS,
         shared_bytes: REDUCTION_SCRATCH_FLOATS * 4,
         cooperative: false,
+        cluster: 1,
         args,
     };
     let slicing = [
@@ -486,6 +563,7 @@ fn unfused_launches(shape: Shape, device: &dyn DeviceLimits) -> Vec<Launch> {
         block,
         shared_bytes: 0,
         cooperative: false,
+        cluster: 1,
         args,
     };
     vec![
@@ -561,6 +639,10 @@ pub(crate) mod tests {
         }
 
         fn cooperative_launch(&self) -> bool {
+            true
+        }
+
+        fn thread_block_clusters(&self) -> bool {
             true
         }
     }
@@ -669,6 +751,54 @@ pub(crate) mod tests {
                     assert!(launch.shared_bytes >= REDUCTION_SCRATCH_FLOATS * 4 + slice_cols * 4);
                 }
             }
+        }
+    }
+
+    #[test]
+    fn row_clusters_cover_the_row_in_portable_clusters() {
+        let extra = [
+            (300, 1 << 20),
+            (1000, 65537),
+            (1, 5000),
+            (100_000, 4096),
+            (7, 9),
+        ];
+        for (rows, cols) in FEW_WIDE_ROWS.into_iter().chain(extra) {
+            for layout in [ALIGNED, UNALIGNED] {
+                let launch = row_cluster_launch(shape(rows, cols), layout, &FakeH200);
+                let [
+                    ..,
+                    Arg::U32(slices),
+                    Arg::U32(slice_packs),
+                    Arg::U32(cached),
+                ] = launch.args[..]
+                else {
+                    panic!("unexpected arguments {:?}", launch.args)
+                };
+                let pack = if layout.vector_peelable { 4 } else { 1 };
+                let slice_cols = slice_packs * pack;
+                assert!(
+                    (slices * slice_cols) as usize + 3 >= cols,
+                    "{rows}x{cols}: slices miss columns"
+                );
+                assert_eq!(launch.cluster, slices);
+                assert!((1..=MAX_CLUSTER_BLOCKS).contains(&slices));
+                assert_eq!(launch.grid, rows as u32 * slices);
+                assert!(!launch.cooperative);
+                assert!(launch.shared_bytes <= FakeH200.max_shared_per_block());
+                let fixed = (REDUCTION_SCRATCH_FLOATS + CLUSTER_STATS_FLOATS) * 4;
+                assert_eq!(
+                    launch.shared_bytes,
+                    fixed + cached * slice_cols * 4,
+                    "{rows}x{cols}"
+                );
+            }
+        }
+        // The shapes it is meant for are cached, in clusters that fill the GPU.
+        for (rows, cols, slices) in [(32, 151936, 8), (128, 50257, 4)] {
+            let launch = row_cluster_launch(shape(rows, cols), ALIGNED, &FakeH200);
+            assert_eq!(launch.cluster, slices, "{rows}x{cols}");
+            assert_eq!(launch.args[5], Arg::U32(1), "{rows}x{cols}: cached");
         }
     }
 

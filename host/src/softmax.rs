@@ -99,6 +99,10 @@ impl DeviceLimits for Limits<'_> {
     fn cooperative_launch(&self) -> bool {
         self.info.supports_cooperative_launch
     }
+
+    fn thread_block_clusters(&self) -> bool {
+        self.info.compute_capability.0 >= 9
+    }
 }
 
 impl Softmax {
