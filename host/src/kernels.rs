@@ -158,8 +158,9 @@ impl Kernels {
 }
 
 /// `CUlaunchAttribute` of the CUDA 12 driver API (`cuda.h`): an id, padding to 8 bytes, and a
-/// 64-byte value union; for the cluster dimension the value starts with x, y and z.
-#[repr(C)]
+/// 64-byte value union (8-byte aligned: some members are pointers); for the cluster dimension
+/// the value starts with x, y and z.
+#[repr(C, align(8))]
 struct LaunchAttribute {
     id: u32,
     pad: [u8; 4],
@@ -218,4 +219,27 @@ unsafe fn launch_in_clusters(
     };
     // SAFETY: the configuration and its attribute outlive the call; the rest is forwarded.
     unsafe { cuLaunchKernelEx(&config, function, params, std::ptr::null_mut()) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn launch_structs_have_the_driver_layout() {
+        // cuda.h (12.x): CUlaunchAttribute is 72 bytes, 8-aligned, its value at offset 8;
+        // CUlaunchConfig has hStream at 32, attrs at 40, numAttrs at 48 (56 bytes).
+        assert_eq!(
+            (
+                std::mem::size_of::<LaunchAttribute>(),
+                std::mem::align_of::<LaunchAttribute>()
+            ),
+            (72, 8)
+        );
+        assert_eq!(std::mem::offset_of!(LaunchAttribute, value), 8);
+        assert_eq!(std::mem::offset_of!(LaunchConfig, stream), 32);
+        assert_eq!(std::mem::offset_of!(LaunchConfig, attributes), 40);
+        assert_eq!(std::mem::offset_of!(LaunchConfig, attribute_count), 48);
+        assert_eq!(std::mem::size_of::<LaunchConfig>(), 56);
+    }
 }
