@@ -714,6 +714,24 @@ pub(crate) mod tests {
         assert_eq!(register_capacity(UNALIGNED), 1024);
     }
 
+    /// Checks that `slices` slices of `slice_packs` packs cover a row of `cols` (the last up
+    /// to three floats are the tail's); returns the columns of a slice.
+    fn assert_slices_cover(
+        rows: usize,
+        cols: usize,
+        layout: Layout,
+        slices: u32,
+        slice_packs: u32,
+    ) -> u32 {
+        let pack = if layout.vector_peelable { 4 } else { 1 };
+        let slice_cols = slice_packs * pack;
+        assert!(
+            (slices * slice_cols) as usize + 3 >= cols,
+            "{rows}x{cols}: slices miss columns"
+        );
+        slice_cols
+    }
+
     #[test]
     fn row_slices_cover_the_row_and_stay_resident() {
         let extra = [(300, 1 << 20), (1000, 65537), (1, 5000), (100_000, 4096)];
@@ -731,12 +749,7 @@ pub(crate) mod tests {
                 else {
                     panic!("unexpected arguments {:?}", launch.args)
                 };
-                let pack = if layout.vector_peelable { 4 } else { 1 };
-                let slice_cols = slice_packs * pack;
-                assert!(
-                    (slices * slice_cols) as usize + 3 >= cols,
-                    "{rows}x{cols}: slices miss columns"
-                );
+                let slice_cols = assert_slices_cover(rows, cols, layout, slices, slice_packs);
                 assert_eq!(launch.grid, rows as u32 * slices);
                 assert!(launch.shared_bytes <= FakeH200.max_shared_per_block());
                 assert_eq!(launch.cooperative, slices > 1);
@@ -775,12 +788,7 @@ pub(crate) mod tests {
                 else {
                     panic!("unexpected arguments {:?}", launch.args)
                 };
-                let pack = if layout.vector_peelable { 4 } else { 1 };
-                let slice_cols = slice_packs * pack;
-                assert!(
-                    (slices * slice_cols) as usize + 3 >= cols,
-                    "{rows}x{cols}: slices miss columns"
-                );
+                let slice_cols = assert_slices_cover(rows, cols, layout, slices, slice_packs);
                 assert_eq!(launch.cluster, slices);
                 assert!((1..=MAX_CLUSTER_BLOCKS).contains(&slices));
                 assert_eq!(launch.grid, rows as u32 * slices);
