@@ -2,13 +2,13 @@
 //! launched raw.
 
 use std::collections::HashMap;
-use std::ffi::c_void;
+use std::ffi::{c_int, c_void};
 
 use cust::module::Module;
 use cust::stream::Stream;
 use cust::sys;
 
-use crate::device::check;
+use crate::device::{check, check_code};
 use crate::error::{CudaContext, Error, Result};
 use crate::plan::{self, Launch};
 use kernels_gpu::row_ops::{DType, OpKernelName};
@@ -136,7 +136,7 @@ impl Kernels {
                     launch.shared_bytes,
                     stream.as_inner(),
                     params,
-                )
+                ) as c_int
             } else {
                 sys::cuLaunchKernel(
                     function,
@@ -150,10 +150,38 @@ impl Kernels {
                     stream.as_inner(),
                     params,
                     std::ptr::null_mut(),
-                )
+                ) as c_int
             }
         };
-        check(status, "launching a kernel")
+        check_code(status, "launching a kernel")
+    }
+
+    /// Clusters of `cluster` blocks of `name` (with this block size and dynamic shared
+    /// memory) that can be active on the device at once; 0 when not even one can be
+    /// scheduled (`cuOccupancyMaxActiveClusters`).
+    pub fn active_clusters(
+        &self,
+        name: &str,
+        threads: u32,
+        shared_bytes: u32,
+        cluster: u32,
+    ) -> Result<u32> {
+        let mut attribute = cluster_attribute(cluster);
+        let config = LaunchConfig {
+            grid: [cluster, 1, 1],
+            block: [threads, 1, 1],
+            shared_bytes,
+            stream: std::ptr::null_mut(),
+            attributes: &mut attribute,
+            attribute_count: 1,
+        };
+        let mut clusters = 0;
+        // SAFETY: valid function handle, out-pointer and configuration (which outlives the
+        // call).
+        let status =
+            unsafe { cuOccupancyMaxActiveClusters(&mut clusters, self.function(name), &config) };
+        check_code(status, "querying cluster occupancy")?;
+        Ok(clusters.max(0) as u32)
     }
 }
 
@@ -184,12 +212,22 @@ struct LaunchConfig {
 unsafe extern "C" {
     /// CUDA 12's extensible launch; cust 0.3.2's bindings predate it. The driver library
     /// the crate links (a CUDA 12 or later driver) exports it.
+    /// Returns a plain int: its cluster errors (e.g. 912, `CUDA_ERROR_INVALID_CLUSTER_SIZE`)
+    /// are newer than cust's `CUresult` enum.
+    /// Clusters of the configuration's size active at once (CUDA 12.0); a plain int
+    /// status as for `cuLaunchKernelEx`.
+    fn cuOccupancyMaxActiveClusters(
+        clusters: *mut c_int,
+        function: sys::CUfunction,
+        config: *const LaunchConfig,
+    ) -> c_int;
+
     fn cuLaunchKernelEx(
         config: *const LaunchConfig,
         function: sys::CUfunction,
         params: *mut *mut c_void,
         extra: *mut *mut c_void,
-    ) -> sys::CUresult;
+    ) -> c_int;
 }
 
 /// Enqueues `launch` in clusters of `launch.cluster` blocks along x.
@@ -201,14 +239,8 @@ unsafe fn launch_in_clusters(
     launch: &Launch,
     stream: &Stream,
     params: *mut *mut c_void,
-) -> sys::CUresult {
-    let mut value = [0; 16];
-    value[..3].copy_from_slice(&[launch.cluster, 1, 1]);
-    let mut attribute = LaunchAttribute {
-        id: LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
-        pad: [0; 4],
-        value,
-    };
+) -> c_int {
+    let mut attribute = cluster_attribute(launch.cluster);
     let config = LaunchConfig {
         grid: [launch.grid, 1, 1],
         block: [launch.block, 1, 1],
@@ -219,6 +251,17 @@ unsafe fn launch_in_clusters(
     };
     // SAFETY: the configuration and its attribute outlive the call; the rest is forwarded.
     unsafe { cuLaunchKernelEx(&config, function, params, std::ptr::null_mut()) }
+}
+
+/// The launch attribute that groups blocks into clusters of `blocks` along x.
+fn cluster_attribute(blocks: u32) -> LaunchAttribute {
+    let mut value = [0; 16];
+    value[..3].copy_from_slice(&[blocks, 1, 1]);
+    LaunchAttribute {
+        id: LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+        pad: [0; 4],
+        value,
+    }
 }
 
 #[cfg(test)]

@@ -58,6 +58,9 @@ pub(crate) trait DeviceLimits {
     fn cooperative_launch(&self) -> bool;
     /// Whether thread-block clusters are available (compute capability 9.0 and later).
     fn thread_block_clusters(&self) -> bool;
+    /// Clusters of `cluster` blocks of `kernel` active at once with this block size and
+    /// shared memory (0 when one cannot be scheduled at all).
+    fn active_clusters(&self, kernel: &str, threads: u32, shared_bytes: u32, cluster: u32) -> u32;
 }
 
 /// How the buffers sit in memory, which decides where 16-byte accesses are possible.
@@ -440,8 +443,9 @@ fn row_slices_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) ->
 }
 
 /// Row cluster: a cluster of blocks per row, about four blocks per multiprocessor's worth
-/// (at most [`MAX_CLUSTER_BLOCKS`], the portable size), more while a slice does not fit in
-/// shared memory; uncached (the second pass re-reads) when even that does not fit.
+/// (at most [`MAX_CLUSTER_BLOCKS`], the portable size), more while a cached slice does not
+/// fit (in a block's shared memory, with a whole cluster schedulable: the driver's cluster
+/// occupancy); uncached (the second pass re-reads) when even that does not fit.
 fn row_cluster_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) -> Launch {
     let pack = if layout.vector_peelable {
         VECTOR_PACK
@@ -462,7 +466,7 @@ fn row_cluster_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) -
         let threads = slice_threads(slice_packs as usize, max_threads);
         let cached_bytes = fixed_bytes + slice_packs * pack * 4;
         let cached = cached_bytes <= device.max_shared_per_block()
-            && device.blocks_per_sm(&kernel, threads, cached_bytes) > 0;
+            && device.active_clusters(&kernel, threads, cached_bytes, slices) > 0;
         let shared_bytes = if cached { cached_bytes } else { fixed_bytes };
         (slice_packs, threads, cached, shared_bytes)
     };
@@ -644,6 +648,17 @@ pub(crate) mod tests {
 
         fn thread_block_clusters(&self) -> bool {
             true
+        }
+
+        fn active_clusters(
+            &self,
+            kernel: &str,
+            threads: u32,
+            shared_bytes: u32,
+            cluster: u32,
+        ) -> u32 {
+            // Eight processing clusters of 16 multiprocessors; a cluster's blocks share one.
+            8 * (16 * self.blocks_per_sm(kernel, threads, shared_bytes) / cluster)
         }
     }
 

@@ -103,6 +103,13 @@ impl DeviceLimits for Limits<'_> {
     fn thread_block_clusters(&self) -> bool {
         self.info.compute_capability.0 >= 9
     }
+
+    fn active_clusters(&self, kernel: &str, threads: u32, shared_bytes: u32, cluster: u32) -> u32 {
+        // A failed query rules the configuration out, as for `blocks_per_sm`.
+        self.kernels
+            .active_clusters(kernel, threads, shared_bytes, cluster)
+            .unwrap_or(0)
+    }
 }
 
 impl Softmax {

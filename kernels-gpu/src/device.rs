@@ -114,6 +114,17 @@ pub fn sleep_briefly() {
     unsafe { asm!("nanosleep.u32 64;") };
 }
 
+/// Blocks in this block's thread-block cluster (`%cluster_nctarank`; 1 outside clusters).
+#[inline(always)]
+pub fn cluster_blocks() -> u32 {
+    let blocks: u32;
+    // SAFETY: reading a special register has no preconditions.
+    unsafe {
+        asm!("mov.u32 {b}, %cluster_nctarank;", b = out(reg32) blocks, options(pure, nomem, nostack))
+    };
+    blocks
+}
+
 /// `barrier.cluster.arrive`: this thread has arrived at the cluster's barrier, with release
 /// semantics (its earlier writes, shared memory included, are visible to the cluster's
 /// threads once they pass [`cluster_wait`]). Every thread of every block of the cluster

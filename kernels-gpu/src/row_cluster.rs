@@ -6,8 +6,8 @@
 //! cooperative launch: clusters are scheduled independently, so any number of rows works.
 
 use crate::device::{
-    DeviceExp2, block_dim, cluster_arrive, cluster_shared_of, cluster_wait, dynamic_shared_f32,
-    thread_idx,
+    DeviceExp2, block_dim, cluster_arrive, cluster_blocks, cluster_shared_of, cluster_wait,
+    dynamic_shared_f32, thread_idx,
 };
 use crate::launch::{CLUSTER_STATS_FLOATS, REDUCTION_SCRATCH_FLOATS};
 use crate::online::OnlineStats;
@@ -30,6 +30,12 @@ unsafe fn softmax_row_cluster<const PACK: usize>(
     slice_packs: u32,
     cached: u32,
 ) {
+    // A launch whose clusters are not the row's slices would read other blocks' shared
+    // memory by ranks that do not exist: stop it (the host sees a launch failure).
+    if cluster_blocks() != slices {
+        // SAFETY: aborts the kernel.
+        unsafe { core::arch::nvptx::trap() };
+    }
     let shared = dynamic_shared_f32();
     // Shared memory: the reduction scratch, this block's published statistics (padded so
     // the cache stays 16-byte aligned), then the cache.
