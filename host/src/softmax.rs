@@ -373,6 +373,7 @@ impl Softmax {
             Variant::BlockRegisters,
             Variant::RowSlices,
             Variant::SplitRows,
+            Variant::RowCluster,
         ]
         .into_iter()
         .filter(|&variant| self.plan(variant, shape, layout).is_ok())
