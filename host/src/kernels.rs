@@ -35,7 +35,7 @@ pub(crate) struct Kernels {
 
 impl Kernels {
     /// Loads the softmax variants' module.
-    pub fn load_softmax(max_shared_per_block: u32) -> Result<Self> {
+    pub fn load_softmax(max_shared_per_block: u32, thread_block_clusters: bool) -> Result<Self> {
         let kernels = Self::load(PTX, plan::all_kernel_names())?;
         for name in [
             "softmax_row_slices_p4",
@@ -44,6 +44,11 @@ impl Kernels {
             "softmax_row_cluster_p1",
         ] {
             kernels.allow_shared_bytes(name, max_shared_per_block)?;
+        }
+        if thread_block_clusters {
+            for name in ["softmax_row_cluster_p4", "softmax_row_cluster_p1"] {
+                kernels.allow_non_portable_clusters(name)?;
+            }
         }
         Ok(kernels)
     }
@@ -72,6 +77,19 @@ impl Kernels {
             functions,
             _module: module,
         })
+    }
+
+    /// Lets `name` launch in clusters above the portable size of 8 blocks.
+    fn allow_non_portable_clusters(&self, name: &str) -> Result<()> {
+        // SAFETY: the handle comes from the loaded module; the attribute takes an int.
+        let status = unsafe {
+            set_function_attribute(
+                self.function(name),
+                FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+                1,
+            )
+        };
+        check_code(status, "allowing non-portable cluster sizes")
     }
 
     /// Lets `name` use up to `bytes` of dynamic shared memory (the opt-in limit).
@@ -197,6 +215,17 @@ struct LaunchAttribute {
 
 /// `CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION`.
 const LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION: u32 = 4;
+
+/// `CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED` (CUDA 12; not in cust's enum).
+const FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED: c_int = 14;
+
+// cust_raw declares `cuFuncSetAttribute` with its attribute enum, which stops before the
+// cluster attributes; the C function takes a plain int.
+#[allow(clashing_extern_declarations)]
+unsafe extern "C" {
+    #[link_name = "cuFuncSetAttribute"]
+    fn set_function_attribute(function: sys::CUfunction, attribute: c_int, value: c_int) -> c_int;
+}
 
 /// `CUlaunchConfig` of the CUDA 12 driver API.
 #[repr(C)]

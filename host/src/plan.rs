@@ -443,9 +443,10 @@ fn row_slices_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) ->
 }
 
 /// Row cluster: a cluster of blocks per row, about four blocks per multiprocessor's worth
-/// (at most [`MAX_CLUSTER_BLOCKS`], the portable size), more while a cached slice does not
-/// fit (in a block's shared memory, with a whole cluster schedulable: the driver's cluster
-/// occupancy); uncached (the second pass re-reads) when even that does not fit.
+/// (at most [`MAX_CLUSTER_BLOCKS`]). The first cluster size from there up, then down, whose
+/// slice can be cached with a whole cluster schedulable (the driver's cluster occupancy);
+/// else the first schedulable one uncached (the second pass re-reads); else one block per
+/// row, which needs no cluster.
 fn row_cluster_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) -> Launch {
     let pack = if layout.vector_peelable {
         VECTOR_PACK
@@ -456,6 +457,7 @@ fn row_cluster_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) -
     let row_packs = (shape.cols() as u32).div_ceil(pack);
     let kernel = format!("softmax_row_cluster_p{pack}");
     let fixed_bytes = (REDUCTION_SCRATCH_FLOATS + CLUSTER_STATS_FLOATS) * 4;
+    // (slices, slice packs, threads, cached, shared bytes, schedulable)
     let configure = |slices: u32| {
         let slice_packs = row_packs.div_ceil(slices);
         let max_threads = if slices > 1 {
@@ -464,19 +466,32 @@ fn row_cluster_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) -
             MAX_BLOCK_THREADS
         };
         let threads = slice_threads(slice_packs as usize, max_threads);
+        let schedulable = |bytes| {
+            bytes <= device.max_shared_per_block()
+                && device.active_clusters(&kernel, threads, bytes, slices) > 0
+        };
         let cached_bytes = fixed_bytes + slice_packs * pack * 4;
-        let cached = cached_bytes <= device.max_shared_per_block()
-            && device.active_clusters(&kernel, threads, cached_bytes, slices) > 0;
+        let cached = schedulable(cached_bytes);
         let shared_bytes = if cached { cached_bytes } else { fixed_bytes };
-        (slice_packs, threads, cached, shared_bytes)
+        (
+            slice_packs,
+            threads,
+            cached,
+            shared_bytes,
+            cached || schedulable(fixed_bytes),
+        )
     };
-    let mut slices = (4 * device.multiprocessors() / rows).clamp(1, MAX_CLUSTER_BLOCKS);
-    let mut config = configure(slices);
-    while !config.2 && slices < MAX_CLUSTER_BLOCKS {
-        slices += 1;
-        config = configure(slices);
-    }
-    let (slice_packs, threads, cached, shared_bytes) = config;
+    let preferred = (4 * device.multiprocessors() / rows).clamp(1, MAX_CLUSTER_BLOCKS);
+    let candidates: Vec<_> = (preferred..=MAX_CLUSTER_BLOCKS)
+        .chain((1..preferred).rev())
+        .map(|slices| (slices, configure(slices)))
+        .collect();
+    let (slices, (slice_packs, threads, cached, shared_bytes, _)) = candidates
+        .iter()
+        .find(|(_, c)| c.2)
+        .or_else(|| candidates.iter().find(|(_, c)| c.4))
+        .copied()
+        .unwrap_or_else(|| (1, configure(1)));
     Launch {
         grid: rows * slices,
         block: threads,
@@ -783,7 +798,7 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn row_clusters_cover_the_row_in_portable_clusters() {
+    fn row_clusters_cover_the_row_and_can_be_scheduled() {
         let extra = [
             (300, 1 << 20),
             (1000, 65537),
@@ -818,11 +833,39 @@ pub(crate) mod tests {
             }
         }
         // The shapes it is meant for are cached, in clusters that fill the GPU.
-        for (rows, cols, slices) in [(32, 151936, 8), (128, 50257, 4)] {
+        for (rows, cols, slices) in [(32, 151936, 16), (128, 50257, 4)] {
             let launch = row_cluster_launch(shape(rows, cols), ALIGNED, &FakeH200);
             assert_eq!(launch.cluster, slices, "{rows}x{cols}");
             assert_eq!(launch.args[5], Arg::U32(1), "{rows}x{cols}: cached");
         }
+    }
+
+    #[test]
+    fn row_clusters_fall_back_to_a_block_per_row_when_no_cluster_fits() {
+        struct NoClusters;
+        impl DeviceLimits for NoClusters {
+            fn multiprocessors(&self) -> u32 {
+                FakeH200.multiprocessors()
+            }
+            fn max_shared_per_block(&self) -> u32 {
+                FakeH200.max_shared_per_block()
+            }
+            fn blocks_per_sm(&self, kernel: &str, threads: u32, shared_bytes: u32) -> u32 {
+                FakeH200.blocks_per_sm(kernel, threads, shared_bytes)
+            }
+            fn cooperative_launch(&self) -> bool {
+                true
+            }
+            fn thread_block_clusters(&self) -> bool {
+                true
+            }
+            fn active_clusters(&self, _: &str, _: u32, _: u32, _: u32) -> u32 {
+                0
+            }
+        }
+        let launch = row_cluster_launch(shape(32, 151936), ALIGNED, &NoClusters);
+        assert_eq!((launch.cluster, launch.grid), (1, 32));
+        assert_eq!(launch.args[3], Arg::U32(1), "one slice per row");
     }
 
     #[test]

@@ -101,7 +101,7 @@ impl DeviceLimits for Limits<'_> {
     }
 
     fn thread_block_clusters(&self) -> bool {
-        self.info.compute_capability.0 >= 9
+        self.info.has_thread_block_clusters()
     }
 
     fn active_clusters(&self, kernel: &str, threads: u32, shared_bytes: u32, cluster: u32) -> u32 {
@@ -121,7 +121,8 @@ impl Softmax {
     /// Opens CUDA device `ordinal`, loads the kernels and allocates the workspace.
     pub fn on_device(ordinal: u32) -> Result<Self> {
         let (context, _device, info) = device::open(ordinal)?;
-        let kernels = Kernels::load_softmax(info.max_shared_per_block)?;
+        let kernels =
+            Kernels::load_softmax(info.max_shared_per_block, info.has_thread_block_clusters())?;
         // A blocking stream: its work waits for what came before it on the legacy default
         // stream, where cust's synchronous calls run. A pageable host-to-device copy
         // (`DeviceBuffer::from_slice`, `copy_from`) may return before its DMA lands, and

@@ -195,9 +195,9 @@ pub const ROW_SLICE_THREADS: u32 = 256;
 /// publishes to its cluster (two used; four keep the slice cache after them 16-byte aligned).
 pub const CLUSTER_STATS_FLOATS: u32 = 4;
 
-/// Most blocks in a row-cluster cluster: the portable cluster size (more needs the
-/// non-portable attribute).
-pub const MAX_CLUSTER_BLOCKS: u32 = 8;
+/// Most blocks in a row-cluster cluster: Hopper's largest, which is above the portable 8 and
+/// so needs the function attribute that allows non-portable sizes (set when loading).
+pub const MAX_CLUSTER_BLOCKS: u32 = 16;
 
 /// Vector packs each thread loads before it uses any of them: the loads in flight per thread.
 pub const LOADS_IN_FLIGHT: u32 = 4;
