@@ -5,6 +5,7 @@ use cust::device::{Device, DeviceAttribute};
 use cust::error::CudaError;
 use cust::sys;
 use serde::{Deserialize, Serialize};
+use std::ffi::{c_char, c_int};
 
 use crate::error::{CudaContext, Error, Result};
 
@@ -28,6 +29,11 @@ pub struct DeviceInfo {
 }
 
 impl DeviceInfo {
+    /// Whether the device has thread-block clusters (compute capability 9.0 and later).
+    pub fn has_thread_block_clusters(&self) -> bool {
+        self.compute_capability.0 >= 9
+    }
+
     /// A short lowercase name for file names, e.g. `nvidia-h200`.
     pub fn slug(&self) -> String {
         let slug: String = self
@@ -110,12 +116,19 @@ fn raw_attribute(device: Device, attribute: sys::CUdevice_attribute) -> Result<i
 
 /// Turns the status of a raw driver call into a result.
 pub(crate) fn check(status: sys::CUresult, during: &'static str) -> Result<()> {
-    if status == sys::CUresult::CUDA_SUCCESS {
+    check_code(status as c_int, during)
+}
+
+/// [`check`] for a status as the driver's plain integer: calls that cust's bindings do not
+/// declare may return codes newer than its `CUresult` enum holds (which no enum value may).
+pub(crate) fn check_code(code: c_int, during: &'static str) -> Result<()> {
+    if code == 0 {
         return Ok(());
     }
-    let mut name: *const std::ffi::c_char = std::ptr::null();
-    // SAFETY: cuGetErrorName writes a pointer to a static string, or leaves it null.
-    unsafe { sys::cuGetErrorName(status, &mut name) };
+    let mut name: *const c_char = std::ptr::null();
+    // SAFETY: cuGetErrorName writes a pointer to a static string, or leaves it null (and
+    // returns an error) for a code it does not know.
+    unsafe { error_name(code, &mut name) };
     let name = if name.is_null() {
         "unknown error".to_owned()
     } else {
@@ -126,7 +139,33 @@ pub(crate) fn check(status: sys::CUresult, during: &'static str) -> Result<()> {
     };
     Err(Error::CudaStatus {
         during,
-        code: status as u32,
+        code: code as u32,
         name,
     })
+}
+
+// cust_raw declares `cuGetErrorName` with its `CUresult` enum, which cannot carry a code newer
+// than the bindings; the C function takes a plain int.
+#[allow(clashing_extern_declarations)]
+unsafe extern "C" {
+    #[link_name = "cuGetErrorName"]
+    fn error_name(code: c_int, name: *mut *const c_char) -> c_int;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_newer_than_custs_enum_keep_their_driver_name() {
+        // cuGetErrorName needs no initialized driver, so this runs without a GPU.
+        match check_code(912, "launching a kernel") {
+            Err(Error::CudaStatus { code, name, .. }) => {
+                assert_eq!(code, 912);
+                assert_eq!(name, "CUDA_ERROR_INVALID_CLUSTER_SIZE");
+            }
+            other => panic!("912 gave {other:?}"),
+        }
+        assert!(check_code(0, "anything").is_ok());
+    }
 }

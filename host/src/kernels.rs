@@ -2,13 +2,13 @@
 //! launched raw.
 
 use std::collections::HashMap;
-use std::ffi::c_void;
+use std::ffi::{c_int, c_void};
 
 use cust::module::Module;
 use cust::stream::Stream;
 use cust::sys;
 
-use crate::device::check;
+use crate::device::{check, check_code};
 use crate::error::{CudaContext, Error, Result};
 use crate::plan::{self, Launch};
 use kernels_gpu::row_ops::{DType, OpKernelName};
@@ -35,10 +35,20 @@ pub(crate) struct Kernels {
 
 impl Kernels {
     /// Loads the softmax variants' module.
-    pub fn load_softmax(max_shared_per_block: u32) -> Result<Self> {
+    pub fn load_softmax(max_shared_per_block: u32, thread_block_clusters: bool) -> Result<Self> {
         let kernels = Self::load(PTX, plan::all_kernel_names())?;
-        for name in ["softmax_row_slices_p4", "softmax_row_slices_p1"] {
+        for name in [
+            "softmax_row_slices_p4",
+            "softmax_row_slices_p1",
+            "softmax_row_cluster_p4",
+            "softmax_row_cluster_p1",
+        ] {
             kernels.allow_shared_bytes(name, max_shared_per_block)?;
+        }
+        if thread_block_clusters {
+            for name in ["softmax_row_cluster_p4", "softmax_row_cluster_p1"] {
+                kernels.allow_non_portable_clusters(name)?;
+            }
         }
         Ok(kernels)
     }
@@ -67,6 +77,19 @@ impl Kernels {
             functions,
             _module: module,
         })
+    }
+
+    /// Lets `name` launch in clusters above the portable size of 8 blocks.
+    fn allow_non_portable_clusters(&self, name: &str) -> Result<()> {
+        // SAFETY: the handle comes from the loaded module; the attribute takes an int.
+        let status = unsafe {
+            set_function_attribute(
+                self.function(name),
+                FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+                1,
+            )
+        };
+        check_code(status, "allowing non-portable cluster sizes")
     }
 
     /// Lets `name` use up to `bytes` of dynamic shared memory (the opt-in limit).
@@ -117,7 +140,9 @@ impl Kernels {
         let params = args.as_mut_ptr();
         // SAFETY: the caller vouches for the arguments; grid and block come from the plan.
         let status = unsafe {
-            if launch.cooperative {
+            if launch.cluster > 1 {
+                launch_in_clusters(function, launch, stream, params)
+            } else if launch.cooperative {
                 sys::cuLaunchCooperativeKernel(
                     function,
                     launch.grid,
@@ -129,7 +154,7 @@ impl Kernels {
                     launch.shared_bytes,
                     stream.as_inner(),
                     params,
-                )
+                ) as c_int
             } else {
                 sys::cuLaunchKernel(
                     function,
@@ -143,9 +168,150 @@ impl Kernels {
                     stream.as_inner(),
                     params,
                     std::ptr::null_mut(),
-                )
+                ) as c_int
             }
         };
-        check(status, "launching a kernel")
+        check_code(status, "launching a kernel")
+    }
+
+    /// Clusters of `cluster` blocks of `name` (with this block size and dynamic shared
+    /// memory) that can be active on the device at once; 0 when not even one can be
+    /// scheduled (`cuOccupancyMaxActiveClusters`).
+    pub fn active_clusters(
+        &self,
+        name: &str,
+        threads: u32,
+        shared_bytes: u32,
+        cluster: u32,
+    ) -> Result<u32> {
+        let mut attribute = cluster_attribute(cluster);
+        let config = LaunchConfig {
+            grid: [cluster, 1, 1],
+            block: [threads, 1, 1],
+            shared_bytes,
+            stream: std::ptr::null_mut(),
+            attributes: &mut attribute,
+            attribute_count: 1,
+        };
+        let mut clusters = 0;
+        // SAFETY: valid function handle, out-pointer and configuration (which outlives the
+        // call).
+        let status =
+            unsafe { cuOccupancyMaxActiveClusters(&mut clusters, self.function(name), &config) };
+        check_code(status, "querying cluster occupancy")?;
+        Ok(clusters.max(0) as u32)
+    }
+}
+
+/// `CUlaunchAttribute` of the CUDA 12 driver API (`cuda.h`): an id, padding to 8 bytes, and a
+/// 64-byte value union (8-byte aligned: some members are pointers); for the cluster dimension
+/// the value starts with x, y and z.
+#[repr(C, align(8))]
+struct LaunchAttribute {
+    id: u32,
+    pad: [u8; 4],
+    value: [u32; 16],
+}
+
+/// `CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION`.
+const LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION: u32 = 4;
+
+/// `CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED` (CUDA 12; not in cust's enum).
+const FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED: c_int = 14;
+
+// cust_raw declares `cuFuncSetAttribute` with its attribute enum, which stops before the
+// cluster attributes; the C function takes a plain int.
+#[allow(clashing_extern_declarations)]
+unsafe extern "C" {
+    #[link_name = "cuFuncSetAttribute"]
+    fn set_function_attribute(function: sys::CUfunction, attribute: c_int, value: c_int) -> c_int;
+}
+
+/// `CUlaunchConfig` of the CUDA 12 driver API.
+#[repr(C)]
+struct LaunchConfig {
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared_bytes: u32,
+    stream: sys::CUstream,
+    attributes: *mut LaunchAttribute,
+    attribute_count: u32,
+}
+
+unsafe extern "C" {
+    /// CUDA 12's extensible launch; cust 0.3.2's bindings predate it. The driver library
+    /// the crate links (a CUDA 12 or later driver) exports it.
+    /// Returns a plain int: its cluster errors (e.g. 912, `CUDA_ERROR_INVALID_CLUSTER_SIZE`)
+    /// are newer than cust's `CUresult` enum.
+    /// Clusters of the configuration's size active at once (CUDA 12.0); a plain int
+    /// status as for `cuLaunchKernelEx`.
+    fn cuOccupancyMaxActiveClusters(
+        clusters: *mut c_int,
+        function: sys::CUfunction,
+        config: *const LaunchConfig,
+    ) -> c_int;
+
+    fn cuLaunchKernelEx(
+        config: *const LaunchConfig,
+        function: sys::CUfunction,
+        params: *mut *mut c_void,
+        extra: *mut *mut c_void,
+    ) -> c_int;
+}
+
+/// Enqueues `launch` in clusters of `launch.cluster` blocks along x.
+///
+/// # Safety
+/// As [`Kernels::launch`]; `launch.grid` is a multiple of `launch.cluster`.
+unsafe fn launch_in_clusters(
+    function: sys::CUfunction,
+    launch: &Launch,
+    stream: &Stream,
+    params: *mut *mut c_void,
+) -> c_int {
+    let mut attribute = cluster_attribute(launch.cluster);
+    let config = LaunchConfig {
+        grid: [launch.grid, 1, 1],
+        block: [launch.block, 1, 1],
+        shared_bytes: launch.shared_bytes,
+        stream: stream.as_inner(),
+        attributes: &mut attribute,
+        attribute_count: 1,
+    };
+    // SAFETY: the configuration and its attribute outlive the call; the rest is forwarded.
+    unsafe { cuLaunchKernelEx(&config, function, params, std::ptr::null_mut()) }
+}
+
+/// The launch attribute that groups blocks into clusters of `blocks` along x.
+fn cluster_attribute(blocks: u32) -> LaunchAttribute {
+    let mut value = [0; 16];
+    value[..3].copy_from_slice(&[blocks, 1, 1]);
+    LaunchAttribute {
+        id: LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+        pad: [0; 4],
+        value,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn launch_structs_have_the_driver_layout() {
+        // cuda.h (12.x): CUlaunchAttribute is 72 bytes, 8-aligned, its value at offset 8;
+        // CUlaunchConfig has hStream at 32, attrs at 40, numAttrs at 48 (56 bytes).
+        assert_eq!(
+            (
+                std::mem::size_of::<LaunchAttribute>(),
+                std::mem::align_of::<LaunchAttribute>()
+            ),
+            (72, 8)
+        );
+        assert_eq!(std::mem::offset_of!(LaunchAttribute, value), 8);
+        assert_eq!(std::mem::offset_of!(LaunchConfig, stream), 32);
+        assert_eq!(std::mem::offset_of!(LaunchConfig, attributes), 40);
+        assert_eq!(std::mem::offset_of!(LaunchConfig, attribute_count), 48);
+        assert_eq!(std::mem::size_of::<LaunchConfig>(), 56);
     }
 }

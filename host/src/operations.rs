@@ -111,6 +111,7 @@ impl PlannedOp {
             block: launch.block(),
             shared_bytes: launch.shared_bytes(),
             cooperative: launch.slices > 1 && !launch.split,
+            cluster: 1,
             args: Vec::new(),
         };
         PlannedOp {

@@ -3,8 +3,9 @@
 
 use kernels_gpu::launch::{
     BLOCK_REGISTER_SCALAR_PACKS, BLOCK_REGISTER_SCALAR_THREADS, BLOCK_REGISTER_VECTOR_PACKS,
-    BLOCK_REGISTER_VECTOR_THREADS, BlockRegisterKernelName, ELEMENTWISE_BLOCK, LOADS_IN_FLIGHT,
-    MAX_BLOCK_THREADS, REDUCTION_SCRATCH_FLOATS, REGISTER_ROWS_BLOCK, REGISTER_SCALAR_INSTANCES,
+    BLOCK_REGISTER_VECTOR_THREADS, BlockRegisterKernelName, CLUSTER_STATS_FLOATS,
+    ELEMENTWISE_BLOCK, LOADS_IN_FLIGHT, MAX_BLOCK_THREADS, MAX_CLUSTER_BLOCKS,
+    REDUCTION_SCRATCH_FLOATS, REGISTER_ROWS_BLOCK, REGISTER_SCALAR_INSTANCES,
     REGISTER_VECTOR_INSTANCES, ROW_SLICE_THREADS, RegisterKernelName, THREAD_PER_ROW_BLOCK,
     VECTOR_PACK, WARP_PER_ROW_WARPS_PER_BLOCK, WARP_SIZE,
 };
@@ -39,6 +40,9 @@ pub(crate) struct Launch {
     pub shared_bytes: u32,
     /// Launched with `cuLaunchCooperativeKernel`: all blocks resident at once.
     pub cooperative: bool,
+    /// Blocks per thread-block cluster along x (1: no cluster), launched with
+    /// `cuLaunchKernelEx`.
+    pub cluster: u32,
     pub args: Vec<Arg>,
 }
 
@@ -52,6 +56,11 @@ pub(crate) trait DeviceLimits {
     fn blocks_per_sm(&self, kernel: &str, threads: u32, shared_bytes: u32) -> u32;
     /// Whether cooperative launches (every block resident at once) are available.
     fn cooperative_launch(&self) -> bool;
+    /// Whether thread-block clusters are available (compute capability 9.0 and later).
+    fn thread_block_clusters(&self) -> bool;
+    /// Clusters of `cluster` blocks of `kernel` active at once with this block size and
+    /// shared memory (0 when one cannot be scheduled at all).
+    fn active_clusters(&self, kernel: &str, threads: u32, shared_bytes: u32, cluster: u32) -> u32;
 }
 
 /// How the buffers sit in memory, which decides where 16-byte accesses are possible.
@@ -96,12 +105,16 @@ pub(crate) fn plan(
         block,
         shared_bytes: 0,
         cooperative: false,
+        cluster: 1,
         args: vec![Arg::Input, Arg::Output, Arg::U32(rows), Arg::U32(cols)],
     };
     Ok(match variant {
         Variant::Auto => match register_instance(shape.cols(), layout) {
             Some(instance) => vec![register_launch(instance, rows, cols)],
-            None => vec![block_registers_launch(shape, layout, device).unwrap_or_else(|| row_slices_launch(shape, layout, device))],
+            None => vec![match block_registers_launch(shape, layout, device) {
+                Some(launch) if !(launch.cooperative && shape.len() * 4 >= SLICED_ROW_SLICES_FROM_BYTES) => launch,
+                _ => row_slices_launch(shape, layout, device),
+            }],
         },
         Variant::Unfused => unfused_launches(shape, device),
         Variant::ThreadPerRowNaive => {
@@ -122,6 +135,7 @@ pub(crate) fn plan(
                 block: threads_per_block,
                 shared_bytes: threads_per_block * 4,
                 cooperative: false,
+                cluster: 1,
                 args: vec![Arg::Input, Arg::Output, Arg::U32(cols)],
             }]
         }
@@ -147,6 +161,17 @@ pub(crate) fn plan(
         })?],
         Variant::RowSlices => vec![row_slices_launch(shape, layout, device)],
         Variant::SplitRows => split_rows_launches(shape, layout, device),
+        Variant::RowCluster => {
+            if !device.thread_block_clusters() {
+                return Err(Error::Unsupported {
+                    variant: variant.name(),
+                    rows: shape.rows(),
+                    cols: shape.cols(),
+                    why: "thread-block clusters need compute capability 9.0 or later".into(),
+                });
+            }
+            vec![row_cluster_launch(shape, layout, device)]
+        }
     })
 }
 
@@ -164,6 +189,8 @@ pub fn all_kernel_names() -> Vec<String> {
         "softmax_warp_per_row_online",
         "softmax_row_slices_p4",
         "softmax_row_slices_p1",
+        "softmax_row_cluster_p4",
+        "softmax_row_cluster_p1",
         "softmax_split_stats_p4",
         "softmax_split_stats_p1",
         "softmax_split_normalize_p4",
@@ -282,6 +309,7 @@ fn block_registers_launch(
         block: instance.threads,
         shared_bytes: REDUCTION_SCRATCH_FLOATS * 4,
         cooperative: slices > 1,
+        cluster: 1,
         args: vec![
             Arg::Input,
             Arg::Output,
@@ -323,9 +351,16 @@ fn register_launch(instance: RegisterKernelName, rows: u32, cols: u32) -> Launch
         block: REGISTER_ROWS_BLOCK,
         shared_bytes: 0,
         cooperative: false,
+        cluster: 1,
         args: vec![Arg::Input, Arg::Output, Arg::U32(rows), Arg::U32(cols)],
     }
 }
+
+/// Smallest tensor for which `auto` takes sliced row-slices over sliced block-registers. On the
+/// H200 (session 8) row-slices was faster or even from 4.1 MB (8×128256 8.5 against 10.9 µs,
+/// 1×1048576 8.9 against 9.9, 16×262144 15.3 each) and block-registers faster up to 1.2 MB
+/// (1×128256, 3×100003, 1×32000); nothing between was measured, so the cut is at 2 MiB.
+const SLICED_ROW_SLICES_FROM_BYTES: usize = 2 << 20;
 
 /// Threads for a block that walks `packs` packs: enough for about two rounds of
 /// [`LOADS_IN_FLIGHT`] loads each, within `128..=max`.
@@ -367,9 +402,12 @@ fn row_slices_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) ->
 
     let mut slices = 1;
     let mut config = configure(1, MAX_BLOCK_THREADS);
-    // With fewer rows than two blocks per multiprocessor, a block per row leaves most of the
-    // GPU idle: cut rows into slices until the resident blocks are used.
-    if rows < 2 * sms && device.cooperative_launch() {
+    // Rows that fill one wave by themselves (at least 90% of the multiprocessors, at most one
+    // each) keep a whole cached row per block: no barrier at all.
+    let one_wave = 10 * rows >= 9 * sms && rows <= sms && config.2;
+    // Otherwise, with fewer rows than two blocks per multiprocessor, a block per row leaves
+    // most of the GPU idle: cut rows into slices until the resident blocks are used.
+    if rows < 2 * sms && !one_wave && device.cooperative_launch() {
         let mut candidate = (4 * sms / rows).clamp(1, ROW_SLICE_THREADS);
         while candidate > 1 {
             let candidate_config = configure(candidate, ROW_SLICE_THREADS);
@@ -390,6 +428,7 @@ fn row_slices_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) ->
         block: threads,
         shared_bytes,
         cooperative: slices > 1,
+        cluster: 1,
         args: vec![
             Arg::Input,
             Arg::Output,
@@ -400,6 +439,74 @@ fn row_slices_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) ->
             Arg::Partials,
             Arg::Barriers,
         ],
+    }
+}
+
+/// Row cluster: a cluster of blocks per row, about four blocks per multiprocessor's worth
+/// (at most [`MAX_CLUSTER_BLOCKS`]). The first cluster size from there up, then down, whose
+/// slice can be cached with a whole cluster schedulable (the driver's cluster occupancy);
+/// else the first schedulable one uncached (the second pass re-reads); else one block per
+/// row, which needs no cluster.
+fn row_cluster_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) -> Launch {
+    let pack = if layout.vector_peelable {
+        VECTOR_PACK
+    } else {
+        1
+    };
+    let rows = shape.rows() as u32;
+    let row_packs = (shape.cols() as u32).div_ceil(pack);
+    let kernel = format!("softmax_row_cluster_p{pack}");
+    let fixed_bytes = (REDUCTION_SCRATCH_FLOATS + CLUSTER_STATS_FLOATS) * 4;
+    // (slices, slice packs, threads, cached, shared bytes, schedulable)
+    let configure = |slices: u32| {
+        let slice_packs = row_packs.div_ceil(slices);
+        let max_threads = if slices > 1 {
+            ROW_SLICE_THREADS
+        } else {
+            MAX_BLOCK_THREADS
+        };
+        let threads = slice_threads(slice_packs as usize, max_threads);
+        let schedulable = |bytes| {
+            bytes <= device.max_shared_per_block()
+                && device.active_clusters(&kernel, threads, bytes, slices) > 0
+        };
+        let cached_bytes = fixed_bytes + slice_packs * pack * 4;
+        let cached = schedulable(cached_bytes);
+        let shared_bytes = if cached { cached_bytes } else { fixed_bytes };
+        (
+            slice_packs,
+            threads,
+            cached,
+            shared_bytes,
+            cached || schedulable(fixed_bytes),
+        )
+    };
+    let preferred = (4 * device.multiprocessors() / rows).clamp(1, MAX_CLUSTER_BLOCKS);
+    let candidates: Vec<_> = (preferred..=MAX_CLUSTER_BLOCKS)
+        .chain((1..preferred).rev())
+        .map(|slices| (slices, configure(slices)))
+        .collect();
+    let (slices, (slice_packs, threads, cached, shared_bytes, _)) = candidates
+        .iter()
+        .find(|(_, c)| c.2)
+        .or_else(|| candidates.iter().find(|(_, c)| c.4))
+        .copied()
+        .unwrap_or_else(|| (1, configure(1)));
+    Launch {
+        grid: rows * slices,
+        block: threads,
+        shared_bytes,
+        cooperative: false,
+        cluster: slices,
+        args: vec![
+            Arg::Input,
+            Arg::Output,
+            Arg::U32(shape.cols() as u32),
+            Arg::U32(slices),
+            Arg::U32(slice_packs),
+            Arg::U32(cached as u32),
+        ],
+        kernel,
     }
 }
 
@@ -428,6 +535,7 @@ fn split_rows_launches(shape: Shape, layout: Layout, device: &dyn DeviceLimits) 
         block: SPLIT_THREADS,
         shared_bytes: REDUCTION_SCRATCH_FLOATS * 4,
         cooperative: false,
+        cluster: 1,
         args,
     };
     let slicing = [
@@ -474,6 +582,7 @@ fn unfused_launches(shape: Shape, device: &dyn DeviceLimits) -> Vec<Launch> {
         block,
         shared_bytes: 0,
         cooperative: false,
+        cluster: 1,
         args,
     };
     vec![
@@ -551,6 +660,21 @@ pub(crate) mod tests {
         fn cooperative_launch(&self) -> bool {
             true
         }
+
+        fn thread_block_clusters(&self) -> bool {
+            true
+        }
+
+        fn active_clusters(
+            &self,
+            kernel: &str,
+            threads: u32,
+            shared_bytes: u32,
+            cluster: u32,
+        ) -> u32 {
+            // Eight processing clusters of 16 multiprocessors; a cluster's blocks share one.
+            8 * (16 * self.blocks_per_sm(kernel, threads, shared_bytes) / cluster)
+        }
     }
 
     fn shape(rows: usize, cols: usize) -> Shape {
@@ -620,6 +744,24 @@ pub(crate) mod tests {
         assert_eq!(register_capacity(UNALIGNED), 1024);
     }
 
+    /// Checks that `slices` slices of `slice_packs` packs cover a row of `cols` (the last up
+    /// to three floats are the tail's); returns the columns of a slice.
+    fn assert_slices_cover(
+        rows: usize,
+        cols: usize,
+        layout: Layout,
+        slices: u32,
+        slice_packs: u32,
+    ) -> u32 {
+        let pack = if layout.vector_peelable { 4 } else { 1 };
+        let slice_cols = slice_packs * pack;
+        assert!(
+            (slices * slice_cols) as usize + 3 >= cols,
+            "{rows}x{cols}: slices miss columns"
+        );
+        slice_cols
+    }
+
     #[test]
     fn row_slices_cover_the_row_and_stay_resident() {
         let extra = [(300, 1 << 20), (1000, 65537), (1, 5000), (100_000, 4096)];
@@ -637,12 +779,7 @@ pub(crate) mod tests {
                 else {
                     panic!("unexpected arguments {:?}", launch.args)
                 };
-                let pack = if layout.vector_peelable { 4 } else { 1 };
-                let slice_cols = slice_packs * pack;
-                assert!(
-                    (slices * slice_cols) as usize + 3 >= cols,
-                    "{rows}x{cols}: slices miss columns"
-                );
+                let slice_cols = assert_slices_cover(rows, cols, layout, slices, slice_packs);
                 assert_eq!(launch.grid, rows as u32 * slices);
                 assert!(launch.shared_bytes <= FakeH200.max_shared_per_block());
                 assert_eq!(launch.cooperative, slices > 1);
@@ -658,6 +795,77 @@ pub(crate) mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn row_clusters_cover_the_row_and_can_be_scheduled() {
+        let extra = [
+            (300, 1 << 20),
+            (1000, 65537),
+            (1, 5000),
+            (100_000, 4096),
+            (7, 9),
+        ];
+        for (rows, cols) in FEW_WIDE_ROWS.into_iter().chain(extra) {
+            for layout in [ALIGNED, UNALIGNED] {
+                let launch = row_cluster_launch(shape(rows, cols), layout, &FakeH200);
+                let [
+                    ..,
+                    Arg::U32(slices),
+                    Arg::U32(slice_packs),
+                    Arg::U32(cached),
+                ] = launch.args[..]
+                else {
+                    panic!("unexpected arguments {:?}", launch.args)
+                };
+                let slice_cols = assert_slices_cover(rows, cols, layout, slices, slice_packs);
+                assert_eq!(launch.cluster, slices);
+                assert!((1..=MAX_CLUSTER_BLOCKS).contains(&slices));
+                assert_eq!(launch.grid, rows as u32 * slices);
+                assert!(!launch.cooperative);
+                assert!(launch.shared_bytes <= FakeH200.max_shared_per_block());
+                let fixed = (REDUCTION_SCRATCH_FLOATS + CLUSTER_STATS_FLOATS) * 4;
+                assert_eq!(
+                    launch.shared_bytes,
+                    fixed + cached * slice_cols * 4,
+                    "{rows}x{cols}"
+                );
+            }
+        }
+        // The shapes it is meant for are cached, in clusters that fill the GPU.
+        for (rows, cols, slices) in [(32, 151936, 16), (128, 50257, 4)] {
+            let launch = row_cluster_launch(shape(rows, cols), ALIGNED, &FakeH200);
+            assert_eq!(launch.cluster, slices, "{rows}x{cols}");
+            assert_eq!(launch.args[5], Arg::U32(1), "{rows}x{cols}: cached");
+        }
+    }
+
+    #[test]
+    fn row_clusters_fall_back_to_a_block_per_row_when_no_cluster_fits() {
+        struct NoClusters;
+        impl DeviceLimits for NoClusters {
+            fn multiprocessors(&self) -> u32 {
+                FakeH200.multiprocessors()
+            }
+            fn max_shared_per_block(&self) -> u32 {
+                FakeH200.max_shared_per_block()
+            }
+            fn blocks_per_sm(&self, kernel: &str, threads: u32, shared_bytes: u32) -> u32 {
+                FakeH200.blocks_per_sm(kernel, threads, shared_bytes)
+            }
+            fn cooperative_launch(&self) -> bool {
+                true
+            }
+            fn thread_block_clusters(&self) -> bool {
+                true
+            }
+            fn active_clusters(&self, _: &str, _: u32, _: u32, _: u32) -> u32 {
+                0
+            }
+        }
+        let launch = row_cluster_launch(shape(32, 151936), ALIGNED, &NoClusters);
+        assert_eq!((launch.cluster, launch.grid), (1, 32));
+        assert_eq!(launch.args[3], Arg::U32(1), "one slice per row");
     }
 
     #[test]
@@ -684,6 +892,14 @@ pub(crate) mod tests {
         assert_eq!(kernel(3200, 16384, 0), "softmax_block_registers_p4_t512_n8");
         assert_eq!(kernel(10, 4096, 0), "softmax_block_registers_p4_t128_n1");
         assert_eq!(kernel(2000, 1 << 20, 0), "softmax_row_slices_p4");
+        // Few rows: sliced block-registers below 2 MiB, sliced row-slices from there.
+        assert_eq!(kernel(1, 128256, 0), "softmax_block_registers_p4_t256_n1");
+        assert_eq!(kernel(8, 128256, 0), "softmax_row_slices_p4");
+        assert_eq!(kernel(1, 1 << 20, 0), "softmax_row_slices_p4");
+        // A row per multiprocessor, cached whole: one block per row, no barrier.
+        let one_wave = row_slices_launch(shape(128, 50257), Layout::of(0, 0, 50257), &FakeH200);
+        assert_eq!((one_wave.grid, one_wave.cooperative), (128, false));
+        assert_eq!(one_wave.args[5], Arg::U32(1), "cached");
     }
 
     #[test]

@@ -99,6 +99,17 @@ impl DeviceLimits for Limits<'_> {
     fn cooperative_launch(&self) -> bool {
         self.info.supports_cooperative_launch
     }
+
+    fn thread_block_clusters(&self) -> bool {
+        self.info.has_thread_block_clusters()
+    }
+
+    fn active_clusters(&self, kernel: &str, threads: u32, shared_bytes: u32, cluster: u32) -> u32 {
+        // A failed query rules the configuration out, as for `blocks_per_sm`.
+        self.kernels
+            .active_clusters(kernel, threads, shared_bytes, cluster)
+            .unwrap_or(0)
+    }
 }
 
 impl Softmax {
@@ -110,7 +121,8 @@ impl Softmax {
     /// Opens CUDA device `ordinal`, loads the kernels and allocates the workspace.
     pub fn on_device(ordinal: u32) -> Result<Self> {
         let (context, _device, info) = device::open(ordinal)?;
-        let kernels = Kernels::load_softmax(info.max_shared_per_block)?;
+        let kernels =
+            Kernels::load_softmax(info.max_shared_per_block, info.has_thread_block_clusters())?;
         // A blocking stream: its work waits for what came before it on the legacy default
         // stream, where cust's synchronous calls run. A pageable host-to-device copy
         // (`DeviceBuffer::from_slice`, `copy_from`) may return before its DMA lands, and
@@ -362,6 +374,7 @@ impl Softmax {
             Variant::BlockRegisters,
             Variant::RowSlices,
             Variant::SplitRows,
+            Variant::RowCluster,
         ]
         .into_iter()
         .filter(|&variant| self.plan(variant, shape, layout).is_ok())

@@ -32,11 +32,14 @@ pub enum Variant {
     /// Production, for few wide rows: slice statistics in one launch, merge and normalize in
     /// a second (the input is re-read, from L2 when it fits there).
     SplitRows,
+    /// For few wide rows on Hopper (compute capability 9.0+): a thread-block cluster per row,
+    /// one slice per block, statistics exchanged through distributed shared memory.
+    RowCluster,
 }
 
 impl Variant {
     /// Command-line names, in the order [`Variant::all`] lists the variants.
-    pub const NAMES: [&str; 11] = [
+    pub const NAMES: [&str; 12] = [
         "auto",
         "unfused",
         "thread-naive",
@@ -48,10 +51,11 @@ impl Variant {
         "block-registers",
         "row-slices",
         "split-rows",
+        "row-cluster",
     ];
 
     /// Every variant once, the block-per-row one with its default 128 threads.
-    pub fn all() -> [Variant; 11] {
+    pub fn all() -> [Variant; 12] {
         [
             Variant::Auto,
             Variant::Unfused,
@@ -66,6 +70,7 @@ impl Variant {
             Variant::BlockRegisters,
             Variant::RowSlices,
             Variant::SplitRows,
+            Variant::RowCluster,
         ]
     }
 

@@ -113,3 +113,50 @@ pub fn sleep_briefly() {
     // SAFETY: a scheduling hint with no memory effects.
     unsafe { asm!("nanosleep.u32 64;") };
 }
+
+/// Blocks in this block's thread-block cluster (`%cluster_nctarank`; 1 outside clusters).
+#[inline(always)]
+pub fn cluster_blocks() -> u32 {
+    let blocks: u32;
+    // SAFETY: reading a special register has no preconditions.
+    unsafe {
+        asm!("mov.u32 {b}, %cluster_nctarank;", b = out(reg32) blocks, options(pure, nomem, nostack))
+    };
+    blocks
+}
+
+/// `barrier.cluster.arrive`: this thread has arrived at the cluster's barrier, with release
+/// semantics (its earlier writes, shared memory included, are visible to the cluster's
+/// threads once they pass [`cluster_wait`]). Every thread of every block of the cluster
+/// arrives once per phase, from warp-uniform control flow.
+#[inline(always)]
+pub fn cluster_arrive() {
+    // SAFETY: the callers' contracts make every thread of the cluster arrive once per phase.
+    unsafe { asm!("barrier.cluster.arrive.aligned;") };
+}
+
+/// `barrier.cluster.wait`: waits until every thread of the cluster has arrived in this
+/// phase, with acquire semantics. Warp-uniform, after this thread's [`cluster_arrive`].
+#[inline(always)]
+pub fn cluster_wait() {
+    // SAFETY: as for `cluster_arrive`.
+    unsafe { asm!("barrier.cluster.wait.aligned;") };
+}
+
+/// The address of the same shared-memory location as `local` in block `rank` of this
+/// block's cluster (`mapa` on a generic address), readable with ordinary loads.
+#[inline(always)]
+pub fn cluster_shared_of(local: *const f32, rank: u32) -> *const f32 {
+    let remote: u64;
+    // SAFETY: address arithmetic only; the result is dereferenced under the callers' rules.
+    unsafe {
+        asm!(
+            "mapa.u64 {d}, {a}, {r};",
+            d = out(reg64) remote,
+            a = in(reg64) local as u64,
+            r = in(reg32) rank,
+            options(pure, nomem, nostack)
+        )
+    };
+    remote as *const f32
+}

@@ -60,6 +60,8 @@ mod block_registers;
 #[cfg(all(target_arch = "nvptx64", feature = "softmax"))]
 mod memory;
 #[cfg(all(target_arch = "nvptx64", feature = "softmax"))]
+mod row_cluster;
+#[cfg(all(target_arch = "nvptx64", feature = "softmax"))]
 mod row_slice;
 #[cfg(all(target_arch = "nvptx64", feature = "softmax"))]
 mod row_slices;

@@ -1,0 +1,104 @@
+//! Production for few wide rows on Hopper: each row is cut into `slices` slices, one per
+//! block of a thread-block cluster of `slices` blocks. Each block reads its slice once
+//! (caching it in shared memory when it fits, as [`crate::row_slices`] does), publishes its
+//! statistics in its own shared memory, and after the cluster's hardware barrier every block
+//! reads all of them through distributed shared memory. No global workspace, no atomics, no
+//! cooperative launch: clusters are scheduled independently, so any number of rows works.
+
+use crate::device::{
+    DeviceExp2, block_dim, cluster_arrive, cluster_blocks, cluster_shared_of, cluster_wait,
+    dynamic_shared_f32, thread_idx,
+};
+use crate::launch::{CLUSTER_STATS_FLOATS, REDUCTION_SCRATCH_FLOATS};
+use crate::online::OnlineStats;
+use crate::reduce::block_reduce;
+use crate::row_slices::Share;
+
+/// # Safety
+/// `input` and `output` each point to `rows · cols` floats (distinct buffers), `cols > 0`,
+/// both 4-byte aligned; when `PACK == 4` they are equally misaligned modulo 16 bytes.
+/// `slices · slice_packs · PACK ≥ cols - 3`. Launch `rows · slices` blocks in clusters of
+/// `slices` blocks along x (so a cluster is one row), blocks of whole warps (at least 8
+/// threads, at most 1024), with `(REDUCTION_SCRATCH_FLOATS + CLUSTER_STATS_FLOATS + cached ·
+/// slice_packs · PACK) · 4` bytes of dynamic shared memory, where `cached` is 0 or 1.
+#[inline(always)]
+unsafe fn softmax_row_cluster<const PACK: usize>(
+    input: *const f32,
+    output: *mut f32,
+    cols: u32,
+    slices: u32,
+    slice_packs: u32,
+    cached: u32,
+) {
+    // A launch whose clusters are not the row's slices would read other blocks' shared
+    // memory by ranks that do not exist: stop it (the host sees a launch failure).
+    if cluster_blocks() != slices {
+        // SAFETY: aborts the kernel.
+        unsafe { core::arch::nvptx::trap() };
+    }
+    let shared = dynamic_shared_f32();
+    // Shared memory: the reduction scratch, this block's published statistics (padded so
+    // the cache stays 16-byte aligned), then the cache.
+    // SAFETY: the launch provides all three.
+    let (published, cache) = unsafe {
+        let published = shared.add(REDUCTION_SCRATCH_FLOATS as usize);
+        let cache = published.add(CLUSTER_STATS_FLOATS as usize);
+        (published, (cached != 0).then_some(cache))
+    };
+    // SAFETY: forwarded from this kernel's contract: block `row · slices + rank` holds slice
+    // `rank` of `row`.
+    let share = unsafe { Share::<PACK>::of_block(input, output, cols, slices, slice_packs) };
+    // SAFETY: uniform control flow; the scratch is the launch's.
+    let block_stats = unsafe { block_reduce(share.stats(cache), shared) };
+    if thread_idx() == 0 {
+        // SAFETY: the published floats are this block's.
+        unsafe {
+            published.write(block_stats.max);
+            published.add(1).write(block_stats.sum());
+        }
+    }
+    // Every block of the row has published once every thread passed this barrier.
+    cluster_arrive();
+    cluster_wait();
+    let mut merged = OnlineStats::EMPTY;
+    for rank in (thread_idx()..slices).step_by(block_dim() as usize) {
+        let theirs = cluster_shared_of(published, rank);
+        // SAFETY: block `rank` of the cluster published there before the barrier, and stays
+        // resident until the second barrier below, which this thread has not arrived at.
+        let stats = unsafe { OnlineStats::new(theirs.read(), theirs.add(1).read()) };
+        merged = merged.merge::<DeviceExp2>(stats);
+    }
+    // SAFETY: uniform control flow.
+    let row_stats = unsafe { block_reduce(merged, shared) };
+    // This block is done reading the others' shared memory; no block may exit (releasing
+    // its shared memory) before every block of the cluster is done, hence the wait at the
+    // end, after the writes it overlaps.
+    cluster_arrive();
+    // SAFETY: as above.
+    unsafe { share.write_normalized(cache, row_stats) };
+    cluster_wait();
+}
+
+macro_rules! row_cluster_entry {
+    ($name:ident, $pack:literal) => {
+        /// # Safety
+        /// See `softmax_row_cluster` with `PACK =` the suffix of the name.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(
+            input: *const f32,
+            output: *mut f32,
+            cols: u32,
+            slices: u32,
+            slice_packs: u32,
+            cached: u32,
+        ) {
+            // SAFETY: forwarded from this entry's contract.
+            unsafe {
+                softmax_row_cluster::<$pack>(input, output, cols, slices, slice_packs, cached)
+            }
+        }
+    };
+}
+
+row_cluster_entry!(softmax_row_cluster_p4, 4);
+row_cluster_entry!(softmax_row_cluster_p1, 1);
