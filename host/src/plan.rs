@@ -359,8 +359,11 @@ fn register_launch(instance: RegisterKernelName, rows: u32, cols: u32) -> Launch
 /// Smallest tensor for which `auto` takes sliced row-slices over sliced block-registers. On the
 /// H200 (session 8) row-slices was faster or even from 4.1 MB (8×128256 8.5 against 10.9 µs,
 /// 1×1048576 8.9 against 9.9, 16×262144 15.3 each) and block-registers faster up to 1.2 MB
-/// (1×128256, 3×100003, 1×32000); nothing between was measured, so the cut is at 2 MiB.
-const SLICED_ROW_SLICES_FROM_BYTES: usize = 2 << 20;
+/// (1×128256, 3×100003, 1×32000). Session 9 measured between: row-slices ahead by 10% at
+/// 1.8 MB (8×57344, 32×14336) and by 4–30% behind up to 1.3 MB; at 1.6 MB (8×49152,
+/// 32×12288) a row-slices build about 5% slower than this one was 3–6% behind, so about
+/// even. The cut is at 1.5 MiB.
+const SLICED_ROW_SLICES_FROM_BYTES: usize = 3 << 19;
 
 /// Threads for a block that walks `packs` packs: enough for about two rounds of
 /// [`LOADS_IN_FLIGHT`] loads each, within `128..=max`.
@@ -443,12 +446,14 @@ fn row_slices_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) ->
     (launch, cached)
 }
 
-/// Wide rows that block registers do not take: row-slices, unless its slices cannot all be
-/// cached with every block resident (the input would be read twice) while a cluster per row
-/// can cache its slices (clusters run in waves, so they need not all be resident at once).
+/// Wide rows that block registers do not take: row-slices, unless it has to cut rows into
+/// slices that it cannot cache with every block resident (the input is then read twice by
+/// few, small blocks) while a cluster per row can cache its slices (clusters run in waves, so
+/// they need not all be resident at once). With one uncached slice per row, row-slices keeps
+/// its full blocks and stays ahead (H200, session 9: 128×151936 58 against 49% of copy).
 fn wide_rows_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) -> Launch {
     let (slices, slices_read_once) = row_slices_launch(shape, layout, device);
-    if slices_read_once || !device.thread_block_clusters() {
+    if slices_read_once || !slices.cooperative || !device.thread_block_clusters() {
         return slices;
     }
     match row_cluster_launch(shape, layout, device) {
@@ -919,11 +924,14 @@ pub(crate) mod tests {
             (one_wave.grid, one_wave.cooperative, cached),
             (128, false, true)
         );
-        // More rows than the GPU caches at once: a cluster per row, clusters in waves; where
-        // a cluster's slices do not fit either, row-slices reads twice.
+        // More data than the GPU caches at once, in rows too few for a block each: a cluster
+        // per row, clusters in waves. Rows enough for a block each, or slices too wide for a
+        // cluster to cache: row-slices, reading twice.
         assert_eq!(kernel(32, 151936, 0), "softmax_row_slices_p4");
         assert_eq!(kernel(64, 151936, 0), "softmax_row_cluster_p4");
-        assert_eq!(kernel(512, 65536, 0), "softmax_row_cluster_p4");
+        assert_eq!(kernel(48, 262144, 0), "softmax_row_cluster_p4");
+        assert_eq!(kernel(128, 151936, 0), "softmax_row_slices_p4");
+        assert_eq!(kernel(512, 65536, 0), "softmax_row_slices_p4");
         assert_eq!(kernel(2000, 1 << 22, 0), "softmax_row_slices_p4");
     }
 
