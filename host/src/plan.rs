@@ -113,7 +113,7 @@ pub(crate) fn plan(
             Some(instance) => vec![register_launch(instance, rows, cols)],
             None => vec![match block_registers_launch(shape, layout, device) {
                 Some(launch) if !(launch.cooperative && shape.len() * 4 >= SLICED_ROW_SLICES_FROM_BYTES) => launch,
-                _ => row_slices_launch(shape, layout, device),
+                _ => wide_rows_launch(shape, layout, device),
             }],
         },
         Variant::Unfused => unfused_launches(shape, device),
@@ -159,7 +159,7 @@ pub(crate) fn plan(
             cols: shape.cols(),
             why: "the row (or the slices the GPU has room for) is wider than a block's registers hold".into(),
         })?],
-        Variant::RowSlices => vec![row_slices_launch(shape, layout, device)],
+        Variant::RowSlices => vec![row_slices_launch(shape, layout, device).0],
         Variant::SplitRows => split_rows_launches(shape, layout, device),
         Variant::RowCluster => {
             if !device.thread_block_clusters() {
@@ -170,7 +170,7 @@ pub(crate) fn plan(
                     why: "thread-block clusters need compute capability 9.0 or later".into(),
                 });
             }
-            vec![row_cluster_launch(shape, layout, device)]
+            vec![row_cluster_launch(shape, layout, device).0]
         }
     })
 }
@@ -359,8 +359,11 @@ fn register_launch(instance: RegisterKernelName, rows: u32, cols: u32) -> Launch
 /// Smallest tensor for which `auto` takes sliced row-slices over sliced block-registers. On the
 /// H200 (session 8) row-slices was faster or even from 4.1 MB (8×128256 8.5 against 10.9 µs,
 /// 1×1048576 8.9 against 9.9, 16×262144 15.3 each) and block-registers faster up to 1.2 MB
-/// (1×128256, 3×100003, 1×32000); nothing between was measured, so the cut is at 2 MiB.
-const SLICED_ROW_SLICES_FROM_BYTES: usize = 2 << 20;
+/// (1×128256, 3×100003, 1×32000). Session 9 measured between: row-slices ahead by 10% at
+/// 1.8 MB (8×57344, 32×14336) and by 4–30% behind up to 1.3 MB; at 1.6 MB (8×49152,
+/// 32×12288) a row-slices build about 5% slower than this one was 3–6% behind, so about
+/// even. The cut is at 1.5 MiB.
+const SLICED_ROW_SLICES_FROM_BYTES: usize = 3 << 19;
 
 /// Threads for a block that walks `packs` packs: enough for about two rounds of
 /// [`LOADS_IN_FLIGHT`] loads each, within `128..=max`.
@@ -373,8 +376,8 @@ fn slice_threads(packs: usize, max: u32) -> u32 {
 
 /// Row slices: one block per row when rows alone fill the GPU; otherwise as many slices per
 /// row as keep every block resident (a cooperative launch). Each slice is cached in shared
-/// memory when it fits, so the input is read once.
-fn row_slices_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) -> Launch {
+/// memory when it fits, so the input is read once; the flag says whether it is.
+fn row_slices_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) -> (Launch, bool) {
     let pack = if layout.vector_peelable {
         VECTOR_PACK
     } else {
@@ -422,7 +425,7 @@ fn row_slices_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) ->
         }
     }
     let (slice_packs, threads, cached, shared_bytes) = config;
-    Launch {
+    let launch = Launch {
         kernel,
         grid: rows * slices,
         block: threads,
@@ -439,6 +442,23 @@ fn row_slices_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) ->
             Arg::Partials,
             Arg::Barriers,
         ],
+    };
+    (launch, cached)
+}
+
+/// Wide rows that block registers do not take: row-slices, unless it has to cut rows into
+/// slices that it cannot cache with every block resident (the input is then read twice by
+/// few, small blocks) while a cluster per row can cache its slices (clusters run in waves, so
+/// they need not all be resident at once). With one uncached slice per row, row-slices keeps
+/// its full blocks and stays ahead (H200, session 9: 128×151936 58 against 49% of copy).
+fn wide_rows_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) -> Launch {
+    let (slices, slices_read_once) = row_slices_launch(shape, layout, device);
+    if slices_read_once || !slices.cooperative || !device.thread_block_clusters() {
+        return slices;
+    }
+    match row_cluster_launch(shape, layout, device) {
+        (cluster, true) => cluster,
+        _ => slices,
     }
 }
 
@@ -446,8 +466,8 @@ fn row_slices_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) ->
 /// (at most [`MAX_CLUSTER_BLOCKS`]). The first cluster size from there up, then down, whose
 /// slice can be cached with a whole cluster schedulable (the driver's cluster occupancy);
 /// else the first schedulable one uncached (the second pass re-reads); else one block per
-/// row, which needs no cluster.
-fn row_cluster_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) -> Launch {
+/// row, which needs no cluster. The flag says whether the slices are cached.
+fn row_cluster_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) -> (Launch, bool) {
     let pack = if layout.vector_peelable {
         VECTOR_PACK
     } else {
@@ -492,7 +512,7 @@ fn row_cluster_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) -
         .or_else(|| candidates.iter().find(|(_, c)| c.4))
         .copied()
         .unwrap_or_else(|| (1, configure(1)));
-    Launch {
+    let launch = Launch {
         grid: rows * slices,
         block: threads,
         shared_bytes,
@@ -507,7 +527,8 @@ fn row_cluster_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) -
             Arg::U32(cached as u32),
         ],
         kernel,
-    }
+    };
+    (launch, cached)
 }
 
 /// Threads per block of the split-rows kernels.
@@ -767,7 +788,7 @@ pub(crate) mod tests {
         let extra = [(300, 1 << 20), (1000, 65537), (1, 5000), (100_000, 4096)];
         for (rows, cols) in FEW_WIDE_ROWS.into_iter().chain(extra) {
             for layout in [ALIGNED, UNALIGNED] {
-                let launch = row_slices_launch(shape(rows, cols), layout, &FakeH200);
+                let (launch, _) = row_slices_launch(shape(rows, cols), layout, &FakeH200);
                 let [
                     ..,
                     Arg::U32(slices),
@@ -808,7 +829,7 @@ pub(crate) mod tests {
         ];
         for (rows, cols) in FEW_WIDE_ROWS.into_iter().chain(extra) {
             for layout in [ALIGNED, UNALIGNED] {
-                let launch = row_cluster_launch(shape(rows, cols), layout, &FakeH200);
+                let (launch, _) = row_cluster_launch(shape(rows, cols), layout, &FakeH200);
                 let [
                     ..,
                     Arg::U32(slices),
@@ -834,9 +855,9 @@ pub(crate) mod tests {
         }
         // The shapes it is meant for are cached, in clusters that fill the GPU.
         for (rows, cols, slices) in [(32, 151936, 16), (128, 50257, 4)] {
-            let launch = row_cluster_launch(shape(rows, cols), ALIGNED, &FakeH200);
+            let (launch, cached) = row_cluster_launch(shape(rows, cols), ALIGNED, &FakeH200);
             assert_eq!(launch.cluster, slices, "{rows}x{cols}");
-            assert_eq!(launch.args[5], Arg::U32(1), "{rows}x{cols}: cached");
+            assert!(cached, "{rows}x{cols}");
         }
     }
 
@@ -863,7 +884,7 @@ pub(crate) mod tests {
                 0
             }
         }
-        let launch = row_cluster_launch(shape(32, 151936), ALIGNED, &NoClusters);
+        let (launch, _) = row_cluster_launch(shape(32, 151936), ALIGNED, &NoClusters);
         assert_eq!((launch.cluster, launch.grid), (1, 32));
         assert_eq!(launch.args[3], Arg::U32(1), "one slice per row");
     }
@@ -897,9 +918,21 @@ pub(crate) mod tests {
         assert_eq!(kernel(8, 128256, 0), "softmax_row_slices_p4");
         assert_eq!(kernel(1, 1 << 20, 0), "softmax_row_slices_p4");
         // A row per multiprocessor, cached whole: one block per row, no barrier.
-        let one_wave = row_slices_launch(shape(128, 50257), Layout::of(0, 0, 50257), &FakeH200);
-        assert_eq!((one_wave.grid, one_wave.cooperative), (128, false));
-        assert_eq!(one_wave.args[5], Arg::U32(1), "cached");
+        let (one_wave, cached) =
+            row_slices_launch(shape(128, 50257), Layout::of(0, 0, 50257), &FakeH200);
+        assert_eq!(
+            (one_wave.grid, one_wave.cooperative, cached),
+            (128, false, true)
+        );
+        // More data than the GPU caches at once, in rows too few for a block each: a cluster
+        // per row, clusters in waves. Rows enough for a block each, or slices too wide for a
+        // cluster to cache: row-slices, reading twice.
+        assert_eq!(kernel(32, 151936, 0), "softmax_row_slices_p4");
+        assert_eq!(kernel(64, 151936, 0), "softmax_row_cluster_p4");
+        assert_eq!(kernel(48, 262144, 0), "softmax_row_cluster_p4");
+        assert_eq!(kernel(128, 151936, 0), "softmax_row_slices_p4");
+        assert_eq!(kernel(512, 65536, 0), "softmax_row_slices_p4");
+        assert_eq!(kernel(2000, 1 << 22, 0), "softmax_row_slices_p4");
     }
 
     #[test]
