@@ -84,11 +84,47 @@ pub fn shfl_xor_f32(value: f32, mask: u32) -> f32 {
     y
 }
 
-/// `__threadfence()`: orders this thread's global writes before its later ones, device-wide.
+/// `atom.acq_rel.gpu.add.u32`: adds `value` to the word at `word` and returns what it held,
+/// as one GPU-scope atomic that releases this thread's earlier writes (they are visible to
+/// whoever acquires this addition) and acquires what others released before theirs.
+///
+/// # Safety
+/// `word` is a valid, 4-byte aligned global word, only accessed atomically or by
+/// [`load_acquire_gpu`] while the launch runs.
 #[inline(always)]
-pub fn fence_device() {
-    // SAFETY: a memory fence has no preconditions.
-    unsafe { asm!("fence.acq_rel.gpu;") };
+pub unsafe fn fetch_add_acq_rel_gpu(word: *mut u32, value: u32) -> u32 {
+    let before: u32;
+    // SAFETY: forwarded from the contract.
+    unsafe {
+        asm!(
+            "atom.acq_rel.gpu.add.u32 {b}, [{w}], {v};",
+            b = out(reg32) before,
+            w = in(reg64) word as u64,
+            v = in(reg32) value,
+            options(nostack)
+        )
+    };
+    before
+}
+
+/// `ld.acquire.gpu.u32`: reads the word at `word`; this thread's later reads see what the
+/// writer released before the value read.
+///
+/// # Safety
+/// As for [`fetch_add_acq_rel_gpu`].
+#[inline(always)]
+pub unsafe fn load_acquire_gpu(word: *const u32) -> u32 {
+    let value: u32;
+    // SAFETY: forwarded from the contract.
+    unsafe {
+        asm!(
+            "ld.acquire.gpu.u32 {v}, [{w}];",
+            v = out(reg32) value,
+            w = in(reg64) word as u64,
+            options(nostack)
+        )
+    };
+    value
 }
 
 /// The block's dynamic shared memory, as floats. Its size is the launch's `sharedMemBytes`.

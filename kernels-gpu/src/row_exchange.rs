@@ -2,10 +2,11 @@
 //! then, after the row's barrier (one cooperative launch) or in a later kernel, every block
 //! of the row merges all of them.
 
-use core::sync::atomic::{AtomicU32, Ordering};
-
 use crate::barrier_word;
-use crate::device::{block_dim, block_idx, fence_device, sleep_briefly, sync_threads, thread_idx};
+use crate::device::{
+    block_dim, block_idx, fetch_add_acq_rel_gpu, load_acquire_gpu, sleep_briefly, sync_threads,
+    thread_idx,
+};
 use crate::reduce::{Partial, block_reduce};
 
 /// Waits until `participants` blocks have arrived at this row's barrier (the word's
@@ -18,19 +19,18 @@ use crate::reduce::{Partial, block_reduce};
 /// (cooperative launch).
 unsafe fn row_barrier(word: *mut u32, participants: u32, leader: bool) {
     let arrival = barrier_word::arrival(participants, leader);
-    // SAFETY: the word is valid, 4-byte aligned and only accessed atomically or volatile.
+    // SAFETY: the word is valid, 4-byte aligned and only accessed atomically or by acquiring
+    // loads. The addition releases this block's partial statistics (written before it) and,
+    // for the last block, acquires the others'; the others acquire them by the load that sees
+    // the flip. GPU scope: the host never looks at the word during the launch.
     unsafe {
-        // Release: this block's partial statistics are visible before its arrival is.
-        fence_device();
-        let before = AtomicU32::from_ptr(word).fetch_add(arrival, Ordering::Relaxed);
+        let before = fetch_add_acq_rel_gpu(word, arrival);
         // The last block to arrive knows it from its own addition.
         if !barrier_word::has_flipped(before, before.wrapping_add(arrival)) {
-            while !barrier_word::has_flipped(before, word.read_volatile()) {
+            while !barrier_word::has_flipped(before, load_acquire_gpu(word)) {
                 sleep_briefly();
             }
         }
-        // Acquire: the other blocks' statistics are read after their arrival.
-        fence_device();
     }
 }
 
