@@ -356,7 +356,8 @@ fn register_launch(instance: RegisterKernelName, rows: u32, cols: u32) -> Launch
     }
 }
 
-/// Smallest tensor for which `auto` takes sliced row-slices over sliced block-registers. On the
+/// Smallest tensor for which `auto` passes few rows that block registers would slice to
+/// [`wide_rows_launch`] (row-slices, or a cluster per row) instead. On the
 /// H200 (session 8) row-slices was faster or even from 4.1 MB (8×128256 8.5 against 10.9 µs,
 /// 1×1048576 8.9 against 9.9, 16×262144 15.3 each) and block-registers faster up to 1.2 MB
 /// (1×128256, 3×100003, 1×32000). Session 9 measured between: row-slices ahead by 10% at
@@ -446,14 +447,17 @@ fn row_slices_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) ->
     (launch, cached)
 }
 
-/// Wide rows that block registers do not take: row-slices, unless it has to cut rows into
-/// slices that it cannot cache with every block resident (the input is then read twice by
-/// few, small blocks) while a cluster per row can cache its slices (clusters run in waves, so
-/// they need not all be resident at once). With one uncached slice per row, row-slices keeps
-/// its full blocks and stays ahead (H200, session 9: 128×151936 58 against 49% of copy).
+/// Wide rows that block registers do not take: row-slices, unless it cannot cache its slices
+/// (the input is then read twice) and also does not fill the GPU with whole rows, one full
+/// block per row on at least 90% of the multiprocessors; then a cluster per row, if one can
+/// cache its slices (clusters run in waves, so they need not all be resident at once). On the
+/// H200 (session 9): 64×151936, which row-slices cuts into uncached slices, 33 → 64% of copy
+/// with clusters; 128×151936, a full uncached block per row, 58% against the clusters' 49%.
 fn wide_rows_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) -> Launch {
     let (slices, slices_read_once) = row_slices_launch(shape, layout, device);
-    if slices_read_once || !slices.cooperative || !device.thread_block_clusters() {
+    let rows = shape.rows() as u64;
+    let rows_fill_gpu = !slices.cooperative && 10 * rows >= 9 * u64::from(device.multiprocessors());
+    if slices_read_once || rows_fill_gpu || !device.thread_block_clusters() {
         return slices;
     }
     match row_cluster_launch(shape, layout, device) {
@@ -913,8 +917,10 @@ pub(crate) mod tests {
         assert_eq!(kernel(3200, 16384, 0), "softmax_block_registers_p4_t512_n8");
         assert_eq!(kernel(10, 4096, 0), "softmax_block_registers_p4_t128_n1");
         assert_eq!(kernel(2000, 1 << 20, 0), "softmax_row_slices_p4");
-        // Few rows: sliced block-registers below 2 MiB, sliced row-slices from there.
+        // Few rows: sliced block-registers below 1.5 MiB, sliced row-slices from there.
         assert_eq!(kernel(1, 128256, 0), "softmax_block_registers_p4_t256_n1");
+        assert_eq!(kernel(1, 380_000, 0), "softmax_block_registers_p4_t512_n1");
+        assert_eq!(kernel(1, 400_000, 0), "softmax_row_slices_p4");
         assert_eq!(kernel(8, 128256, 0), "softmax_row_slices_p4");
         assert_eq!(kernel(1, 1 << 20, 0), "softmax_row_slices_p4");
         // A row per multiprocessor, cached whole: one block per row, no barrier.
@@ -924,13 +930,15 @@ pub(crate) mod tests {
             (one_wave.grid, one_wave.cooperative, cached),
             (128, false, true)
         );
-        // More data than the GPU caches at once, in rows too few for a block each: a cluster
-        // per row, clusters in waves. Rows enough for a block each, or slices too wide for a
+        // More data than the GPU caches at once, in rows too few to fill it with a block each:
+        // a cluster per row, clusters in waves. Rows that fill it, or slices too wide for a
         // cluster to cache: row-slices, reading twice.
         assert_eq!(kernel(32, 151936, 0), "softmax_row_slices_p4");
         assert_eq!(kernel(64, 151936, 0), "softmax_row_cluster_p4");
         assert_eq!(kernel(48, 262144, 0), "softmax_row_cluster_p4");
+        assert_eq!(kernel(100, 151936, 0), "softmax_row_cluster_p4");
         assert_eq!(kernel(128, 151936, 0), "softmax_row_slices_p4");
+        assert_eq!(kernel(16, 1 << 20, 0), "softmax_row_slices_p4");
         assert_eq!(kernel(512, 65536, 0), "softmax_row_slices_p4");
         assert_eq!(kernel(2000, 1 << 22, 0), "softmax_row_slices_p4");
     }
