@@ -105,9 +105,9 @@ pub unsafe fn merge_row_stats<S: Partial>(
     let mut merged = S::EMPTY;
     for other in (thread_idx() as usize..slices).step_by(block_dim() as usize) {
         let index = 2 * (row * slices + other);
-        // SAFETY: published before the row's barrier, whose acquire (passed on to every
-        // thread by the block barrier after it) makes the writes visible here; the reads are
-        // volatile as well, so they never come from the multiprocessor's L1.
+        // SAFETY: published by an earlier kernel, or before the row's barrier, whose acquire
+        // (passed on to every thread by the block barrier after it) makes the writes visible
+        // here; the reads are volatile as well, so they never come from the L1.
         let theirs = unsafe {
             [
                 partials.add(index).read_volatile(),
