@@ -50,8 +50,8 @@ fn forward_to_f32<I: Element>(
     Ok(output)
 }
 
-/// Whether every row of `values` (rows of `cols`, `stride` apart) sums to 1 within `tolerance`.
-/// Whether the first `cols` values of every row (rows `stride` apart) sum to `total`.
+/// Whether the first `cols` values of every row (rows `stride` apart) sum to `total` within
+/// `tolerance`.
 fn rows_sum_to(total: f32, values: &[f32], cols: usize, stride: usize, tolerance: f32) -> bool {
     values
         .chunks(stride)
