@@ -87,6 +87,12 @@ impl Layout {
     fn pack(&self) -> u32 {
         if self.vector_aligned { VECTOR_PACK } else { 1 }
     }
+
+    /// The pack of the kernels that peel an unaligned row head (block registers, row slices,
+    /// row clusters, split rows): 16 bytes wherever input and output are misaligned alike.
+    fn peeled_pack(&self) -> u32 {
+        if self.vector_peelable { VECTOR_PACK } else { 1 }
+    }
 }
 
 /// The launches that compute `variant` on `shape`. The shape must be non-empty and
@@ -290,11 +296,7 @@ fn block_registers_launch(
     layout: Layout,
     device: &dyn DeviceLimits,
 ) -> Option<Launch> {
-    let pack = if layout.vector_peelable {
-        VECTOR_PACK
-    } else {
-        1
-    };
+    let pack = layout.peeled_pack();
     let rows = shape.rows() as u32;
     let row_packs = (shape.cols() as u32).div_ceil(pack);
     let whole = block_register_whole_rows(row_packs, pack, device);
@@ -379,11 +381,7 @@ fn slice_threads(packs: usize, max: u32) -> u32 {
 /// row as keep every block resident (a cooperative launch). Each slice is cached in shared
 /// memory when it fits, so the input is read once; the flag says whether it is.
 fn row_slices_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) -> (Launch, bool) {
-    let pack = if layout.vector_peelable {
-        VECTOR_PACK
-    } else {
-        1
-    };
+    let pack = layout.peeled_pack();
     let rows = shape.rows() as u32;
     let row_packs = (shape.cols() as u32).div_ceil(pack);
     let sms = device.multiprocessors();
@@ -472,11 +470,7 @@ fn wide_rows_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) -> 
 /// else the first schedulable one uncached (the second pass re-reads); else one block per
 /// row, which needs no cluster. The flag says whether the slices are cached.
 fn row_cluster_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) -> (Launch, bool) {
-    let pack = if layout.vector_peelable {
-        VECTOR_PACK
-    } else {
-        1
-    };
+    let pack = layout.peeled_pack();
     let rows = shape.rows() as u32;
     let row_packs = (shape.cols() as u32).div_ceil(pack);
     let kernel = format!("softmax_row_cluster_p{pack}");
@@ -541,11 +535,7 @@ const SPLIT_THREADS: u32 = 256;
 /// Split rows: enough slices per row for about two waves of full blocks, each slice at least
 /// a pack per thread.
 fn split_rows_launches(shape: Shape, layout: Layout, device: &dyn DeviceLimits) -> Vec<Launch> {
-    let pack = if layout.vector_peelable {
-        VECTOR_PACK
-    } else {
-        1
-    };
+    let pack = layout.peeled_pack();
     let rows = shape.rows() as u32;
     let row_packs = (shape.cols() as u32).div_ceil(pack);
     let wanted_blocks = 2 * device.multiprocessors() * (2048 / SPLIT_THREADS);
@@ -778,7 +768,7 @@ pub(crate) mod tests {
         slices: u32,
         slice_packs: u32,
     ) -> u32 {
-        let pack = if layout.vector_peelable { 4 } else { 1 };
+        let pack = layout.peeled_pack();
         let slice_cols = slice_packs * pack;
         assert!(
             (slices * slice_cols) as usize + 3 >= cols,
@@ -960,7 +950,7 @@ pub(crate) mod tests {
                 let [.., Arg::U32(slices), Arg::U32(slice_packs), _, _] = launch.args[..] else {
                     panic!("unexpected arguments {:?}", launch.args)
                 };
-                let pack = if layout.vector_peelable { 4 } else { 1 };
+                let pack = layout.peeled_pack();
                 let packs: u32 = launch.kernel.rsplit('n').next().unwrap().parse().unwrap();
                 assert!(
                     launch.kernel.contains(&format!("_t{}_", launch.block)),
