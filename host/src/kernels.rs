@@ -185,14 +185,13 @@ impl Kernels {
         cluster: u32,
     ) -> Result<u32> {
         let mut attribute = cluster_attribute(cluster);
-        let config = LaunchConfig {
-            grid: [cluster, 1, 1],
-            block: [threads, 1, 1],
+        let config = LaunchConfig::in_clusters(
+            cluster,
+            threads,
             shared_bytes,
-            stream: std::ptr::null_mut(),
-            attributes: &mut attribute,
-            attribute_count: 1,
-        };
+            std::ptr::null_mut(),
+            &mut attribute,
+        );
         let mut clusters = 0;
         // SAFETY: valid function handle, out-pointer and configuration (which outlives the
         // call).
@@ -238,19 +237,39 @@ struct LaunchConfig {
     attribute_count: u32,
 }
 
+impl LaunchConfig {
+    /// `grid` blocks of `block` threads along x on `stream`, with `attribute` (a cluster
+    /// dimension, which must outlive the configuration's use) as its one attribute.
+    fn in_clusters(
+        grid: u32,
+        block: u32,
+        shared_bytes: u32,
+        stream: sys::CUstream,
+        attribute: &mut LaunchAttribute,
+    ) -> Self {
+        LaunchConfig {
+            grid: [grid, 1, 1],
+            block: [block, 1, 1],
+            shared_bytes,
+            stream,
+            attributes: attribute,
+            attribute_count: 1,
+        }
+    }
+}
+
+// CUDA 12 driver calls that cust 0.3.2's bindings predate; the driver library the crate links
+// (a CUDA 12 or later driver) exports them. Both return a plain int: their cluster errors (e.g.
+// 912, `CUDA_ERROR_INVALID_CLUSTER_SIZE`) are newer than cust's `CUresult` enum.
 unsafe extern "C" {
-    /// CUDA 12's extensible launch; cust 0.3.2's bindings predate it. The driver library
-    /// the crate links (a CUDA 12 or later driver) exports it.
-    /// Returns a plain int: its cluster errors (e.g. 912, `CUDA_ERROR_INVALID_CLUSTER_SIZE`)
-    /// are newer than cust's `CUresult` enum.
-    /// Clusters of the configuration's size active at once (CUDA 12.0); a plain int
-    /// status as for `cuLaunchKernelEx`.
+    /// Clusters of the configuration's size that can be active at once.
     fn cuOccupancyMaxActiveClusters(
         clusters: *mut c_int,
         function: sys::CUfunction,
         config: *const LaunchConfig,
     ) -> c_int;
 
+    /// The extensible launch, here with the cluster dimension attribute.
     fn cuLaunchKernelEx(
         config: *const LaunchConfig,
         function: sys::CUfunction,
@@ -270,14 +289,13 @@ unsafe fn launch_in_clusters(
     params: *mut *mut c_void,
 ) -> c_int {
     let mut attribute = cluster_attribute(launch.cluster);
-    let config = LaunchConfig {
-        grid: [launch.grid, 1, 1],
-        block: [launch.block, 1, 1],
-        shared_bytes: launch.shared_bytes,
-        stream: stream.as_inner(),
-        attributes: &mut attribute,
-        attribute_count: 1,
-    };
+    let config = LaunchConfig::in_clusters(
+        launch.grid,
+        launch.block,
+        launch.shared_bytes,
+        stream.as_inner(),
+        &mut attribute,
+    );
     // SAFETY: the configuration and its attribute outlive the call; the rest is forwarded.
     unsafe { cuLaunchKernelEx(&config, function, params, std::ptr::null_mut()) }
 }
