@@ -81,28 +81,36 @@ impl Kernels {
 
     /// Lets `name` launch in clusters above the portable size of 8 blocks.
     fn allow_non_portable_clusters(&self, name: &str) -> Result<()> {
-        // SAFETY: the handle comes from the loaded module; the attribute takes an int.
-        let status = unsafe {
-            set_function_attribute(
-                self.function(name),
-                FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
-                1,
-            )
-        };
-        check_code(status, "allowing non-portable cluster sizes")
+        self.set_attribute(
+            name,
+            FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+            1,
+            "allowing non-portable cluster sizes",
+        )
     }
 
     /// Lets `name` use up to `bytes` of dynamic shared memory (the opt-in limit).
     fn allow_shared_bytes(&self, name: &str, bytes: u32) -> Result<()> {
-        // SAFETY: the handle comes from the loaded module; the attribute takes an int.
-        let status = unsafe {
-            sys::cuFuncSetAttribute(
-                self.function(name),
-                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                bytes as i32,
-            )
-        };
-        check(status, "raising a kernel's shared-memory limit")
+        self.set_attribute(
+            name,
+            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as c_int,
+            bytes as c_int,
+            "raising a kernel's shared-memory limit",
+        )
+    }
+
+    /// `cuFuncSetAttribute` on `name`, with the attribute as the driver's plain int.
+    fn set_attribute(
+        &self,
+        name: &str,
+        attribute: c_int,
+        value: c_int,
+        during: &'static str,
+    ) -> Result<()> {
+        // SAFETY: the handle comes from the loaded module; both attributes set here take an
+        // int value.
+        let status = unsafe { set_function_attribute(self.function(name), attribute, value) };
+        check_code(status, during)
     }
 
     pub fn function(&self, name: &str) -> sys::CUfunction {
@@ -219,7 +227,7 @@ const LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION: u32 = 4;
 const FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED: c_int = 14;
 
 // cust_raw declares `cuFuncSetAttribute` with its attribute enum, which stops before the
-// cluster attributes; the C function takes a plain int.
+// cluster attributes; the C function takes a plain int (every attribute goes through this).
 #[allow(clashing_extern_declarations)]
 unsafe extern "C" {
     #[link_name = "cuFuncSetAttribute"]
