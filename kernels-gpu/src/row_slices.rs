@@ -7,7 +7,7 @@
 
 use crate::device::{DeviceExp2, block_dim, block_idx, dynamic_shared_f32, thread_idx};
 use crate::launch::{LOADS_IN_FLIGHT, REDUCTION_SCRATCH_FLOATS};
-use crate::memory::{load_pack, store_pack};
+use crate::memory::{load_pack, load_pack_last_use, store_pack};
 use crate::online::OnlineStats;
 use crate::reduce::block_reduce;
 use crate::row_exchange::exchange_row_stats;
@@ -140,8 +140,17 @@ impl<const PACK: usize> Share<PACK> {
             for k in 0..LOADS_IN_FLIGHT as usize {
                 let pack = batch + k * threads;
                 if pack < self.part.end {
-                    // SAFETY: the pack lies in the row's aligned body.
-                    values[k] = unsafe { load_pack::<PACK>(self.x.add(self.column(pack))) };
+                    let src = self.x.wrapping_add(self.column(pack));
+                    // SAFETY: the pack lies in the row's aligned body. A cached share is read
+                    // from global memory only here, so for the last time; an uncached one is
+                    // read again by `write_normalized`, which the L2 may still serve.
+                    values[k] = unsafe {
+                        if cache.is_some() {
+                            load_pack_last_use::<PACK>(src)
+                        } else {
+                            load_pack::<PACK>(src)
+                        }
+                    };
                 }
             }
             if let Some(cache) = cache {
@@ -176,7 +185,7 @@ impl<const PACK: usize> Share<PACK> {
             unsafe {
                 let values = match cache {
                     Some(cache) => load_pack::<PACK>(cache.add(self.cached_at(pack))),
-                    None => load_pack::<PACK>(self.x.add(self.column(pack))),
+                    None => load_pack_last_use::<PACK>(self.x.add(self.column(pack))),
                 };
                 store_pack::<PACK>(self.y.add(self.column(pack)), values.map(normalize));
             }
