@@ -195,6 +195,7 @@ pub fn all_kernel_names() -> Vec<String> {
         "softmax_warp_per_row_online",
         "softmax_row_slices_p4",
         "softmax_row_slices_p1",
+        "softmax_row_slices_p4_l8",
         "softmax_row_cluster_p4",
         "softmax_row_cluster_p1",
         "softmax_split_stats_p4",
@@ -386,7 +387,7 @@ fn row_slices_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) ->
     let row_packs = (shape.cols() as u32).div_ceil(pack);
     let sms = device.multiprocessors();
     let scratch_bytes = REDUCTION_SCRATCH_FLOATS * 4;
-    let kernel = format!("softmax_row_slices_p{pack}");
+    let mut kernel = format!("softmax_row_slices_p{pack}");
 
     // (slice packs, threads, cached, shared bytes) for a number of slices.
     let configure = |slices: u32, max_threads: u32| {
@@ -407,6 +408,12 @@ fn row_slices_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) ->
     // Rows that fill one wave by themselves (at least 90% of the multiprocessors, at most one
     // each) keep a whole cached row per block: no barrier at all.
     let one_wave = 10 * rows >= 9 * sms && rows <= sms && config.2;
+    // Such a block is alone on its multiprocessor, so its threads can keep more loads in
+    // flight (`ONE_WAVE_LOADS_IN_FLIGHT`), if its registers allow the block at all.
+    let more_loads = "softmax_row_slices_p4_l8";
+    if one_wave && pack == 4 && device.blocks_per_sm(more_loads, config.1, config.3) > 0 {
+        kernel = more_loads.to_string();
+    }
     // Otherwise, with fewer rows than two blocks per multiprocessor, a block per row leaves
     // most of the GPU idle: cut rows into slices until the resident blocks are used.
     if rows < 2 * sms && !one_wave && device.cooperative_launch() {
@@ -421,6 +428,23 @@ fn row_slices_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) ->
                 break;
             }
             candidate = (resident / rows).min(candidate - 1);
+        }
+    }
+    // A sliced block's threads walk their packs in rounds of `LOADS_IN_FLIGHT` loads, and the
+    // row waits for its slowest block's slowest thread: with 256 threads, 128×50257's 3142
+    // packs per slice are 12.3 per thread, four rounds of which the last is nearly empty. Take
+    // one round fewer with the threads that needs (whole warps), if every block stays resident.
+    if slices > 1 {
+        let (slice_packs, threads, _, shared_bytes) = config;
+        let rounds = slice_packs.div_ceil(threads * LOADS_IN_FLIGHT);
+        if rounds > 1 {
+            let fewer_rounds_threads = slice_packs
+                .div_ceil((rounds - 1) * LOADS_IN_FLIGHT)
+                .next_multiple_of(32);
+            let resident = sms * device.blocks_per_sm(&kernel, fewer_rounds_threads, shared_bytes);
+            if fewer_rounds_threads <= MAX_BLOCK_THREADS && rows * slices <= resident {
+                config.1 = fewer_rounds_threads;
+            }
         }
     }
     let (slice_packs, threads, cached, shared_bytes) = config;
@@ -813,6 +837,28 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn sliced_blocks_take_the_threads_that_save_a_round_of_loads() {
+        // 32×151936: 16 slices of 2374 packs, three rounds of loads with 256 threads
+        // (9.3 packs each), two with 320; 16×262144's 33 slices of 1986 packs, two rounds,
+        // one with 512 threads (resident at the fake's 32 registers per thread; at the 38
+        // ptxas gives the H200 kernel, the driver's occupancy keeps it at 256 threads).
+        for (rows, cols, threads, rounds) in [(32, 151936, 320, 2), (16, 262144, 512, 1)] {
+            let (launch, _) =
+                row_slices_launch(shape(rows, cols), Layout::of(0, 0, cols), &FakeH200);
+            let [.., Arg::U32(slice_packs), _, _, _] = launch.args[..] else {
+                panic!("unexpected arguments {:?}", launch.args)
+            };
+            assert!(launch.cooperative, "{rows}x{cols}");
+            assert_eq!(launch.block, threads, "{rows}x{cols}");
+            assert_eq!(
+                slice_packs.div_ceil(threads * LOADS_IN_FLIGHT),
+                rounds,
+                "{rows}x{cols}"
+            );
+        }
+    }
+
+    #[test]
     fn row_clusters_cover_the_row_and_can_be_scheduled() {
         let extra = [
             (300, 1 << 20),
@@ -920,6 +966,7 @@ pub(crate) mod tests {
             (one_wave.grid, one_wave.cooperative, cached),
             (128, false, true)
         );
+        assert_eq!(one_wave.kernel, "softmax_row_slices_p4_l8");
         // More data than the GPU caches at once, in rows too few to fill it with a block each:
         // a cluster per row, clusters in waves. Rows that fill it, or slices too wide for a
         // cluster to cache: row-slices, reading twice.

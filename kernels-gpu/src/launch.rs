@@ -201,3 +201,8 @@ pub const MAX_CLUSTER_BLOCKS: u32 = 16;
 
 /// Vector packs each thread loads before it uses any of them: the loads in flight per thread.
 pub const LOADS_IN_FLIGHT: u32 = 4;
+
+/// [`LOADS_IN_FLIGHT`] of `softmax_row_slices_p4_l8`, for a block of up to 1024 threads alone
+/// on its multiprocessor (a cached row each, one wave), which has registers to spare: a
+/// 50257-float row is 12.3 packs per thread, four rounds of 4 loads or two of 8.
+pub const ONE_WAVE_LOADS_IN_FLIGHT: u32 = 8;
