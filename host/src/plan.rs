@@ -195,7 +195,6 @@ pub fn all_kernel_names() -> Vec<String> {
         "softmax_warp_per_row_online",
         "softmax_row_slices_p4",
         "softmax_row_slices_p1",
-        "softmax_row_slices_p4_l8",
         "softmax_row_cluster_p4",
         "softmax_row_cluster_p1",
         "softmax_split_stats_p4",
@@ -387,7 +386,7 @@ fn row_slices_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) ->
     let row_packs = (shape.cols() as u32).div_ceil(pack);
     let sms = device.multiprocessors();
     let scratch_bytes = REDUCTION_SCRATCH_FLOATS * 4;
-    let mut kernel = format!("softmax_row_slices_p{pack}");
+    let kernel = format!("softmax_row_slices_p{pack}");
 
     // (slice packs, threads, cached, shared bytes) for a number of slices.
     let configure = |slices: u32, max_threads: u32| {
@@ -408,12 +407,6 @@ fn row_slices_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) ->
     // Rows that fill one wave by themselves (at least 90% of the multiprocessors, at most one
     // each) keep a whole cached row per block: no barrier at all.
     let one_wave = 10 * rows >= 9 * sms && rows <= sms && config.2;
-    // Such a block is alone on its multiprocessor, so its threads can keep more loads in
-    // flight (`ONE_WAVE_LOADS_IN_FLIGHT`), if its registers allow the block at all.
-    let more_loads = "softmax_row_slices_p4_l8";
-    if one_wave && pack == 4 && device.blocks_per_sm(more_loads, config.1, config.3) > 0 {
-        kernel = more_loads.to_string();
-    }
     // Otherwise, with fewer rows than two blocks per multiprocessor, a block per row leaves
     // most of the GPU idle: cut rows into slices until the resident blocks are used.
     if rows < 2 * sms && !one_wave && device.cooperative_launch() {
@@ -966,7 +959,6 @@ pub(crate) mod tests {
             (one_wave.grid, one_wave.cooperative, cached),
             (128, false, true)
         );
-        assert_eq!(one_wave.kernel, "softmax_row_slices_p4_l8");
         // More data than the GPU caches at once, in rows too few to fill it with a block each:
         // a cluster per row, clusters in waves. Rows that fill it, or slices too wide for a
         // cluster to cache: row-slices, reading twice.

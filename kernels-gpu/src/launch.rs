@@ -186,8 +186,9 @@ impl core::fmt::Display for RegisterKernelName {
     }
 }
 
-/// Most threads per block of a sliced row-slices launch (and most slices per row). Measured
-/// on the H200 (bench/NOTES.md, session 7): 256 rather than 512 lets more, shorter slices stay
+/// Most threads per block with which a sliced row-slices launch chooses its slices (and most
+/// slices per row); the host then adds threads if that saves a round of loads. Measured on the
+/// H200 (bench/NOTES.md, session 7): 256 rather than 512 lets more, shorter slices stay
 /// resident; f32 32x151936 20.2 -> 18.2 us, 128x50257 23.8 -> 22.5 us.
 pub const ROW_SLICE_THREADS: u32 = 256;
 
@@ -201,8 +202,3 @@ pub const MAX_CLUSTER_BLOCKS: u32 = 16;
 
 /// Vector packs each thread loads before it uses any of them: the loads in flight per thread.
 pub const LOADS_IN_FLIGHT: u32 = 4;
-
-/// [`LOADS_IN_FLIGHT`] of `softmax_row_slices_p4_l8`, for a block of up to 1024 threads alone
-/// on its multiprocessor (a cached row each, one wave), which has registers to spare: a
-/// 50257-float row is 12.3 packs per thread, four rounds of 4 loads or two of 8.
-pub const ONE_WAVE_LOADS_IN_FLIGHT: u32 = 8;

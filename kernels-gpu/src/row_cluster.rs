@@ -9,7 +9,7 @@ use crate::device::{
     DeviceExp2, block_dim, cluster_arrive, cluster_blocks, cluster_shared_of, cluster_wait,
     dynamic_shared_f32, thread_idx,
 };
-use crate::launch::{CLUSTER_STATS_FLOATS, LOADS_IN_FLIGHT, REDUCTION_SCRATCH_FLOATS};
+use crate::launch::{CLUSTER_STATS_FLOATS, REDUCTION_SCRATCH_FLOATS};
 use crate::online::OnlineStats;
 use crate::reduce::block_reduce;
 use crate::row_slices::Share;
@@ -49,8 +49,7 @@ unsafe fn softmax_row_cluster<const PACK: usize>(
     // `rank` of `row`.
     let share = unsafe { Share::<PACK>::of_block(input, output, cols, slices, slice_packs) };
     // SAFETY: uniform control flow; the scratch is the launch's.
-    let block_stats =
-        unsafe { block_reduce(share.stats::<{ LOADS_IN_FLIGHT as usize }>(cache), shared) };
+    let block_stats = unsafe { block_reduce(share.stats(cache), shared) };
     if thread_idx() == 0 {
         // SAFETY: the published floats are this block's.
         unsafe {

@@ -6,7 +6,7 @@
 //! which needs every block resident at once: the host launches it cooperatively.
 
 use crate::device::{DeviceExp2, block_dim, block_idx, dynamic_shared_f32, thread_idx};
-use crate::launch::{LOADS_IN_FLIGHT, ONE_WAVE_LOADS_IN_FLIGHT, REDUCTION_SCRATCH_FLOATS};
+use crate::launch::{LOADS_IN_FLIGHT, REDUCTION_SCRATCH_FLOATS};
 use crate::memory::{load_pack, load_pack_last_use, store_pack};
 use crate::online::OnlineStats;
 use crate::reduce::block_reduce;
@@ -24,7 +24,7 @@ use crate::row_slice::RowSlice;
 /// (cooperative launch).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn softmax_row_slices<const PACK: usize, const LOADS: usize>(
+unsafe fn softmax_row_slices<const PACK: usize>(
     input: *const f32,
     output: *mut f32,
     cols: u32,
@@ -40,7 +40,7 @@ unsafe fn softmax_row_slices<const PACK: usize, const LOADS: usize>(
     // SAFETY: forwarded from this kernel's contract.
     let share = unsafe { Share::<PACK>::of_block(input, output, cols, slices, slice_packs) };
     // SAFETY: as above; uniform control flow.
-    let mut row_stats = unsafe { block_reduce(share.stats::<LOADS>(cache), shared) };
+    let mut row_stats = unsafe { block_reduce(share.stats(cache), shared) };
     if share.slices > 1 {
         // SAFETY: forwarded from this kernel's contract for sliced launches.
         row_stats = unsafe {
@@ -119,14 +119,13 @@ impl<const PACK: usize> Share<PACK> {
     }
 
     /// This thread's online statistics of its packs of the share (and its edge float),
-    /// storing the packs into `cache` when given. Loads go out `LOADS` at a time (per thread)
-    /// before any is used.
+    /// storing the packs into `cache` when given.
     ///
     /// # Safety
     /// `cache`, when given, holds `slice_packs · PACK` floats of shared memory.
     #[inline(always)]
     #[allow(clippy::needless_range_loop)]
-    pub unsafe fn stats<const LOADS: usize>(&self, cache: Option<*mut f32>) -> OnlineStats {
+    pub unsafe fn stats(&self, cache: Option<*mut f32>) -> OnlineStats {
         let threads = block_dim() as usize;
         let mut stats = OnlineStats::EMPTY;
         if let Some(c) = self.edge_column {
@@ -137,8 +136,8 @@ impl<const PACK: usize> Share<PACK> {
         while batch < self.part.end {
             // Issue several independent loads before the first use; packs past the end stay
             // `-inf`, which adds nothing to the statistics.
-            let mut values = [[f32::NEG_INFINITY; PACK]; LOADS];
-            for k in 0..LOADS {
+            let mut values = [[f32::NEG_INFINITY; PACK]; LOADS_IN_FLIGHT as usize];
+            for k in 0..LOADS_IN_FLIGHT as usize {
                 let pack = batch + k * threads;
                 if pack < self.part.end {
                     let src = self.x.wrapping_add(self.column(pack));
@@ -155,7 +154,7 @@ impl<const PACK: usize> Share<PACK> {
                 }
             }
             if let Some(cache) = cache {
-                for k in 0..LOADS {
+                for k in 0..LOADS_IN_FLIGHT as usize {
                     let pack = batch + k * threads;
                     if pack < self.part.end {
                         // SAFETY: pack - first < slice_packs: inside the cache.
@@ -163,8 +162,8 @@ impl<const PACK: usize> Share<PACK> {
                     }
                 }
             }
-            stats.push_batch::<DeviceExp2, PACK, LOADS>(&values);
-            batch += LOADS * threads;
+            stats.push_batch::<DeviceExp2, PACK, { LOADS_IN_FLIGHT as usize }>(&values);
+            batch += LOADS_IN_FLIGHT as usize * threads;
         }
         stats
     }
@@ -199,9 +198,9 @@ impl<const PACK: usize> Share<PACK> {
 }
 
 macro_rules! row_slices_entry {
-    ($name:ident, $pack:literal, $loads:expr) => {
+    ($name:ident, $pack:literal) => {
         /// # Safety
-        /// See `softmax_row_slices` with `PACK =` the `p` suffix of the name.
+        /// See `softmax_row_slices` with `PACK =` the suffix of the name.
         #[unsafe(no_mangle)]
         #[allow(clippy::too_many_arguments)]
         pub unsafe extern "ptx-kernel" fn $name(
@@ -216,7 +215,7 @@ macro_rules! row_slices_entry {
         ) {
             // SAFETY: forwarded from this entry's contract.
             unsafe {
-                softmax_row_slices::<$pack, { $loads as usize }>(
+                softmax_row_slices::<$pack>(
                     input,
                     output,
                     cols,
@@ -231,7 +230,5 @@ macro_rules! row_slices_entry {
     };
 }
 
-row_slices_entry!(softmax_row_slices_p4, 4, LOADS_IN_FLIGHT);
-row_slices_entry!(softmax_row_slices_p1, 1, LOADS_IN_FLIGHT);
-// One block per multiprocessor (a row each, a wave): more loads in flight per thread.
-row_slices_entry!(softmax_row_slices_p4_l8, 4, ONE_WAVE_LOADS_IN_FLIGHT);
+row_slices_entry!(softmax_row_slices_p4, 4);
+row_slices_entry!(softmax_row_slices_p1, 1);

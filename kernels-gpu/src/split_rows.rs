@@ -5,7 +5,6 @@
 //! needs to be resident at once.
 
 use crate::device::dynamic_shared_f32;
-use crate::launch::LOADS_IN_FLIGHT;
 use crate::reduce::block_reduce;
 use crate::row_exchange::{merge_row_stats, publish_block_stats};
 use crate::row_slices::Share;
@@ -28,7 +27,7 @@ unsafe fn split_stats<const PACK: usize>(
     let share =
         unsafe { Share::<PACK>::of_block(input, core::ptr::null_mut(), cols, slices, slice_packs) };
     // SAFETY: uniform control flow; the launch provides the scratch; no cache.
-    let stats = unsafe { block_reduce(share.stats::<{ LOADS_IN_FLIGHT as usize }>(None), scratch) };
+    let stats = unsafe { block_reduce(share.stats(None), scratch) };
     if crate::device::thread_idx() == 0 {
         // SAFETY: forwarded from the contract.
         unsafe { publish_block_stats(stats, partials) };
