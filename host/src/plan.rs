@@ -424,9 +424,10 @@ fn row_slices_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) ->
         }
     }
     // A sliced block's threads walk their packs in rounds of `LOADS_IN_FLIGHT` loads, and the
-    // row waits for its slowest block's slowest thread: with 256 threads, 128×50257's 3142
-    // packs per slice are 12.3 per thread, four rounds of which the last is nearly empty. Take
-    // one round fewer with the threads that needs (whole warps), if every block stays resident.
+    // row waits for its slowest block's slowest thread: with 256 threads, 32×151936's 2374
+    // packs per slice are 9.3 per thread, three rounds of which the last is a third full. Take
+    // one round fewer with the threads that needs (whole warps), if every block stays resident
+    // (there 320 threads, two rounds: 77.2 → 78.8% of copy on the H200, bench/NOTES.md).
     if slices > 1 {
         let (slice_packs, threads, _, shared_bytes) = config;
         let rounds = slice_packs.div_ceil(threads * LOADS_IN_FLIGHT);
