@@ -402,6 +402,10 @@ fn row_slices_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) ->
         )
     };
 
+    // Blocks of this many threads and shared bytes resident on the whole GPU at once.
+    let resident =
+        |threads, shared_bytes| sms * device.blocks_per_sm(&kernel, threads, shared_bytes);
+
     let mut slices = 1;
     let mut config = configure(1, MAX_BLOCK_THREADS);
     // Rows that fill one wave by themselves (at least 90% of the multiprocessors, at most one
@@ -413,14 +417,13 @@ fn row_slices_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) ->
         let mut candidate = (4 * sms / rows).clamp(1, ROW_SLICE_THREADS);
         while candidate > 1 {
             let candidate_config = configure(candidate, ROW_SLICE_THREADS);
-            let resident =
-                sms * device.blocks_per_sm(&kernel, candidate_config.1, candidate_config.3);
-            if rows * candidate <= resident {
+            let resident_blocks = resident(candidate_config.1, candidate_config.3);
+            if rows * candidate <= resident_blocks {
                 slices = candidate;
                 config = candidate_config;
                 break;
             }
-            candidate = (resident / rows).min(candidate - 1);
+            candidate = (resident_blocks / rows).min(candidate - 1);
         }
     }
     // A sliced block's threads walk their packs in rounds of `LOADS_IN_FLIGHT` loads, and the
@@ -435,8 +438,9 @@ fn row_slices_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) ->
             let fewer_rounds_threads = slice_packs
                 .div_ceil((rounds - 1) * LOADS_IN_FLIGHT)
                 .next_multiple_of(32);
-            let resident = sms * device.blocks_per_sm(&kernel, fewer_rounds_threads, shared_bytes);
-            if fewer_rounds_threads <= MAX_BLOCK_THREADS && rows * slices <= resident {
+            if fewer_rounds_threads <= MAX_BLOCK_THREADS
+                && rows * slices <= resident(fewer_rounds_threads, shared_bytes)
+            {
                 config.1 = fewer_rounds_threads;
             }
         }
@@ -834,7 +838,7 @@ pub(crate) mod tests {
     fn sliced_blocks_take_the_threads_that_save_a_round_of_loads() {
         // 32×151936: 16 slices of 2374 packs, three rounds of loads with 256 threads
         // (9.3 packs each), two with 320; 16×262144's 33 slices of 1986 packs, two rounds,
-        // one with 512 threads (resident at the fake's 32 registers per thread; at the 38
+        // one with 512 threads (resident at the fake's 32 registers per thread; at the 39
         // ptxas gives the H200 kernel, the driver's occupancy keeps it at 256 threads).
         for (rows, cols, threads, rounds) in [(32, 151936, 320, 2), (16, 262144, 512, 1)] {
             let (launch, _) =
