@@ -147,17 +147,17 @@ unsafe fn load_span(src: *const u8, bytes: usize) -> [u32; 8] {
     unsafe {
         if bytes >= 16 {
             for chunk in 0..bytes / 16 {
-                let vector = load_words::<4>(src.add(16 * chunk));
+                let vector = load_words::<4, false>(src.add(16 * chunk));
                 for i in 0..4 {
                     words[4 * chunk + i] = vector[i];
                 }
             }
         } else if bytes == 8 {
-            let vector = load_words::<2>(src);
+            let vector = load_words::<2, false>(src);
             words[0] = vector[0];
             words[1] = vector[1];
         } else {
-            words[0] = load_words::<1>(src)[0];
+            words[0] = load_words::<1, false>(src)[0];
         }
     }
     words
@@ -319,22 +319,35 @@ impl Element for F16 {
 // Global-memory accesses, written out: the operation kernels' pointers arrive inside a
 // parameter struct, so LLVM cannot tell they are global and would emit generic accesses.
 
-/// `ld.global` of `WORDS` (1, 2 or 4) 32-bit words.
+/// `ld.global` of `WORDS` (1, 2 or 4) 32-bit words; with `LAST_USE` (data the launch reads
+/// for the last time) `ld.global.cs`, cache streaming, which allocates the lines evict-first in
+/// L1 and L2 so that they do not push out lines still to be used.
 #[inline(always)]
-unsafe fn load_words<const WORDS: usize>(address: *const u8) -> [u32; 4] {
+pub(crate) unsafe fn load_words<const WORDS: usize, const LAST_USE: bool>(
+    address: *const u8,
+) -> [u32; 4] {
     let (mut a, mut b, mut c, mut d) = (0u32, 0u32, 0u32, 0u32);
+    macro_rules! load_with {
+        ($cache:literal) => {
+            match WORDS {
+                4 => asm!(concat!("ld.global", $cache, ".v4.b32 {{{a}, {b}, {c}, {d}}}, [{p}];"),
+                    a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d,
+                    p = in(reg64) address, options(pure, readonly, nostack, preserves_flags)),
+                2 => asm!(concat!("ld.global", $cache, ".v2.b32 {{{a}, {b}}}, [{p}];"),
+                    a = out(reg32) a, b = out(reg32) b,
+                    p = in(reg64) address, options(pure, readonly, nostack, preserves_flags)),
+                _ => asm!(concat!("ld.global", $cache, ".b32 {a}, [{p}];"),
+                    a = out(reg32) a,
+                    p = in(reg64) address, options(pure, readonly, nostack, preserves_flags)),
+            }
+        };
+    }
     // SAFETY: the caller guarantees the words are readable and aligned to their total size.
     unsafe {
-        match WORDS {
-            4 => asm!("ld.global.v4.b32 {{{a}, {b}, {c}, {d}}}, [{p}];",
-                a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d,
-                p = in(reg64) address, options(pure, readonly, nostack, preserves_flags)),
-            2 => asm!("ld.global.v2.b32 {{{a}, {b}}}, [{p}];",
-                a = out(reg32) a, b = out(reg32) b,
-                p = in(reg64) address, options(pure, readonly, nostack, preserves_flags)),
-            _ => asm!("ld.global.b32 {a}, [{p}];",
-                a = out(reg32) a,
-                p = in(reg64) address, options(pure, readonly, nostack, preserves_flags)),
+        if LAST_USE {
+            load_with!(".cs")
+        } else {
+            load_with!("")
         }
     }
     [a, b, c, d]
@@ -366,7 +379,7 @@ unsafe fn load_element<T: Copy>(address: *const T) -> T {
     // SAFETY: the caller guarantees the element is readable and aligned.
     unsafe {
         match size_of::<T>() {
-            4 => word = load_words::<1>(address.cast())[0],
+            4 => word = load_words::<1, false>(address.cast())[0],
             2 => {
                 let half: u16;
                 asm!("ld.global.b16 {h}, [{p}];", h = out(reg16) half,

@@ -2,7 +2,7 @@
 //! 4-byte accesses otherwise. Plain index loops, so that they unroll and stay in registers.
 #![allow(clippy::needless_range_loop)]
 
-use core::arch::asm;
+use crate::element::load_words;
 
 /// Four floats with the alignment of a 16-byte vector access (`ld.global.v4.f32`).
 #[repr(C, align(16))]
@@ -52,41 +52,24 @@ pub unsafe fn store_pack<const PACK: usize>(dst: *mut f32, values: [f32; PACK]) 
     }
 }
 
-/// As [`load_pack`], for data read for the last time: `ld.global.cs` (cache streaming), which
-/// allocates the lines evict-first in L1 and L2, so they do not push out lines that are still
-/// to be used, such as the output the kernel writes.
+/// As [`load_pack`] from global memory, for data read for the last time: streaming loads
+/// ([`load_words`] with `LAST_USE`).
 ///
 /// # Safety
-/// As for [`load_pack`].
+/// As for [`load_pack`], and `src` points to global memory.
 #[inline(always)]
 pub unsafe fn load_pack_last_use<const PACK: usize>(src: *const f32) -> [f32; PACK] {
     let mut values = [0.0; PACK];
     if PACK == 4 {
-        let (a, b, c, d): (f32, f32, f32, f32);
         // SAFETY: the caller guarantees 16 readable, 16-byte aligned bytes.
-        unsafe {
-            asm!(
-                "ld.global.cs.v4.f32 {{{a}, {b}, {c}, {d}}}, [{src}];",
-                a = out(reg32) a,
-                b = out(reg32) b,
-                c = out(reg32) c,
-                d = out(reg32) d,
-                src = in(reg64) src as u64,
-                options(nostack, readonly)
-            )
-        };
-        values[..].copy_from_slice(&[a, b, c, d][..PACK]);
+        let words = unsafe { load_words::<4, true>(src.cast()) };
+        for i in 0..PACK {
+            values[i] = f32::from_bits(words[i]);
+        }
     } else {
         for i in 0..PACK {
             // SAFETY: the caller guarantees `PACK` readable floats.
-            unsafe {
-                asm!(
-                    "ld.global.cs.f32 {v}, [{src}];",
-                    v = out(reg32) values[i],
-                    src = in(reg64) src.add(i) as u64,
-                    options(nostack, readonly)
-                )
-            };
+            values[i] = f32::from_bits(unsafe { load_words::<1, true>(src.add(i).cast()) }[0]);
         }
     }
     values
