@@ -11,6 +11,7 @@ use cust::sys;
 use crate::device::{check, check_code};
 use crate::error::{CudaContext, Error, Result};
 use crate::plan::{self, Launch};
+use kernels_gpu::launch::RowSlicesKernelName;
 use kernels_gpu::row_ops::{DType, OpKernelName};
 
 /// The f32 softmax variants' PTX, built from `kernels-gpu` by `build.rs`.
@@ -53,12 +54,25 @@ impl Kernels {
         Ok(kernels)
     }
 
-    /// Loads the operation kernels of one input type.
-    pub fn load_ops(input: DType) -> Result<Self> {
-        Self::load(
+    /// Loads the operation kernels of one input type, and for 16-bit types the row-slices
+    /// entries of that type.
+    pub fn load_ops(input: DType, max_shared_per_block: u32) -> Result<Self> {
+        let row_slices: Vec<String> = match input {
+            DType::F32 => Vec::new(),
+            _ => RowSlicesKernelName::both(input)
+                .map(|name| name.to_string())
+                .into(),
+        };
+        let kernels = Self::load(
             op_ptx(input),
-            OpKernelName::all_for(input).map(|name| name.to_string()),
-        )
+            OpKernelName::all_for(input)
+                .map(|name| name.to_string())
+                .chain(row_slices.iter().cloned()),
+        )?;
+        for name in &row_slices {
+            kernels.allow_shared_bytes(name, max_shared_per_block)?;
+        }
+        Ok(kernels)
     }
 
     /// Loads `ptx` (the driver compiles it for the device) and resolves every entry of

@@ -18,9 +18,16 @@ use crate::error::{CudaContext, Error, Result};
 use crate::kernels::Kernels;
 use crate::op_plan::{OpLaunch, plan_op};
 use crate::ops::{Element, Mask, MaskedRows, Operation, Options, Rows, RowsMut};
-use crate::plan::Launch;
+use crate::plan::{Launch, row_slices_launch};
 use crate::shape::Shape;
 use crate::variant::Variant;
+
+/// Smallest 16-bit tensor whose softmax takes row-slices where the operation kernels would
+/// slice its rows. On the H200 (bench/NOTES.md, session 12), bf16, % of copy, operation
+/// kernels → row-slices: 8×128256 (2 MB) 66 → 55 and 1×1048576 (2 MB) even; 16×262144 (8.4 MB)
+/// 61 → 65, 32×151936 (9.7 MB) 63 → 63.5, 128×50257 80 → 84, 64×151936 56 → 74. The cut lies
+/// between, not measured closer.
+const SIXTEEN_BIT_ROW_SLICES_FROM_BYTES: usize = 4 << 20;
 
 /// Device address and row stride of one buffer an operation touches: for the alignment
 /// check, and for the parameters of the buffer it writes.
@@ -171,13 +178,35 @@ impl Softmax {
             && options.masked_rows == MaskedRows::Nan;
         let f32_softmax =
             I::DTYPE == DType::F32 && O::DTYPE == DType::F32 && op == Operation::Softmax;
+        let (input_address, output_address) = (
+            input.data.as_device_ptr().as_raw(),
+            output.data.as_device_ptr().as_raw(),
+        );
         if f32_softmax && contiguous && plain {
-            return self.run_addresses(
-                Variant::Auto,
-                input.data.as_device_ptr().as_raw(),
-                output.data.as_device_ptr().as_raw(),
-                input.shape,
-            );
+            return self.run_addresses(Variant::Auto, input_address, output_address, input.shape);
+        }
+        if I::DTYPE == O::DTYPE && op == Operation::Softmax && contiguous && plain {
+            let operands = [
+                Operand::of(input.data, input.stride),
+                Operand::of(output.data, output.stride),
+            ];
+            if let Some(launch) = self.row_slices_plan(I::DTYPE, input.shape, &operands)? {
+                CurrentContext::set_current(&self.context).during("making the context current")?;
+                self.reserve_partials(crate::plan::partials_needed(std::slice::from_ref(
+                    &*launch,
+                )))?;
+                let kernels = self.op_kernels[I::DTYPE as usize]
+                    .as_ref()
+                    .expect("planning loaded the module");
+                // SAFETY: `check_shapes` proved both buffers hold rows × cols elements of
+                // one type, contiguous; the plan is `row_slices_launch`'s for this shape,
+                // type and alignment (16-byte packs only where both buffers are misaligned
+                // alike), with every block resident when sliced; `reserve_partials` sized
+                // the partials, and the barrier words cover any resident launch.
+                return unsafe {
+                    self.enqueue_in(kernels, &launch, input_address, output_address, input.shape)
+                };
+            }
         }
         let call = self.forward_call(op, &input, &output, options);
         self.enqueue_call(call)
@@ -448,6 +477,50 @@ impl Softmax {
         }
     }
 
+    /// Where softmax without options over contiguous rows of a 16-bit type runs the
+    /// row-slices kernel of that type, as f32's `auto` does: where the operation kernels would
+    /// cut rows into slices, on tensors of at least [`SIXTEEN_BIT_ROW_SLICES_FROM_BYTES`], and
+    /// only where row-slices caches its slices (reads the input once). `None`: the operation
+    /// kernels. Planned once per type, shape and alignment of the input and output `operands`.
+    fn row_slices_plan(
+        &mut self,
+        dtype: DType,
+        shape: Shape,
+        [input, output]: &[Operand; 2],
+    ) -> Result<Option<Arc<Launch>>> {
+        let layout = pack_layout(dtype, Direction::Forward, shape.cols(), &[*input, *output]);
+        // 16-byte packs wherever both rows are misaligned alike.
+        let peelable = input.address.abs_diff(output.address).is_multiple_of(16);
+        let key = (dtype, shape, layout, peelable);
+        if let Some(plan) = self.row_slice_plans.get(&key) {
+            return Ok(plan.clone());
+        }
+        let (rows, cols) = (shape.rows() as u32, shape.cols() as u32);
+        let operations_slice = self
+            .op_plan(Direction::Forward, dtype, rows, cols, layout)?
+            .is_some_and(|plan| plan.launch.slices > 1);
+        let large = shape.len() * dtype.bytes() as usize >= SIXTEEN_BIT_ROW_SLICES_FROM_BYTES;
+        let plan = if operations_slice && large {
+            let limits = super::Limits {
+                info: &self.info,
+                kernels: self.op_kernels[dtype as usize]
+                    .as_ref()
+                    .expect("op_plan loaded the module"),
+            };
+            match row_slices_launch(shape, dtype, peelable, &limits) {
+                (launch, true) => Some(Arc::new(launch)),
+                _ => None,
+            }
+        } else {
+            None
+        };
+        if self.row_slice_plans.len() >= super::PLAN_CACHE_LIMIT {
+            self.row_slice_plans.clear();
+        }
+        self.row_slice_plans.insert(key, plan.clone());
+        Ok(plan)
+    }
+
     /// The cached plan for rows of `cols` columns (`None`: no block instance launches).
     fn op_plan(
         &mut self,
@@ -481,10 +554,29 @@ impl Softmax {
     /// meet in one cooperative launch or in two launches.
     pub(crate) fn op_plan_label<T: Element>(
         &mut self,
+        operation: Operation,
         direction: Direction,
         shape: Shape,
         buffers: &[&DeviceSlice<T>],
     ) -> Result<String> {
+        if let ([input, output], Direction::Forward, Operation::Softmax) =
+            (buffers, direction, operation)
+            && T::DTYPE != DType::F32
+        {
+            let operands = [input, output].map(|buffer| Operand::of(buffer, shape.cols()));
+            if let Some(launch) = self.row_slices_plan(T::DTYPE, shape, &operands)? {
+                return Ok(format!(
+                    "{} ({} slices per row, {})",
+                    launch.kernel,
+                    launch.grid / shape.rows() as u32,
+                    if launch.cooperative {
+                        "cooperative"
+                    } else {
+                        "one launch"
+                    }
+                ));
+            }
+        }
         // The layout exactly as a call without options over these buffers finds it.
         let operands = buffers
             .iter()
@@ -514,7 +606,7 @@ impl Softmax {
         let slot = &mut self.op_kernels[input as usize];
         if slot.is_none() {
             CurrentContext::set_current(&self.context).during("making the context current")?;
-            *slot = Some(Kernels::load_ops(input)?);
+            *slot = Some(Kernels::load_ops(input, self.info.max_shared_per_block)?);
         }
         Ok(slot.as_ref().expect("loaded above"))
     }

@@ -6,9 +6,11 @@ use kernels_gpu::launch::{
     BLOCK_REGISTER_VECTOR_THREADS, BlockRegisterKernelName, CLUSTER_STATS_FLOATS,
     ELEMENTWISE_BLOCK, LOADS_IN_FLIGHT, MAX_BLOCK_THREADS, MAX_CLUSTER_BLOCKS,
     REDUCTION_SCRATCH_FLOATS, REGISTER_ROWS_BLOCK, REGISTER_SCALAR_INSTANCES,
-    REGISTER_VECTOR_INSTANCES, ROW_SLICE_THREADS, RegisterKernelName, THREAD_PER_ROW_BLOCK,
-    VECTOR_PACK, WARP_PER_ROW_WARPS_PER_BLOCK, WARP_SIZE,
+    REGISTER_VECTOR_INSTANCES, ROW_SLICE_THREADS, RegisterKernelName, RowSlicesKernelName,
+    THREAD_PER_ROW_BLOCK, VECTOR_PACK, WARP_PER_ROW_WARPS_PER_BLOCK, WARP_SIZE,
 };
+
+use kernels_gpu::row_ops::DType;
 
 use crate::error::{Error, Result};
 use crate::shape::Shape;
@@ -165,7 +167,7 @@ pub(crate) fn plan(
             cols: shape.cols(),
             why: "the row (or the slices the GPU has room for) is wider than a block's registers hold".into(),
         })?],
-        Variant::RowSlices => vec![row_slices_launch(shape, layout, device).0],
+        Variant::RowSlices => vec![row_slices_launch(shape, DType::F32, layout.vector_peelable, device).0],
         Variant::SplitRows => split_rows_launches(shape, layout, device),
         Variant::RowCluster => {
             if !device.thread_block_clusters() {
@@ -379,20 +381,26 @@ fn slice_threads(packs: usize, max: u32) -> u32 {
 
 /// Row slices: one block per row when rows alone fill the GPU; otherwise as many slices per
 /// row as keep every block resident (a cooperative launch). Each slice is cached in shared
-/// memory when it fits, so the input is read once; the flag says whether it is.
-fn row_slices_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) -> (Launch, bool) {
-    let pack = layout.peeled_pack();
+/// memory when it fits, so the input is read once; the flag says whether it is. Elements of
+/// `dtype` go 16 bytes at a time when input and output are misaligned alike (`peelable`).
+pub(crate) fn row_slices_launch(
+    shape: Shape,
+    dtype: DType,
+    peelable: bool,
+    device: &dyn DeviceLimits,
+) -> (Launch, bool) {
+    let pack = if peelable { dtype.vector_pack() } else { 1 };
     let rows = shape.rows() as u32;
     let row_packs = (shape.cols() as u32).div_ceil(pack);
     let sms = device.multiprocessors();
     let scratch_bytes = REDUCTION_SCRATCH_FLOATS * 4;
-    let kernel = format!("softmax_row_slices_p{pack}");
+    let kernel = RowSlicesKernelName { dtype, pack }.to_string();
 
     // (slice packs, threads, cached, shared bytes) for a number of slices.
     let configure = |slices: u32, max_threads: u32| {
         let slice_packs = row_packs.div_ceil(slices);
         let threads = slice_threads(slice_packs as usize, max_threads);
-        let cache_bytes = slice_packs * pack * 4;
+        let cache_bytes = slice_packs * pack * dtype.bytes();
         let cached = scratch_bytes + cache_bytes <= device.max_shared_per_block();
         (
             slice_packs,
@@ -474,7 +482,8 @@ fn row_slices_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) ->
 /// H200 (session 9): 64×151936, which row-slices cuts into uncached slices, 33 → 64% of copy
 /// with clusters; 128×151936, a full uncached block per row, 58% against the clusters' 49%.
 fn wide_rows_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) -> Launch {
-    let (slices, slices_read_once) = row_slices_launch(shape, layout, device);
+    let (slices, slices_read_once) =
+        row_slices_launch(shape, DType::F32, layout.vector_peelable, device);
     let rows = shape.rows() as u64;
     let rows_fill_gpu = !slices.cooperative && 10 * rows >= 9 * u64::from(device.multiprocessors());
     if slices_read_once || rows_fill_gpu || !device.thread_block_clusters() {
@@ -781,30 +790,32 @@ pub(crate) mod tests {
         assert_eq!(register_capacity(UNALIGNED), 1024);
     }
 
-    /// Checks that `slices` slices of `slice_packs` packs cover a row of `cols` (the last up
-    /// to three floats are the tail's); returns the columns of a slice.
+    /// Checks that `slices` slices of `slice_packs` packs of `pack` elements cover a row of
+    /// `cols` (the last up to `pack - 1` elements are the tail's); returns the columns of a
+    /// slice.
     fn assert_slices_cover(
         rows: usize,
         cols: usize,
-        layout: Layout,
+        pack: u32,
         slices: u32,
         slice_packs: u32,
     ) -> u32 {
-        let pack = layout.peeled_pack();
         let slice_cols = slice_packs * pack;
         assert!(
-            (slices * slice_cols) as usize + 3 >= cols,
+            (slices * slice_cols + pack - 1) as usize >= cols,
             "{rows}x{cols}: slices miss columns"
         );
         slice_cols
     }
 
+    /// Every element type's row-slices plan: slices that cover the row, every block of a
+    /// sliced launch resident, the cache sized for the type.
     #[test]
     fn row_slices_cover_the_row_and_stay_resident() {
         let extra = [(300, 1 << 20), (1000, 65537), (1, 5000), (100_000, 4096)];
         for (rows, cols) in FEW_WIDE_ROWS.into_iter().chain(extra) {
-            for layout in [ALIGNED, UNALIGNED] {
-                let (launch, _) = row_slices_launch(shape(rows, cols), layout, &FakeH200);
+            for (dtype, peelable) in DType::ALL.into_iter().flat_map(|d| [(d, true), (d, false)]) {
+                let (launch, _) = row_slices_launch(shape(rows, cols), dtype, peelable, &FakeH200);
                 let [
                     ..,
                     Arg::U32(slices),
@@ -816,7 +827,12 @@ pub(crate) mod tests {
                 else {
                     panic!("unexpected arguments {:?}", launch.args)
                 };
-                let slice_cols = assert_slices_cover(rows, cols, layout, slices, slice_packs);
+                let pack = if peelable { dtype.vector_pack() } else { 1 };
+                assert_eq!(
+                    launch.kernel,
+                    RowSlicesKernelName { dtype, pack }.to_string()
+                );
+                let slice_cols = assert_slices_cover(rows, cols, pack, slices, slice_packs);
                 assert_eq!(launch.grid, rows as u32 * slices);
                 assert!(launch.shared_bytes <= FakeH200.max_shared_per_block());
                 assert_eq!(launch.cooperative, slices > 1);
@@ -828,10 +844,33 @@ pub(crate) mod tests {
                     );
                 }
                 if cached == 1 {
-                    assert!(launch.shared_bytes >= REDUCTION_SCRATCH_FLOATS * 4 + slice_cols * 4);
+                    assert!(
+                        launch.shared_bytes
+                            >= REDUCTION_SCRATCH_FLOATS * 4 + slice_cols * dtype.bytes()
+                    );
                 }
             }
         }
+    }
+
+    /// 16-bit rows hold twice the elements per byte of cache: bf16 32×151936 takes the same
+    /// 16 slices as f32 with half the shared memory, and 600 rows of 70001 (140 KB each in
+    /// bf16, 280 KB in f32) are cached only in bf16.
+    #[test]
+    fn sixteen_bit_row_slices_cache_twice_the_elements() {
+        let sliced = |dtype| row_slices_launch(shape(32, 151936), dtype, true, &FakeH200);
+        let ((f32_launch, true), (bf16_launch, true)) = (sliced(DType::F32), sliced(DType::Bf16))
+        else {
+            panic!("32x151936 should be cached")
+        };
+        assert_eq!(bf16_launch.grid, f32_launch.grid);
+        assert!(bf16_launch.cooperative);
+        assert_eq!(
+            bf16_launch.shared_bytes - REDUCTION_SCRATCH_FLOATS * 4,
+            (f32_launch.shared_bytes - REDUCTION_SCRATCH_FLOATS * 4) / 2
+        );
+        assert!(!row_slices_launch(shape(600, 70001), DType::F32, true, &FakeH200).1);
+        assert!(row_slices_launch(shape(600, 70001), DType::Bf16, true, &FakeH200).1);
     }
 
     #[test]
@@ -841,8 +880,7 @@ pub(crate) mod tests {
         // one with 512 threads (resident at the fake's 32 registers per thread; at the 39
         // ptxas gives the H200 kernel, the driver's occupancy keeps it at 256 threads).
         for (rows, cols, threads, rounds) in [(32, 151936, 320, 2), (16, 262144, 512, 1)] {
-            let (launch, _) =
-                row_slices_launch(shape(rows, cols), Layout::of(0, 0, cols), &FakeH200);
+            let (launch, _) = row_slices_launch(shape(rows, cols), DType::F32, true, &FakeH200);
             let [.., Arg::U32(slice_packs), _, _, _] = launch.args[..] else {
                 panic!("unexpected arguments {:?}", launch.args)
             };
@@ -877,7 +915,8 @@ pub(crate) mod tests {
                 else {
                     panic!("unexpected arguments {:?}", launch.args)
                 };
-                let slice_cols = assert_slices_cover(rows, cols, layout, slices, slice_packs);
+                let slice_cols =
+                    assert_slices_cover(rows, cols, layout.peeled_pack(), slices, slice_packs);
                 assert_eq!(launch.cluster, slices);
                 assert!((1..=MAX_CLUSTER_BLOCKS).contains(&slices));
                 assert_eq!(launch.grid, rows as u32 * slices);
@@ -958,8 +997,7 @@ pub(crate) mod tests {
         assert_eq!(kernel(8, 128256, 0), "softmax_row_slices_p4");
         assert_eq!(kernel(1, 1 << 20, 0), "softmax_row_slices_p4");
         // A row per multiprocessor, cached whole: one block per row, no barrier.
-        let (one_wave, cached) =
-            row_slices_launch(shape(128, 50257), Layout::of(0, 0, 50257), &FakeH200);
+        let (one_wave, cached) = row_slices_launch(shape(128, 50257), DType::F32, true, &FakeH200);
         assert_eq!(
             (one_wave.grid, one_wave.cooperative, cached),
             (128, false, true)

@@ -46,6 +46,8 @@ pub struct Softmax {
     /// The operation modules, by input type, loaded on first use.
     op_kernels: [Option<Kernels>; 3],
     op_plans: HashMap<OpPlanKey, Option<operations::PlannedOp>>,
+    /// Where 16-bit softmax runs row-slices (`operations::Softmax::row_slices_plan`).
+    row_slice_plans: HashMap<RowSlicePlanKey, Option<Arc<Launch>>>,
     tune_cache: TuneCache,
     stream: Stream,
     info: DeviceInfo,
@@ -61,6 +63,10 @@ unsafe impl Send for Softmax {}
 
 /// Direction, input type, rows, cols and how 16-byte packs fit.
 type OpPlanKey = (Direction, DType, u32, u32, PackLayout);
+
+/// Element type, shape, how the operation kernels' packs fit, and whether input and output
+/// are misaligned alike.
+type RowSlicePlanKey = (DType, Shape, PackLayout, bool);
 
 #[derive(Debug)]
 struct Workspace {
@@ -145,6 +151,7 @@ impl Softmax {
             plans: HashMap::new(),
             op_kernels: [None, None, None],
             op_plans: HashMap::new(),
+            row_slice_plans: HashMap::new(),
             tune_cache: TuneCache::open(autotune::default_path()),
             stream,
             info,
@@ -440,6 +447,23 @@ impl Softmax {
     /// `input` and `output` are device addresses of `shape.len()` floats each, and `launch`
     /// comes from `plan` for this shape and these addresses.
     unsafe fn enqueue(&self, launch: &Launch, input: u64, output: u64, shape: Shape) -> Result<()> {
+        // SAFETY: forwarded; the plan's kernels are the softmax module's.
+        unsafe { self.enqueue_in(&self.kernels, launch, input, output, shape) }
+    }
+
+    /// [`Softmax::enqueue`] of an entry of `kernels`.
+    ///
+    /// # Safety
+    /// As for [`Softmax::enqueue`], with `input` and `output` holding `shape.len()` elements
+    /// of the entry's type.
+    unsafe fn enqueue_in(
+        &self,
+        kernels: &Kernels,
+        launch: &Launch,
+        input: u64,
+        output: u64,
+        shape: Shape,
+    ) -> Result<()> {
         let row_stats = self.workspace.row_stats.as_device_ptr().as_raw();
         let mut values: Vec<ParamValue> = launch
             .args
@@ -457,7 +481,7 @@ impl Softmax {
             .collect();
         let mut params: Vec<*mut c_void> = values.iter_mut().map(ParamValue::as_param).collect();
         // SAFETY: forwarded from this function's contract; `params` outlives the call.
-        unsafe { self.kernels.launch(launch, &mut params, &self.stream) }
+        unsafe { kernels.launch(launch, &mut params, &self.stream) }
     }
 }
 

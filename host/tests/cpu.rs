@@ -1,6 +1,7 @@
 //! Tests that need no GPU: the reference, the online statistics, shapes and variant names.
 
 use kernels_gpu::barrier_word;
+use kernels_gpu::launch::RowSlicesKernelName;
 use kernels_gpu::online::{CompensatedSum, Exp2, OnlineStats};
 use kernels_gpu::row_ops::OpKernelName;
 use proptest::prelude::*;
@@ -103,7 +104,9 @@ proptest! {
             for (slot, &x) in batch.iter_mut().flatten().zip(chunk) {
                 *slot = x;
             }
-            batched.push_batch::<HostExp2, 4, 4>(&batch);
+            let flat = batch.as_flattened();
+            let batch_max = flat.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            batched.push_batch::<HostExp2>(batch_max, flat.len(), |i| flat[i]);
         }
         assert_same_stats(batched, one_pass(&row));
     }
@@ -146,7 +149,7 @@ fn online_stats_handle_infinities_like_pytorch() {
     assert!(one_pass(&[1.0, f32::NAN]).sum().is_nan());
     let batched = |values: [f32; 2]| {
         let mut stats = OnlineStats::EMPTY;
-        stats.push_batch::<HostExp2, 2, 1>(&[values]);
+        stats.push_batch::<HostExp2>(values[0].max(values[1]), 2, |i| values[i]);
         stats
     };
     assert_eq!(batched([f32::NEG_INFINITY; 2]), OnlineStats::EMPTY);
@@ -267,13 +270,19 @@ fn embedded_ptx_targets_hopper_without_local_memory() {
 }
 
 /// The operation kernels' instance tables (which the host plans from) and the entries the
-/// kernel crate generates (from its own literal lists) name the same kernels.
+/// kernel crate generates (from its own literal lists) name the same kernels; a 16-bit
+/// type's module also holds that type's row-slices entries.
 #[test]
 fn every_planned_operation_kernel_is_in_its_module() {
     for dtype in DType::ALL {
         let ptx = softmax::op_ptx(dtype);
+        let row_slices = match dtype {
+            DType::F32 => Vec::new(),
+            _ => RowSlicesKernelName::both(dtype).to_vec(),
+        };
         let names: Vec<String> = OpKernelName::all_for(dtype)
             .map(|k| k.to_string())
+            .chain(row_slices.iter().map(|k| k.to_string()))
             .collect();
         for name in &names {
             assert!(ptx.contains(&format!(".entry {name}(")), "{name} missing");

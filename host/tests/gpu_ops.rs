@@ -36,6 +36,10 @@ const TESTS: &[common::Test] = &[
         "ops_peeled_rows_at_each_block_capacity",
         peeled_rows_at_block_capacity,
     ),
+    (
+        "ops_wide_16_bit_rows_in_row_slices",
+        wide_16_bit_rows_in_row_slices,
+    ),
     ("ops_partial_states_merge_across_slices", partial_states),
     ("ops_bad_input_is_refused", bad_input_is_refused),
     ("ops_fuzz_ten_thousand_random_cases", fuzz),
@@ -525,6 +529,65 @@ fn peeled_rows_at_block_capacity(softmax: &mut Softmax, rng: &mut StdRng) -> Out
         }
     }
     Ok(tally.summary())
+}
+
+/// Softmax over few wide rows of a 16-bit type runs row-slices, as f32's `auto` does: cached
+/// slices that exchange their statistics (32×151936, 16×262144, and 8×300001 with peeled
+/// ends), a cached row per block in one wave (128×50257), and a cached row per block over
+/// many rows (600×70001); 16 bytes at a time, and one element at a time with the input one
+/// element off the output's alignment; bf16 and f16.
+fn wide_16_bit_rows_in_row_slices(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
+    let mut tally = Tally::default();
+    for (rows, cols) in [
+        (32, 151_936),
+        (16, 262_144),
+        (8, 300_001),
+        (128, 50_257),
+        (600, 70_001),
+    ] {
+        let shape = Shape::new(rows, cols).unwrap();
+        let x = random_matrix(rng, shape, 8.0);
+        for input_offset in [0, 1] {
+            wide_16_bit_softmax::<bf16>(softmax, &mut tally, &x, shape, input_offset)?;
+            wide_16_bit_softmax::<f16>(softmax, &mut tally, &x, shape, input_offset)?;
+        }
+    }
+    Ok(tally.summary())
+}
+
+/// Softmax from `T` to `T` with the input `input_offset` elements into its buffer.
+fn wide_16_bit_softmax<T: Element>(
+    softmax: &mut Softmax,
+    tally: &mut Tally,
+    x: &[f32],
+    shape: Shape,
+    input_offset: usize,
+) -> Result<(), String> {
+    let x = rounded::<T>(x);
+    let expected = Scores::default().forward(false, &x, shape.rows(), shape.cols());
+    let mut placed = vec![0.0; input_offset];
+    placed.extend_from_slice(&x);
+    let input = upload::<T>(&placed)?;
+    let mut output = poisoned::<T>(shape.len())?;
+    let what = format!(
+        "Softmax {:?} {shape}, input {input_offset} element(s) into its buffer",
+        T::DTYPE
+    );
+    softmax
+        .forward(
+            Operation::Softmax,
+            Rows::new(&input.index(input_offset..), shape).map_err(text)?,
+            RowsMut::new(&mut output, shape).map_err(text)?,
+            &Options::new(),
+        )
+        .map_err(|e| format!("{what}: {e}"))?;
+    softmax.synchronize().map_err(text)?;
+    let actual = download(&output)?;
+    tally.record(
+        &what,
+        value_deviation(&actual, &as_written::<T>(&expected)),
+        tolerance(T::DTYPE),
+    )
 }
 
 /// Scales, per-row scales, both masks (one row for all, and per row), causal blocks and

@@ -45,7 +45,7 @@ pub unsafe fn softmax_block_registers<
     let tid = thread_idx() as usize;
     // SAFETY: row < rows, so the row's `cols` floats lie inside both buffers.
     let (x, y) = unsafe { (input.add(row * cols), output.add(row * cols)) };
-    let part = RowSlice::new::<PACK>(x, cols, slice, slices, slice_packs as usize);
+    let part = RowSlice::new::<PACK, _>(x, cols, slice, slices, slice_packs as usize);
     let column = |pack: usize| part.row_head + pack * PACK;
 
     let mut values = [[f32::NEG_INFINITY; PACK]; PACKS];

@@ -32,7 +32,18 @@ pub trait Element: Copy {
     #[inline(always)]
     unsafe fn load_packed<const N: usize>(src: *const Self) -> [u32; N] {
         // SAFETY: forwarded from the contract.
-        unsafe { load_packed_words(src) }
+        unsafe { load_packed_words::<Self, N, false>(src) }
+    }
+
+    /// As [`Element::load_packed`], for data the launch reads for the last time: streaming
+    /// loads (see [`load_words`]).
+    ///
+    /// # Safety
+    /// As [`load`] for `src..src + N`.
+    #[inline(always)]
+    unsafe fn load_packed_last_use<const N: usize>(src: *const Self) -> [u32; N] {
+        // SAFETY: forwarded from the contract.
+        unsafe { load_packed_words::<Self, N, true>(src) }
     }
 
     /// The first `count` (≤ `N`) elements at `src` read one at a time into the slots of a
@@ -70,6 +81,13 @@ pub trait Element: Copy {
     /// that, measured slower: bench/NOTES.md.)
     fn widen<const N: usize>(words: &[u32; N], i: usize) -> f32;
 
+    /// The largest of the `N` elements of a pack laid out as [`Element::load_packed`] lays it
+    /// out, NaN aside (as `f32::max` folds them).
+    #[inline(always)]
+    fn pack_max<const N: usize>(words: &[u32; N]) -> f32 {
+        widened_max::<Self, N>(words)
+    }
+
     /// # Safety
     /// As [`load`] for `src..src + N`.
     #[inline(always)]
@@ -90,25 +108,37 @@ pub trait Element: Copy {
     unsafe fn store_f32<const N: usize>(dst: *mut Self, values: [f32; N]);
 }
 
+/// The largest element of a pack, each widened to f32 (`Element::pack_max`'s general case).
+#[inline(always)]
+fn widened_max<T: Element, const N: usize>(words: &[u32; N]) -> f32 {
+    let mut max = f32::NEG_INFINITY;
+    for i in 0..N {
+        max = max.max(T::widen(words, i));
+    }
+    max
+}
+
 /// `N` elements of `size` bytes as packed words: one access when they span 4 to 32 bytes,
-/// else one per element (in the low bits of its own word).
+/// else one per element (in the low bits of its own word); streaming loads with `LAST_USE`.
 ///
 /// # Safety
 /// As [`load`].
 #[inline(always)]
-unsafe fn load_packed_words<T: Copy, const N: usize>(src: *const T) -> [u32; N] {
+unsafe fn load_packed_words<T: Copy, const N: usize, const LAST_USE: bool>(
+    src: *const T,
+) -> [u32; N] {
     let bytes = N * size_of::<T>();
     let mut words = [0u32; N];
     // SAFETY (both branches): forwarded from the contract.
     unsafe {
         if spans(bytes) {
-            let span = load_span(src.cast(), bytes);
+            let span = load_span::<LAST_USE>(src.cast(), bytes);
             for i in 0..bytes.div_ceil(4) {
                 words[i] = span[i];
             }
         } else {
             for i in 0..N {
-                let element = load_element(src.add(i));
+                let element = load_element::<T, LAST_USE>(src.add(i));
                 words[i] = if size_of::<T>() == 4 {
                     core::mem::transmute_copy::<T, u32>(&element)
                 } else {
@@ -141,23 +171,23 @@ const fn spans(bytes: usize) -> bool {
 /// # Safety
 /// The span is readable global memory aligned to `min(16, bytes)`.
 #[inline(always)]
-unsafe fn load_span(src: *const u8, bytes: usize) -> [u32; 8] {
+unsafe fn load_span<const LAST_USE: bool>(src: *const u8, bytes: usize) -> [u32; 8] {
     let mut words = [0u32; 8];
     // SAFETY: forwarded from the contract.
     unsafe {
         if bytes >= 16 {
             for chunk in 0..bytes / 16 {
-                let vector = load_words::<4, false>(src.add(16 * chunk));
+                let vector = load_words::<4, LAST_USE>(src.add(16 * chunk));
                 for i in 0..4 {
                     words[4 * chunk + i] = vector[i];
                 }
             }
         } else if bytes == 8 {
-            let vector = load_words::<2, false>(src);
+            let vector = load_words::<2, LAST_USE>(src);
             words[0] = vector[0];
             words[1] = vector[1];
         } else {
-            words[0] = load_words::<1, false>(src)[0];
+            words[0] = load_words::<1, LAST_USE>(src)[0];
         }
     }
     words
@@ -273,6 +303,29 @@ macro_rules! narrowing_store {
     };
 }
 
+/// `Element::pack_max` of a 16-bit type: a pack read as one access holds two elements per
+/// word, so `max.<type>x2` folds the words pairwise (exact: a maximum needs no rounding, and
+/// it skips NaN as `f32::max` does) and only the last word's two halves are widened.
+macro_rules! packed_max {
+    ($pair:literal) => {
+        #[inline(always)]
+        fn pack_max<const N: usize>(words: &[u32; N]) -> f32 {
+            if !spans(2 * N) || N < 4 {
+                return widened_max::<Self, N>(words);
+            }
+            let mut pair = words[0];
+            for &word in &words[1..N / 2] {
+                // SAFETY: a pure operation on registers.
+                unsafe {
+                    asm!(concat!("max.", $pair, " {d}, {a}, {b};"), d = lateout(reg32) pair,
+                        a = in(reg32) pair, b = in(reg32) word, options(pure, nomem, nostack))
+                };
+            }
+            Self::widen(&[pair, 0], 0).max(Self::widen(&[pair, 0], 1))
+        }
+    };
+}
+
 impl Element for Bf16 {
     const DTYPE: DType = DType::Bf16;
     const NEG_INF_WORD: u32 = 0xff80_ff80;
@@ -295,6 +348,7 @@ impl Element for Bf16 {
     }
 
     narrowing_store!(Bf16, "bf16");
+    packed_max!("bf16x2");
 }
 
 impl Element for F16 {
@@ -314,6 +368,7 @@ impl Element for F16 {
     }
 
     narrowing_store!(F16, "f16");
+    packed_max!("f16x2");
 }
 
 // Global-memory accesses, written out: the operation kernels' pointers arrive inside a
@@ -323,9 +378,7 @@ impl Element for F16 {
 /// for the last time) `ld.global.cs`, cache streaming, which allocates the lines evict-first in
 /// L1 and L2 so that they do not push out lines still to be used.
 #[inline(always)]
-pub(crate) unsafe fn load_words<const WORDS: usize, const LAST_USE: bool>(
-    address: *const u8,
-) -> [u32; 4] {
+unsafe fn load_words<const WORDS: usize, const LAST_USE: bool>(address: *const u8) -> [u32; 4] {
     let (mut a, mut b, mut c, mut d) = (0u32, 0u32, 0u32, 0u32);
     macro_rules! load_with {
         ($cache:literal) => {
@@ -372,18 +425,24 @@ unsafe fn store_words<const WORDS: usize>(address: *mut u8, [a, b, c, d]: [u32; 
     }
 }
 
-/// `ld.global` of one element of 1, 2 or 4 bytes, as the low bits of a word.
+/// `ld.global` of one element of 1, 2 or 4 bytes, as the low bits of a word; streaming
+/// loads of 2 or 4 bytes with `LAST_USE`.
 #[inline(always)]
-unsafe fn load_element<T: Copy>(address: *const T) -> T {
+unsafe fn load_element<T: Copy, const LAST_USE: bool>(address: *const T) -> T {
     let word: u32;
     // SAFETY: the caller guarantees the element is readable and aligned.
     unsafe {
         match size_of::<T>() {
-            4 => word = load_words::<1, false>(address.cast())[0],
+            4 => word = load_words::<1, LAST_USE>(address.cast())[0],
             2 => {
                 let half: u16;
-                asm!("ld.global.b16 {h}, [{p}];", h = out(reg16) half,
-                    p = in(reg64) address, options(pure, readonly, nostack, preserves_flags));
+                if LAST_USE {
+                    asm!("ld.global.cs.b16 {h}, [{p}];", h = out(reg16) half,
+                        p = in(reg64) address, options(pure, readonly, nostack, preserves_flags));
+                } else {
+                    asm!("ld.global.b16 {h}, [{p}];", h = out(reg16) half,
+                        p = in(reg64) address, options(pure, readonly, nostack, preserves_flags));
+                }
                 word = half as u32;
             }
             _ => {
@@ -425,11 +484,11 @@ pub unsafe fn load<T: Copy, const N: usize>(src: *const T) -> [T; N] {
     // SAFETY (both branches): forwarded from the contract; `words` holds 32 bytes ≥ `bytes`.
     unsafe {
         if spans(bytes) {
-            core::mem::transmute_copy(&load_span(src.cast(), bytes))
+            core::mem::transmute_copy(&load_span::<false>(src.cast(), bytes))
         } else {
-            let mut values = [load_element(src); N];
+            let mut values = [load_element::<T, false>(src); N];
             for i in 1..N {
-                values[i] = load_element(src.add(i));
+                values[i] = load_element::<T, false>(src.add(i));
             }
             values
         }

@@ -163,6 +163,31 @@ impl core::fmt::Display for BlockRegisterKernelName {
     }
 }
 
+/// A row-slices entry: element type and pack width (1, or 16 bytes of elements). Its
+/// `Display` is the PTX entry name: `softmax_row_slices_p4` for f32 (the softmax module),
+/// `softmax_row_slices_bf16_p8` for a 16-bit type (that type's operation module).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowSlicesKernelName {
+    pub dtype: crate::row_ops::DType,
+    pub pack: u32,
+}
+
+impl RowSlicesKernelName {
+    /// The 16-byte and the one-element entry of `dtype`.
+    pub fn both(dtype: crate::row_ops::DType) -> [Self; 2] {
+        [dtype.vector_pack(), 1].map(|pack| RowSlicesKernelName { dtype, pack })
+    }
+}
+
+impl core::fmt::Display for RowSlicesKernelName {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self.dtype {
+            crate::row_ops::DType::F32 => write!(f, "softmax_row_slices_p{}", self.pack),
+            other => write!(f, "softmax_row_slices_{}_p{}", other.name(), self.pack),
+        }
+    }
+}
+
 /// Floats in one vector pack of the vectorized kernels (16 bytes).
 pub const VECTOR_PACK: u32 = 4;
 

@@ -62,10 +62,6 @@ mod memory;
 #[cfg(all(target_arch = "nvptx64", feature = "softmax"))]
 mod row_cluster;
 #[cfg(all(target_arch = "nvptx64", feature = "softmax"))]
-mod row_slice;
-#[cfg(all(target_arch = "nvptx64", feature = "softmax"))]
-mod row_slices;
-#[cfg(all(target_arch = "nvptx64", feature = "softmax"))]
 mod rows_in_registers;
 #[cfg(all(target_arch = "nvptx64", feature = "softmax"))]
 mod split_rows;
@@ -76,13 +72,18 @@ mod unfused;
 #[cfg(all(target_arch = "nvptx64", feature = "softmax"))]
 mod warp_per_row;
 
-/// The operation kernels (any dtype, options, backward): one module per input type.
+/// The operation kernels (any dtype, options, backward): one module per input type; and
+/// row-slices, whose f32 entries are in the softmax module and its 16-bit ones in theirs.
 #[cfg(target_arch = "nvptx64")]
 mod element;
 #[cfg(target_arch = "nvptx64")]
 mod op_templates;
 #[cfg(target_arch = "nvptx64")]
 mod row_kernel;
+#[cfg(target_arch = "nvptx64")]
+mod row_slice;
+#[cfg(target_arch = "nvptx64")]
+mod row_slices;
 
 #[cfg(target_arch = "nvptx64")]
 #[panic_handler]

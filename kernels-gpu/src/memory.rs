@@ -2,8 +2,6 @@
 //! 4-byte accesses otherwise. Plain index loops, so that they unroll and stay in registers.
 #![allow(clippy::needless_range_loop)]
 
-use crate::element::load_words;
-
 /// Four floats with the alignment of a 16-byte vector access (`ld.global.v4.f32`).
 #[repr(C, align(16))]
 #[derive(Clone, Copy)]
@@ -50,27 +48,4 @@ pub unsafe fn store_pack<const PACK: usize>(dst: *mut f32, values: [f32; PACK]) 
             unsafe { dst.add(i).write(values[i]) };
         }
     }
-}
-
-/// As [`load_pack`] from global memory, for data read for the last time: streaming loads
-/// ([`load_words`] with `LAST_USE`).
-///
-/// # Safety
-/// As for [`load_pack`], and `src` points to global memory.
-#[inline(always)]
-pub unsafe fn load_pack_last_use<const PACK: usize>(src: *const f32) -> [f32; PACK] {
-    let mut values = [0.0; PACK];
-    if PACK == 4 {
-        // SAFETY: the caller guarantees 16 readable, 16-byte aligned bytes.
-        let words = unsafe { load_words::<4, true>(src.cast()) };
-        for i in 0..PACK {
-            values[i] = f32::from_bits(words[i]);
-        }
-    } else {
-        for i in 0..PACK {
-            // SAFETY: the caller guarantees `PACK` readable floats.
-            values[i] = f32::from_bits(unsafe { load_words::<1, true>(src.add(i).cast()) }[0]);
-        }
-    }
-    values
 }

@@ -111,33 +111,28 @@ impl OnlineStats {
         }
     }
 
-    /// Adds a batch of elements: the batch's maximum first, so at most one rescale and one
-    /// exponential per element, with no branch per element (what [`Self::push`] costs per
-    /// element, this costs per batch). `-inf` entries add nothing, so a partly filled batch
-    /// is padded with them; `+inf` and NaN make the sum NaN as with `push`. The batch's
-    /// exponentials are summed plainly, then added to the compensated sum.
+    /// Adds a batch of `len` elements, `element(0..len)`, whose maximum is `batch_max` (the
+    /// largest element, NaN aside, as `f32::max` folds them; `-inf` for an empty batch): at
+    /// most one rescale and one exponential per element, with no branch per element (what
+    /// [`Self::push`] costs per element, this costs per batch). Taking the maximum from the
+    /// caller lets 16-bit data find it on packed pairs, and `element` widen each value only
+    /// for its exponential. `-inf` entries add nothing, so a partly filled batch is padded
+    /// with them; `+inf` and NaN make the sum NaN as with `push`. The batch's exponentials
+    /// are summed plainly, then added to the compensated sum.
     #[inline(always)]
-    pub fn push_batch<E: Exp2, const PACK: usize, const PACKS: usize>(
+    pub fn push_batch<E: Exp2>(
         &mut self,
-        batch: &[[f32; PACK]; PACKS],
+        batch_max: f32,
+        len: usize,
+        element: impl Fn(usize) -> f32,
     ) {
-        // Nested loops over the arrays unroll fully, so the batch stays in registers (a
-        // flattening iterator put it on the stack).
-        let mut batch_max = f32::NEG_INFINITY;
-        for pack in batch {
-            for &x in pack {
-                batch_max = batch_max.max(x);
-            }
-        }
         if batch_max > self.max {
             self.sum.scale(Self::exp_relative::<E>(self.max, batch_max));
             self.max = batch_max;
         }
         let mut batch_sum = 0.0;
-        for pack in batch {
-            for &x in pack {
-                batch_sum += Self::exp_relative::<E>(x, self.max);
-            }
+        for i in 0..len {
+            batch_sum += Self::exp_relative::<E>(element(i), self.max);
         }
         self.sum.add(batch_sum);
     }

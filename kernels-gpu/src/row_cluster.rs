@@ -43,11 +43,11 @@ unsafe fn softmax_row_cluster<const PACK: usize>(
     let (published, cache) = unsafe {
         let published = shared.add(REDUCTION_SCRATCH_FLOATS as usize);
         let cache = published.add(CLUSTER_STATS_FLOATS as usize);
-        (published, (cached != 0).then_some(cache))
+        (published, (cached != 0).then_some(cache.cast::<u8>()))
     };
     // SAFETY: forwarded from this kernel's contract: block `row · slices + rank` holds slice
     // `rank` of `row`.
-    let share = unsafe { Share::<PACK>::of_block(input, output, cols, slices, slice_packs) };
+    let share = unsafe { Share::<f32, PACK>::of_block(input, output, cols, slices, slice_packs) };
     // SAFETY: uniform control flow; the scratch is the launch's.
     let block_stats = unsafe { block_reduce(share.stats(cache), shared) };
     if thread_idx() == 0 {

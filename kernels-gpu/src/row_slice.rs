@@ -1,32 +1,33 @@
-//! How a row, or one block's slice of it, is laid out for 16-byte access: up to three
-//! leading floats before the row's first 16-byte aligned address, an aligned body of packs,
-//! and up to three trailing floats. The slices of a row split its body; the first slice also
-//! holds the leading floats and the last the trailing ones, one float each for a few threads.
-//! So any width and any 4-byte aligned row (input and output misaligned alike) is read and
-//! written 16 bytes at a time.
-
-/// Threads that hold the trailing floats of a row: `TAIL_THREAD..TAIL_THREAD + 3`.
-const TAIL_THREAD: usize = 4;
+//! How a row, or one block's slice of it, is laid out for 16-byte access: up to `PACK - 1`
+//! leading elements before the row's first 16-byte aligned address, an aligned body of packs
+//! of `PACK` elements (16 bytes), and up to `PACK - 1` trailing elements. The slices of a row
+//! split its body; the first slice also holds the leading elements and the last the trailing
+//! ones, one element each for a few threads. So any width and any element-aligned row (input
+//! and output misaligned alike) is read and written 16 bytes at a time.
 
 /// Where one block's share of a row lies.
 pub struct RowSlice {
-    /// Floats before the row's first 16-byte aligned address (0 when `PACK == 1`).
+    /// Elements before the row's first 16-byte aligned address (0 when `PACK == 1`).
     pub row_head: usize,
     /// Packs of the aligned body this block handles: `first..end`.
     pub first: usize,
     pub end: usize,
-    /// Leading floats this block holds (the row's head, in the first slice only).
+    /// Leading elements this block holds (the row's head, in the first slice only): threads
+    /// `0..head` hold one each.
     head: usize,
-    /// Trailing floats this block holds (the row's tail, in the last slice only) and where
-    /// they start.
+    /// Trailing elements this block holds (the row's tail, in the last slice only) and where
+    /// they start: threads `PACK..PACK + tail` hold one each.
     tail: usize,
     tail_start: usize,
+    tail_thread: usize,
 }
 
 impl RowSlice {
+    /// The share of slice `slice` of `slices` of the row at `row`, `cols` elements of `T`
+    /// (4 or 2 bytes, `PACK · size_of::<T>()` = 16 or `PACK` = 1).
     #[inline(always)]
-    pub fn new<const PACK: usize>(
-        row: *const f32,
+    pub fn new<const PACK: usize, T>(
+        row: *const T,
         cols: usize,
         slice: usize,
         slices: usize,
@@ -35,7 +36,7 @@ impl RowSlice {
         let row_head = if PACK == 1 {
             0
         } else {
-            ((16 - row as usize % 16) % 16 / 4).min(cols)
+            ((16 - row as usize % 16) % 16 / size_of::<T>()).min(cols)
         };
         let body_packs = (cols - row_head) / PACK;
         let first = (slice * slice_packs).min(body_packs);
@@ -52,16 +53,17 @@ impl RowSlice {
                 0
             },
             tail_start,
+            tail_thread: PACK,
         }
     }
 
-    /// The float outside the aligned body that this thread holds, if any.
+    /// The element outside the aligned body that this thread holds, if any.
     #[inline(always)]
     pub fn edge_column(&self, tid: usize) -> Option<usize> {
         if tid < self.head {
             Some(tid)
-        } else if (TAIL_THREAD..TAIL_THREAD + self.tail).contains(&tid) {
-            Some(self.tail_start + tid - TAIL_THREAD)
+        } else if (self.tail_thread..self.tail_thread + self.tail).contains(&tid) {
+            Some(self.tail_start + tid - self.tail_thread)
         } else {
             None
         }

@@ -1,32 +1,35 @@
 //! Production fallback for rows too wide for registers: each row is cut into `slices`
 //! contiguous slices and each slice goes to one block, which keeps it in shared memory (when
 //! it fits), so the input is read once; otherwise the second pass re-reads it (from L2 when
-//! the tensor fits there). 16-byte access as in [`RowSlice`]. With one slice per row this is a block-per-row kernel; with several, the blocks
-//! of a row exchange their online statistics through global memory behind a per-row barrier,
-//! which needs every block resident at once: the host launches it cooperatively.
+//! the tensor fits there). 16-byte access as in [`RowSlice`]. With one slice per row this is a
+//! block-per-row kernel; with several, the blocks of a row exchange their online statistics
+//! through global memory behind a per-row barrier, which needs every block resident at once:
+//! the host launches it cooperatively. One template for every element type (f32 in the
+//! softmax module, bf16 and f16 in their operation modules): math in f32, the cache holds the
+//! elements as they were read.
 
 use crate::device::{DeviceExp2, block_dim, block_idx, dynamic_shared_f32, thread_idx};
+use crate::element::{Bf16, Element, F16};
 use crate::launch::{LOADS_IN_FLIGHT, REDUCTION_SCRATCH_FLOATS};
-use crate::memory::{load_pack, load_pack_last_use, store_pack};
 use crate::online::OnlineStats;
 use crate::reduce::block_reduce;
 use crate::row_exchange::exchange_row_stats;
 use crate::row_slice::RowSlice;
 
 /// # Safety
-/// `input` and `output` each point to `rows · cols` floats (distinct buffers), `cols > 0`,
-/// both 4-byte aligned; when `PACK == 4` they are equally misaligned modulo 16 bytes.
-/// `slices · slice_packs · PACK ≥ cols - 3`. Launch `rows · slices` blocks of whole warps (at
-/// least 8 threads, at most 1024) with `(REDUCTION_SCRATCH_FLOATS + cached · slice_packs ·
-/// PACK) · 4` bytes of dynamic shared memory, where `cached` is 0 or 1. When `slices > 1`:
-/// `partials` holds `2 · rows · slices` floats, `barriers` holds `2 · rows` words zeroed when
-/// allocated and used by one launch at a time, and all blocks are resident together
-/// (cooperative launch).
+/// `input` and `output` each point to `rows · cols` elements (distinct buffers), `cols > 0`;
+/// when `PACK > 1` (16-byte packs) they are equally misaligned modulo 16 bytes.
+/// `slices · slice_packs · PACK ≥ cols - (PACK - 1)`. Launch `rows · slices` blocks of whole
+/// warps (at most 1024 threads) with `REDUCTION_SCRATCH_FLOATS · 4 + cached · slice_packs ·
+/// PACK · size_of::<E>()` bytes of dynamic shared memory, where `cached` is 0 or 1. When
+/// `slices > 1`: `partials` holds `2 · rows · slices` floats, `barriers` holds `2 · rows` words
+/// zeroed when allocated and used by one launch at a time, and all blocks are resident
+/// together (cooperative launch).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn softmax_row_slices<const PACK: usize>(
-    input: *const f32,
-    output: *mut f32,
+unsafe fn softmax_row_slices<E: Element, const PACK: usize>(
+    input: *const E,
+    output: *mut E,
     cols: u32,
     slices: u32,
     slice_packs: u32,
@@ -36,9 +39,10 @@ unsafe fn softmax_row_slices<const PACK: usize>(
 ) {
     let shared = dynamic_shared_f32();
     // SAFETY: the launch provides the scratch followed by the cache when cached.
-    let cache = (cached != 0).then(|| unsafe { shared.add(REDUCTION_SCRATCH_FLOATS as usize) });
+    let cache = (cached != 0)
+        .then(|| unsafe { shared.add(REDUCTION_SCRATCH_FLOATS as usize).cast::<u8>() });
     // SAFETY: forwarded from this kernel's contract.
-    let share = unsafe { Share::<PACK>::of_block(input, output, cols, slices, slice_packs) };
+    let share = unsafe { Share::<E, PACK>::of_block(input, output, cols, slices, slice_packs) };
     // SAFETY: as above; uniform control flow.
     let mut row_stats = unsafe { block_reduce(share.stats(cache), shared) };
     if share.slices > 1 {
@@ -58,41 +62,50 @@ unsafe fn softmax_row_slices<const PACK: usize>(
     unsafe { share.write_normalized(cache, row_stats) };
 }
 
-/// One block's share of a row: where it lies, and the float outside the aligned body this
+/// 16 bytes with the alignment of a vector access (`ld.shared.v4`).
+#[repr(C, align(16))]
+#[derive(Clone, Copy)]
+struct Words4([u32; 4]);
+
+/// One block's share of a row: where it lies, and the element outside the aligned body this
 /// thread holds.
-pub(crate) struct Share<const PACK: usize> {
-    x: *const f32,
-    y: *mut f32,
+pub(crate) struct Share<E, const PACK: usize> {
+    x: *const E,
+    y: *mut E,
     part: RowSlice,
     edge_column: Option<usize>,
     pub row: usize,
     pub slices: usize,
 }
 
-impl<const PACK: usize> Share<PACK> {
+impl<E: Element, const PACK: usize> Share<E, PACK> {
+    /// Bytes of a pack, as read and as cached: 16, or one element.
+    const PACK_BYTES: usize = PACK * size_of::<E>();
+
     /// The share of block `block_idx()`: row `block / slices`, slice `block % slices`.
     ///
     /// # Safety
-    /// The row-slices contract: both buffers hold `rows · cols` floats, `rows · slices`
-    /// blocks, `slices · slice_packs · PACK ≥ cols - 3`, equal misalignment when PACK is 4.
+    /// The row-slices contract: both buffers hold `rows · cols` elements, `rows · slices`
+    /// blocks, `slices · slice_packs · PACK ≥ cols - (PACK - 1)`, equal misalignment when
+    /// `PACK > 1`.
     #[inline(always)]
     pub unsafe fn of_block(
-        input: *const f32,
-        output: *mut f32,
+        input: *const E,
+        output: *mut E,
         cols: u32,
         slices: u32,
         slice_packs: u32,
     ) -> Self {
         let (cols, slices) = (cols as usize, slices as usize);
         let row = block_idx() as usize / slices;
-        // SAFETY: row < rows, so the row's `cols` floats lie inside the input. The output may
-        // be null (a pass that only reads): `wrapping_add` keeps that defined, and such a
+        // SAFETY: row < rows, so the row's `cols` elements lie inside the input. The output
+        // may be null (a pass that only reads): `wrapping_add` keeps that defined, and such a
         // pass never writes.
         let (x, y) = (
             unsafe { input.add(row * cols) },
             output.wrapping_add(row * cols),
         );
-        let part = RowSlice::new::<PACK>(
+        let part = RowSlice::new::<PACK, E>(
             x,
             cols,
             block_idx() as usize % slices,
@@ -114,67 +127,84 @@ impl<const PACK: usize> Share<PACK> {
         self.part.row_head + pack * PACK
     }
 
-    fn cached_at(&self, pack: usize) -> usize {
-        (pack - self.part.first) * PACK
+    /// Where `pack` lies in the cache.
+    fn cached_at(&self, cache: *mut u8, pack: usize) -> *mut u8 {
+        cache.wrapping_add((pack - self.part.first) * Self::PACK_BYTES)
     }
 
-    /// This thread's online statistics of its packs of the share (and its edge float),
+    fn widened(words: &[u32; PACK]) -> [f32; PACK] {
+        let mut values = [0.0; PACK];
+        for (i, value) in values.iter_mut().enumerate() {
+            *value = E::widen(words, i);
+        }
+        values
+    }
+
+    /// This thread's online statistics of its packs of the share (and its edge element),
     /// storing the packs into `cache` when given.
     ///
     /// # Safety
-    /// `cache`, when given, holds `slice_packs · PACK` floats of shared memory.
+    /// `cache`, when given, holds `slice_packs · PACK` elements of shared memory, 16-byte
+    /// aligned.
     #[inline(always)]
-    #[allow(clippy::needless_range_loop)]
-    pub unsafe fn stats(&self, cache: Option<*mut f32>) -> OnlineStats {
+    pub unsafe fn stats(&self, cache: Option<*mut u8>) -> OnlineStats {
         let threads = block_dim() as usize;
         let mut stats = OnlineStats::EMPTY;
         if let Some(c) = self.edge_column {
             // SAFETY: edge columns are inside the row.
-            stats.push::<DeviceExp2>(unsafe { self.x.add(c).read() });
+            let words = unsafe { E::load_packed::<1>(self.x.add(c)) };
+            stats.push::<DeviceExp2>(E::widen(&words, 0));
         }
         let mut batch = self.part.first + thread_idx() as usize;
         while batch < self.part.end {
             // Issue several independent loads before the first use; packs past the end stay
             // `-inf`, which adds nothing to the statistics.
-            let mut values = [[f32::NEG_INFINITY; PACK]; LOADS_IN_FLIGHT as usize];
-            for k in 0..LOADS_IN_FLIGHT as usize {
+            let mut words = [[E::NEG_INF_WORD; PACK]; LOADS_IN_FLIGHT as usize];
+            for (k, pack_words) in words.iter_mut().enumerate() {
                 let pack = batch + k * threads;
                 if pack < self.part.end {
                     let src = self.x.wrapping_add(self.column(pack));
                     // SAFETY: the pack lies in the row's aligned body. A cached share is read
                     // from global memory only here, so for the last time; an uncached one is
                     // read again by `write_normalized`, which the L2 may still serve.
-                    values[k] = unsafe {
+                    *pack_words = unsafe {
                         if cache.is_some() {
-                            load_pack_last_use::<PACK>(src)
+                            E::load_packed_last_use::<PACK>(src)
                         } else {
-                            load_pack::<PACK>(src)
+                            E::load_packed::<PACK>(src)
                         }
                     };
                 }
             }
             if let Some(cache) = cache {
-                for k in 0..LOADS_IN_FLIGHT as usize {
+                for (k, pack_words) in words.iter().enumerate() {
                     let pack = batch + k * threads;
                     if pack < self.part.end {
                         // SAFETY: pack - first < slice_packs: inside the cache.
-                        unsafe { store_pack::<PACK>(cache.add(self.cached_at(pack)), values[k]) };
+                        unsafe { Self::cache_pack(self.cached_at(cache, pack), pack_words) };
                     }
                 }
             }
-            stats.push_batch::<DeviceExp2, PACK, { LOADS_IN_FLIGHT as usize }>(&values);
+            // The maximum on the packed elements; each is widened only for its exponential,
+            // so the batch stays packed in registers.
+            let batch_max = words
+                .iter()
+                .fold(f32::NEG_INFINITY, |max, pack| max.max(E::pack_max(pack)));
+            stats.push_batch::<DeviceExp2>(batch_max, PACK * words.len(), |i| {
+                E::widen(&words[i / PACK], i % PACK)
+            });
             batch += LOADS_IN_FLIGHT as usize * threads;
         }
         stats
     }
 
-    /// Writes the softmax of this thread's packs of the share (and its edge float), reading
+    /// Writes the softmax of this thread's packs of the share (and its edge element), reading
     /// them from `cache` when given, else from the input again.
     ///
     /// # Safety
     /// As [`Share::stats`], with the same `cache`, after it.
     #[inline(always)]
-    pub unsafe fn write_normalized(&self, cache: Option<*mut f32>, row_stats: OnlineStats) {
+    pub unsafe fn write_normalized(&self, cache: Option<*mut u8>, row_stats: OnlineStats) {
         let inv_sum = 1.0 / row_stats.sum();
         let normalize =
             |v: f32| OnlineStats::exp_relative::<DeviceExp2>(v, row_stats.max) * inv_sum;
@@ -183,29 +213,75 @@ impl<const PACK: usize> Share<PACK> {
         {
             // SAFETY: the packs this thread read (and cached) in the first pass.
             unsafe {
-                let values = match cache {
-                    Some(cache) => load_pack::<PACK>(cache.add(self.cached_at(pack))),
-                    None => load_pack_last_use::<PACK>(self.x.add(self.column(pack))),
+                let words = match cache {
+                    Some(cache) => Self::cached_pack(self.cached_at(cache, pack)),
+                    None => E::load_packed_last_use::<PACK>(self.x.add(self.column(pack))),
                 };
-                store_pack::<PACK>(self.y.add(self.column(pack)), values.map(normalize));
+                E::store_f32(
+                    self.y.add(self.column(pack)),
+                    Self::widened(&words).map(normalize),
+                );
             }
         }
         if let Some(c) = self.edge_column {
             // SAFETY: as for the edge load.
-            unsafe { self.y.add(c).write(normalize(self.x.add(c).read())) };
+            unsafe {
+                let words = E::load_packed::<1>(self.x.add(c));
+                E::store_f32(self.y.add(c), [normalize(E::widen(&words, 0))]);
+            }
         }
+    }
+
+    /// Stores a pack's words (as [`Element::load_packed`] laid them out) at `at`.
+    ///
+    /// # Safety
+    /// `at` is shared memory for [`Self::PACK_BYTES`] bytes, aligned to them.
+    #[inline(always)]
+    unsafe fn cache_pack(at: *mut u8, words: &[u32; PACK]) {
+        // SAFETY (every arm): forwarded from the contract.
+        unsafe {
+            match Self::PACK_BYTES {
+                16 => at
+                    .cast::<Words4>()
+                    .write(Words4([words[0], words[1], words[2], words[3]])),
+                4 => at.cast::<u32>().write(words[0]),
+                _ => at.cast::<u16>().write(words[0] as u16),
+            }
+        }
+    }
+
+    /// The pack [`Self::cache_pack`] stored at `at`.
+    ///
+    /// # Safety
+    /// As for [`Self::cache_pack`], after it.
+    #[inline(always)]
+    unsafe fn cached_pack(at: *const u8) -> [u32; PACK] {
+        let mut words = [0u32; PACK];
+        // SAFETY (every arm): forwarded from the contract.
+        unsafe {
+            match Self::PACK_BYTES {
+                16 => {
+                    let Words4(vector) = at.cast::<Words4>().read();
+                    words[..4].copy_from_slice(&vector);
+                }
+                4 => words[0] = at.cast::<u32>().read(),
+                _ => words[0] = u32::from(at.cast::<u16>().read()),
+            }
+        }
+        words
     }
 }
 
 macro_rules! row_slices_entry {
-    ($name:ident, $pack:literal) => {
+    ($feature:literal, $name:ident, $element:ty, $pack:literal) => {
         /// # Safety
-        /// See `softmax_row_slices` with `PACK =` the suffix of the name.
+        /// See `softmax_row_slices` with the element type and `PACK` of the name.
+        #[cfg(feature = $feature)]
         #[unsafe(no_mangle)]
         #[allow(clippy::too_many_arguments)]
         pub unsafe extern "ptx-kernel" fn $name(
-            input: *const f32,
-            output: *mut f32,
+            input: *const $element,
+            output: *mut $element,
             cols: u32,
             slices: u32,
             slice_packs: u32,
@@ -215,7 +291,7 @@ macro_rules! row_slices_entry {
         ) {
             // SAFETY: forwarded from this entry's contract.
             unsafe {
-                softmax_row_slices::<$pack>(
+                softmax_row_slices::<$element, $pack>(
                     input,
                     output,
                     cols,
@@ -230,5 +306,9 @@ macro_rules! row_slices_entry {
     };
 }
 
-row_slices_entry!(softmax_row_slices_p4, 4);
-row_slices_entry!(softmax_row_slices_p1, 1);
+row_slices_entry!("softmax", softmax_row_slices_p4, f32, 4);
+row_slices_entry!("softmax", softmax_row_slices_p1, f32, 1);
+row_slices_entry!("ops-bf16", softmax_row_slices_bf16_p8, Bf16, 8);
+row_slices_entry!("ops-bf16", softmax_row_slices_bf16_p1, Bf16, 1);
+row_slices_entry!("ops-f16", softmax_row_slices_f16_p8, F16, 8);
+row_slices_entry!("ops-f16", softmax_row_slices_f16_p1, F16, 1);

@@ -24,8 +24,9 @@ unsafe fn split_stats<const PACK: usize>(
 ) {
     let scratch = dynamic_shared_f32();
     // SAFETY: forwarded; the output is not touched in this pass.
-    let share =
-        unsafe { Share::<PACK>::of_block(input, core::ptr::null_mut(), cols, slices, slice_packs) };
+    let share = unsafe {
+        Share::<f32, PACK>::of_block(input, core::ptr::null_mut(), cols, slices, slice_packs)
+    };
     // SAFETY: uniform control flow; the launch provides the scratch; no cache.
     let stats = unsafe { block_reduce(share.stats(None), scratch) };
     if crate::device::thread_idx() == 0 {
@@ -50,7 +51,7 @@ unsafe fn split_normalize<const PACK: usize>(
     let scratch = dynamic_shared_f32();
     // SAFETY: forwarded from the contract.
     unsafe {
-        let share = Share::<PACK>::of_block(input, output, cols, slices, slice_packs);
+        let share = Share::<f32, PACK>::of_block(input, output, cols, slices, slice_packs);
         let row_stats = merge_row_stats(scratch, partials, share.row, share.slices);
         share.write_normalized(None, row_stats);
     }

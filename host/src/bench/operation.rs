@@ -221,7 +221,7 @@ fn planned_kernel<T: Bench>(
         BenchOp::Softmax | BenchOp::LogSoftmax => (Direction::Forward, vec![&input, &output]),
         BenchOp::Backward => (Direction::Backward, vec![&input, &grad, &output]),
     };
-    softmax.op_plan_label(direction, pools.shape, &buffers)
+    softmax.op_plan_label(forward_operation(op), direction, pools.shape, &buffers)
 }
 
 /// How the report names the call `auto` makes (in the kernels column).
