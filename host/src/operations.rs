@@ -198,11 +198,14 @@ impl Softmax {
                 let kernels = self.op_kernels[I::DTYPE as usize]
                     .as_ref()
                     .expect("planning loaded the module");
-                // SAFETY: `check_shapes` proved both buffers hold rows × cols elements of
-                // one type, contiguous; the plan is `row_slices_launch`'s for this shape,
-                // type and alignment (16-byte packs only where both buffers are misaligned
-                // alike), with every block resident when sliced; `reserve_partials` sized
-                // the partials, and the barrier words cover any resident launch.
+                // SAFETY: `Rows::new`/`RowsMut::new` (or `strided`) proved each buffer holds
+                // its view, and `contiguous` makes each view rows × cols elements of one type
+                // with no gaps; the buffers are distinct, since `output` is borrowed mutably
+                // while `input` is borrowed (in-place calls never come here). The plan is
+                // `row_slices_launch`'s for this shape, type and alignment (16-byte packs only
+                // where both buffers are misaligned alike), with every block resident when
+                // sliced; `reserve_partials` sized the partials, and the barrier words cover
+                // any resident launch.
                 return unsafe {
                     self.enqueue_in(kernels, &launch, input_address, output_address, input.shape)
                 };

@@ -451,11 +451,12 @@ impl Softmax {
         unsafe { self.enqueue_in(&self.kernels, launch, input, output, shape) }
     }
 
-    /// [`Softmax::enqueue`] of an entry of `kernels`.
+    /// Resolves the launch's arguments to values and enqueues it on an entry of `kernels`.
     ///
     /// # Safety
-    /// As for [`Softmax::enqueue`], with `input` and `output` holding `shape.len()` elements
-    /// of the entry's type.
+    /// `launch` is a plan for an entry of `kernels` (from `plan`, or `row_slices_launch` for a
+    /// 16-bit type) made for this shape and these addresses, and `input` and `output` are
+    /// device addresses of `shape.len()` elements of that entry's type each.
     unsafe fn enqueue_in(
         &self,
         kernels: &Kernels,

@@ -535,18 +535,27 @@ fn peeled_rows_at_block_capacity(softmax: &mut Softmax, rng: &mut StdRng) -> Out
 /// slices that exchange their statistics (32×151936, 16×262144, and 8×300001 with peeled
 /// ends), a cached row per block in one wave (128×50257), and a cached row per block over
 /// many rows (600×70001); 16 bytes at a time, and one element at a time with the input one
-/// element off the output's alignment; bf16 and f16.
+/// element off the output's alignment; bf16 and f16. Then the special values (12 rows of
+/// 200003, 4.8 MB: NaN, ±inf, rows of -inf only, ±3e38, …) through the same kernels, whose
+/// batch maximum is taken on packed pairs. Each row is compared on its own.
 fn wide_16_bit_rows_in_row_slices(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     let mut tally = Tally::default();
-    for (rows, cols) in [
+    let random = [
         (32, 151_936),
         (16, 262_144),
         (8, 300_001),
         (128, 50_257),
         (600, 70_001),
-    ] {
+    ]
+    .map(|(rows, cols)| {
         let shape = Shape::new(rows, cols).unwrap();
-        let x = random_matrix(rng, shape, 8.0);
+        (random_matrix(rng, shape, 8.0), shape)
+    });
+    let special = Shape::new(SPECIAL_ROWS, 200_003).unwrap();
+    let cases = random
+        .into_iter()
+        .chain([(special_rows(rng, special.cols()), special)]);
+    for (x, shape) in cases {
         for input_offset in [0, 1] {
             wide_16_bit_softmax::<bf16>(softmax, &mut tally, &x, shape, input_offset)?;
             wide_16_bit_softmax::<f16>(softmax, &mut tally, &x, shape, input_offset)?;
@@ -582,12 +591,7 @@ fn wide_16_bit_softmax<T: Element>(
         )
         .map_err(|e| format!("{what}: {e}"))?;
     softmax.synchronize().map_err(text)?;
-    let actual = download(&output)?;
-    tally.record(
-        &what,
-        value_deviation(&actual, &as_written::<T>(&expected)),
-        tolerance(T::DTYPE),
-    )
+    record_rows::<T>(tally, &what, &download(&output)?, &expected, shape)
 }
 
 /// Scales, per-row scales, both masks (one row for all, and per row), causal blocks and

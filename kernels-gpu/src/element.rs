@@ -82,7 +82,8 @@ pub trait Element: Copy {
     fn widen<const N: usize>(words: &[u32; N], i: usize) -> f32;
 
     /// The largest of the `N` elements of a pack laid out as [`Element::load_packed`] lays it
-    /// out, NaN aside (as `f32::max` folds them).
+    /// out, NaN aside as `f32::max` folds them (a pack of NaN only gives NaN or `-inf`; either
+    /// leaves a batch's maximum to its other packs).
     #[inline(always)]
     fn pack_max<const N: usize>(words: &[u32; N]) -> f32 {
         widened_max::<Self, N>(words)
@@ -93,10 +94,15 @@ pub trait Element: Copy {
     #[inline(always)]
     unsafe fn load_f32<const N: usize>(src: *const Self) -> [f32; N] {
         // SAFETY: forwarded from the contract.
-        let words = unsafe { Self::load_packed::<N>(src) };
+        Self::widen_all(&unsafe { Self::load_packed::<N>(src) })
+    }
+
+    /// Every element of a pack read by [`Element::load_packed`], widened to f32.
+    #[inline(always)]
+    fn widen_all<const N: usize>(words: &[u32; N]) -> [f32; N] {
         let mut values = [0.0; N];
         for i in 0..N {
-            values[i] = Self::widen(&words, i);
+            values[i] = Self::widen(words, i);
         }
         values
     }
@@ -304,8 +310,9 @@ macro_rules! narrowing_store {
 }
 
 /// `Element::pack_max` of a 16-bit type: a pack read as one access holds two elements per
-/// word, so `max.<type>x2` folds the words pairwise (exact: a maximum needs no rounding, and
-/// it skips NaN as `f32::max` does) and only the last word's two halves are widened.
+/// word, so `max.<type>x2` folds the words into one word of two pairwise maxima (exact: a
+/// maximum needs no rounding, and it skips NaN as `f32::max` does), and only that word's two
+/// halves are widened.
 macro_rules! packed_max {
     ($pair:literal) => {
         #[inline(always)]
@@ -377,6 +384,9 @@ impl Element for F16 {
 /// `ld.global` of `WORDS` (1, 2 or 4) 32-bit words; with `LAST_USE` (data the launch reads
 /// for the last time) `ld.global.cs`, cache streaming, which allocates the lines evict-first in
 /// L1 and L2 so that they do not push out lines still to be used.
+///
+/// # Safety
+/// `address` is readable global memory for `4 · WORDS` bytes, aligned to that size.
 #[inline(always)]
 unsafe fn load_words<const WORDS: usize, const LAST_USE: bool>(address: *const u8) -> [u32; 4] {
     let (mut a, mut b, mut c, mut d) = (0u32, 0u32, 0u32, 0u32);
@@ -407,6 +417,9 @@ unsafe fn load_words<const WORDS: usize, const LAST_USE: bool>(address: *const u
 }
 
 /// `st.global` of the first `WORDS` (1, 2 or 4) of `words`.
+///
+/// # Safety
+/// `address` is writable global memory for `4 · WORDS` bytes, aligned to that size.
 #[inline(always)]
 unsafe fn store_words<const WORDS: usize>(address: *mut u8, [a, b, c, d]: [u32; 4]) {
     // SAFETY: the caller guarantees the words are writable and aligned to their total size.
@@ -427,6 +440,9 @@ unsafe fn store_words<const WORDS: usize>(address: *mut u8, [a, b, c, d]: [u32; 
 
 /// `ld.global` of one element of 1, 2 or 4 bytes, as the low bits of a word; streaming
 /// loads of 2 or 4 bytes with `LAST_USE`.
+///
+/// # Safety
+/// `address` is a readable element of global memory, aligned to its size.
 #[inline(always)]
 unsafe fn load_element<T: Copy, const LAST_USE: bool>(address: *const T) -> T {
     let word: u32;
@@ -436,12 +452,16 @@ unsafe fn load_element<T: Copy, const LAST_USE: bool>(address: *const T) -> T {
             4 => word = load_words::<1, LAST_USE>(address.cast())[0],
             2 => {
                 let half: u16;
+                macro_rules! load_half_with {
+                    ($cache:literal) => {
+                        asm!(concat!("ld.global", $cache, ".b16 {h}, [{p}];"), h = out(reg16) half,
+                            p = in(reg64) address, options(pure, readonly, nostack, preserves_flags))
+                    };
+                }
                 if LAST_USE {
-                    asm!("ld.global.cs.b16 {h}, [{p}];", h = out(reg16) half,
-                        p = in(reg64) address, options(pure, readonly, nostack, preserves_flags));
+                    load_half_with!(".cs")
                 } else {
-                    asm!("ld.global.b16 {h}, [{p}];", h = out(reg16) half,
-                        p = in(reg64) address, options(pure, readonly, nostack, preserves_flags));
+                    load_half_with!("")
                 }
                 word = half as u32;
             }
@@ -457,6 +477,9 @@ unsafe fn load_element<T: Copy, const LAST_USE: bool>(address: *const T) -> T {
 }
 
 /// `st.global` of one element of 2 or 4 bytes.
+///
+/// # Safety
+/// `address` is a writable element of global memory, aligned to its size.
 #[inline(always)]
 unsafe fn store_element<T: Copy>(address: *mut T, value: T) {
     // SAFETY: the caller guarantees the element is writable and aligned; `value` is 2 or 4

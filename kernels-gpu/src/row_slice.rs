@@ -19,7 +19,7 @@ pub struct RowSlice {
     /// they start: threads `PACK..PACK + tail` hold one each.
     tail: usize,
     tail_start: usize,
-    tail_thread: usize,
+    first_tail_thread: usize,
 }
 
 impl RowSlice {
@@ -33,6 +33,7 @@ impl RowSlice {
         slices: usize,
         slice_packs: usize,
     ) -> Self {
+        const { assert!(PACK == 1 || PACK * size_of::<T>() == 16) };
         let row_head = if PACK == 1 {
             0
         } else {
@@ -53,7 +54,7 @@ impl RowSlice {
                 0
             },
             tail_start,
-            tail_thread: PACK,
+            first_tail_thread: PACK,
         }
     }
 
@@ -62,8 +63,8 @@ impl RowSlice {
     pub fn edge_column(&self, tid: usize) -> Option<usize> {
         if tid < self.head {
             Some(tid)
-        } else if (self.tail_thread..self.tail_thread + self.tail).contains(&tid) {
-            Some(self.tail_start + tid - self.tail_thread)
+        } else if (self.first_tail_thread..self.first_tail_thread + self.tail).contains(&tid) {
+            Some(self.tail_start + tid - self.first_tail_thread)
         } else {
             None
         }

@@ -79,8 +79,15 @@ pub(crate) struct Share<E, const PACK: usize> {
 }
 
 impl<E: Element, const PACK: usize> Share<E, PACK> {
-    /// Bytes of a pack, as read and as cached: 16, or one element.
-    const PACK_BYTES: usize = PACK * size_of::<E>();
+    /// Bytes of a pack, as read and as cached: 16, or one element of 4 or 2 bytes.
+    const PACK_BYTES: usize = {
+        let bytes = PACK * size_of::<E>();
+        assert!(
+            bytes == 16 || (PACK == 1 && (bytes == 4 || bytes == 2)),
+            "a pack is 16 bytes or one element"
+        );
+        bytes
+    };
 
     /// The share of block `block_idx()`: row `block / slices`, slice `block % slices`.
     ///
@@ -130,14 +137,6 @@ impl<E: Element, const PACK: usize> Share<E, PACK> {
     /// Where `pack` lies in the cache.
     fn cached_at(&self, cache: *mut u8, pack: usize) -> *mut u8 {
         cache.wrapping_add((pack - self.part.first) * Self::PACK_BYTES)
-    }
-
-    fn widened(words: &[u32; PACK]) -> [f32; PACK] {
-        let mut values = [0.0; PACK];
-        for (i, value) in values.iter_mut().enumerate() {
-            *value = E::widen(words, i);
-        }
-        values
     }
 
     /// This thread's online statistics of its packs of the share (and its edge element),
@@ -219,7 +218,7 @@ impl<E: Element, const PACK: usize> Share<E, PACK> {
                 };
                 E::store_f32(
                     self.y.add(self.column(pack)),
-                    Self::widened(&words).map(normalize),
+                    E::widen_all(&words).map(normalize),
                 );
             }
         }
@@ -245,7 +244,8 @@ impl<E: Element, const PACK: usize> Share<E, PACK> {
                     .cast::<Words4>()
                     .write(Words4([words[0], words[1], words[2], words[3]])),
                 4 => at.cast::<u32>().write(words[0]),
-                _ => at.cast::<u16>().write(words[0] as u16),
+                2 => at.cast::<u16>().write(words[0] as u16),
+                _ => unreachable!("PACK_BYTES is 16, 4 or 2"),
             }
         }
     }
@@ -265,7 +265,8 @@ impl<E: Element, const PACK: usize> Share<E, PACK> {
                     words[..4].copy_from_slice(&vector);
                 }
                 4 => words[0] = at.cast::<u32>().read(),
-                _ => words[0] = u32::from(at.cast::<u16>().read()),
+                2 => words[0] = u32::from(at.cast::<u16>().read()),
+                _ => unreachable!("PACK_BYTES is 16, 4 or 2"),
             }
         }
         words
