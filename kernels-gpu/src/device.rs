@@ -127,10 +127,16 @@ pub unsafe fn load_acquire_gpu(word: *const u32) -> u32 {
     value
 }
 
-/// The block's dynamic shared memory, as floats. Its size is the launch's `sharedMemBytes`.
+/// 16 bytes, aligned to 16: the type the dynamic shared memory is declared as, so the PTX
+/// promises the alignment of the 16-byte shared accesses made into it (`.align 16`).
+#[repr(C, align(16))]
+struct SharedVector([f32; 4]);
+
+/// The block's dynamic shared memory, as floats, starting 16-byte aligned. Its size is the
+/// launch's `sharedMemBytes`.
 #[inline(always)]
 pub fn dynamic_shared_f32() -> *mut f32 {
-    core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<f32>()
+    core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<SharedVector>().cast()
 }
 
 /// `2^x` on the device, for [`crate::online::OnlineStats`].
