@@ -56,7 +56,7 @@ pub unsafe fn softmax_block_registers<
             values[p] = unsafe { load_pack::<PACK>(x.add(column(pack))) };
         }
     }
-    let edge_column = part.edge_column(tid);
+    let edge_column = part.edge_column::<PACK>(tid);
     // SAFETY: edge columns are inside the row.
     let mut edge = edge_column.map_or(f32::NEG_INFINITY, |c| unsafe { x.add(c).read() });
 

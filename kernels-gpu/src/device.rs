@@ -127,16 +127,18 @@ pub unsafe fn load_acquire_gpu(word: *const u32) -> u32 {
     value
 }
 
-/// 16 bytes, aligned to 16: the type the dynamic shared memory is declared as, so the PTX
-/// promises the alignment of the 16-byte shared accesses made into it (`.align 16`).
+/// Four 4-byte values with the alignment of one 16-byte vector access (`ld.v4`/`st.v4`), in
+/// global or shared memory.
 #[repr(C, align(16))]
-struct SharedVector([f32; 4]);
+#[derive(Clone, Copy)]
+pub struct Vector4<T>(pub [T; 4]);
 
-/// The block's dynamic shared memory, as floats, starting 16-byte aligned. Its size is the
-/// launch's `sharedMemBytes`.
+/// The block's dynamic shared memory, as floats, starting 16-byte aligned (it is declared as
+/// [`Vector4`]s, so the PTX promises the alignment of the 16-byte accesses made into it). Its
+/// size is the launch's `sharedMemBytes`.
 #[inline(always)]
 pub fn dynamic_shared_f32() -> *mut f32 {
-    core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<SharedVector>().cast()
+    core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<Vector4<f32>>().cast()
 }
 
 /// `2^x` on the device, for [`crate::online::OnlineStats`].

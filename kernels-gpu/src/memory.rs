@@ -2,10 +2,7 @@
 //! 4-byte accesses otherwise. Plain index loops, so that they unroll and stay in registers.
 #![allow(clippy::needless_range_loop)]
 
-/// Four floats with the alignment of a 16-byte vector access (`ld.global.v4.f32`).
-#[repr(C, align(16))]
-#[derive(Clone, Copy)]
-struct F32x4([f32; 4]);
+use crate::device::Vector4;
 
 /// Reads `PACK` floats starting at `src`.
 ///
@@ -16,7 +13,7 @@ pub unsafe fn load_pack<const PACK: usize>(src: *const f32) -> [f32; PACK] {
     let mut values = [0.0; PACK];
     if PACK == 4 {
         // SAFETY: the caller guarantees 16 readable, 16-byte aligned bytes.
-        let vector = unsafe { src.cast::<F32x4>().read() };
+        let vector = unsafe { src.cast::<Vector4<f32>>().read() };
         for i in 0..PACK {
             values[i] = vector.0[i];
         }
@@ -36,12 +33,12 @@ pub unsafe fn load_pack<const PACK: usize>(src: *const f32) -> [f32; PACK] {
 #[inline(always)]
 pub unsafe fn store_pack<const PACK: usize>(dst: *mut f32, values: [f32; PACK]) {
     if PACK == 4 {
-        let mut vector = F32x4([0.0; 4]);
+        let mut vector = Vector4([0.0f32; 4]);
         for i in 0..PACK {
             vector.0[i] = values[i];
         }
         // SAFETY: the caller guarantees 16 writable, 16-byte aligned bytes.
-        unsafe { dst.cast::<F32x4>().write(vector) };
+        unsafe { dst.cast::<Vector4<f32>>().write(vector) };
     } else {
         for i in 0..PACK {
             // SAFETY: the caller guarantees `PACK` writable floats.

@@ -19,7 +19,6 @@ pub struct RowSlice {
     /// they start: threads `PACK..PACK + tail` hold one each.
     tail: usize,
     tail_start: usize,
-    first_tail_thread: usize,
 }
 
 impl RowSlice {
@@ -54,17 +53,17 @@ impl RowSlice {
                 0
             },
             tail_start,
-            first_tail_thread: PACK,
         }
     }
 
-    /// The element outside the aligned body that this thread holds, if any.
+    /// The element outside the aligned body that thread `tid` holds, if any (`PACK` as in
+    /// [`RowSlice::new`]).
     #[inline(always)]
-    pub fn edge_column(&self, tid: usize) -> Option<usize> {
+    pub fn edge_column<const PACK: usize>(&self, tid: usize) -> Option<usize> {
         if tid < self.head {
             Some(tid)
-        } else if (self.first_tail_thread..self.first_tail_thread + self.tail).contains(&tid) {
-            Some(self.tail_start + tid - self.first_tail_thread)
+        } else if (PACK..PACK + self.tail).contains(&tid) {
+            Some(self.tail_start + tid - PACK)
         } else {
             None
         }

@@ -8,7 +8,7 @@
 //! softmax module, bf16 and f16 in their operation modules): math in f32, the cache holds the
 //! elements as they were read.
 
-use crate::device::{DeviceExp2, block_dim, block_idx, dynamic_shared_f32, thread_idx};
+use crate::device::{DeviceExp2, Vector4, block_dim, block_idx, dynamic_shared_f32, thread_idx};
 use crate::element::{Bf16, Element, F16};
 use crate::launch::{LOADS_IN_FLIGHT, REDUCTION_SCRATCH_FLOATS};
 use crate::online::OnlineStats;
@@ -62,11 +62,6 @@ unsafe fn softmax_row_slices<E: Element, const PACK: usize>(
     unsafe { share.write_normalized(cache, row_stats) };
 }
 
-/// 16 bytes with the alignment of a vector access (`ld.shared.v4`).
-#[repr(C, align(16))]
-#[derive(Clone, Copy)]
-struct Words4([u32; 4]);
-
 /// One block's share of a row: where it lies, and the element outside the aligned body this
 /// thread holds.
 pub(crate) struct Share<E, const PACK: usize> {
@@ -119,7 +114,7 @@ impl<E: Element, const PACK: usize> Share<E, PACK> {
             slices,
             slice_packs as usize,
         );
-        let edge_column = part.edge_column(thread_idx() as usize);
+        let edge_column = part.edge_column::<PACK>(thread_idx() as usize);
         Share {
             x,
             y,
@@ -241,8 +236,8 @@ impl<E: Element, const PACK: usize> Share<E, PACK> {
         unsafe {
             match Self::PACK_BYTES {
                 16 => at
-                    .cast::<Words4>()
-                    .write(Words4([words[0], words[1], words[2], words[3]])),
+                    .cast::<Vector4<u32>>()
+                    .write(Vector4([words[0], words[1], words[2], words[3]])),
                 4 => at.cast::<u32>().write(words[0]),
                 2 => at.cast::<u16>().write(words[0] as u16),
                 _ => unreachable!("PACK_BYTES is 16, 4 or 2"),
@@ -261,7 +256,7 @@ impl<E: Element, const PACK: usize> Share<E, PACK> {
         unsafe {
             match Self::PACK_BYTES {
                 16 => {
-                    let Words4(vector) = at.cast::<Words4>().read();
+                    let Vector4(vector) = at.cast::<Vector4<u32>>().read();
                     words[..4].copy_from_slice(&vector);
                 }
                 4 => words[0] = at.cast::<u32>().read(),
