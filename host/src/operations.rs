@@ -79,6 +79,16 @@ fn pack_layout(
     }
 }
 
+/// A plan as the benchmark reports it: the entry, and for rows cut into `slices` the slices
+/// per row and whether they meet in one cooperative launch or in two launches (`split`).
+fn plan_label(kernel: &str, slices: u32, split: bool) -> String {
+    match (slices, split) {
+        (1, _) => kernel.to_owned(),
+        (_, true) => format!("{kernel} ({slices} slices per row, 2 launches)"),
+        (_, false) => format!("{kernel} ({slices} slices per row, cooperative)"),
+    }
+}
+
 fn check_shapes(input: Shape, output: Shape, what: &'static str) -> Result<()> {
     if input != output {
         return Err(Error::ShapeMismatch {
@@ -568,16 +578,8 @@ impl Softmax {
         {
             let operands = [input, output].map(|buffer| Operand::of(buffer, shape.cols()));
             if let Some(launch) = self.row_slices_plan(T::DTYPE, shape, &operands)? {
-                return Ok(format!(
-                    "{} ({} slices per row, {})",
-                    launch.kernel,
-                    launch.grid / shape.rows() as u32,
-                    if launch.cooperative {
-                        "cooperative"
-                    } else {
-                        "one launch"
-                    }
-                ));
+                let slices = launch.grid / shape.rows() as u32;
+                return Ok(plan_label(&launch.kernel, slices, false));
             }
         }
         // The layout exactly as a call without options over these buffers finds it.
@@ -589,17 +591,9 @@ impl Softmax {
         Ok(
             match self.op_plan(call.direction, call.input, rows, cols, call.layout)? {
                 None => "no kernel launches".into(),
-                Some(PlannedOp { launch, .. }) if launch.slices == 1 => launch.kernel.to_string(),
-                Some(PlannedOp { launch, .. }) => format!(
-                    "{} ({} slices per row, {})",
-                    launch.kernel,
-                    launch.slices,
-                    if launch.split {
-                        "2 launches"
-                    } else {
-                        "cooperative"
-                    }
-                ),
+                Some(PlannedOp { launch, .. }) => {
+                    plan_label(&launch.kernel.to_string(), launch.slices, launch.split)
+                }
             },
         )
     }
