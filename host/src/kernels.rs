@@ -162,9 +162,10 @@ impl Kernels {
         let params = args.as_mut_ptr();
         // SAFETY: the caller vouches for the arguments; grid and block come from the plan.
         let status = unsafe {
-            if launch.cluster > 1 {
-                launch_in_clusters(function, launch, stream, params)
-            } else if launch.cooperative {
+            if launch.cooperative {
+                // No programmatic overlap: a cooperative grid must find every block a place at
+                // once, so it starts after the previous grid left (measured: allowing overlap
+                // here gained nothing).
                 sys::cuLaunchCooperativeKernel(
                     function,
                     launch.grid,
@@ -178,19 +179,21 @@ impl Kernels {
                     params,
                 ) as c_int
             } else {
-                sys::cuLaunchKernel(
-                    function,
+                // Every entry starts with `griddepcontrol.wait` (kernels_gpu's contract), so the
+                // grid may be placed while the previous kernel in the stream finishes.
+                let mut attributes = [
+                    int_attribute(LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, 1),
+                    cluster_attribute(launch.cluster),
+                ];
+                let count = if launch.cluster > 1 { 2 } else { 1 };
+                let config = LaunchConfig::new(
                     launch.grid,
-                    1,
-                    1,
                     launch.block,
-                    1,
-                    1,
                     launch.shared_bytes,
                     stream.as_inner(),
-                    params,
-                    std::ptr::null_mut(),
-                ) as c_int
+                    &mut attributes[..count],
+                );
+                cuLaunchKernelEx(&config, function, params, std::ptr::null_mut())
             }
         };
         check_code(status, "launching a kernel")
@@ -206,8 +209,8 @@ impl Kernels {
         shared_bytes: u32,
         cluster: u32,
     ) -> Result<u32> {
-        let mut attribute = cluster_attribute(cluster);
-        let config = LaunchConfig::in_clusters(
+        let mut attribute = [cluster_attribute(cluster)];
+        let config = LaunchConfig::new(
             cluster,
             threads,
             shared_bytes,
@@ -226,7 +229,7 @@ impl Kernels {
 
 /// `CUlaunchAttribute` of the CUDA 12 driver API (`cuda.h`): an id, padding to 8 bytes, and a
 /// 64-byte value union (8-byte aligned: some members are pointers); for the cluster dimension
-/// the value starts with x, y and z.
+/// the value starts with x, y and z, for the other attributes used here it is one int.
 #[repr(C, align(8))]
 struct LaunchAttribute {
     id: u32,
@@ -236,6 +239,10 @@ struct LaunchAttribute {
 
 /// `CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION`.
 const LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION: u32 = 4;
+
+/// `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`: with a nonzero value, the grid may
+/// start while the previous kernel in the stream finishes (programmatic dependent launch).
+const LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION: u32 = 6;
 
 /// `CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED` (CUDA 12; not in cust's enum).
 const FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED: c_int = 14;
@@ -260,22 +267,22 @@ struct LaunchConfig {
 }
 
 impl LaunchConfig {
-    /// `grid` blocks of `block` threads along x on `stream`, with `attribute` (a cluster
-    /// dimension, which must outlive the configuration's use) as its one attribute.
-    fn in_clusters(
+    /// `grid` blocks of `block` threads along x on `stream`, with `attributes` (which must
+    /// outlive the configuration's use).
+    fn new(
         grid: u32,
         block: u32,
         shared_bytes: u32,
         stream: sys::CUstream,
-        attribute: &mut LaunchAttribute,
+        attributes: &mut [LaunchAttribute],
     ) -> Self {
         LaunchConfig {
             grid: [grid, 1, 1],
             block: [block, 1, 1],
             shared_bytes,
             stream,
-            attributes: attribute,
-            attribute_count: 1,
+            attributes: attributes.as_mut_ptr(),
+            attribute_count: attributes.len() as u32,
         }
     }
 }
@@ -291,35 +298,13 @@ unsafe extern "C" {
         config: *const LaunchConfig,
     ) -> c_int;
 
-    /// The extensible launch, here with the cluster dimension attribute.
+    /// The extensible launch, here with the programmatic-overlap and cluster attributes.
     fn cuLaunchKernelEx(
         config: *const LaunchConfig,
         function: sys::CUfunction,
         params: *mut *mut c_void,
         extra: *mut *mut c_void,
     ) -> c_int;
-}
-
-/// Enqueues `launch` in clusters of `launch.cluster` blocks along x.
-///
-/// # Safety
-/// As [`Kernels::launch`]; `launch.grid` is a multiple of `launch.cluster`.
-unsafe fn launch_in_clusters(
-    function: sys::CUfunction,
-    launch: &Launch,
-    stream: &Stream,
-    params: *mut *mut c_void,
-) -> c_int {
-    let mut attribute = cluster_attribute(launch.cluster);
-    let config = LaunchConfig::in_clusters(
-        launch.grid,
-        launch.block,
-        launch.shared_bytes,
-        stream.as_inner(),
-        &mut attribute,
-    );
-    // SAFETY: the configuration and its attribute outlive the call; the rest is forwarded.
-    unsafe { cuLaunchKernelEx(&config, function, params, std::ptr::null_mut()) }
 }
 
 /// The launch attribute that groups blocks into clusters of `blocks` along x.
@@ -330,6 +315,17 @@ fn cluster_attribute(blocks: u32) -> LaunchAttribute {
         id: LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
         pad: [0; 4],
         value,
+    }
+}
+
+/// A launch attribute whose value is one int.
+fn int_attribute(id: u32, value: u32) -> LaunchAttribute {
+    let mut values = [0; 16];
+    values[0] = value;
+    LaunchAttribute {
+        id,
+        pad: [0; 4],
+        value: values,
     }
 }
 
@@ -353,5 +349,74 @@ mod tests {
         assert_eq!(std::mem::offset_of!(LaunchConfig, attributes), 40);
         assert_eq!(std::mem::offset_of!(LaunchConfig, attribute_count), 48);
         assert_eq!(std::mem::size_of::<LaunchConfig>(), 56);
+    }
+
+    /// Whether a PTX instruction line may read or write global memory: any load, store,
+    /// atomic, reduction, asynchronous copy or prefetch except those on kernel parameters or
+    /// shared memory.
+    fn may_touch_global(line: &str) -> bool {
+        let mut words = line.split_whitespace();
+        let first = words.next().unwrap_or("");
+        // A guard predicate (`@%p1`, `@!%p2`) comes before the instruction.
+        let op = if first.starts_with('@') {
+            words.next().unwrap_or("")
+        } else {
+            first
+        };
+        ["ld.", "st.", "atom.", "red.", "cp.", "prefetch"]
+            .iter()
+            .any(|prefix| op.starts_with(prefix))
+            && !op.contains(".param")
+            && !op.contains(".shared")
+    }
+
+    #[test]
+    fn global_accesses_are_recognised_in_ptx_lines() {
+        assert!(may_touch_global("\t@%p1 ld.global.b16 %rs1, [%rd59];"));
+        assert!(may_touch_global(
+            "\tst.global.v4.f32 [%rd3], {%r1, %r2, %r3, %r4};"
+        ));
+        assert!(may_touch_global("\tld.volatile.u32 %r1, [%rd2];"));
+        assert!(may_touch_global(
+            "\tatom.acq_rel.gpu.add.u32 %r1, [%rd2], %r3;"
+        ));
+        assert!(!may_touch_global("\tld.param.b64 %rd1, [entry_param_0];"));
+        assert!(!may_touch_global(
+            "\t@!%p2 st.shared.v4.b32 [%rd117], {%r14, %r15, %r16, %r17};"
+        ));
+        assert!(!may_touch_global("\tgriddepcontrol.wait;"));
+    }
+
+    #[test]
+    fn every_entry_awaits_the_previous_grid_before_touching_global_memory() {
+        // Launches other than cooperative ones allow programmatic overlap with the previous
+        // kernel in the stream; that is only sound if each kernel waits first.
+        let modules = [
+            PTX,
+            op_ptx(DType::F32),
+            op_ptx(DType::Bf16),
+            op_ptx(DType::F16),
+        ];
+        let mut entries = 0;
+        for ptx in modules {
+            for entry in ptx.split(".entry ").skip(1) {
+                let name = entry.split('(').next().unwrap_or_default().trim();
+                let body = &entry[..entry.find("\n}").unwrap_or(entry.len())];
+                let lines: Vec<&str> = body.lines().collect();
+                let wait = lines
+                    .iter()
+                    .position(|line| line.contains("griddepcontrol.wait"))
+                    .unwrap_or_else(|| panic!("{name} never executes griddepcontrol.wait"));
+                if let Some(access) = lines.iter().position(|line| may_touch_global(line)) {
+                    assert!(
+                        wait < access,
+                        "{name} touches memory before waiting: {}",
+                        lines[access]
+                    );
+                }
+                entries += 1;
+            }
+        }
+        assert!(entries > 100, "found only {entries} entries");
     }
 }

@@ -26,9 +26,15 @@ const TESTS: &[common::Test] = &[
         two_streams,
     ),
     ("soak_one_hundred_thousand_launches_without_growth", soak),
+    (
+        "chained_launches_read_what_the_previous_launch_wrote",
+        chained_launches,
+    ),
 ];
 
 const TOLERANCE: f64 = 1e-5;
+/// bf16 outputs: one rounding to 8 bits of mantissa (as gpu_ops states).
+const BF16_TOLERANCE: f64 = 1.5e-2;
 const FUZZ_CASES: usize = 10_000;
 const SOAK_LAUNCHES: usize = 100_000;
 
@@ -201,6 +207,127 @@ fn two_streams(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     ))
 }
 
+/// Launches that read the previous launch's output, enqueued back to back: x → y → z for
+/// many inputs before one synchronization. Kernels may be placed while the previous kernel in
+/// the stream finishes (programmatic dependent launch), so a kernel that read before waiting
+/// for it would see the NaN poison (or a stale row) of its input.
+fn chained_launches(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
+    const CHAINS: usize = 12;
+    let cuda = |e: cust::error::CudaError| e.to_string();
+    let cases = [
+        (Variant::Auto, 4096, 1000),
+        (Variant::Auto, 65536, 100),
+        (Variant::Auto, 64, 16384),
+        (Variant::Auto, 128, 50257),
+        (Variant::Auto, 32, 151936),
+        (Variant::SplitRows, 8, 128256),
+        (Variant::RowCluster, 64, 151936),
+        (Variant::Unfused, 64, 3000),
+        (Variant::ThreadPerRowOnline, 2000, 64),
+        (
+            Variant::BlockPerRowSmem {
+                threads_per_block: 256,
+            },
+            300,
+            5000,
+        ),
+        (Variant::WarpPerRowOnline, 1000, 700),
+    ];
+    let mut checked = 0;
+    for (variant, rows, cols) in cases {
+        let shape = Shape::new(rows, cols).unwrap();
+        let mut chains = Vec::new();
+        for _ in 0..CHAINS {
+            let x =
+                DeviceBuffer::from_slice(&common::random_matrix(rng, shape, 8.0)).map_err(cuda)?;
+            let (mut y, mut z) = (poisoned(shape.len())?, poisoned(shape.len())?);
+            match softmax.run(variant, &x, &mut y, shape) {
+                Err(Error::Unsupported { .. }) => break,
+                other => other.map_err(|e| format!("{variant} on {shape}: {e}"))?,
+            }
+            softmax
+                .run(variant, &y, &mut z, shape)
+                .map_err(|e| format!("{variant} on {shape}: {e}"))?;
+            chains.push((x, y, z));
+        }
+        softmax.synchronize().map_err(|e| e.to_string())?;
+        for (x, y, z) in &chains {
+            let mut values = [
+                vec![0.0; shape.len()],
+                vec![0.0; shape.len()],
+                vec![0.0; shape.len()],
+            ];
+            x.copy_to(&mut values[0][..]).map_err(cuda)?;
+            y.copy_to(&mut values[1][..]).map_err(cuda)?;
+            z.copy_to(&mut values[2][..]).map_err(cuda)?;
+            for stage in 0..2 {
+                let expected = softmax_f64(&values[stage], rows, cols);
+                let deviation = deviation(&values[stage + 1], &expected, cols);
+                if !deviation.within(TOLERANCE) {
+                    return Err(format!(
+                        "{variant} on {shape}, launch {} of a chain: {deviation:?}",
+                        stage + 1
+                    ));
+                }
+            }
+            checked += 1;
+        }
+    }
+    let shape = Shape::new(4096, 1000).unwrap();
+    let to_bf16 = |values: Vec<f32>| values.into_iter().map(bf16::from_f32).collect::<Vec<_>>();
+    let mut chains = Vec::new();
+    for _ in 0..CHAINS {
+        let x = DeviceBuffer::from_slice(&to_bf16(common::random_matrix(rng, shape, 8.0)))
+            .map_err(cuda)?;
+        let poison = to_bf16(vec![f32::NAN; shape.len()]);
+        let (mut y, mut z) = (
+            DeviceBuffer::from_slice(&poison).map_err(cuda)?,
+            DeviceBuffer::from_slice(&poison).map_err(cuda)?,
+        );
+        let mut bf16_softmax = |input: &DeviceBuffer<bf16>, output: &mut DeviceBuffer<bf16>| {
+            let (input, output) = (
+                Rows::new(input, shape).map_err(|e| e.to_string())?,
+                RowsMut::new(output, shape).map_err(|e| e.to_string())?,
+            );
+            softmax
+                .forward(Operation::Softmax, input, output, &Options::new())
+                .map_err(|e| format!("bf16 softmax on {shape}: {e}"))
+        };
+        bf16_softmax(&x, &mut y)?;
+        bf16_softmax(&y, &mut z)?;
+        chains.push((x, y, z));
+    }
+    softmax.synchronize().map_err(|e| e.to_string())?;
+    for (x, y, z) in &chains {
+        let mut values = [
+            vec![bf16::ZERO; shape.len()],
+            vec![bf16::ZERO; shape.len()],
+            vec![bf16::ZERO; shape.len()],
+        ];
+        x.copy_to(&mut values[0][..]).map_err(cuda)?;
+        y.copy_to(&mut values[1][..]).map_err(cuda)?;
+        z.copy_to(&mut values[2][..]).map_err(cuda)?;
+        let widened: Vec<Vec<f32>> = values
+            .iter()
+            .map(|v| v.iter().map(|e| e.to_f32()).collect())
+            .collect();
+        for stage in 0..2 {
+            let expected = softmax_f64(&widened[stage], shape.rows(), shape.cols());
+            let deviation = deviation(&widened[stage + 1], &expected, shape.cols());
+            if !deviation.within(BF16_TOLERANCE) {
+                return Err(format!(
+                    "bf16 on {shape}, launch {} of a chain: {deviation:?}",
+                    stage + 1
+                ));
+            }
+        }
+        checked += 1;
+    }
+    Ok(format!(
+        "{checked} chains of two dependent launches, enqueued without waiting, match the reference at each step"
+    ))
+}
+
 fn free_device_memory() -> Result<usize, String> {
     let (mut free, mut total) = (0usize, 0usize);
     // SAFETY: writes two sizes through valid pointers; a context is current.
@@ -304,7 +431,7 @@ impl SoakBuffers {
         );
         for (what, actual, expected, tolerance) in [
             ("f32 softmax", &output, &expected, TOLERANCE),
-            ("bf16 softmax", &output_bf16, &expected_bf16, 1.5e-2),
+            ("bf16 softmax", &output_bf16, &expected_bf16, BF16_TOLERANCE),
         ] {
             let deviation = deviation(actual, expected, shape.cols());
             if !deviation.within(tolerance) {

@@ -49,6 +49,7 @@ pub unsafe extern "ptx-kernel" fn softmax_block_per_row_smem(
     output: *mut f32,
     cols: u32,
 ) {
+    crate::device::await_previous_grid();
     let shared = dynamic_shared_f32();
     let start = block_idx() as usize * cols as usize;
     // SAFETY: one block per row, so the row's `cols` floats lie inside both buffers.

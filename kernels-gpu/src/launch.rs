@@ -51,6 +51,7 @@ macro_rules! register_instances {
                     rows: u32,
                     cols: u32,
                 ) {
+                    crate::device::await_previous_grid();
                     // SAFETY: forwarded from this entry's contract.
                     unsafe {
                         crate::rows_in_registers::softmax_rows_in_registers::<$pack, $lanes, $packs>(
@@ -101,6 +102,7 @@ macro_rules! block_register_entries {
                     partials: *mut f32,
                     barriers: *mut u32,
                 ) {
+                    crate::device::await_previous_grid();
                     // SAFETY: forwarded from this entry's contract.
                     unsafe {
                         crate::block_registers::softmax_block_registers::<$pack, $threads, $packs>(

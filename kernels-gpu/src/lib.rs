@@ -10,6 +10,11 @@
 //! `2^((x_i - max) · log2 e)`. Special values follow `torch.softmax`: a row holding a NaN or a
 //! `+inf` is all NaN, a row that is entirely `-inf` is all NaN, and a `-inf` entry in any other
 //! row gives 0.
+//!
+//! Every entry starts by waiting for the previous grid in its stream (`griddepcontrol.wait`)
+//! before it touches global memory: the host launches non-cooperative grids with programmatic
+//! overlap (programmatic dependent launch), so a grid's blocks may already be placed while the
+//! kernel before it finishes.
 #![no_std]
 #![cfg_attr(
     target_arch = "nvptx64",

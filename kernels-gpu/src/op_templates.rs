@@ -416,6 +416,7 @@ macro_rules! op_entries {
                 $width, "_n", $packs
             ))]
             unsafe extern "ptx-kernel" fn entry(params: RowOpParams) {
+                crate::device::await_previous_grid();
                 // SAFETY: forwarded from this entry's contract.
                 unsafe {
                     $template::<$kernel<$input>, $layout, $pack, $width, { $packs + $extra }>(

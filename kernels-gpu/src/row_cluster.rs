@@ -92,6 +92,7 @@ macro_rules! row_cluster_entry {
             slice_packs: u32,
             cached: u32,
         ) {
+            crate::device::await_previous_grid();
             // SAFETY: forwarded from this entry's contract.
             unsafe {
                 softmax_row_cluster::<$pack>(input, output, cols, slices, slice_packs, cached)

@@ -285,6 +285,7 @@ macro_rules! row_slices_entry {
             partials: *mut f32,
             barriers: *mut u32,
         ) {
+            crate::device::await_previous_grid();
             // SAFETY: forwarded from this entry's contract.
             unsafe {
                 softmax_row_slices::<$element, $pack>(

@@ -69,6 +69,7 @@ macro_rules! split_entries {
             slice_packs: u32,
             partials: *mut f32,
         ) {
+            crate::device::await_previous_grid();
             // SAFETY: forwarded from this entry's contract.
             unsafe { split_stats::<$pack>(input, cols, slices, slice_packs, partials) }
         }
@@ -84,6 +85,7 @@ macro_rules! split_entries {
             slice_packs: u32,
             partials: *const f32,
         ) {
+            crate::device::await_previous_grid();
             // SAFETY: forwarded from this entry's contract.
             unsafe { split_normalize::<$pack>(input, output, cols, slices, slice_packs, partials) }
         }

@@ -34,6 +34,7 @@ pub unsafe extern "ptx-kernel" fn softmax_thread_per_row_naive(
     rows: u32,
     cols: u32,
 ) {
+    crate::device::await_previous_grid();
     // SAFETY: forwarded from this kernel's contract.
     let Some((x, y)) = (unsafe { this_threads_row(input, output, rows, cols) }) else {
         return;
@@ -71,6 +72,7 @@ pub unsafe extern "ptx-kernel" fn softmax_thread_per_row_online(
     rows: u32,
     cols: u32,
 ) {
+    crate::device::await_previous_grid();
     // SAFETY: forwarded from this kernel's contract.
     let Some((x, y)) = (unsafe { this_threads_row(input, output, rows, cols) }) else {
         return;

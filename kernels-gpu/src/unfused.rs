@@ -35,6 +35,7 @@ pub unsafe extern "ptx-kernel" fn softmax_unfused_row_max(
     rows: u32,
     cols: u32,
 ) {
+    crate::device::await_previous_grid();
     let Some((row, lane)) = warp_row(rows) else {
         return;
     };
@@ -63,6 +64,7 @@ pub unsafe extern "ptx-kernel" fn softmax_unfused_subtract(
     rows: u32,
     cols: u32,
 ) {
+    crate::device::await_previous_grid();
     for i in grid_stride(rows as u64 * cols as u64) {
         // SAFETY: i < rows · cols and i / cols < rows.
         unsafe {
@@ -79,6 +81,7 @@ pub unsafe extern "ptx-kernel" fn softmax_unfused_subtract(
 /// `data` holds `len` floats. Any 1-D grid.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn softmax_unfused_exp(data: *mut f32, len: u64) {
+    crate::device::await_previous_grid();
     for i in grid_stride(len) {
         // SAFETY: i < len.
         unsafe { data.add(i).write(exp2_approx(data.add(i).read() * LOG2_E)) };
@@ -96,6 +99,7 @@ pub unsafe extern "ptx-kernel" fn softmax_unfused_row_sum(
     rows: u32,
     cols: u32,
 ) {
+    crate::device::await_previous_grid();
     let Some((row, lane)) = warp_row(rows) else {
         return;
     };
@@ -122,6 +126,7 @@ pub unsafe extern "ptx-kernel" fn softmax_unfused_divide(
     rows: u32,
     cols: u32,
 ) {
+    crate::device::await_previous_grid();
     for i in grid_stride(rows as u64 * cols as u64) {
         // SAFETY: i < rows · cols and i / cols < rows.
         unsafe {

@@ -16,6 +16,7 @@ pub unsafe extern "ptx-kernel" fn softmax_warp_per_row_online(
     rows: u32,
     cols: u32,
 ) {
+    crate::device::await_previous_grid();
     let warps_per_block = block_dim() / WARP_SIZE;
     let row = block_idx() * warps_per_block + thread_idx() / WARP_SIZE;
     // The whole warp leaves together, so the shuffles below always see 32 lanes.
