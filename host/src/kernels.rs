@@ -158,9 +158,15 @@ impl Kernels {
         args: &mut [*mut c_void],
         stream: &Stream,
     ) -> Result<()> {
+        debug_assert!(
+            !(launch.cooperative && launch.cluster > 1),
+            "a launch is cooperative or in clusters, not both"
+        );
         let function = self.function(&launch.kernel);
         let params = args.as_mut_ptr();
-        // SAFETY: the caller vouches for the arguments; grid and block come from the plan.
+        // SAFETY: the caller vouches for the arguments; grid and block come from the plan; the
+        // configuration and its attribute array outlive the launch call, during which the
+        // driver reads them.
         let status = unsafe {
             if launch.cooperative {
                 // No programmatic overlap: a cooperative grid must find every block a place at
@@ -180,10 +186,11 @@ impl Kernels {
                 ) as c_int
             } else {
                 // Every entry starts with `griddepcontrol.wait` (kernels_gpu's contract), so the
-                // grid may be placed while the previous kernel in the stream finishes.
+                // grid may start once every block of the previous kernel in the stream has
+                // exited, before that kernel's completion is signalled.
                 let mut attributes = [
-                    int_attribute(LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, 1),
-                    cluster_attribute(launch.cluster),
+                    launch_attribute(LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, &[1]),
+                    launch_attribute(LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, &[launch.cluster, 1, 1]),
                 ];
                 let count = if launch.cluster > 1 { 2 } else { 1 };
                 let config = LaunchConfig::new(
@@ -209,7 +216,10 @@ impl Kernels {
         shared_bytes: u32,
         cluster: u32,
     ) -> Result<u32> {
-        let mut attribute = [cluster_attribute(cluster)];
+        let mut attribute = [launch_attribute(
+            LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+            &[cluster, 1, 1],
+        )];
         let config = LaunchConfig::new(
             cluster,
             threads,
@@ -229,7 +239,7 @@ impl Kernels {
 
 /// `CUlaunchAttribute` of the CUDA 12 driver API (`cuda.h`): an id, padding to 8 bytes, and a
 /// 64-byte value union (8-byte aligned: some members are pointers); for the cluster dimension
-/// the value starts with x, y and z, for the other attributes used here it is one int.
+/// the value starts with x, y and z, for programmatic stream serialization it is one int.
 #[repr(C, align(8))]
 struct LaunchAttribute {
     id: u32,
@@ -241,7 +251,8 @@ struct LaunchAttribute {
 const LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION: u32 = 4;
 
 /// `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`: with a nonzero value, the grid may
-/// start while the previous kernel in the stream finishes (programmatic dependent launch).
+/// start once every block of the previous kernel in the stream has exited, before that kernel's
+/// completion is signalled (programmatic dependent launch).
 const LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION: u32 = 6;
 
 /// `CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED` (CUDA 12; not in cust's enum).
@@ -307,25 +318,14 @@ unsafe extern "C" {
     ) -> c_int;
 }
 
-/// The launch attribute that groups blocks into clusters of `blocks` along x.
-fn cluster_attribute(blocks: u32) -> LaunchAttribute {
+/// A launch attribute whose value starts with `values` (an int, or a cluster's x, y and z).
+fn launch_attribute(id: u32, values: &[u32]) -> LaunchAttribute {
     let mut value = [0; 16];
-    value[..3].copy_from_slice(&[blocks, 1, 1]);
-    LaunchAttribute {
-        id: LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
-        pad: [0; 4],
-        value,
-    }
-}
-
-/// A launch attribute whose value is one int.
-fn int_attribute(id: u32, value: u32) -> LaunchAttribute {
-    let mut values = [0; 16];
-    values[0] = value;
+    value[..values.len()].copy_from_slice(values);
     LaunchAttribute {
         id,
         pad: [0; 4],
-        value: values,
+        value,
     }
 }
 
@@ -351,72 +351,128 @@ mod tests {
         assert_eq!(std::mem::size_of::<LaunchConfig>(), 56);
     }
 
-    /// Whether a PTX instruction line may read or write global memory: any load, store,
-    /// atomic, reduction, asynchronous copy or prefetch except those on kernel parameters or
-    /// shared memory.
-    fn may_touch_global(line: &str) -> bool {
-        let mut words = line.split_whitespace();
-        let first = words.next().unwrap_or("");
-        // A guard predicate (`@%p1`, `@!%p2`) comes before the instruction.
-        let op = if first.starts_with('@') {
-            words.next().unwrap_or("")
-        } else {
-            first
-        };
-        ["ld.", "st.", "atom.", "red.", "cp.", "prefetch"]
-            .iter()
-            .any(|prefix| op.starts_with(prefix))
-            && !op.contains(".param")
-            && !op.contains(".shared")
+    /// Whether a line of an entry's body may come before its `griddepcontrol.wait`: the
+    /// parameter list, declarations, braces, comments, parameter loads and register arithmetic
+    /// without a guard. Any label, branch, call, exit or other memory access is refused, as is
+    /// anything else the list does not know (extend it when a new harmless opcode shows up).
+    fn may_precede_the_wait(line: &str) -> bool {
+        let line = line.trim();
+        if line.is_empty()
+            || line.starts_with("//")
+            || line.starts_with('.')
+            || line.starts_with(')')
+            || line == "{"
+        {
+            return true;
+        }
+        let opcode = line.split_whitespace().next().unwrap_or("");
+        let base = opcode.split('.').next().unwrap_or("");
+        (opcode.starts_with("ld.param."))
+            || [
+                "mov", "cvta", "cvt", "shr", "shl", "and", "or", "add", "sub", "mul", "mad",
+            ]
+            .contains(&base)
     }
 
     #[test]
-    fn global_accesses_are_recognised_in_ptx_lines() {
-        assert!(may_touch_global("\t@%p1 ld.global.b16 %rs1, [%rd59];"));
-        assert!(may_touch_global(
-            "\tst.global.v4.f32 [%rd3], {%r1, %r2, %r3, %r4};"
+    fn only_parameter_loads_and_arithmetic_may_precede_the_wait() {
+        assert!(may_precede_the_wait(
+            "\tld.param.b64 \t%rd41, [entry_param_0];"
         ));
-        assert!(may_touch_global("\tld.volatile.u32 %r1, [%rd2];"));
-        assert!(may_touch_global(
-            "\tatom.acq_rel.gpu.add.u32 %r1, [%rd2], %r3;"
-        ));
-        assert!(!may_touch_global("\tld.param.b64 %rd1, [entry_param_0];"));
-        assert!(!may_touch_global(
-            "\t@!%p2 st.shared.v4.b32 [%rd117], {%r14, %r15, %r16, %r17};"
-        ));
-        assert!(!may_touch_global("\tgriddepcontrol.wait;"));
+        assert!(may_precede_the_wait("\tcvta.to.global.u64 \t%rd1, %rd41;"));
+        assert!(may_precede_the_wait("\t.reg .b32 \t%r<638>;"));
+        assert!(may_precede_the_wait("\t// begin inline asm"));
+        for line in [
+            "\tld.global.b16 %rs1, [%rd59];",
+            "\tld.u32 %r1, [%rd2];",
+            "\tst.global.v4.f32 [%rd3], {%r1, %r2, %r3, %r4};",
+            "\tatom.acq_rel.gpu.add.u32 %r1, [%rd2], %r3;",
+            "\tcp.async.ca.shared.global [%rd1], [%rd2], 16;",
+            "\tprefetch.global.L2 [%rd1];",
+            "\t@%p1 bra \t$L__BB0_2;",
+            "$L__BB0_2:",
+            "\tcall.uni \tpanic, (param0);",
+            "\tret;",
+            "\t@%p1 add.s32 %r1, %r2, %r3;",
+        ] {
+            assert!(!may_precede_the_wait(line), "{line}");
+        }
     }
 
-    #[test]
-    fn every_entry_awaits_the_previous_grid_before_touching_global_memory() {
-        // Launches other than cooperative ones allow programmatic overlap with the previous
-        // kernel in the stream; that is only sound if each kernel waits first.
-        let modules = [
-            PTX,
-            op_ptx(DType::F32),
-            op_ptx(DType::Bf16),
-            op_ptx(DType::F16),
-        ];
-        let mut entries = 0;
-        for ptx in modules {
-            for entry in ptx.split(".entry ").skip(1) {
-                let name = entry.split('(').next().unwrap_or_default().trim();
-                let body = &entry[..entry.find("\n}").unwrap_or(entry.len())];
-                let lines: Vec<&str> = body.lines().collect();
-                let wait = lines
-                    .iter()
-                    .position(|line| line.contains("griddepcontrol.wait"))
-                    .unwrap_or_else(|| panic!("{name} never executes griddepcontrol.wait"));
-                if let Some(access) = lines.iter().position(|line| may_touch_global(line)) {
-                    assert!(
-                        wait < access,
-                        "{name} touches memory before waiting: {}",
-                        lines[access]
-                    );
+    /// The entries of one PTX module (names) and, for each that does not start with the wait,
+    /// why.
+    fn entries_and_faults(ptx: &str) -> (Vec<String>, Vec<String>) {
+        let (mut names, mut faults) = (Vec::new(), Vec::new());
+        for entry in ptx.split(".entry ").skip(1) {
+            let name = entry
+                .split('(')
+                .next()
+                .unwrap_or_default()
+                .trim()
+                .to_owned();
+            let body = &entry[..entry.find("\n}").unwrap_or(entry.len())];
+            let lines: Vec<&str> = body.lines().skip(1).collect();
+            match lines
+                .iter()
+                .position(|line| line.trim() == "griddepcontrol.wait;")
+            {
+                None => faults.push(format!("{name} never executes griddepcontrol.wait")),
+                Some(wait) => {
+                    if let Some(line) = lines[..wait].iter().find(|l| !may_precede_the_wait(l)) {
+                        faults.push(format!("{name}: `{}` comes before the wait", line.trim()));
+                    }
                 }
-                entries += 1;
+            }
+            names.push(name);
+        }
+        (names, faults)
+    }
+
+    #[test]
+    fn entries_that_do_not_wait_first_are_found() {
+        let ptx = ".visible .entry good(\n\t.param .u64 good_param_0\n)\n{\n\t.reg .b64 %rd<3>;\n\
+                   \tld.param.b64 %rd1, [good_param_0];\n\tgriddepcontrol.wait;\n\
+                   \tld.global.b32 %r1, [%rd1];\n\tret;\n}\n\
+                   .visible .entry late(\n\t.param .u64 late_param_0\n)\n{\n\
+                   \t@%p1 bra $L__BB1_2;\n\tgriddepcontrol.wait;\n$L__BB1_2:\n\tret;\n}\n\
+                   .visible .entry never(\n\t.param .u64 never_param_0\n)\n{\n\tret;\n}\n";
+        let (names, faults) = entries_and_faults(ptx);
+        assert_eq!(names, ["good", "late", "never"]);
+        assert_eq!(faults.len(), 2, "{faults:?}");
+        assert!(faults[0].starts_with("late: `@%p1 bra"), "{faults:?}");
+        assert!(faults[1].starts_with("never never executes"), "{faults:?}");
+    }
+
+    #[test]
+    fn every_entry_awaits_the_previous_grid_before_anything_else() {
+        // Launches other than cooperative ones allow programmatic overlap with the previous
+        // kernel in the stream; that is only sound if each kernel waits before it reads or
+        // writes memory. So every entry the host loads must execute the wait unconditionally,
+        // in its first block, before any branch or memory access.
+        let modules: Vec<(&str, Vec<String>)> = [(PTX, plan::all_kernel_names())]
+            .into_iter()
+            .chain([DType::F32, DType::Bf16, DType::F16].map(|input| {
+                let names = OpKernelName::all_for(input)
+                    .map(|name| name.to_string())
+                    .chain(match input {
+                        DType::F32 => Vec::new(),
+                        _ => RowSlicesKernelName::both(input)
+                            .map(|name| name.to_string())
+                            .into(),
+                    })
+                    .collect();
+                (op_ptx(input), names)
+            }))
+            .collect();
+        for (ptx, loaded) in modules {
+            let (names, faults) = entries_and_faults(ptx);
+            assert!(faults.is_empty(), "{faults:#?}");
+            for name in &loaded {
+                assert!(
+                    names.contains(name),
+                    "{name} is loaded but not in its module"
+                );
             }
         }
-        assert!(entries > 100, "found only {entries} entries");
     }
 }

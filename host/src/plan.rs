@@ -40,10 +40,10 @@ pub(crate) struct Launch {
     pub grid: u32,
     pub block: u32,
     pub shared_bytes: u32,
-    /// Launched with `cuLaunchCooperativeKernel`: all blocks resident at once.
+    /// Launched with `cuLaunchCooperativeKernel`: all blocks resident at once. Every other
+    /// launch goes through `cuLaunchKernelEx` with programmatic overlap allowed.
     pub cooperative: bool,
-    /// Blocks per thread-block cluster along x (1: no cluster), launched with
-    /// `cuLaunchKernelEx`.
+    /// Blocks per thread-block cluster along x (1: no cluster); never with `cooperative`.
     pub cluster: u32,
     pub args: Vec<Arg>,
 }

@@ -207,11 +207,11 @@ pub fn cluster_shared_of(local: *const f32, rank: u32) -> *const f32 {
 
 /// Programmatic dependent launch (sm_90, PTX 7.8): waits until the grids this launch depends on
 /// have completed and their writes are visible (`griddepcontrol.wait`; it returns at once when
-/// the launch did not allow overlap). Every entry calls it before it touches global memory, so
-/// the host may launch with overlap allowed: the grid is then placed as the previous kernel's
-/// blocks leave, instead of after that kernel has completed. No entry releases its dependents
-/// early (`griddepcontrol.launch_dependents`): that cost up to 20 points on grids of many
-/// small blocks (session 13), and the release at each block's exit already gives the overlap.
+/// the launch did not allow overlap). Every entry calls it first, before any branch or memory
+/// access, so the host may launch with overlap allowed: the grid may then start once every block
+/// of the previous kernel in the stream has exited, before that kernel's completion is
+/// signalled. No entry lets its dependents start earlier (`griddepcontrol.launch_dependents`):
+/// that cost up to 20 points on grids of many small blocks (session 13).
 #[inline(always)]
 pub fn await_previous_grid() {
     // SAFETY: no operands; it only orders this grid after its predecessor in the stream. Not

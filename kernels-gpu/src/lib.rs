@@ -12,9 +12,9 @@
 //! row gives 0.
 //!
 //! Every entry starts by waiting for the previous grid in its stream (`griddepcontrol.wait`)
-//! before it touches global memory: the host launches non-cooperative grids with programmatic
-//! overlap (programmatic dependent launch), so a grid's blocks may already be placed while the
-//! kernel before it finishes.
+//! before any branch or global memory access: the host launches non-cooperative grids with
+//! programmatic overlap (programmatic dependent launch), so a grid may start once every block
+//! of the kernel before it has exited, before that kernel's completion is signalled.
 #![no_std]
 #![cfg_attr(
     target_arch = "nvptx64",
