@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
+use std::marker::PhantomData;
 
 use cust::module::Module;
 use cust::stream::Stream;
@@ -266,26 +267,27 @@ unsafe extern "C" {
     fn set_function_attribute(function: sys::CUfunction, attribute: c_int, value: c_int) -> c_int;
 }
 
-/// `CUlaunchConfig` of the CUDA 12 driver API.
+/// `CUlaunchConfig` of the CUDA 12 driver API, borrowing its attribute array for `'a` (so the
+/// configuration cannot outlive the attributes the driver reads through it).
 #[repr(C)]
-struct LaunchConfig {
+struct LaunchConfig<'a> {
     grid: [u32; 3],
     block: [u32; 3],
     shared_bytes: u32,
     stream: sys::CUstream,
     attributes: *mut LaunchAttribute,
     attribute_count: u32,
+    borrowed: PhantomData<&'a mut [LaunchAttribute]>,
 }
 
-impl LaunchConfig {
-    /// `grid` blocks of `block` threads along x on `stream`, with `attributes` (which must
-    /// outlive the configuration's use).
+impl<'a> LaunchConfig<'a> {
+    /// `grid` blocks of `block` threads along x on `stream`, with `attributes`.
     fn new(
         grid: u32,
         block: u32,
         shared_bytes: u32,
         stream: sys::CUstream,
-        attributes: &mut [LaunchAttribute],
+        attributes: &'a mut [LaunchAttribute],
     ) -> Self {
         LaunchConfig {
             grid: [grid, 1, 1],
@@ -294,6 +296,7 @@ impl LaunchConfig {
             stream,
             attributes: attributes.as_mut_ptr(),
             attribute_count: attributes.len() as u32,
+            borrowed: PhantomData,
         }
     }
 }
@@ -306,12 +309,12 @@ unsafe extern "C" {
     fn cuOccupancyMaxActiveClusters(
         clusters: *mut c_int,
         function: sys::CUfunction,
-        config: *const LaunchConfig,
+        config: *const LaunchConfig<'_>,
     ) -> c_int;
 
     /// The extensible launch, here with the programmatic-overlap and cluster attributes.
     fn cuLaunchKernelEx(
-        config: *const LaunchConfig,
+        config: *const LaunchConfig<'_>,
         function: sys::CUfunction,
         params: *mut *mut c_void,
         extra: *mut *mut c_void,
