@@ -58,20 +58,9 @@ impl Kernels {
     /// Loads the operation kernels of one input type, and for 16-bit types the row-slices
     /// entries of that type.
     pub fn load_ops(input: DType, max_shared_per_block: u32) -> Result<Self> {
-        let row_slices: Vec<String> = match input {
-            DType::F32 => Vec::new(),
-            _ => RowSlicesKernelName::both(input)
-                .map(|name| name.to_string())
-                .into(),
-        };
-        let kernels = Self::load(
-            op_ptx(input),
-            OpKernelName::all_for(input)
-                .map(|name| name.to_string())
-                .chain(row_slices.iter().cloned()),
-        )?;
-        for name in &row_slices {
-            kernels.allow_shared_bytes(name, max_shared_per_block)?;
+        let kernels = Self::load(op_ptx(input), op_module_entries(input))?;
+        for name in row_slices_entries(input) {
+            kernels.allow_shared_bytes(&name, max_shared_per_block)?;
         }
         Ok(kernels)
     }
@@ -236,6 +225,24 @@ impl Kernels {
         check_code(status, "querying cluster occupancy")?;
         Ok(clusters.max(0) as u32)
     }
+}
+
+/// The row-slices entries in the operation module of `input`: those of 16-bit types (f32's
+/// are in the softmax module).
+fn row_slices_entries(input: DType) -> Vec<String> {
+    match input {
+        DType::F32 => Vec::new(),
+        _ => RowSlicesKernelName::both(input)
+            .map(|name| name.to_string())
+            .into(),
+    }
+}
+
+/// Every entry [`Kernels::load_ops`] resolves in the operation module of `input`.
+fn op_module_entries(input: DType) -> impl Iterator<Item = String> {
+    OpKernelName::all_for(input)
+        .map(|name| name.to_string())
+        .chain(row_slices_entries(input))
 }
 
 /// `CUlaunchAttribute` of the CUDA 12 driver API (`cuda.h`): an id, padding to 8 bytes, and a
@@ -454,18 +461,10 @@ mod tests {
         // in its first block, before any branch or memory access.
         let modules: Vec<(&str, Vec<String>)> = [(PTX, plan::all_kernel_names())]
             .into_iter()
-            .chain([DType::F32, DType::Bf16, DType::F16].map(|input| {
-                let names = OpKernelName::all_for(input)
-                    .map(|name| name.to_string())
-                    .chain(match input {
-                        DType::F32 => Vec::new(),
-                        _ => RowSlicesKernelName::both(input)
-                            .map(|name| name.to_string())
-                            .into(),
-                    })
-                    .collect();
-                (op_ptx(input), names)
-            }))
+            .chain(
+                [DType::F32, DType::Bf16, DType::F16]
+                    .map(|input| (op_ptx(input), op_module_entries(input).collect())),
+            )
             .collect();
         for (ptx, loaded) in modules {
             let (names, faults) = entries_and_faults(ptx);
