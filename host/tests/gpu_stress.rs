@@ -6,7 +6,9 @@ mod common;
 use std::thread;
 
 use common::{Check, poisoned};
-use cust::memory::{CopyDestination, DeviceBuffer};
+use cust::launch;
+use cust::memory::{CopyDestination, DeviceBuffer, DeviceCopy};
+use cust::module::Module;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use softmax::half::bf16;
@@ -29,6 +31,10 @@ const TESTS: &[common::Test] = &[
     (
         "chained_launches_read_what_the_previous_launch_wrote",
         chained_launches,
+    ),
+    (
+        "launches_wait_for_a_previous_kernel_that_writes_late",
+        late_writer,
     ),
 ];
 
@@ -207,6 +213,28 @@ fn two_streams(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     ))
 }
 
+/// A variant on a shape for each kernel family that launches with programmatic overlap (the
+/// cooperative 32×151936 beside them).
+const DEPENDENT_CASES: [(Variant, usize, usize); 11] = [
+    (Variant::Auto, 4096, 1000),
+    (Variant::Auto, 65536, 100),
+    (Variant::Auto, 64, 16384),
+    (Variant::Auto, 128, 50257),
+    (Variant::Auto, 32, 151936),
+    (Variant::SplitRows, 8, 128256),
+    (Variant::RowCluster, 64, 151936),
+    (Variant::Unfused, 64, 3000),
+    (Variant::ThreadPerRowOnline, 2000, 64),
+    (
+        Variant::BlockPerRowSmem {
+            threads_per_block: 256,
+        },
+        300,
+        5000,
+    ),
+    (Variant::WarpPerRowOnline, 1000, 700),
+];
+
 /// Launches that read the previous launch's output, enqueued back to back: x → y → z for
 /// many inputs before one synchronization, each step against the reference of its actual
 /// input. Non-cooperative launches may start before the previous kernel's completion is
@@ -216,27 +244,8 @@ fn two_streams(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
 fn chained_launches(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     const CHAINS: usize = 12;
     let cuda = |e: cust::error::CudaError| e.to_string();
-    let cases = [
-        (Variant::Auto, 4096, 1000),
-        (Variant::Auto, 65536, 100),
-        (Variant::Auto, 64, 16384),
-        (Variant::Auto, 128, 50257),
-        (Variant::Auto, 32, 151936),
-        (Variant::SplitRows, 8, 128256),
-        (Variant::RowCluster, 64, 151936),
-        (Variant::Unfused, 64, 3000),
-        (Variant::ThreadPerRowOnline, 2000, 64),
-        (
-            Variant::BlockPerRowSmem {
-                threads_per_block: 256,
-            },
-            300,
-            5000,
-        ),
-        (Variant::WarpPerRowOnline, 1000, 700),
-    ];
     let (mut checked, mut refused) = (0, Vec::new());
-    for (variant, rows, cols) in cases {
+    for (variant, rows, cols) in DEPENDENT_CASES {
         let shape = Shape::new(rows, cols).unwrap();
         let mut chains = Vec::new();
         for _ in 0..CHAINS {
@@ -333,6 +342,160 @@ fn chained_launches(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     }
     Ok(format!(
         "{checked} chains of two dependent launches, enqueued without waiting, match the reference at each step; refused as unsupported: {refused:?}"
+    ))
+}
+
+/// A kernel that lets the next grid in its stream start at once
+/// (`griddepcontrol.launch_dependents`), spins for `spin_ns` nanoseconds, then copies `words`
+/// 32-bit words from `src` to `dst` (grid-stride). `ptxas -arch=sm_90` accepts it.
+const LATE_COPY_PTX: &str = ".version 7.8
+.target sm_90
+.address_size 64
+
+.visible .entry late_copy(
+\t.param .u64 late_copy_src,
+\t.param .u64 late_copy_dst,
+\t.param .u64 late_copy_words,
+\t.param .u64 late_copy_spin_ns
+)
+{
+\t.reg .pred \t%p<3>;
+\t.reg .b32 \t%r<6>;
+\t.reg .b64 \t%rd<16>;
+
+\tgriddepcontrol.launch_dependents;
+\tld.param.u64 \t%rd1, [late_copy_src];
+\tld.param.u64 \t%rd2, [late_copy_dst];
+\tld.param.u64 \t%rd3, [late_copy_words];
+\tld.param.u64 \t%rd4, [late_copy_spin_ns];
+\tcvta.to.global.u64 \t%rd1, %rd1;
+\tcvta.to.global.u64 \t%rd2, %rd2;
+\tmov.u64 \t%rd5, %globaltimer;
+\tadd.u64 \t%rd6, %rd5, %rd4;
+$SPIN:
+\tmov.u64 \t%rd7, %globaltimer;
+\tsetp.lt.u64 \t%p1, %rd7, %rd6;
+\t@%p1 bra \t$SPIN;
+\tmov.u32 \t%r1, %ctaid.x;
+\tmov.u32 \t%r2, %ntid.x;
+\tmov.u32 \t%r3, %tid.x;
+\tmov.u32 \t%r4, %nctaid.x;
+\tmul.wide.u32 \t%rd8, %r1, %r2;
+\tcvt.u64.u32 \t%rd9, %r3;
+\tadd.u64 \t%rd8, %rd8, %rd9;
+\tmul.wide.u32 \t%rd10, %r4, %r2;
+$COPY:
+\tsetp.ge.u64 \t%p2, %rd8, %rd3;
+\t@%p2 bra \t$DONE;
+\tshl.b64 \t%rd11, %rd8, 2;
+\tadd.u64 \t%rd12, %rd1, %rd11;
+\tld.global.b32 \t%r5, [%rd12];
+\tadd.u64 \t%rd13, %rd2, %rd11;
+\tst.global.b32 \t[%rd13], %r5;
+\tadd.u64 \t%rd8, %rd8, %rd10;
+\tbra.uni \t$COPY;
+$DONE:
+\tret;
+}
+";
+
+/// How long the late writer spins before it writes.
+const LATE_WRITE_NS: u64 = 100_000;
+
+/// Enqueues the late writer copying `source` into `destination` on the library's stream.
+fn write_late<T: DeviceCopy>(
+    softmax: &Softmax,
+    module: &Module,
+    source: &DeviceBuffer<T>,
+    destination: &DeviceBuffer<T>,
+) -> Result<(), String> {
+    let words = (source.len() * size_of::<T>() / 4) as u64;
+    let stream = softmax.stream();
+    // SAFETY: `late_copy` reads `words` 32-bit words of `source` and writes as many of
+    // `destination`, two distinct buffers of that many bytes.
+    unsafe {
+        launch!(module.late_copy<<<132, 256, 0, stream>>>(
+            source.as_device_ptr(),
+            destination.as_device_ptr(),
+            words,
+            LATE_WRITE_NS
+        ))
+    }
+    .map_err(|e| format!("launching late_copy: {e}"))
+}
+
+/// Each kernel family launched right after a kernel that lets it start at once but writes the
+/// family's input only 100 µs later: a kernel that read its input before its
+/// `griddepcontrol.wait` (or a launch that skipped the wait's guarantee) would read the NaN
+/// poison the input starts with.
+fn late_writer(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
+    let module = Module::from_ptx(LATE_COPY_PTX, &[]).map_err(|e| e.to_string())?;
+    let cuda = |e: cust::error::CudaError| e.to_string();
+    let (mut checked, mut refused) = (0, Vec::new());
+    for (variant, rows, cols) in DEPENDENT_CASES {
+        let shape = Shape::new(rows, cols).unwrap();
+        let values = common::random_matrix(rng, shape, 8.0);
+        let source = DeviceBuffer::from_slice(&values).map_err(cuda)?;
+        let (x, mut y) = (poisoned(shape.len())?, poisoned(shape.len())?);
+        write_late(softmax, &module, &source, &x)?;
+        match softmax.run(variant, &x, &mut y, shape) {
+            Err(Error::Unsupported { .. }) => {
+                refused.push(format!("{variant} on {shape}"));
+                continue;
+            }
+            other => other.map_err(|e| format!("{variant} on {shape}: {e}"))?,
+        }
+        softmax.synchronize().map_err(|e| e.to_string())?;
+        let mut output = vec![0.0; shape.len()];
+        y.copy_to(&mut output[..]).map_err(cuda)?;
+        let deviation = deviation(&output, &softmax_f64(&values, rows, cols), cols);
+        if !deviation.within(TOLERANCE) {
+            return Err(format!(
+                "{variant} on {shape} after a late writer: {deviation:?}"
+            ));
+        }
+        checked += 1;
+    }
+    for (rows, cols) in [(4096, 1000), (128, 50257), (64, 8192)] {
+        let shape = Shape::new(rows, cols).unwrap();
+        let values: Vec<bf16> = common::random_matrix(rng, shape, 8.0)
+            .into_iter()
+            .map(bf16::from_f32)
+            .collect();
+        // Whole 32-bit words: every shape here has an even number of elements.
+        let poison = vec![bf16::NAN; shape.len()];
+        let source = DeviceBuffer::from_slice(&values).map_err(cuda)?;
+        let (x, mut y) = (
+            DeviceBuffer::from_slice(&poison).map_err(cuda)?,
+            DeviceBuffer::from_slice(&poison).map_err(cuda)?,
+        );
+        write_late(softmax, &module, &source, &x)?;
+        softmax
+            .forward(
+                Operation::Softmax,
+                Rows::new(&x, shape).map_err(|e| e.to_string())?,
+                RowsMut::new(&mut y, shape).map_err(|e| e.to_string())?,
+                &Options::new(),
+            )
+            .map_err(|e| format!("bf16 softmax on {shape}: {e}"))?;
+        softmax.synchronize().map_err(|e| e.to_string())?;
+        let mut output = vec![bf16::ZERO; shape.len()];
+        y.copy_to(&mut output[..]).map_err(cuda)?;
+        let widened = |v: &[bf16]| v.iter().map(|e| e.to_f32()).collect::<Vec<_>>();
+        let expected = softmax_f64(&widened(&values), rows, cols);
+        let deviation = deviation(&widened(&output), &expected, cols);
+        if !deviation.within(BF16_TOLERANCE) {
+            return Err(format!(
+                "bf16 on {shape} after a late writer: {deviation:?}"
+            ));
+        }
+        checked += 1;
+    }
+    if checked < 10 {
+        return Err(format!("only {checked} cases ran; refused: {refused:?}"));
+    }
+    Ok(format!(
+        "{checked} launches right after a kernel that writes their input 100 µs late read it as written; refused as unsupported: {refused:?}"
     ))
 }
 
