@@ -27,8 +27,11 @@ pub(crate) enum Arg {
     RowSum,
     /// Per-block statistics of the row-slices kernel.
     Partials,
-    /// Per-row barrier words of the row-slices kernel.
+    /// Per-row barrier words of the sliced kernels (and the row-slices kernel's flags).
     Barriers,
+    /// How long a row-slices block waits for its row before leaving its slice to the row's
+    /// last block, in nanoseconds (`u64`).
+    Patience,
     U32(u32),
     U64(u64),
 }
@@ -380,9 +383,12 @@ fn slice_threads(packs: usize, max: u32) -> u32 {
 }
 
 /// Row slices: one block per row when rows alone fill the GPU; otherwise as many slices per
-/// row as keep every block resident (a cooperative launch). Each slice is cached in shared
-/// memory when it fits, so the input is read once; the flag says whether it is. Elements of
-/// `dtype` go 16 bytes at a time when input and output are misaligned alike (`peelable`).
+/// row as keep every block resident (one wave). An ordinary launch, with programmatic overlap:
+/// a block whose row stays incomplete too long (blocks of another stream's kernels holding the
+/// places the row's other blocks need) leaves its slice to the row's last block, so no
+/// co-residency guarantee is needed. Each slice is cached in shared memory when it fits, so
+/// the input is read once; the flag says whether it is. Elements of `dtype` go 16 bytes at a
+/// time when input and output are misaligned alike (`peelable`).
 pub(crate) fn row_slices_launch(
     shape: Shape,
     dtype: DType,
@@ -421,7 +427,7 @@ pub(crate) fn row_slices_launch(
     let one_wave = 10 * rows >= 9 * sms && rows <= sms && config.2;
     // Otherwise, with fewer rows than two blocks per multiprocessor, a block per row leaves
     // most of the GPU idle: cut rows into slices until the resident blocks are used.
-    if rows < 2 * sms && !one_wave && device.cooperative_launch() {
+    if rows < 2 * sms && !one_wave {
         let mut candidate = (4 * sms / rows).clamp(1, ROW_SLICE_THREADS);
         while candidate > 1 {
             let candidate_config = configure(candidate, ROW_SLICE_THREADS);
@@ -459,7 +465,7 @@ pub(crate) fn row_slices_launch(
         grid: rows * slices,
         block: threads,
         shared_bytes,
-        cooperative: slices > 1,
+        cooperative: false,
         cluster: 1,
         args: vec![
             Arg::Input,
@@ -470,6 +476,7 @@ pub(crate) fn row_slices_launch(
             Arg::U32(cached as u32),
             Arg::Partials,
             Arg::Barriers,
+            Arg::Patience,
         ],
     };
     (launch, cached)
@@ -485,7 +492,8 @@ fn wide_rows_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) -> 
     let (slices, slices_read_once) =
         row_slices_launch(shape, DType::F32, layout.vector_peelable, device);
     let rows = shape.rows() as u64;
-    let rows_fill_gpu = !slices.cooperative && 10 * rows >= 9 * u64::from(device.multiprocessors());
+    let rows_fill_gpu =
+        u64::from(slices.grid) == rows && 10 * rows >= 9 * u64::from(device.multiprocessors());
     if slices_read_once || rows_fill_gpu || !device.thread_block_clusters() {
         return slices;
     }
@@ -674,6 +682,7 @@ fn unfused_launches(shape: Shape, device: &dyn DeviceLimits) -> Vec<Launch> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use kernels_gpu::barrier_word;
 
     /// The H200's numbers, with occupancy estimated from threads and shared memory alone.
     pub(crate) struct FakeH200;
@@ -738,7 +747,7 @@ pub(crate) mod tests {
         (3, 100003),
     ];
 
-    /// A cooperative launch must fit on the GPU at once.
+    /// A sliced launch's blocks all fit on the GPU at once (one wave).
     fn assert_all_resident(launch: &Launch, rows: usize, cols: usize) {
         let resident =
             132 * FakeH200.blocks_per_sm(&launch.kernel, launch.block, launch.shared_bytes);
@@ -821,8 +830,9 @@ pub(crate) mod tests {
                     Arg::U32(slices),
                     Arg::U32(slice_packs),
                     Arg::U32(cached),
-                    _,
-                    _,
+                    Arg::Partials,
+                    Arg::Barriers,
+                    Arg::Patience,
                 ] = launch.args[..]
                 else {
                     panic!("unexpected arguments {:?}", launch.args)
@@ -835,8 +845,10 @@ pub(crate) mod tests {
                 let slice_cols = assert_slices_cover(rows, cols, pack, slices, slice_packs);
                 assert_eq!(launch.grid, rows as u32 * slices);
                 assert!(launch.shared_bytes <= FakeH200.max_shared_per_block());
-                assert_eq!(launch.cooperative, slices > 1);
-                if launch.cooperative {
+                // An ordinary launch: blocks that cannot start leave nobody waiting forever.
+                assert!(!launch.cooperative);
+                if slices > 1 {
+                    assert!(slices <= barrier_word::MAX_PARTICIPANTS);
                     assert_all_resident(&launch, rows, cols);
                     assert!(
                         launch.grid >= 132,
@@ -864,7 +876,7 @@ pub(crate) mod tests {
             panic!("32x151936 should be cached")
         };
         assert_eq!(bf16_launch.grid, f32_launch.grid);
-        assert!(bf16_launch.cooperative);
+        assert!(bf16_launch.grid > 32, "sliced");
         assert_eq!(
             bf16_launch.shared_bytes - REDUCTION_SCRATCH_FLOATS * 4,
             (f32_launch.shared_bytes - REDUCTION_SCRATCH_FLOATS * 4) / 2
@@ -881,10 +893,10 @@ pub(crate) mod tests {
         // ptxas gives the H200 kernel, the driver's occupancy keeps it at 256 threads).
         for (rows, cols, threads, rounds) in [(32, 151936, 320, 2), (16, 262144, 512, 1)] {
             let (launch, _) = row_slices_launch(shape(rows, cols), DType::F32, true, &FakeH200);
-            let [.., Arg::U32(slice_packs), _, _, _] = launch.args[..] else {
+            let [.., Arg::U32(slice_packs), _, _, _, _] = launch.args[..] else {
                 panic!("unexpected arguments {:?}", launch.args)
             };
-            assert!(launch.cooperative, "{rows}x{cols}");
+            assert!(launch.grid > rows as u32, "{rows}x{cols}: sliced");
             assert_eq!(launch.block, threads, "{rows}x{cols}");
             assert_eq!(
                 slice_packs.div_ceil(threads * LOADS_IN_FLIGHT),
