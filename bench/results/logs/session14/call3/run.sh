@@ -9,7 +9,7 @@ mkdir -p "$out"
 bash bench/unpack-bundle.sh || exit 2
 t0=$(date +%s)
 b=$(ls .gpu/tests/gpu_stress-* | head -n1)
-for f in leave crowded chained late; do
+for f in leave resident chained late; do
   timeout 120 "$b" $f > "$out/stress-$f.txt" 2>&1; echo "stress $f rc=$? $(( $(date +%s) - t0 ))s"; grep -E "^test |test result" "$out/stress-$f.txt"
 done
 b=$(ls .gpu/tests/gpu-* | head -n1)
