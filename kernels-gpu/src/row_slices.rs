@@ -3,8 +3,11 @@
 //! it fits), so the input is read once; otherwise the second pass re-reads it (from L2 when
 //! the tensor fits there). 16-byte access as in [`RowSlice`]. With one slice per row this is a
 //! block-per-row kernel; with several, the blocks of a row exchange their online statistics
-//! through global memory behind a per-row barrier, which needs every block resident at once:
-//! the host launches it cooperatively. One template for every element type (f32 in the
+//! through global memory behind a per-row barrier. The launch is an ordinary one (so it takes
+//! the programmatic overlap with the kernel before it), and its blocks need not be resident
+//! together: a block whose row is still incomplete after a patience (blocks of other kernels
+//! holding the places its row's other blocks need) leaves, and the row's last block writes
+//! the slice it left, reading it again. One template for every element type (f32 in the
 //! softmax module, bf16 and f16 in their operation modules): math in f32, the cache holds the
 //! elements as they were read.
 
