@@ -382,6 +382,10 @@ fn slice_threads(packs: usize, max: u32) -> u32 {
     wanted.clamp(128, max)
 }
 
+/// Most threads per block with which 16-bit row-slices aims at two blocks per multiprocessor
+/// rather than four (see [`row_slices_launch`]).
+const SIXTEEN_BIT_HALF_SLICING_MAX_THREADS: u32 = 384;
+
 /// Row slices: one block per row when rows alone fill the GPU; otherwise as many slices per
 /// row as keep every block resident (one wave). An ordinary launch, with programmatic overlap:
 /// a block whose row stays incomplete too long (blocks of another stream's kernels holding the
@@ -420,43 +424,59 @@ pub(crate) fn row_slices_launch(
     let resident =
         |threads, shared_bytes| sms * device.blocks_per_sm(&kernel, threads, shared_bytes);
 
+    // Slices per row and their configuration for rows that aim at `per_sm` blocks per
+    // multiprocessor: as many slices as that makes, fewer until every block is resident (one
+    // wave). A sliced block's threads walk their packs in rounds of `LOADS_IN_FLIGHT` loads,
+    // and the row waits for its slowest block's slowest thread: with 256 threads, 32×151936's
+    // 2374 packs per slice are 9.3 per thread, three rounds of which the last is a third
+    // full. Take one round fewer with the threads that needs (whole warps), if every block
+    // stays resident (there 320 threads, two rounds: 77.2 → 78.8% of copy on the H200,
+    // bench/NOTES.md session 11).
+    let sliced = |per_sm: u32| {
+        let mut candidate = (per_sm * sms / rows).clamp(1, ROW_SLICE_THREADS);
+        while candidate > 1 {
+            let mut config = configure(candidate, ROW_SLICE_THREADS);
+            let resident_blocks = resident(config.1, config.3);
+            if rows * candidate <= resident_blocks {
+                let (slice_packs, threads, _, shared_bytes) = config;
+                let rounds = slice_packs.div_ceil(threads * LOADS_IN_FLIGHT);
+                if rounds > 1 {
+                    let fewer_rounds_threads = slice_packs
+                        .div_ceil((rounds - 1) * LOADS_IN_FLIGHT)
+                        .next_multiple_of(32);
+                    if fewer_rounds_threads <= MAX_BLOCK_THREADS
+                        && rows * candidate <= resident(fewer_rounds_threads, shared_bytes)
+                    {
+                        config.1 = fewer_rounds_threads;
+                    }
+                }
+                return Some((candidate, config));
+            }
+            candidate = (resident_blocks / rows).min(candidate - 1);
+        }
+        None
+    };
+
     let mut slices = 1;
     let mut config = configure(1, MAX_BLOCK_THREADS);
     // Rows that fill one wave by themselves (at least 90% of the multiprocessors, at most one
     // each) keep a whole cached row per block: no barrier at all.
     let one_wave = 10 * rows >= 9 * sms && rows <= sms && config.2;
     // Otherwise, with fewer rows than two blocks per multiprocessor, a block per row leaves
-    // most of the GPU idle: cut rows into slices until the resident blocks are used.
+    // most of the GPU idle: cut rows into slices until the resident blocks are used, aiming
+    // at four blocks per multiprocessor. 16-bit rows aim at two where those blocks need at
+    // most `SIXTEEN_BIT_HALF_SLICING_MAX_THREADS` threads: measured on sixteen bf16 shapes
+    // (bench/NOTES.md session 14), two per multiprocessor gained 2 to 6 points of the copy
+    // wherever its blocks had 256 to 352 threads, about nothing at 384, and lost up to 7.5
+    // points with 416 or more (the f32 kernel lost at two everywhere).
     if rows < 2 * sms && !one_wave {
-        let mut candidate = (4 * sms / rows).clamp(1, ROW_SLICE_THREADS);
-        while candidate > 1 {
-            let candidate_config = configure(candidate, ROW_SLICE_THREADS);
-            let resident_blocks = resident(candidate_config.1, candidate_config.3);
-            if rows * candidate <= resident_blocks {
-                slices = candidate;
-                config = candidate_config;
-                break;
-            }
-            candidate = (resident_blocks / rows).min(candidate - 1);
-        }
-    }
-    // A sliced block's threads walk their packs in rounds of `LOADS_IN_FLIGHT` loads, and the
-    // row waits for its slowest block's slowest thread: with 256 threads, 32×151936's 2374
-    // packs per slice are 9.3 per thread, three rounds of which the last is a third full. Take
-    // one round fewer with the threads that needs (whole warps), if every block stays resident
-    // (there 320 threads, two rounds: 77.2 → 78.8% of copy on the H200, bench/NOTES.md).
-    if slices > 1 {
-        let (slice_packs, threads, _, shared_bytes) = config;
-        let rounds = slice_packs.div_ceil(threads * LOADS_IN_FLIGHT);
-        if rounds > 1 {
-            let fewer_rounds_threads = slice_packs
-                .div_ceil((rounds - 1) * LOADS_IN_FLIGHT)
-                .next_multiple_of(32);
-            if fewer_rounds_threads <= MAX_BLOCK_THREADS
-                && rows * slices <= resident(fewer_rounds_threads, shared_bytes)
-            {
-                config.1 = fewer_rounds_threads;
-            }
+        let half = (dtype.bytes() == 2)
+            .then(|| sliced(2))
+            .flatten()
+            .filter(|(_, config)| config.1 <= SIXTEEN_BIT_HALF_SLICING_MAX_THREADS);
+        if let Some((chosen_slices, chosen_config)) = half.or_else(|| sliced(4)) {
+            slices = chosen_slices;
+            config = chosen_config;
         }
     }
     let (slice_packs, threads, cached, shared_bytes) = config;
@@ -865,24 +885,46 @@ pub(crate) mod tests {
         }
     }
 
-    /// 16-bit rows hold twice the elements per byte of cache: bf16 32×151936 takes the same
-    /// 16 slices as f32 with half the shared memory, and 600 rows of 70001 (140 KB each in
+    /// 16-bit rows hold twice the elements per byte of cache: bf16 16×262144 takes the same
+    /// 33 slices as f32 with half the shared memory, and 600 rows of 70001 (140 KB each in
     /// bf16, 280 KB in f32) are cached only in bf16.
     #[test]
     fn sixteen_bit_row_slices_cache_twice_the_elements() {
-        let sliced = |dtype| row_slices_launch(shape(32, 151936), dtype, true, &FakeH200);
+        let sliced = |dtype| row_slices_launch(shape(16, 262144), dtype, true, &FakeH200);
         let ((f32_launch, true), (bf16_launch, true)) = (sliced(DType::F32), sliced(DType::Bf16))
         else {
-            panic!("32x151936 should be cached")
+            panic!("16x262144 should be cached")
         };
         assert_eq!(bf16_launch.grid, f32_launch.grid);
-        assert!(bf16_launch.grid > 32, "sliced");
+        assert_eq!(bf16_launch.grid, 16 * 33);
         assert_eq!(
             bf16_launch.shared_bytes - REDUCTION_SCRATCH_FLOATS * 4,
             (f32_launch.shared_bytes - REDUCTION_SCRATCH_FLOATS * 4) / 2
         );
         assert!(!row_slices_launch(shape(600, 70001), DType::F32, true, &FakeH200).1);
         assert!(row_slices_launch(shape(600, 70001), DType::Bf16, true, &FakeH200).1);
+    }
+
+    /// 16-bit rows aim at two blocks per multiprocessor where those blocks need at most 384
+    /// threads, else at four, as f32 always does (slices per row, threads per block).
+    #[test]
+    fn sixteen_bit_rows_take_half_the_slices_where_the_blocks_stay_small() {
+        for (rows, cols, f32_plan, bf16_plan) in [
+            (32, 151936, (16, 320), (8, 320)),
+            (8, 262144, (66, 256), (33, 256)),
+            (64, 100000, (8, 288), (4, 288)),
+            (16, 262144, (33, 512), (33, 256)),
+            (48, 65536, (11, 384), (11, 192)),
+        ] {
+            for (dtype, (slices, threads)) in [(DType::F32, f32_plan), (DType::Bf16, bf16_plan)] {
+                let (launch, _) = row_slices_launch(shape(rows, cols), dtype, true, &FakeH200);
+                assert_eq!(
+                    (launch.grid / rows as u32, launch.block),
+                    (slices, threads),
+                    "{dtype:?} {rows}x{cols}"
+                );
+            }
+        }
     }
 
     #[test]
