@@ -213,9 +213,9 @@ impl Softmax {
                 // with no gaps; the buffers are distinct, since `output` is borrowed mutably
                 // while `input` is borrowed (in-place calls never come here). The plan is
                 // `row_slices_launch`'s for this shape, type and alignment (16-byte packs only
-                // where both buffers are misaligned alike), with every block resident when
-                // sliced; `reserve_partials` sized the partials, and the barrier words cover
-                // any resident launch.
+                // where both buffers are misaligned alike), with its blocks all resident when
+                // sliced (a plan the workspace covers, see `MAX_RESIDENT_BLOCKS_PER_SM`);
+                // `reserve_partials` sized the partials.
                 return unsafe {
                     self.enqueue_in(kernels, &launch, input_address, output_address, input.shape)
                 };
@@ -579,7 +579,10 @@ impl Softmax {
             let operands = [input, output].map(|buffer| Operand::of(buffer, shape.cols()));
             if let Some(launch) = self.row_slices_plan(T::DTYPE, shape, &operands)? {
                 let slices = launch.grid / shape.rows() as u32;
-                return Ok(plan_label(&launch.kernel, slices, false));
+                return Ok(match slices {
+                    1 => launch.kernel.clone(),
+                    _ => format!("{} ({slices} slices per row)", launch.kernel),
+                });
             }
         }
         // The layout exactly as a call without options over these buffers finds it.

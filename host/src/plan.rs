@@ -27,8 +27,11 @@ pub(crate) enum Arg {
     RowSum,
     /// Per-block statistics of the row-slices kernel.
     Partials,
-    /// Per-row barrier words of the row-slices kernel.
+    /// Per-row barrier words of the sliced kernels (and the row-slices kernel's flags).
     Barriers,
+    /// How long a row-slices block waits for its row before leaving its slice to the row's
+    /// last block, in nanoseconds (`u64`).
+    Patience,
     U32(u32),
     U64(u64),
 }
@@ -379,10 +382,17 @@ fn slice_threads(packs: usize, max: u32) -> u32 {
     wanted.clamp(128, max)
 }
 
+/// Most threads per block with which 16-bit row-slices aims at two blocks per multiprocessor
+/// rather than four (see [`row_slices_launch`]).
+const SIXTEEN_BIT_HALF_SLICING_MAX_THREADS: u32 = 384;
+
 /// Row slices: one block per row when rows alone fill the GPU; otherwise as many slices per
-/// row as keep every block resident (a cooperative launch). Each slice is cached in shared
-/// memory when it fits, so the input is read once; the flag says whether it is. Elements of
-/// `dtype` go 16 bytes at a time when input and output are misaligned alike (`peelable`).
+/// row as keep every block resident (one wave). An ordinary launch, with programmatic overlap:
+/// a block whose row stays incomplete too long (blocks of another stream's kernels holding the
+/// places the row's other blocks need) leaves its slice to the row's last block, so no
+/// co-residency guarantee is needed. Each slice is cached in shared memory when it fits, so
+/// the input is read once; the flag says whether it is. Elements of `dtype` go 16 bytes at a
+/// time when input and output are misaligned alike (`peelable`).
 pub(crate) fn row_slices_launch(
     shape: Shape,
     dtype: DType,
@@ -414,43 +424,59 @@ pub(crate) fn row_slices_launch(
     let resident =
         |threads, shared_bytes| sms * device.blocks_per_sm(&kernel, threads, shared_bytes);
 
+    // Slices per row and their configuration for rows that aim at `per_sm` blocks per
+    // multiprocessor: as many slices as that makes, fewer until every block is resident (one
+    // wave). A sliced block's threads walk their packs in rounds of `LOADS_IN_FLIGHT` loads,
+    // and the row waits for its slowest block's slowest thread: with 256 threads, 32×151936's
+    // 2374 packs per slice are 9.3 per thread, three rounds of which the last is a third
+    // full. Take one round fewer with the threads that needs (whole warps), if every block
+    // stays resident (there 320 threads, two rounds: 77.2 → 78.8% of copy on the H200,
+    // bench/NOTES.md session 11).
+    let sliced = |per_sm: u32| {
+        let mut candidate = (per_sm * sms / rows).clamp(1, ROW_SLICE_THREADS);
+        while candidate > 1 {
+            let mut config = configure(candidate, ROW_SLICE_THREADS);
+            let resident_blocks = resident(config.1, config.3);
+            if rows * candidate <= resident_blocks {
+                let (slice_packs, threads, _, shared_bytes) = config;
+                let rounds = slice_packs.div_ceil(threads * LOADS_IN_FLIGHT);
+                if rounds > 1 {
+                    let fewer_rounds_threads = slice_packs
+                        .div_ceil((rounds - 1) * LOADS_IN_FLIGHT)
+                        .next_multiple_of(32);
+                    if fewer_rounds_threads <= MAX_BLOCK_THREADS
+                        && rows * candidate <= resident(fewer_rounds_threads, shared_bytes)
+                    {
+                        config.1 = fewer_rounds_threads;
+                    }
+                }
+                return Some((candidate, config));
+            }
+            candidate = (resident_blocks / rows).min(candidate - 1);
+        }
+        None
+    };
+
     let mut slices = 1;
     let mut config = configure(1, MAX_BLOCK_THREADS);
     // Rows that fill one wave by themselves (at least 90% of the multiprocessors, at most one
     // each) keep a whole cached row per block: no barrier at all.
     let one_wave = 10 * rows >= 9 * sms && rows <= sms && config.2;
     // Otherwise, with fewer rows than two blocks per multiprocessor, a block per row leaves
-    // most of the GPU idle: cut rows into slices until the resident blocks are used.
-    if rows < 2 * sms && !one_wave && device.cooperative_launch() {
-        let mut candidate = (4 * sms / rows).clamp(1, ROW_SLICE_THREADS);
-        while candidate > 1 {
-            let candidate_config = configure(candidate, ROW_SLICE_THREADS);
-            let resident_blocks = resident(candidate_config.1, candidate_config.3);
-            if rows * candidate <= resident_blocks {
-                slices = candidate;
-                config = candidate_config;
-                break;
-            }
-            candidate = (resident_blocks / rows).min(candidate - 1);
-        }
-    }
-    // A sliced block's threads walk their packs in rounds of `LOADS_IN_FLIGHT` loads, and the
-    // row waits for its slowest block's slowest thread: with 256 threads, 32×151936's 2374
-    // packs per slice are 9.3 per thread, three rounds of which the last is a third full. Take
-    // one round fewer with the threads that needs (whole warps), if every block stays resident
-    // (there 320 threads, two rounds: 77.2 → 78.8% of copy on the H200, bench/NOTES.md).
-    if slices > 1 {
-        let (slice_packs, threads, _, shared_bytes) = config;
-        let rounds = slice_packs.div_ceil(threads * LOADS_IN_FLIGHT);
-        if rounds > 1 {
-            let fewer_rounds_threads = slice_packs
-                .div_ceil((rounds - 1) * LOADS_IN_FLIGHT)
-                .next_multiple_of(32);
-            if fewer_rounds_threads <= MAX_BLOCK_THREADS
-                && rows * slices <= resident(fewer_rounds_threads, shared_bytes)
-            {
-                config.1 = fewer_rounds_threads;
-            }
+    // most of the GPU idle: cut rows into slices until the resident blocks are used, aiming
+    // at four blocks per multiprocessor. 16-bit rows aim at two where those blocks need at
+    // most `SIXTEEN_BIT_HALF_SLICING_MAX_THREADS` threads: measured on sixteen bf16 shapes
+    // (bench/NOTES.md session 14), two per multiprocessor gained 2 to 6 points of the copy
+    // wherever its blocks had 256 to 352 threads, about nothing at 384, and lost up to 7.5
+    // points with 416 or more (the f32 kernel lost at two everywhere).
+    if rows < 2 * sms && !one_wave {
+        let half = (dtype.bytes() == 2)
+            .then(|| sliced(2))
+            .flatten()
+            .filter(|(_, config)| config.1 <= SIXTEEN_BIT_HALF_SLICING_MAX_THREADS);
+        if let Some((chosen_slices, chosen_config)) = half.or_else(|| sliced(4)) {
+            slices = chosen_slices;
+            config = chosen_config;
         }
     }
     let (slice_packs, threads, cached, shared_bytes) = config;
@@ -459,7 +485,7 @@ pub(crate) fn row_slices_launch(
         grid: rows * slices,
         block: threads,
         shared_bytes,
-        cooperative: slices > 1,
+        cooperative: false,
         cluster: 1,
         args: vec![
             Arg::Input,
@@ -470,6 +496,7 @@ pub(crate) fn row_slices_launch(
             Arg::U32(cached as u32),
             Arg::Partials,
             Arg::Barriers,
+            Arg::Patience,
         ],
     };
     (launch, cached)
@@ -485,7 +512,8 @@ fn wide_rows_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) -> 
     let (slices, slices_read_once) =
         row_slices_launch(shape, DType::F32, layout.vector_peelable, device);
     let rows = shape.rows() as u64;
-    let rows_fill_gpu = !slices.cooperative && 10 * rows >= 9 * u64::from(device.multiprocessors());
+    let rows_fill_gpu =
+        u64::from(slices.grid) == rows && 10 * rows >= 9 * u64::from(device.multiprocessors());
     if slices_read_once || rows_fill_gpu || !device.thread_block_clusters() {
         return slices;
     }
@@ -674,6 +702,7 @@ fn unfused_launches(shape: Shape, device: &dyn DeviceLimits) -> Vec<Launch> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use kernels_gpu::barrier_word;
 
     /// The H200's numbers, with occupancy estimated from threads and shared memory alone.
     pub(crate) struct FakeH200;
@@ -738,7 +767,7 @@ pub(crate) mod tests {
         (3, 100003),
     ];
 
-    /// A cooperative launch must fit on the GPU at once.
+    /// A sliced launch's blocks all fit on the GPU at once (one wave).
     fn assert_all_resident(launch: &Launch, rows: usize, cols: usize) {
         let resident =
             132 * FakeH200.blocks_per_sm(&launch.kernel, launch.block, launch.shared_bytes);
@@ -821,8 +850,9 @@ pub(crate) mod tests {
                     Arg::U32(slices),
                     Arg::U32(slice_packs),
                     Arg::U32(cached),
-                    _,
-                    _,
+                    Arg::Partials,
+                    Arg::Barriers,
+                    Arg::Patience,
                 ] = launch.args[..]
                 else {
                     panic!("unexpected arguments {:?}", launch.args)
@@ -835,8 +865,10 @@ pub(crate) mod tests {
                 let slice_cols = assert_slices_cover(rows, cols, pack, slices, slice_packs);
                 assert_eq!(launch.grid, rows as u32 * slices);
                 assert!(launch.shared_bytes <= FakeH200.max_shared_per_block());
-                assert_eq!(launch.cooperative, slices > 1);
-                if launch.cooperative {
+                // An ordinary launch: blocks that cannot start leave nobody waiting forever.
+                assert!(!launch.cooperative);
+                if slices > 1 {
+                    assert!(slices <= barrier_word::MAX_PARTICIPANTS);
                     assert_all_resident(&launch, rows, cols);
                     assert!(
                         launch.grid >= 132,
@@ -853,24 +885,46 @@ pub(crate) mod tests {
         }
     }
 
-    /// 16-bit rows hold twice the elements per byte of cache: bf16 32×151936 takes the same
-    /// 16 slices as f32 with half the shared memory, and 600 rows of 70001 (140 KB each in
+    /// 16-bit rows hold twice the elements per byte of cache: bf16 16×262144 takes the same
+    /// 33 slices as f32 with half the shared memory, and 600 rows of 70001 (140 KB each in
     /// bf16, 280 KB in f32) are cached only in bf16.
     #[test]
     fn sixteen_bit_row_slices_cache_twice_the_elements() {
-        let sliced = |dtype| row_slices_launch(shape(32, 151936), dtype, true, &FakeH200);
+        let sliced = |dtype| row_slices_launch(shape(16, 262144), dtype, true, &FakeH200);
         let ((f32_launch, true), (bf16_launch, true)) = (sliced(DType::F32), sliced(DType::Bf16))
         else {
-            panic!("32x151936 should be cached")
+            panic!("16x262144 should be cached")
         };
         assert_eq!(bf16_launch.grid, f32_launch.grid);
-        assert!(bf16_launch.cooperative);
+        assert_eq!(bf16_launch.grid, 16 * 33);
         assert_eq!(
             bf16_launch.shared_bytes - REDUCTION_SCRATCH_FLOATS * 4,
             (f32_launch.shared_bytes - REDUCTION_SCRATCH_FLOATS * 4) / 2
         );
         assert!(!row_slices_launch(shape(600, 70001), DType::F32, true, &FakeH200).1);
         assert!(row_slices_launch(shape(600, 70001), DType::Bf16, true, &FakeH200).1);
+    }
+
+    /// 16-bit rows aim at two blocks per multiprocessor where those blocks need at most 384
+    /// threads, else at four, as f32 always does (slices per row, threads per block).
+    #[test]
+    fn sixteen_bit_rows_take_half_the_slices_where_the_blocks_stay_small() {
+        for (rows, cols, f32_plan, bf16_plan) in [
+            (32, 151936, (16, 320), (8, 320)),
+            (8, 262144, (66, 256), (33, 256)),
+            (64, 100000, (8, 288), (4, 288)),
+            (16, 262144, (33, 512), (33, 256)),
+            (48, 65536, (11, 384), (11, 192)),
+        ] {
+            for (dtype, (slices, threads)) in [(DType::F32, f32_plan), (DType::Bf16, bf16_plan)] {
+                let (launch, _) = row_slices_launch(shape(rows, cols), dtype, true, &FakeH200);
+                assert_eq!(
+                    (launch.grid / rows as u32, launch.block),
+                    (slices, threads),
+                    "{dtype:?} {rows}x{cols}"
+                );
+            }
+        }
     }
 
     #[test]
@@ -881,10 +935,10 @@ pub(crate) mod tests {
         // ptxas gives the H200 kernel, the driver's occupancy keeps it at 256 threads).
         for (rows, cols, threads, rounds) in [(32, 151936, 320, 2), (16, 262144, 512, 1)] {
             let (launch, _) = row_slices_launch(shape(rows, cols), DType::F32, true, &FakeH200);
-            let [.., Arg::U32(slice_packs), _, _, _] = launch.args[..] else {
+            let [.., Arg::U32(slice_packs), _, _, _, _] = launch.args[..] else {
                 panic!("unexpected arguments {:?}", launch.args)
             };
-            assert!(launch.cooperative, "{rows}x{cols}");
+            assert!(launch.grid > rows as u32, "{rows}x{cols}: sliced");
             assert_eq!(launch.block, threads, "{rows}x{cols}");
             assert_eq!(
                 slice_packs.div_ceil(threads * LOADS_IN_FLIGHT),

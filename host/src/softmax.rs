@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::Arc;
+use std::time::Duration;
 
 use cust::context::{Context, CurrentContext};
 use cust::event::{Event, EventFlags};
@@ -27,8 +28,16 @@ mod operations;
 const PLAN_CACHE_LIMIT: usize = 4096;
 
 /// Most blocks of one kernel a multiprocessor can hold (Hopper: 32); bounds the
-/// row-slices workspace, since its launches keep every block resident.
+/// sliced launches' workspace, since their plans keep every block resident: `rows · slices`
+/// blocks need two barrier words per row and row-slices one flag per block, at most
+/// `2 · resident` words as slices ≥ 2.
 const MAX_RESIDENT_BLOCKS_PER_SM: usize = 32;
+
+/// How long a row-slices block waits for the rest of its row before it leaves its slice to
+/// the row's last block. A row's blocks all start within microseconds when nothing else runs
+/// (the plan keeps them resident), so only blocks kept from starting (by other streams'
+/// kernels holding their places) make a waiter leave; the leaver frees its place for them.
+const ROW_BARRIER_PATIENCE: Duration = Duration::from_micros(200);
 
 /// Row-wise softmax on one CUDA device.
 ///
@@ -49,6 +58,8 @@ pub struct Softmax {
     /// Where 16-bit softmax runs row-slices (`operations::Softmax::row_slices_plan`).
     row_slice_plans: HashMap<RowSlicePlanKey, Option<Arc<Launch>>>,
     tune_cache: TuneCache,
+    /// [`ROW_BARRIER_PATIENCE`], unless a test changed it.
+    row_barrier_patience_ns: u64,
     stream: Stream,
     info: DeviceInfo,
     /// Dropped last: everything above lives in this context.
@@ -74,7 +85,8 @@ struct Workspace {
     row_stats: DeviceBuffer<f32>,
     /// Two floats per block of a sliced launch (grown on demand).
     partials: DeviceBuffer<f32>,
-    /// Two words per row of a sliced launch, zeroed once; a finished launch leaves them reusable.
+    /// Two words per row of a sliced launch, then row-slices' flags of blocks that left (one
+    /// per block), zeroed once; a finished launch leaves them reusable.
     barriers: DeviceBuffer<u32>,
     /// Per-row, per-chunk states of operations on rows too wide for one launch.
     states: DeviceBuffer<RowState>,
@@ -153,6 +165,7 @@ impl Softmax {
             op_plans: HashMap::new(),
             row_slice_plans: HashMap::new(),
             tune_cache: TuneCache::open(autotune::default_path()),
+            row_barrier_patience_ns: ROW_BARRIER_PATIENCE.as_nanos() as u64,
             stream,
             info,
             context,
@@ -162,6 +175,15 @@ impl Softmax {
     /// The device this instance runs on.
     pub fn device(&self) -> &DeviceInfo {
         &self.info
+    }
+
+    /// Testing hook: how long a block of a row cut into slices waits for the row's other
+    /// blocks before it leaves its slice to the row's last block (default 200 µs). Zero
+    /// makes nearly every block leave, which exercises that path; results stay exact, only
+    /// slower.
+    #[doc(hidden)]
+    pub fn set_row_barrier_patience(&mut self, patience: Duration) {
+        self.row_barrier_patience_ns = u64::try_from(patience.as_nanos()).unwrap_or(u64::MAX);
     }
 
     /// The stream every launch is enqueued on.
@@ -476,6 +498,7 @@ impl Softmax {
                 Arg::RowSum => ParamValue::U64(row_stats + 4 * shape.rows() as u64),
                 Arg::Partials => ParamValue::U64(self.workspace.partials.as_device_ptr().as_raw()),
                 Arg::Barriers => ParamValue::U64(self.workspace.barriers.as_device_ptr().as_raw()),
+                Arg::Patience => ParamValue::U64(self.row_barrier_patience_ns),
                 Arg::U32(v) => ParamValue::U32(v),
                 Arg::U64(v) => ParamValue::U64(v),
             })

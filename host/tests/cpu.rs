@@ -358,6 +358,135 @@ proptest! {
     }
 }
 
+/// One block in the model of the barrier protocol with leavers.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Waiter {
+    NotArrived,
+    /// Arrived; its addition found `before`; it last read `seen`.
+    Waiting {
+        before: u32,
+        seen: u32,
+    },
+    Released,
+    Left,
+    Last,
+}
+
+/// Runs one launch of `participants` blocks under the protocol with leavers, in the order
+/// `choices` picks (arrive, poll, leave, or apply the last block's pending reset), checking
+/// every step. Returns the word after the launch.
+fn leaver_protocol_launch(
+    mut word: u32,
+    participants: u32,
+    choices: &mut impl Iterator<Item = u32>,
+) -> Result<u32, TestCaseError> {
+    let entered = word;
+    let mut blocks = vec![Waiter::NotArrived; participants as usize];
+    let (mut pending_reset, mut left, mut last_saw_leavers) = (None, 0, None);
+    // Once the choices run out, a counter visits every block in turn with every action.
+    let mut fallback = 0u32;
+    loop {
+        let active: Vec<usize> = (0..blocks.len())
+            .filter(|&b| matches!(blocks[b], Waiter::NotArrived | Waiter::Waiting { .. }))
+            .collect();
+        if active.is_empty() && pending_reset.is_none() {
+            break;
+        }
+        let pick = choices.next().unwrap_or_else(|| {
+            fallback = fallback.wrapping_add(1);
+            fallback
+        });
+        if let Some(reset) = pending_reset
+            && (active.is_empty() || pick % 4 == 0)
+        {
+            word = word.wrapping_add(reset);
+            pending_reset = None;
+            continue;
+        }
+        let b = active[pick as usize / 4 % active.len()];
+        let arrived = blocks
+            .iter()
+            .filter(|w| !matches!(w, Waiter::NotArrived))
+            .count() as u32;
+        match blocks[b] {
+            Waiter::NotArrived => {
+                let before = word;
+                word = word.wrapping_add(barrier_word::ARRIVAL);
+                if barrier_word::is_last_arrival(before, participants) {
+                    prop_assert_eq!(arrived + 1, participants, "last before everyone arrived");
+                    last_saw_leavers = Some(barrier_word::leavers(before));
+                    pending_reset = Some(barrier_word::reset_after_last(before, participants));
+                    blocks[b] = Waiter::Last;
+                } else {
+                    blocks[b] = Waiter::Waiting {
+                        before,
+                        seen: before,
+                    };
+                }
+            }
+            Waiter::Waiting { before, seen } => {
+                if pick % 2 == 0 {
+                    // Poll.
+                    if barrier_word::has_released(before, word, participants) {
+                        prop_assert_eq!(arrived, participants, "released before everyone arrived");
+                        blocks[b] = Waiter::Released;
+                    } else {
+                        blocks[b] = Waiter::Waiting { before, seen: word };
+                    }
+                } else if !barrier_word::has_released(before, seen, participants) {
+                    // Leave: swap what it last saw, if the word still holds it.
+                    if word == seen {
+                        prop_assert!(last_saw_leavers.is_none(), "left after the last arrival");
+                        word = seen + barrier_word::LEAVER;
+                        left += 1;
+                        blocks[b] = Waiter::Left;
+                    } else {
+                        blocks[b] = Waiter::Waiting { before, seen: word };
+                    }
+                }
+            }
+            _ => unreachable!("only active blocks are picked"),
+        }
+    }
+    prop_assert_eq!(blocks.iter().filter(|w| **w == Waiter::Last).count(), 1);
+    prop_assert_eq!(
+        last_saw_leavers,
+        Some(left),
+        "the last block miscounted the leavers"
+    );
+    prop_assert!(barrier_word::has_flipped(entered, word));
+    prop_assert_eq!(word & !barrier_word::GENERATION_BIT, 0, "word not at rest");
+    Ok(word)
+}
+
+proptest! {
+    /// The protocol with leavers, over launches of either protocol on one word (they share
+    /// the workspace), blocks arriving, polling, leaving and the last block's reset landing in
+    /// any order: nobody is released before every block arrived, exactly one block is last
+    /// and learns exactly how many left, no block leaves once the row is complete, everyone
+    /// is released or left, and the word is left at rest for either protocol.
+    #[test]
+    fn leaver_barrier_counts_exactly_the_blocks_that_left(
+        launches in prop::collection::vec((1u32..=300, any::<bool>()), 1..6),
+        choices in prop::collection::vec(any::<u32>(), 0..4000),
+    ) {
+        let mut choices = choices.into_iter();
+        let mut word = 0u32;
+        for (participants, may_leave) in launches {
+            if may_leave {
+                word = leaver_protocol_launch(word, participants, &mut choices)?;
+            } else {
+                let entered = word;
+                for rank in 0..participants {
+                    word = word.wrapping_add(barrier_word::arrival(participants, rank == 0));
+                }
+                prop_assert!(barrier_word::has_flipped(entered, word));
+                prop_assert_eq!(word & !barrier_word::GENERATION_BIT, 0);
+            }
+        }
+    }
+}
+
 #[test]
 fn reference_handles_denormals_single_columns_and_dominant_values() {
     // A single column is always 1, whatever its value (NaN and +inf excepted).

@@ -4,6 +4,7 @@
 mod common;
 
 use std::thread;
+use std::time::{Duration, Instant};
 
 use common::{Check, poisoned};
 use cust::launch;
@@ -35,6 +36,14 @@ const TESTS: &[common::Test] = &[
     (
         "launches_wait_for_a_previous_kernel_that_writes_late",
         late_writer,
+    ),
+    (
+        "sliced_rows_are_exact_when_blocks_leave_their_slices",
+        leaving_blocks,
+    ),
+    (
+        "sliced_rows_finish_when_their_blocks_cannot_all_be_resident",
+        crowded_sliced_rows,
     ),
 ];
 
@@ -496,6 +505,124 @@ fn late_writer(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     }
     Ok(format!(
         "{checked} launches right after a kernel that writes their input 100 µs late read it as written; refused as unsupported: {refused:?}"
+    ))
+}
+
+/// Row-slices shapes (f32, and bf16 through the forward call) on an instance whose blocks wait
+/// no time for their rows: nearly every block leaves its slice to its row's last block, which
+/// writes it from the input again. The results must be as exact as ever.
+fn leaving_blocks(_softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
+    let mut impatient = Softmax::new().map_err(|e| e.to_string())?;
+    impatient.set_row_barrier_patience(Duration::ZERO);
+    let cuda = |e: cust::error::CudaError| e.to_string();
+    let mut checked = 0;
+    for (rows, cols) in [
+        (32, 151936),
+        (16, 262144),
+        (8, 128256),
+        (1, 1048576),
+        (3, 100003),
+        (17, 50001),
+        (2, 65537),
+    ] {
+        let shape = Shape::new(rows, cols).unwrap();
+        let values = common::random_matrix(rng, shape, 8.0);
+        let x = DeviceBuffer::from_slice(&values).map_err(cuda)?;
+        let mut y = poisoned(shape.len())?;
+        impatient
+            .run(Variant::RowSlices, &x, &mut y, shape)
+            .map_err(|e| format!("row-slices on {shape}: {e}"))?;
+        impatient.synchronize().map_err(|e| e.to_string())?;
+        let mut output = vec![0.0; shape.len()];
+        y.copy_to(&mut output[..]).map_err(cuda)?;
+        let deviation = deviation(&output, &softmax_f64(&values, rows, cols), cols);
+        if !deviation.within(TOLERANCE) {
+            return Err(format!(
+                "row-slices on {shape}, blocks leaving: {deviation:?}"
+            ));
+        }
+        checked += 1;
+    }
+    for (rows, cols) in [(32, 151936), (16, 262144), (64, 151936), (5, 99999)] {
+        let shape = Shape::new(rows, cols).unwrap();
+        let values: Vec<bf16> = common::random_matrix(rng, shape, 8.0)
+            .into_iter()
+            .map(bf16::from_f32)
+            .collect();
+        let x = DeviceBuffer::from_slice(&values).map_err(cuda)?;
+        let mut y = DeviceBuffer::from_slice(&vec![bf16::NAN; shape.len()]).map_err(cuda)?;
+        impatient
+            .forward(
+                Operation::Softmax,
+                Rows::new(&x, shape).map_err(|e| e.to_string())?,
+                RowsMut::new(&mut y, shape).map_err(|e| e.to_string())?,
+                &Options::new(),
+            )
+            .map_err(|e| format!("bf16 softmax on {shape}: {e}"))?;
+        impatient.synchronize().map_err(|e| e.to_string())?;
+        let mut output = vec![bf16::ZERO; shape.len()];
+        y.copy_to(&mut output[..]).map_err(cuda)?;
+        let widened = |v: &[bf16]| v.iter().map(|e| e.to_f32()).collect::<Vec<_>>();
+        let expected = softmax_f64(&widened(&values), rows, cols);
+        let deviation = deviation(&widened(&output), &expected, cols);
+        if !deviation.within(BF16_TOLERANCE) {
+            return Err(format!("bf16 on {shape}, blocks leaving: {deviation:?}"));
+        }
+        checked += 1;
+    }
+    Ok(format!(
+        "{checked} sliced launches with zero patience (nearly every block leaving) matched the reference"
+    ))
+}
+
+/// Eight instances (eight streams) each enqueue sliced launches whose blocks fill most of
+/// the GPU, without waiting: together they cannot all be resident, so rows whose blocks
+/// started wait for blocks that cannot start until some leave. Every launch must finish, and
+/// be exact.
+fn crowded_sliced_rows(_softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
+    const INSTANCES: usize = 8;
+    let cuda = |e: cust::error::CudaError| e.to_string();
+    let mut instances = (0..INSTANCES)
+        .map(|_| Softmax::new().map_err(|e| e.to_string()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let shapes = [
+        Shape::new(1, 1048576).unwrap(),
+        Shape::new(32, 151936).unwrap(),
+        Shape::new(8, 128256).unwrap(),
+    ];
+    let started = Instant::now();
+    let mut pending = Vec::new();
+    for round in 0..3 {
+        for (index, instance) in instances.iter_mut().enumerate() {
+            let shape = shapes[(round + index) % shapes.len()];
+            let values = common::random_matrix(rng, shape, 8.0);
+            let x = DeviceBuffer::from_slice(&values).map_err(cuda)?;
+            let mut y = poisoned(shape.len())?;
+            instance
+                .run(Variant::RowSlices, &x, &mut y, shape)
+                .map_err(|e| format!("row-slices on {shape}: {e}"))?;
+            pending.push((shape, values, x, y));
+        }
+    }
+    for instance in &instances {
+        instance.synchronize().map_err(|e| e.to_string())?;
+    }
+    let elapsed = started.elapsed();
+    for (shape, values, _x, y) in &pending {
+        let mut output = vec![0.0; shape.len()];
+        y.copy_to(&mut output[..]).map_err(cuda)?;
+        let deviation = deviation(
+            &output,
+            &softmax_f64(values, shape.rows(), shape.cols()),
+            shape.cols(),
+        );
+        if !deviation.within(TOLERANCE) {
+            return Err(format!("{shape} among crowded streams: {deviation:?}"));
+        }
+    }
+    Ok(format!(
+        "{} sliced launches on {INSTANCES} streams at once finished in {elapsed:.1?} and matched the reference",
+        pending.len()
     ))
 }
 

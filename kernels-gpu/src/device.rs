@@ -127,6 +127,56 @@ pub unsafe fn load_acquire_gpu(word: *const u32) -> u32 {
     value
 }
 
+/// `atom.acq_rel.gpu.cas.b32`: replaces the word at `word` with `new` if it holds `expected`,
+/// and returns what it held (equal to `expected` exactly when the swap happened); ordered as
+/// [`fetch_add_acq_rel_gpu`].
+///
+/// # Safety
+/// As for [`fetch_add_acq_rel_gpu`].
+#[inline(always)]
+pub unsafe fn compare_exchange_acq_rel_gpu(word: *mut u32, expected: u32, new: u32) -> u32 {
+    let found: u32;
+    // SAFETY: forwarded from the contract.
+    unsafe {
+        asm!(
+            "atom.acq_rel.gpu.cas.b32 {f}, [{w}], {e}, {n};",
+            f = out(reg32) found,
+            w = in(reg64) word as u64,
+            e = in(reg32) expected,
+            n = in(reg32) new,
+            options(nostack)
+        )
+    };
+    found
+}
+
+/// `red.release.gpu.add.u32`: adds `value` to the word at `word` without waiting for the
+/// result, releasing this thread's earlier writes to whoever acquires a later value.
+///
+/// # Safety
+/// As for [`fetch_add_acq_rel_gpu`].
+#[inline(always)]
+pub unsafe fn reduce_add_release_gpu(word: *mut u32, value: u32) {
+    // SAFETY: forwarded from the contract.
+    unsafe {
+        asm!(
+            "red.release.gpu.global.add.u32 [{w}], {v};",
+            w = in(reg64) word as u64,
+            v = in(reg32) value,
+            options(nostack)
+        )
+    };
+}
+
+/// `%globaltimer`: the GPU's nanosecond clock (the same on every multiprocessor).
+#[inline(always)]
+pub fn global_timer_ns() -> u64 {
+    let now: u64;
+    // SAFETY: reads a special register. Not `pure`: each read is a new time.
+    unsafe { asm!("mov.u64 {t}, %globaltimer;", t = out(reg64) now, options(nomem, nostack)) };
+    now
+}
+
 /// Four 4-byte values with the alignment of one 16-byte vector access (`ld.v4`/`st.v4`), in
 /// global or shared memory.
 #[repr(C, align(16))]

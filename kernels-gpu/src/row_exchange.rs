@@ -4,13 +4,13 @@
 
 use crate::barrier_word;
 use crate::device::{
-    block_dim, block_idx, fetch_add_acq_rel_gpu, load_acquire_gpu, sleep_briefly, sync_threads,
-    thread_idx,
+    block_dim, block_idx, compare_exchange_acq_rel_gpu, fetch_add_acq_rel_gpu, global_timer_ns,
+    grid_dim, load_acquire_gpu, reduce_add_release_gpu, sleep_briefly, sync_threads, thread_idx,
 };
 use crate::reduce::{Partial, block_reduce};
 
-/// Waits until `participants` blocks have arrived at this row's barrier (the word's
-/// arithmetic is in [`barrier_word`]). Called by one thread per block; `leader` is true for
+/// Waits until `participants` blocks have arrived at this row's barrier (the cooperative
+/// protocol of [`barrier_word`]). Called by one thread per block; `leader` is true for
 /// exactly one of the row's blocks.
 ///
 /// # Safety
@@ -31,6 +31,59 @@ unsafe fn row_barrier(word: *mut u32, participants: u32, leader: bool) {
                 sleep_briefly();
             }
         }
+    }
+}
+
+/// How one block left the row's barrier.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum BarrierExit {
+    /// Every block of the row arrived: the block goes on with the row's statistics.
+    Released,
+    /// This block's arrival completed the row; `leavers` blocks had arrived and left, so
+    /// this block writes their slices too.
+    Last { leavers: u32 },
+    /// The row was still incomplete after the block's patience ran out: it left, and the
+    /// row's last block writes its slice.
+    Left,
+}
+
+/// Arrives at this row's barrier (the protocol with leavers of [`barrier_word`]) and waits
+/// until all `participants` blocks have arrived, or at most `patience_ns` nanoseconds before
+/// leaving. Called by one thread per block.
+///
+/// # Safety
+/// `word` is this row's word of the barrier buffer, zeroed when it was allocated and only
+/// touched by launches that ran to completion; `participants` ≤
+/// [`barrier_word::MAX_PARTICIPANTS`].
+unsafe fn patient_row_barrier(word: *mut u32, participants: u32, patience_ns: u64) -> BarrierExit {
+    // SAFETY (every access): the word is valid, 4-byte aligned and only accessed atomically
+    // or by acquiring loads. The arrival releases this block's partial statistics (written
+    // before it) and acquires the others' for the last block; the others acquire them by the
+    // load that sees the row complete (the reset is a later modification of the word, so
+    // seeing it acquires them as well). GPU scope: the host never looks at the word during
+    // the launch.
+    let before = unsafe { fetch_add_acq_rel_gpu(word, barrier_word::ARRIVAL) };
+    if barrier_word::is_last_arrival(before, participants) {
+        // No block can leave any more (a leaver's swap expects an incomplete count), so
+        // `before` holds every leaver. Nobody waits on the reset: waiters see the full count.
+        let reset = barrier_word::reset_after_last(before, participants);
+        unsafe { reduce_add_release_gpu(word, reset) };
+        return BarrierExit::Last {
+            leavers: barrier_word::leavers(before),
+        };
+    }
+    let deadline = global_timer_ns() + patience_ns;
+    loop {
+        let now = unsafe { load_acquire_gpu(word) };
+        if barrier_word::has_released(before, now, participants) {
+            return BarrierExit::Released;
+        }
+        if global_timer_ns() > deadline
+            && unsafe { compare_exchange_acq_rel_gpu(word, now, now + barrier_word::LEAVER) } == now
+        {
+            return BarrierExit::Left;
+        }
+        sleep_briefly();
     }
 }
 
@@ -69,6 +122,121 @@ pub unsafe fn exchange_row_stats<S: Partial>(
     sync_threads();
     // SAFETY: forwarded; the barrier has released, so every block of the row has published.
     unsafe { merge_row_stats(scratch, partials, row, slices) }
+}
+
+/// The outcome of [`exchange_row_stats_or_leave`] for one block.
+pub enum RowExchange<S> {
+    /// The statistics of the whole row, and how many of the row's blocks left: nonzero only
+    /// for the row's last block, which then writes their slices (see [`take_left_slice`]).
+    Merged { row_stats: S, leavers: u32 },
+    /// The row was incomplete for `patience_ns`: this block left without writing; the row's
+    /// last block writes its slice.
+    Left,
+}
+
+/// [`exchange_row_stats`] for launches whose blocks need not be resident at once: a block
+/// that waited `patience_ns` for its row marks its slice as left (in the flags after the
+/// rows' barrier words) and leaves, so no block waits for one that cannot start. The row's
+/// last block learns how many left.
+///
+/// # Safety
+/// As for [`exchange_row_stats`], except that the blocks need not be resident together;
+/// `barriers` holds `2 · rows + rows · slices` words, zeroed when allocated, and the caller
+/// writes the slices of the blocks that left when told so.
+#[inline(always)]
+pub unsafe fn exchange_row_stats_or_leave<S: Partial>(
+    block: S,
+    scratch: *mut f32,
+    partials: *mut f32,
+    barriers: *mut u32,
+    row: usize,
+    slices: usize,
+    patience_ns: u64,
+) -> RowExchange<S> {
+    // The barrier's exit, told to the block through the scratch: 0 released, 1 + leavers for
+    // the last block, u32::MAX for a block that left.
+    let exit_slot = scratch.cast::<u32>();
+    if thread_idx() == 0 {
+        // SAFETY: as in `exchange_row_stats`; the flags follow the rows' words.
+        unsafe {
+            publish_block_stats(block, partials);
+            let exit = match patient_row_barrier(barriers.add(2 * row), slices as u32, patience_ns)
+            {
+                BarrierExit::Released => 0,
+                BarrierExit::Last { leavers } => 1 + leavers,
+                BarrierExit::Left => {
+                    // After the swap that counted this block out: the last block waits for
+                    // as many flags as the count says.
+                    left_flag(barriers, slices, block_idx() as usize).write_volatile(LEFT);
+                    u32::MAX
+                }
+            };
+            exit_slot.write(exit);
+        }
+    }
+    sync_threads();
+    // SAFETY: written by thread 0 before the block barrier.
+    let exit = unsafe { exit_slot.read() };
+    // Nobody reuses the scratch (the merge's reduction) before every thread has read it.
+    sync_threads();
+    if exit == u32::MAX {
+        return RowExchange::Left;
+    }
+    RowExchange::Merged {
+        // SAFETY: forwarded; the barrier has released.
+        row_stats: unsafe { merge_row_stats(scratch, partials, row, slices) },
+        leavers: exit.saturating_sub(1),
+    }
+}
+
+/// A flag's value once its block left; zero otherwise (a barrier word at rest, which a flag's
+/// slot may have been in a launch of other rows, has zero low bits, never this value).
+const LEFT: u32 = 1;
+
+/// The flag of block `block` of a launch of `slices` blocks per row: after the launch's
+/// `2 · rows` barrier words.
+fn left_flag(barriers: *mut u32, slices: usize, block: usize) -> *mut u32 {
+    let rows = grid_dim() as usize / slices;
+    barriers.wrapping_add(2 * rows + block)
+}
+
+/// For the row's last block: waits until one of the row's slices (blocks `row · slices` to
+/// `row · slices + slices - 1`) is flagged as left, clears its flag and returns its slice
+/// index to every thread. Call it once per leaver.
+///
+/// # Safety
+/// Called by every thread of the block from uniform control flow, by the last block of `row`
+/// with at least one leaver not yet taken; `barriers` and `scratch` as for
+/// [`exchange_row_stats_or_leave`].
+#[inline(always)]
+pub unsafe fn take_left_slice(
+    scratch: *mut f32,
+    barriers: *mut u32,
+    row: usize,
+    slices: usize,
+) -> usize {
+    let slot = scratch.cast::<u32>();
+    if thread_idx() == 0 {
+        let taken = 'search: loop {
+            for slice in 0..slices {
+                let flag = left_flag(barriers, slices, row * slices + slice);
+                // SAFETY: the flags lie inside the buffer; volatile, so never from the L1. The
+                // leaver's flag follows its swap, which precedes this block's arrival.
+                if unsafe { flag.read_volatile() } == LEFT {
+                    unsafe { flag.write_volatile(0) };
+                    break 'search slice;
+                }
+            }
+            sleep_briefly();
+        };
+        // SAFETY: the scratch holds at least one word.
+        unsafe { slot.write(taken as u32) };
+    }
+    sync_threads();
+    // SAFETY: written by thread 0 before the block barrier.
+    let taken = unsafe { slot.read() } as usize;
+    sync_threads();
+    taken
 }
 
 /// Writes this block's statistics to its two floats of `partials`.

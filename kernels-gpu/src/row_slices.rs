@@ -3,8 +3,11 @@
 //! it fits), so the input is read once; otherwise the second pass re-reads it (from L2 when
 //! the tensor fits there). 16-byte access as in [`RowSlice`]. With one slice per row this is a
 //! block-per-row kernel; with several, the blocks of a row exchange their online statistics
-//! through global memory behind a per-row barrier, which needs every block resident at once:
-//! the host launches it cooperatively. One template for every element type (f32 in the
+//! through global memory behind a per-row barrier. The launch is an ordinary one (so it takes
+//! the programmatic overlap with the kernel before it), and its blocks need not be resident
+//! together: a block whose row is still incomplete after a patience (blocks of other kernels
+//! holding the places its row's other blocks need) leaves, and the row's last block writes
+//! the slice it left, reading it again. One template for every element type (f32 in the
 //! softmax module, bf16 and f16 in their operation modules): math in f32, the cache holds the
 //! elements as they were read.
 
@@ -13,7 +16,7 @@ use crate::element::{Bf16, Element, F16};
 use crate::launch::{LOADS_IN_FLIGHT, REDUCTION_SCRATCH_FLOATS};
 use crate::online::OnlineStats;
 use crate::reduce::block_reduce;
-use crate::row_exchange::exchange_row_stats;
+use crate::row_exchange::{RowExchange, exchange_row_stats_or_leave, take_left_slice};
 use crate::row_slice::RowSlice;
 
 /// # Safety
@@ -22,9 +25,11 @@ use crate::row_slice::RowSlice;
 /// `slices · slice_packs · PACK ≥ cols - (PACK - 1)`. Launch `rows · slices` blocks of whole
 /// warps (at most 1024 threads) with `REDUCTION_SCRATCH_FLOATS · 4 + cached · slice_packs ·
 /// PACK · size_of::<E>()` bytes of dynamic shared memory, where `cached` is 0 or 1. When
-/// `slices > 1`: `partials` holds `2 · rows · slices` floats, `barriers` holds `2 · rows` words
-/// zeroed when allocated and used by one launch at a time, and all blocks are resident
-/// together (cooperative launch).
+/// `slices > 1`: `partials` holds `2 · rows · slices` floats, `barriers` holds
+/// `2 · rows + rows · slices` words zeroed when allocated and used by one launch at a time,
+/// and `slices` ≤ `barrier_word::MAX_PARTICIPANTS`. The blocks need not be resident together:
+/// a block whose row is still incomplete after `patience_ns` leaves its slice to the row's
+/// last block.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn softmax_row_slices<E: Element, const PACK: usize>(
@@ -36,6 +41,7 @@ unsafe fn softmax_row_slices<E: Element, const PACK: usize>(
     cached: u32,
     partials: *mut f32,
     barriers: *mut u32,
+    patience_ns: u64,
 ) {
     let shared = dynamic_shared_f32();
     // SAFETY: the launch provides the scratch followed by the cache when cached.
@@ -44,22 +50,47 @@ unsafe fn softmax_row_slices<E: Element, const PACK: usize>(
     // SAFETY: forwarded from this kernel's contract.
     let share = unsafe { Share::<E, PACK>::of_block(input, output, cols, slices, slice_packs) };
     // SAFETY: as above; uniform control flow.
-    let mut row_stats = unsafe { block_reduce(share.stats(cache), shared) };
-    if share.slices > 1 {
-        // SAFETY: forwarded from this kernel's contract for sliced launches.
-        row_stats = unsafe {
-            exchange_row_stats(
-                row_stats,
-                shared,
-                partials,
-                barriers,
-                share.row,
-                share.slices,
-            )
-        };
+    let block_stats = unsafe { block_reduce(share.stats(cache), shared) };
+    if share.slices == 1 {
+        // SAFETY: as above.
+        unsafe { share.write_normalized(cache, block_stats) };
+        return;
     }
+    // SAFETY: forwarded from this kernel's contract for sliced launches.
+    let exchange = unsafe {
+        exchange_row_stats_or_leave(
+            block_stats,
+            shared,
+            partials,
+            barriers,
+            share.row,
+            share.slices,
+            patience_ns,
+        )
+    };
+    let RowExchange::Merged { row_stats, leavers } = exchange else {
+        return;
+    };
     // SAFETY: as above.
     unsafe { share.write_normalized(cache, row_stats) };
+    // The row's last block writes the slices whose blocks left, reading them again.
+    for _ in 0..leavers {
+        // SAFETY: the last block of its row, with `leavers` flags to take; uniform control
+        // flow (`leavers` came to every thread through the block barrier).
+        unsafe {
+            let slice = take_left_slice(shared, barriers, share.row, share.slices);
+            Share::<E, PACK>::of_slice(
+                input,
+                output,
+                cols,
+                share.slices,
+                slice_packs as usize,
+                share.row,
+                slice,
+            )
+            .write_normalized(None, row_stats);
+        }
+    }
 }
 
 /// One block's share of a row: where it lies, and the element outside the aligned body this
@@ -98,8 +129,37 @@ impl<E: Element, const PACK: usize> Share<E, PACK> {
         slices: u32,
         slice_packs: u32,
     ) -> Self {
-        let (cols, slices) = (cols as usize, slices as usize);
-        let row = block_idx() as usize / slices;
+        let (slices, slice_packs) = (slices as usize, slice_packs as usize);
+        let block = block_idx() as usize;
+        // SAFETY: forwarded; block < rows · slices.
+        unsafe {
+            Self::of_slice(
+                input,
+                output,
+                cols,
+                slices,
+                slice_packs,
+                block / slices,
+                block % slices,
+            )
+        }
+    }
+
+    /// Slice `slice` of row `row`, as block `row · slices + slice` of the launch holds it.
+    ///
+    /// # Safety
+    /// As for [`Share::of_block`], with `row < rows` and `slice < slices`.
+    #[inline(always)]
+    pub unsafe fn of_slice(
+        input: *const E,
+        output: *mut E,
+        cols: u32,
+        slices: usize,
+        slice_packs: usize,
+        row: usize,
+        slice: usize,
+    ) -> Self {
+        let cols = cols as usize;
         // SAFETY: row < rows, so the row's `cols` elements lie inside the input. The output
         // may be null (a pass that only reads): `wrapping_add` keeps that defined, and such a
         // pass never writes.
@@ -107,13 +167,7 @@ impl<E: Element, const PACK: usize> Share<E, PACK> {
             unsafe { input.add(row * cols) },
             output.wrapping_add(row * cols),
         );
-        let part = RowSlice::new::<PACK, E>(
-            x,
-            cols,
-            block_idx() as usize % slices,
-            slices,
-            slice_packs as usize,
-        );
+        let part = RowSlice::new::<PACK, E>(x, cols, slice, slices, slice_packs);
         let edge_column = part.edge_column::<PACK>(thread_idx() as usize);
         Share {
             x,
@@ -284,6 +338,7 @@ macro_rules! row_slices_entry {
             cached: u32,
             partials: *mut f32,
             barriers: *mut u32,
+            patience_ns: u64,
         ) {
             crate::device::await_previous_grid();
             // SAFETY: forwarded from this entry's contract.
@@ -297,6 +352,7 @@ macro_rules! row_slices_entry {
                     cached,
                     partials,
                     barriers,
+                    patience_ns,
                 )
             }
         }
