@@ -354,6 +354,79 @@ fn chained_launches(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     ))
 }
 
+/// Runs `variant` on `x` (holding `values`, or about to) into `y` (poisoned by the caller,
+/// before anything it enqueued: an allocation or a synchronous copy between two launches
+/// would separate them), waits, and checks the result against the reference; `Ok(false)`
+/// when the variant refuses the shape.
+fn run_f32_checked(
+    softmax: &mut Softmax,
+    variant: Variant,
+    (x, y): (&DeviceBuffer<f32>, &mut DeviceBuffer<f32>),
+    values: &[f32],
+    shape: Shape,
+    what: &str,
+) -> Result<bool, String> {
+    match softmax.run(variant, x, y, shape) {
+        Err(Error::Unsupported { .. }) => return Ok(false),
+        other => other.map_err(|e| format!("{variant} on {shape}: {e}"))?,
+    }
+    softmax.synchronize().map_err(|e| e.to_string())?;
+    let mut output = vec![0.0; shape.len()];
+    y.copy_to(&mut output[..]).map_err(|e| e.to_string())?;
+    let deviation = deviation(
+        &output,
+        &softmax_f64(values, shape.rows(), shape.cols()),
+        shape.cols(),
+    );
+    if !deviation.within(TOLERANCE) {
+        return Err(format!("{variant} on {shape} {what}: {deviation:?}"));
+    }
+    Ok(true)
+}
+
+/// bf16 softmax through the forward call from `x` (holding `values`, or about to) into `y`
+/// (poisoned by the caller, as for [`run_f32_checked`]), waits, and checks the result against
+/// the reference.
+fn forward_bf16_checked(
+    softmax: &mut Softmax,
+    (x, y): (&DeviceBuffer<bf16>, &mut DeviceBuffer<bf16>),
+    values: &[bf16],
+    shape: Shape,
+    what: &str,
+) -> Result<(), String> {
+    softmax
+        .forward(
+            Operation::Softmax,
+            Rows::new(x, shape).map_err(|e| e.to_string())?,
+            RowsMut::new(y, shape).map_err(|e| e.to_string())?,
+            &Options::new(),
+        )
+        .map_err(|e| format!("bf16 softmax on {shape}: {e}"))?;
+    softmax.synchronize().map_err(|e| e.to_string())?;
+    let mut output = vec![bf16::ZERO; shape.len()];
+    y.copy_to(&mut output[..]).map_err(|e| e.to_string())?;
+    let widened = |v: &[bf16]| v.iter().map(|e| e.to_f32()).collect::<Vec<_>>();
+    let expected = softmax_f64(&widened(values), shape.rows(), shape.cols());
+    let deviation = deviation(&widened(&output), &expected, shape.cols());
+    if !deviation.within(BF16_TOLERANCE) {
+        return Err(format!("bf16 on {shape} {what}: {deviation:?}"));
+    }
+    Ok(())
+}
+
+/// A bf16 buffer of `len` NaN.
+fn poisoned_bf16(len: usize) -> Result<DeviceBuffer<bf16>, String> {
+    DeviceBuffer::from_slice(&vec![bf16::NAN; len]).map_err(|e| e.to_string())
+}
+
+/// Random bf16 contents for `shape`.
+fn random_bf16(rng: &mut StdRng, shape: Shape) -> Vec<bf16> {
+    common::random_matrix(rng, shape, 8.0)
+        .into_iter()
+        .map(bf16::from_f32)
+        .collect()
+}
+
 /// A kernel that lets the next grid in its stream start at once
 /// (`griddepcontrol.launch_dependents`), spins for `spin_ns` nanoseconds, then copies `words`
 /// 32-bit words from `src` to `dst` (grid-stride). `ptxas -arch=sm_90` accepts it.
@@ -447,57 +520,21 @@ fn late_writer(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
         let source = DeviceBuffer::from_slice(&values).map_err(cuda)?;
         let (x, mut y) = (poisoned(shape.len())?, poisoned(shape.len())?);
         write_late(softmax, &module, &source, &x)?;
-        match softmax.run(variant, &x, &mut y, shape) {
-            Err(Error::Unsupported { .. }) => {
-                refused.push(format!("{variant} on {shape}"));
-                continue;
-            }
-            other => other.map_err(|e| format!("{variant} on {shape}: {e}"))?,
+        let what = "after a late writer";
+        if run_f32_checked(softmax, variant, (&x, &mut y), &values, shape, what)? {
+            checked += 1;
+        } else {
+            refused.push(format!("{variant} on {shape}"));
         }
-        softmax.synchronize().map_err(|e| e.to_string())?;
-        let mut output = vec![0.0; shape.len()];
-        y.copy_to(&mut output[..]).map_err(cuda)?;
-        let deviation = deviation(&output, &softmax_f64(&values, rows, cols), cols);
-        if !deviation.within(TOLERANCE) {
-            return Err(format!(
-                "{variant} on {shape} after a late writer: {deviation:?}"
-            ));
-        }
-        checked += 1;
     }
     for (rows, cols) in [(4096, 1000), (128, 50257), (64, 8192)] {
         let shape = Shape::new(rows, cols).unwrap();
-        let values: Vec<bf16> = common::random_matrix(rng, shape, 8.0)
-            .into_iter()
-            .map(bf16::from_f32)
-            .collect();
+        let values = random_bf16(rng, shape);
         // Whole 32-bit words: every shape here has an even number of elements.
-        let poison = vec![bf16::NAN; shape.len()];
         let source = DeviceBuffer::from_slice(&values).map_err(cuda)?;
-        let (x, mut y) = (
-            DeviceBuffer::from_slice(&poison).map_err(cuda)?,
-            DeviceBuffer::from_slice(&poison).map_err(cuda)?,
-        );
+        let (x, mut y) = (poisoned_bf16(shape.len())?, poisoned_bf16(shape.len())?);
         write_late(softmax, &module, &source, &x)?;
-        softmax
-            .forward(
-                Operation::Softmax,
-                Rows::new(&x, shape).map_err(|e| e.to_string())?,
-                RowsMut::new(&mut y, shape).map_err(|e| e.to_string())?,
-                &Options::new(),
-            )
-            .map_err(|e| format!("bf16 softmax on {shape}: {e}"))?;
-        softmax.synchronize().map_err(|e| e.to_string())?;
-        let mut output = vec![bf16::ZERO; shape.len()];
-        y.copy_to(&mut output[..]).map_err(cuda)?;
-        let widened = |v: &[bf16]| v.iter().map(|e| e.to_f32()).collect::<Vec<_>>();
-        let expected = softmax_f64(&widened(&values), rows, cols);
-        let deviation = deviation(&widened(&output), &expected, cols);
-        if !deviation.within(BF16_TOLERANCE) {
-            return Err(format!(
-                "bf16 on {shape} after a late writer: {deviation:?}"
-            ));
-        }
+        forward_bf16_checked(softmax, (&x, &mut y), &values, shape, "after a late writer")?;
         checked += 1;
     }
     if checked < 10 {
@@ -529,45 +566,26 @@ fn leaving_blocks(_softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
         let values = common::random_matrix(rng, shape, 8.0);
         let x = DeviceBuffer::from_slice(&values).map_err(cuda)?;
         let mut y = poisoned(shape.len())?;
-        impatient
-            .run(Variant::RowSlices, &x, &mut y, shape)
-            .map_err(|e| format!("row-slices on {shape}: {e}"))?;
-        impatient.synchronize().map_err(|e| e.to_string())?;
-        let mut output = vec![0.0; shape.len()];
-        y.copy_to(&mut output[..]).map_err(cuda)?;
-        let deviation = deviation(&output, &softmax_f64(&values, rows, cols), cols);
-        if !deviation.within(TOLERANCE) {
-            return Err(format!(
-                "row-slices on {shape}, blocks leaving: {deviation:?}"
-            ));
+        let (variant, what) = (Variant::RowSlices, "with blocks leaving");
+        if !run_f32_checked(&mut impatient, variant, (&x, &mut y), &values, shape, what)? {
+            return Err(format!("row-slices refused {shape}"));
         }
         checked += 1;
     }
     for (rows, cols) in [(32, 151936), (16, 262144), (64, 151936), (5, 99999)] {
         let shape = Shape::new(rows, cols).unwrap();
-        let values: Vec<bf16> = common::random_matrix(rng, shape, 8.0)
-            .into_iter()
-            .map(bf16::from_f32)
-            .collect();
-        let x = DeviceBuffer::from_slice(&values).map_err(cuda)?;
-        let mut y = DeviceBuffer::from_slice(&vec![bf16::NAN; shape.len()]).map_err(cuda)?;
-        impatient
-            .forward(
-                Operation::Softmax,
-                Rows::new(&x, shape).map_err(|e| e.to_string())?,
-                RowsMut::new(&mut y, shape).map_err(|e| e.to_string())?,
-                &Options::new(),
-            )
-            .map_err(|e| format!("bf16 softmax on {shape}: {e}"))?;
-        impatient.synchronize().map_err(|e| e.to_string())?;
-        let mut output = vec![bf16::ZERO; shape.len()];
-        y.copy_to(&mut output[..]).map_err(cuda)?;
-        let widened = |v: &[bf16]| v.iter().map(|e| e.to_f32()).collect::<Vec<_>>();
-        let expected = softmax_f64(&widened(&values), rows, cols);
-        let deviation = deviation(&widened(&output), &expected, cols);
-        if !deviation.within(BF16_TOLERANCE) {
-            return Err(format!("bf16 on {shape}, blocks leaving: {deviation:?}"));
-        }
+        let values = random_bf16(rng, shape);
+        let (x, mut y) = (
+            DeviceBuffer::from_slice(&values).map_err(cuda)?,
+            poisoned_bf16(shape.len())?,
+        );
+        forward_bf16_checked(
+            &mut impatient,
+            (&x, &mut y),
+            &values,
+            shape,
+            "with blocks leaving",
+        )?;
         checked += 1;
     }
     Ok(format!(
