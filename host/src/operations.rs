@@ -205,6 +205,7 @@ impl Softmax {
                 self.reserve_partials(crate::plan::partials_needed(std::slice::from_ref(
                     &*launch,
                 )))?;
+                self.reserve_barriers(launch.grid as usize)?;
                 let kernels = self.op_kernels[I::DTYPE as usize]
                     .as_ref()
                     .expect("planning loaded the module");
@@ -214,8 +215,7 @@ impl Softmax {
                 // while `input` is borrowed (in-place calls never come here). The plan is
                 // `row_slices_launch`'s for this shape, type and alignment (16-byte packs only
                 // where both buffers are misaligned alike), with its blocks all resident when
-                // sliced (a plan the workspace covers, see `MAX_RESIDENT_BLOCKS_PER_SM`);
-                // `reserve_partials` sized the partials.
+                // sliced; `reserve_partials` and `reserve_barriers` sized the workspace.
                 return unsafe {
                     self.enqueue_in(kernels, &launch, input_address, output_address, input.shape)
                 };
@@ -656,6 +656,7 @@ impl Softmax {
         params.slice_packs = launch.slice_packs;
         if plan.raw.cooperative {
             self.reserve_partials(2 * launch.grid as usize)?;
+            self.reserve_barriers(launch.grid as usize)?;
             params.partials = self.workspace.partials.as_device_ptr().as_raw();
             params.barriers = self.workspace.barriers.as_device_ptr().as_raw();
         }

@@ -640,6 +640,16 @@ pub(crate) fn partials_needed(launches: &[Launch]) -> usize {
         .unwrap_or(0)
 }
 
+/// Blocks of the largest launch of a plan that takes the barrier words.
+pub(crate) fn barrier_blocks(launches: &[Launch]) -> usize {
+    launches
+        .iter()
+        .filter(|l| l.args.contains(&Arg::Barriers))
+        .map(|l| l.grid as usize)
+        .max()
+        .unwrap_or(0)
+}
+
 /// The five kernels of the unfused baseline.
 fn unfused_launches(shape: Shape, device: &dyn DeviceLimits) -> Vec<Launch> {
     let (rows, cols) = (shape.rows() as u32, shape.cols() as u32);

@@ -27,10 +27,10 @@ mod operations;
 /// bounded amount of memory, and one that reuses a few shapes never replans them.
 const PLAN_CACHE_LIMIT: usize = 4096;
 
-/// Most blocks of one kernel a multiprocessor can hold (Hopper: 32); bounds the
-/// sliced launches' workspace, since their plans keep every block resident: `rows · slices`
-/// blocks need two barrier words per row and row-slices one flag per block, at most
-/// `2 · resident` words as slices ≥ 2.
+/// Most blocks of one kernel a multiprocessor can hold (Hopper: 32): the initial workspace
+/// covers any sliced launch that keeps its blocks resident, as the plans do (two barrier words
+/// per row and row-slices' one flag per block, at most three words per block; the launches
+/// grow the workspace if a device ever holds more).
 const MAX_RESIDENT_BLOCKS_PER_SM: usize = 32;
 
 /// How long a row-slices block waits for the rest of its row before it leaves its slice to
@@ -86,7 +86,7 @@ struct Workspace {
     /// Two floats per block of a sliced launch (grown on demand).
     partials: DeviceBuffer<f32>,
     /// Two words per row of a sliced launch, then row-slices' flags of blocks that left (one
-    /// per block), zeroed once; a finished launch leaves them reusable.
+    /// per block), zeroed when allocated; a finished launch leaves them reusable.
     barriers: DeviceBuffer<u32>,
     /// Per-row, per-chunk states of operations on rows too wide for one launch.
     states: DeviceBuffer<RowState>,
@@ -151,7 +151,7 @@ impl Softmax {
         let workspace = Workspace {
             row_stats: DeviceBuffer::zeroed(2).during("allocating workspace")?,
             partials: DeviceBuffer::zeroed(2 * resident).during("allocating workspace")?,
-            barriers: DeviceBuffer::zeroed(2 * resident).during("allocating workspace")?,
+            barriers: DeviceBuffer::zeroed(3 * resident).during("allocating workspace")?,
             // SAFETY: any bit pattern is a valid pair of floats; states are stored before
             // they are read.
             states: unsafe { DeviceBuffer::uninitialized(1) }.during("allocating workspace")?,
@@ -249,6 +249,7 @@ impl Softmax {
             self.reserve_row_stats(shape.rows())?;
         }
         self.reserve_partials(plan::partials_needed(&launches))?;
+        self.reserve_barriers(plan::barrier_blocks(&launches))?;
         for launch in launches.iter() {
             // SAFETY: `shape.check_lengths` proved both buffers hold rows × cols floats; the
             // plan chose the grid, block and shared memory each kernel's contract asks for
@@ -341,6 +342,17 @@ impl Softmax {
             self.synchronize()?;
             self.workspace.partials =
                 DeviceBuffer::zeroed(floats).during("growing the workspace")?;
+        }
+        Ok(())
+    }
+
+    /// Barrier words (zeroed: a word at rest) for sliced launches of `blocks` blocks: two
+    /// per row and row-slices' flag per block, at most three per block.
+    fn reserve_barriers(&mut self, blocks: usize) -> Result<()> {
+        if self.workspace.barriers.len() < 3 * blocks {
+            self.synchronize()?;
+            self.workspace.barriers =
+                DeviceBuffer::zeroed(3 * blocks).during("growing the workspace")?;
         }
         Ok(())
     }

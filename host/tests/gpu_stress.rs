@@ -10,6 +10,7 @@ use common::{Check, poisoned};
 use cust::launch;
 use cust::memory::{CopyDestination, DeviceBuffer, DeviceCopy};
 use cust::module::Module;
+use cust::stream::{Stream, StreamFlags};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use softmax::half::bf16;
@@ -42,8 +43,8 @@ const TESTS: &[common::Test] = &[
         leaving_blocks,
     ),
     (
-        "sliced_rows_finish_when_their_blocks_cannot_all_be_resident",
-        crowded_sliced_rows,
+        "sliced_rows_finish_beside_a_kernel_that_waits_for_them",
+        beside_a_waiting_kernel,
     ),
 ];
 
@@ -593,54 +594,128 @@ fn leaving_blocks(_softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     ))
 }
 
-/// Eight instances (eight streams) each enqueue sliced launches whose blocks fill most of
-/// the GPU, without waiting: together they cannot all be resident, so rows whose blocks
-/// started wait for blocks that cannot start until some leave. Every launch must finish, and
-/// be exact.
-fn crowded_sliced_rows(_softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
-    const INSTANCES: usize = 8;
+/// Kernels for [`beside_a_waiting_kernel`]: `hold_places` keeps 48 KB of shared memory per
+/// block until the word at `release` is nonzero, or `limit_ns` nanoseconds have passed, in which case it sets the word at
+/// `timed_out`; `release` sets the word at `word`. `ptxas -arch=sm_90` accepts both.
+const HOLD_PLACES_PTX: &str = ".version 7.8
+.target sm_90
+.address_size 64
+
+.visible .entry hold_places(
+\t.param .u64 hold_places_release,
+\t.param .u64 hold_places_timed_out,
+\t.param .u64 hold_places_limit_ns
+)
+{
+\t.reg .pred \t%p<3>;
+\t.reg .b32 \t%r<3>;
+\t.reg .b64 \t%rd<8>;
+\t.shared .align 4 .b8 hold_places_space[49152];
+
+\tld.param.u64 \t%rd1, [hold_places_release];
+\tld.param.u64 \t%rd2, [hold_places_timed_out];
+\tld.param.u64 \t%rd3, [hold_places_limit_ns];
+\tcvta.to.global.u64 \t%rd1, %rd1;
+\tcvta.to.global.u64 \t%rd2, %rd2;
+\tmov.u32 \t%r1, %tid.x;
+\tmov.u32 \t%r2, hold_places_space;
+\tst.shared.u32 \t[%r2], %r1;
+\tmov.u64 \t%rd4, %globaltimer;
+\tadd.u64 \t%rd5, %rd4, %rd3;
+$WAIT:
+\tld.volatile.global.u32 \t%r1, [%rd1];
+\tsetp.ne.u32 \t%p1, %r1, 0;
+\t@%p1 bra \t$DONE;
+\tmov.u64 \t%rd6, %globaltimer;
+\tsetp.lt.u64 \t%p2, %rd6, %rd5;
+\t@%p2 bra \t$WAIT;
+\tst.volatile.global.u32 \t[%rd2], 1;
+$DONE:
+\tret;
+}
+
+.visible .entry release(
+\t.param .u64 release_word
+)
+{
+\t.reg .b32 \t%r<2>;
+\t.reg .b64 \t%rd<3>;
+
+\tld.param.u64 \t%rd1, [release_word];
+\tcvta.to.global.u64 \t%rd1, %rd1;
+\tmov.u32 \t%r1, 1;
+\tst.volatile.global.u32 \t[%rd1], %r1;
+\tret;
+}
+";
+
+/// Sliced launches while another stream's kernel holds most of every multiprocessor's shared
+/// memory until they have finished (three blocks of 48 KB each, leaving room for about half
+/// the sliced blocks): a `release` kernel enqueued after them on the library's stream lets it
+/// go. The sliced blocks then cannot all be resident;
+/// if any waited for a block that cannot start, the holder would wait for them in turn (a
+/// deadlock, broken here only by the holder's 2 s limit, which fails the test). Blocks that
+/// leave their slices let every launch finish; the results must be exact.
+fn beside_a_waiting_kernel(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
+    const HOLDER_LIMIT_NS: u64 = 2_000_000_000;
+    let module = Module::from_ptx(HOLD_PLACES_PTX, &[]).map_err(|e| e.to_string())?;
+    let other_stream = Stream::new(StreamFlags::NON_BLOCKING, None).map_err(|e| e.to_string())?;
     let cuda = |e: cust::error::CudaError| e.to_string();
-    let mut instances = (0..INSTANCES)
-        .map(|_| Softmax::new().map_err(|e| e.to_string()))
-        .collect::<Result<Vec<_>, _>>()?;
-    let shapes = [
-        Shape::new(1, 1048576).unwrap(),
-        Shape::new(32, 151936).unwrap(),
-        Shape::new(8, 128256).unwrap(),
-    ];
-    let started = Instant::now();
-    let mut pending = Vec::new();
-    for round in 0..3 {
-        for (index, instance) in instances.iter_mut().enumerate() {
-            let shape = shapes[(round + index) % shapes.len()];
-            let values = common::random_matrix(rng, shape, 8.0);
-            let x = DeviceBuffer::from_slice(&values).map_err(cuda)?;
-            let mut y = poisoned(shape.len())?;
-            instance
-                .run(Variant::RowSlices, &x, &mut y, shape)
-                .map_err(|e| format!("row-slices on {shape}: {e}"))?;
-            pending.push((shape, values, x, y));
+    let multiprocessors = softmax.device().multiprocessors;
+    let mut report = Vec::new();
+    for (rows, cols) in [(32, 151936), (16, 262144)] {
+        let shape = Shape::new(rows, cols).unwrap();
+        let values = common::random_matrix(rng, shape, 8.0);
+        let x = DeviceBuffer::from_slice(&values).map_err(cuda)?;
+        let mut y = poisoned(shape.len())?;
+        let (release_word, timed_out) = (
+            DeviceBuffer::from_slice(&[0u32]).map_err(cuda)?,
+            DeviceBuffer::from_slice(&[0u32]).map_err(cuda)?,
+        );
+        let holders = 3 * multiprocessors;
+        // SAFETY: `hold_places` reads one word of `release_word` and may write one of
+        // `timed_out`, both one-word buffers.
+        unsafe {
+            launch!(module.hold_places<<<holders, 32, 0, other_stream>>>(
+                release_word.as_device_ptr(),
+                timed_out.as_device_ptr(),
+                HOLDER_LIMIT_NS
+            ))
         }
-    }
-    for instance in &instances {
-        instance.synchronize().map_err(|e| e.to_string())?;
-    }
-    let elapsed = started.elapsed();
-    for (shape, values, _x, y) in &pending {
+        .map_err(|e| format!("launching hold_places: {e}"))?;
+        // Let the holders take their places before the sliced launch asks for any.
+        thread::sleep(Duration::from_millis(20));
+        let started = Instant::now();
+        softmax
+            .run(Variant::RowSlices, &x, &mut y, shape)
+            .map_err(|e| format!("row-slices on {shape}: {e}"))?;
+        let stream = softmax.stream();
+        // SAFETY: `release` writes one word of `release_word`, a one-word buffer.
+        unsafe { launch!(module.release<<<1, 1, 0, stream>>>(release_word.as_device_ptr())) }
+            .map_err(|e| format!("launching release: {e}"))?;
+        softmax.synchronize().map_err(|e| e.to_string())?;
+        let elapsed = started.elapsed();
+        other_stream.synchronize().map_err(cuda)?;
+        let mut flag = [0u32];
+        timed_out.copy_to(&mut flag[..]).map_err(cuda)?;
+        if flag[0] != 0 {
+            return Err(format!(
+                "{shape}: the sliced launch did not finish while another kernel held the GPU \
+                 (the holder gave up after {} s)",
+                HOLDER_LIMIT_NS / 1_000_000_000
+            ));
+        }
         let mut output = vec![0.0; shape.len()];
         y.copy_to(&mut output[..]).map_err(cuda)?;
-        let deviation = deviation(
-            &output,
-            &softmax_f64(values, shape.rows(), shape.cols()),
-            shape.cols(),
-        );
+        let deviation = deviation(&output, &softmax_f64(&values, rows, cols), cols);
         if !deviation.within(TOLERANCE) {
-            return Err(format!("{shape} among crowded streams: {deviation:?}"));
+            return Err(format!("{shape} beside a waiting kernel: {deviation:?}"));
         }
+        report.push(format!("{shape} in {elapsed:.1?}"));
     }
     Ok(format!(
-        "{} sliced launches on {INSTANCES} streams at once finished in {elapsed:.1?} and matched the reference",
-        pending.len()
+        "sliced launches finished and matched the reference while a kernel on another stream held nearly all shared memory until they were done: {}",
+        report.join(", ")
     ))
 }
 

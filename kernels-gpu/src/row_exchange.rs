@@ -72,7 +72,7 @@ unsafe fn patient_row_barrier(word: *mut u32, participants: u32, patience_ns: u6
             leavers: barrier_word::leavers(before),
         };
     }
-    let deadline = global_timer_ns() + patience_ns;
+    let deadline = global_timer_ns().saturating_add(patience_ns);
     loop {
         let now = unsafe { load_acquire_gpu(word) };
         if barrier_word::has_released(before, now, participants) {
