@@ -659,6 +659,24 @@ $DONE:
 fn beside_a_waiting_kernel(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     const HOLDER_LIMIT_NS: u64 = 2_000_000_000;
     let module = Module::from_ptx(HOLD_PLACES_PTX, &[]).map_err(|e| e.to_string())?;
+    // The holders ask for the largest shared-memory carveout, as the sliced kernels get it: a
+    // multiprocessor configured with less for the holders would have no room left for a
+    // sliced block at all (none of them could start, so none would wait; that case only
+    // tests the holders).
+    let holder = module
+        .get_function("hold_places")
+        .map_err(|e| e.to_string())?;
+    // SAFETY: a valid function handle of a loaded module; the attribute takes a percentage.
+    let status = unsafe {
+        cust::sys::cuFuncSetAttribute(
+            holder.to_raw(),
+            cust::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+            100,
+        )
+    };
+    if status != cust::sys::CUresult::CUDA_SUCCESS {
+        return Err(format!("setting the holders' carveout: {status:?}"));
+    }
     let other_stream = Stream::new(StreamFlags::NON_BLOCKING, None).map_err(|e| e.to_string())?;
     let cuda = |e: cust::error::CudaError| e.to_string();
     let multiprocessors = softmax.device().multiprocessors;
