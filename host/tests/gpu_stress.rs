@@ -4,13 +4,12 @@
 mod common;
 
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{Check, poisoned};
 use cust::launch;
 use cust::memory::{CopyDestination, DeviceBuffer, DeviceCopy};
 use cust::module::Module;
-use cust::stream::{Stream, StreamFlags};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use softmax::half::bf16;
@@ -41,10 +40,6 @@ const TESTS: &[common::Test] = &[
     (
         "sliced_rows_are_exact_when_blocks_leave_their_slices",
         leaving_blocks,
-    ),
-    (
-        "sliced_rows_finish_beside_a_kernel_that_waits_for_them",
-        beside_a_waiting_kernel,
     ),
 ];
 
@@ -224,7 +219,7 @@ fn two_streams(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
 }
 
 /// A variant on a shape for each kernel family that launches with programmatic overlap (the
-/// cooperative 32×151936 beside them).
+/// sliced 32×151936 among them).
 const DEPENDENT_CASES: [(Variant, usize, usize); 11] = [
     (Variant::Auto, 4096, 1000),
     (Variant::Auto, 65536, 100),
@@ -591,149 +586,6 @@ fn leaving_blocks(_softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     }
     Ok(format!(
         "{checked} sliced launches with zero patience (nearly every block leaving) matched the reference"
-    ))
-}
-
-/// Kernels for [`beside_a_waiting_kernel`]: `hold_places` keeps 48 KB of shared memory per
-/// block until the word at `release` is nonzero, or `limit_ns` nanoseconds have passed, in which case it sets the word at
-/// `timed_out`; `release` sets the word at `word`. `ptxas -arch=sm_90` accepts both.
-const HOLD_PLACES_PTX: &str = ".version 7.8
-.target sm_90
-.address_size 64
-
-.visible .entry hold_places(
-\t.param .u64 hold_places_release,
-\t.param .u64 hold_places_timed_out,
-\t.param .u64 hold_places_limit_ns
-)
-{
-\t.reg .pred \t%p<3>;
-\t.reg .b32 \t%r<3>;
-\t.reg .b64 \t%rd<8>;
-\t.shared .align 4 .b8 hold_places_space[49152];
-
-\tld.param.u64 \t%rd1, [hold_places_release];
-\tld.param.u64 \t%rd2, [hold_places_timed_out];
-\tld.param.u64 \t%rd3, [hold_places_limit_ns];
-\tcvta.to.global.u64 \t%rd1, %rd1;
-\tcvta.to.global.u64 \t%rd2, %rd2;
-\tmov.u32 \t%r1, %tid.x;
-\tmov.u32 \t%r2, hold_places_space;
-\tst.shared.u32 \t[%r2], %r1;
-\tmov.u64 \t%rd4, %globaltimer;
-\tadd.u64 \t%rd5, %rd4, %rd3;
-$WAIT:
-\tld.volatile.global.u32 \t%r1, [%rd1];
-\tsetp.ne.u32 \t%p1, %r1, 0;
-\t@%p1 bra \t$DONE;
-\tmov.u64 \t%rd6, %globaltimer;
-\tsetp.lt.u64 \t%p2, %rd6, %rd5;
-\t@%p2 bra \t$WAIT;
-\tst.volatile.global.u32 \t[%rd2], 1;
-$DONE:
-\tret;
-}
-
-.visible .entry release(
-\t.param .u64 release_word
-)
-{
-\t.reg .b32 \t%r<2>;
-\t.reg .b64 \t%rd<3>;
-
-\tld.param.u64 \t%rd1, [release_word];
-\tcvta.to.global.u64 \t%rd1, %rd1;
-\tmov.u32 \t%r1, 1;
-\tst.volatile.global.u32 \t[%rd1], %r1;
-\tret;
-}
-";
-
-/// Sliced launches while another stream's kernel holds most of every multiprocessor's shared
-/// memory until they have finished (three blocks of 48 KB each, leaving room for about half
-/// the sliced blocks): a `release` kernel enqueued after them on the library's stream lets it
-/// go. The sliced blocks then cannot all be resident;
-/// if any waited for a block that cannot start, the holder would wait for them in turn (a
-/// deadlock, broken here only by the holder's 2 s limit, which fails the test). Blocks that
-/// leave their slices let every launch finish; the results must be exact.
-fn beside_a_waiting_kernel(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
-    const HOLDER_LIMIT_NS: u64 = 2_000_000_000;
-    let module = Module::from_ptx(HOLD_PLACES_PTX, &[]).map_err(|e| e.to_string())?;
-    // The holders ask for the largest shared-memory carveout, as the sliced kernels get it: a
-    // multiprocessor configured with less for the holders would have no room left for a
-    // sliced block at all (none of them could start, so none would wait; that case only
-    // tests the holders).
-    let holder = module
-        .get_function("hold_places")
-        .map_err(|e| e.to_string())?;
-    // SAFETY: a valid function handle of a loaded module; the attribute takes a percentage.
-    let status = unsafe {
-        cust::sys::cuFuncSetAttribute(
-            holder.to_raw(),
-            cust::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
-            100,
-        )
-    };
-    if status != cust::sys::CUresult::CUDA_SUCCESS {
-        return Err(format!("setting the holders' carveout: {status:?}"));
-    }
-    let other_stream = Stream::new(StreamFlags::NON_BLOCKING, None).map_err(|e| e.to_string())?;
-    let cuda = |e: cust::error::CudaError| e.to_string();
-    let multiprocessors = softmax.device().multiprocessors;
-    let mut report = Vec::new();
-    for (rows, cols) in [(32, 151936), (16, 262144)] {
-        let shape = Shape::new(rows, cols).unwrap();
-        let values = common::random_matrix(rng, shape, 8.0);
-        let x = DeviceBuffer::from_slice(&values).map_err(cuda)?;
-        let mut y = poisoned(shape.len())?;
-        let (release_word, timed_out) = (
-            DeviceBuffer::from_slice(&[0u32]).map_err(cuda)?,
-            DeviceBuffer::from_slice(&[0u32]).map_err(cuda)?,
-        );
-        let holders = 3 * multiprocessors;
-        // SAFETY: `hold_places` reads one word of `release_word` and may write one of
-        // `timed_out`, both one-word buffers.
-        unsafe {
-            launch!(module.hold_places<<<holders, 32, 0, other_stream>>>(
-                release_word.as_device_ptr(),
-                timed_out.as_device_ptr(),
-                HOLDER_LIMIT_NS
-            ))
-        }
-        .map_err(|e| format!("launching hold_places: {e}"))?;
-        // Let the holders take their places before the sliced launch asks for any.
-        thread::sleep(Duration::from_millis(20));
-        let started = Instant::now();
-        softmax
-            .run(Variant::RowSlices, &x, &mut y, shape)
-            .map_err(|e| format!("row-slices on {shape}: {e}"))?;
-        let stream = softmax.stream();
-        // SAFETY: `release` writes one word of `release_word`, a one-word buffer.
-        unsafe { launch!(module.release<<<1, 1, 0, stream>>>(release_word.as_device_ptr())) }
-            .map_err(|e| format!("launching release: {e}"))?;
-        softmax.synchronize().map_err(|e| e.to_string())?;
-        let elapsed = started.elapsed();
-        other_stream.synchronize().map_err(cuda)?;
-        let mut flag = [0u32];
-        timed_out.copy_to(&mut flag[..]).map_err(cuda)?;
-        if flag[0] != 0 {
-            return Err(format!(
-                "{shape}: the sliced launch did not finish while another kernel held the GPU \
-                 (the holder gave up after {} s)",
-                HOLDER_LIMIT_NS / 1_000_000_000
-            ));
-        }
-        let mut output = vec![0.0; shape.len()];
-        y.copy_to(&mut output[..]).map_err(cuda)?;
-        let deviation = deviation(&output, &softmax_f64(&values, rows, cols), cols);
-        if !deviation.within(TOLERANCE) {
-            return Err(format!("{shape} beside a waiting kernel: {deviation:?}"));
-        }
-        report.push(format!("{shape} in {elapsed:.1?}"));
-    }
-    Ok(format!(
-        "sliced launches finished and matched the reference while a kernel on another stream held nearly all shared memory until they were done: {}",
-        report.join(", ")
     ))
 }
 
