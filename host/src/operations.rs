@@ -202,9 +202,8 @@ impl Softmax {
             ];
             if let Some(launch) = self.row_slices_plan(I::DTYPE, input.shape, &operands)? {
                 CurrentContext::set_current(&self.context).during("making the context current")?;
-                self.reserve_partials(crate::plan::partials_needed(std::slice::from_ref(
-                    &*launch,
-                )))?;
+                // The row-slices launch takes both (the plan keeps its blocks resident).
+                self.reserve_partials(2 * launch.grid as usize)?;
                 self.reserve_barriers(launch.grid as usize)?;
                 let kernels = self.op_kernels[I::DTYPE as usize]
                     .as_ref()

@@ -629,22 +629,12 @@ fn split_rows_launches(shape: Shape, layout: Layout, device: &dyn DeviceLimits) 
     ]
 }
 
-/// Floats of the partial-statistics workspace a plan needs: two per block of any launch
-/// that takes it.
-pub(crate) fn partials_needed(launches: &[Launch]) -> usize {
+/// Blocks of the largest launch of a plan that takes `arg` (0 if none does): the partial
+/// statistics hold two floats per block, the barrier words at most three per block.
+pub(crate) fn largest_grid_taking(launches: &[Launch], arg: Arg) -> usize {
     launches
         .iter()
-        .filter(|l| l.args.contains(&Arg::Partials))
-        .map(|l| 2 * l.grid as usize)
-        .max()
-        .unwrap_or(0)
-}
-
-/// Blocks of the largest launch of a plan that takes the barrier words.
-pub(crate) fn barrier_blocks(launches: &[Launch]) -> usize {
-    launches
-        .iter()
-        .filter(|l| l.args.contains(&Arg::Barriers))
+        .filter(|l| l.args.contains(&arg))
         .map(|l| l.grid as usize)
         .max()
         .unwrap_or(0)

@@ -5,9 +5,10 @@ use std::ffi::c_void;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytemuck::Zeroable;
 use cust::context::{Context, CurrentContext};
 use cust::event::{Event, EventFlags};
-use cust::memory::{CopyDestination, DeviceBuffer, DeviceSlice};
+use cust::memory::{CopyDestination, DeviceBuffer, DeviceCopy, DeviceSlice};
 use cust::stream::{Stream, StreamFlags};
 use kernels_gpu::launch::BLOCK_SMEM_AUTOTUNE_CANDIDATES;
 
@@ -248,8 +249,8 @@ impl Softmax {
         {
             self.reserve_row_stats(shape.rows())?;
         }
-        self.reserve_partials(plan::partials_needed(&launches))?;
-        self.reserve_barriers(plan::barrier_blocks(&launches))?;
+        self.reserve_partials(2 * plan::largest_grid_taking(&launches, Arg::Partials))?;
+        self.reserve_barriers(plan::largest_grid_taking(&launches, Arg::Barriers))?;
         for launch in launches.iter() {
             // SAFETY: `shape.check_lengths` proved both buffers hold rows × cols floats; the
             // plan chose the grid, block and shared memory each kernel's contract asks for
@@ -338,32 +339,17 @@ impl Softmax {
     /// Grows the partial-statistics workspace (split rows over many rows need more than the
     /// resident-block bound it starts with).
     fn reserve_partials(&mut self, floats: usize) -> Result<()> {
-        if self.workspace.partials.len() < floats {
-            self.synchronize()?;
-            self.workspace.partials =
-                DeviceBuffer::zeroed(floats).during("growing the workspace")?;
-        }
-        Ok(())
+        grow_zeroed(&self.stream, &mut self.workspace.partials, floats)
     }
 
     /// Barrier words (zeroed: a word at rest) for sliced launches of `blocks` blocks: two
     /// per row and row-slices' flag per block, at most three per block.
     fn reserve_barriers(&mut self, blocks: usize) -> Result<()> {
-        if self.workspace.barriers.len() < 3 * blocks {
-            self.synchronize()?;
-            self.workspace.barriers =
-                DeviceBuffer::zeroed(3 * blocks).during("growing the workspace")?;
-        }
-        Ok(())
+        grow_zeroed(&self.stream, &mut self.workspace.barriers, 3 * blocks)
     }
 
     fn reserve_row_stats(&mut self, rows: usize) -> Result<()> {
-        if self.workspace.row_stats.len() < 2 * rows {
-            self.synchronize()?;
-            self.workspace.row_stats =
-                DeviceBuffer::zeroed(2 * rows).during("growing the workspace")?;
-        }
-        Ok(())
+        grow_zeroed(&self.stream, &mut self.workspace.row_stats, 2 * rows)
     }
 
     /// Threads per block for the autotuned block-per-row variant: the seed's candidates timed
@@ -519,6 +505,20 @@ impl Softmax {
         // SAFETY: forwarded from this function's contract; `params` outlives the call.
         unsafe { kernels.launch(launch, &mut params, &self.stream) }
     }
+}
+
+/// Replaces `buffer` by a zeroed one of `len` elements when it is shorter, once the work
+/// enqueued on `stream` (which may use it) has finished.
+fn grow_zeroed<T: DeviceCopy + Zeroable>(
+    stream: &Stream,
+    buffer: &mut DeviceBuffer<T>,
+    len: usize,
+) -> Result<()> {
+    if buffer.len() < len {
+        stream.synchronize().during("waiting for the stream")?;
+        *buffer = DeviceBuffer::zeroed(len).during("growing the workspace")?;
+    }
+    Ok(())
 }
 
 /// Storage for one kernel parameter; the driver reads it through a pointer.
