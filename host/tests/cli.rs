@@ -193,7 +193,7 @@ fn ab_script_reads_the_benchmark_table() {
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("host/ sits in the workspace");
-    let saved = workspace.join("bench/results/session5/nvidia-h200-softmax-bf16.json");
+    let saved = workspace.join("host/tests/fixtures/bench-run-softmax-bf16.json");
     let table = Report::load(&saved).expect("a saved run").table();
     let dir = std::env::temp_dir().join(format!("softmax-ab-{}", std::process::id()));
     let _ = fs::remove_dir_all(&dir);
