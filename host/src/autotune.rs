@@ -231,11 +231,11 @@ mod tests {
             "missing file"
         );
         let mut cache = TuneCache::open(Some(path.clone()));
-        cache.insert(key(1, 32000), Variant::SplitRows);
+        cache.insert(key(1, 32000), Variant::RowCluster);
         cache.save().unwrap();
         let good = std::fs::read_to_string(&path).unwrap();
         let foreign = good.replace(&catalog(), "0123456789abcdef");
-        let unknown_variant = good.replace("split-rows", "warp-specialized");
+        let unknown_variant = good.replace("row-cluster", "warp-specialized");
         for bad in [
             &good[..good.len() / 2],
             "\u{0}garbage",

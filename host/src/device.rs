@@ -114,6 +114,22 @@ fn raw_attribute(device: Device, attribute: sys::CUdevice_attribute) -> Result<i
     Ok(value)
 }
 
+/// The ordinal of the device whose memory holds `address`.
+pub(crate) fn pointer_device(address: u64) -> Result<u32> {
+    let mut ordinal: c_int = -1;
+    // SAFETY: the attribute is one int written through a valid pointer; the driver answers
+    // with an error for addresses it does not know.
+    let status = unsafe {
+        sys::cuPointerGetAttribute(
+            (&mut ordinal as *mut c_int).cast(),
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+            address,
+        )
+    };
+    check(status, "asking which device holds a buffer")?;
+    Ok(ordinal.max(0) as u32)
+}
+
 /// Turns the status of a raw driver call into a result.
 pub(crate) fn check(status: sys::CUresult, during: &'static str) -> Result<()> {
     check_code(status as c_int, during)

@@ -132,6 +132,28 @@ pub enum Error {
         source: std::io::Error,
     },
 
+    /// An output overlaps a buffer the same call reads, other than exactly (where the
+    /// operation can run in place).
+    #[error(
+        "{output} overlaps {input}: outputs must be distinct from every input (or, where the call runs in place, exactly the input)"
+    )]
+    Overlap {
+        output: &'static str,
+        input: &'static str,
+    },
+
+    /// A buffer lives on another device than the [`crate::Softmax`] instance.
+    #[error("{what} lives on device {device}, but this instance runs on device {expected}")]
+    WrongDevice {
+        what: &'static str,
+        device: u32,
+        expected: u32,
+    },
+
+    /// An address the driver does not know as device memory.
+    #[error("{what} (address {address:#x}) is not CUDA device memory")]
+    NotDeviceMemory { what: &'static str, address: u64 },
+
     /// A variant name that the command line or `Variant::from_str` does not know.
     #[error("unknown variant `{0}` (known: {known})", known = crate::Variant::NAMES.join(", "))]
     UnknownVariant(String),

@@ -13,28 +13,35 @@
 //! Special values follow `torch.softmax`: a row holding a NaN or a `+inf` comes out all NaN,
 //! a row that is entirely `-inf` comes out all NaN, and a `-inf` entry in any other row gives 0.
 
+//!
+//! The crate is one pipeline: the public API ([`Softmax`] and the views and options in
+//! `views`) checks a call and states what it computes; `plan` turns that into typed launches
+//! (pure, tested on the CPU against a model H200); `launch` enqueues them on the PTX modules
+//! that `module` loads, with the workspace from `workspace`.
+
 pub mod autotune;
 pub mod bench;
 mod device;
 mod error;
-mod kernels;
-mod op_plan;
-mod ops;
+mod launch;
+mod module;
 mod plan;
 pub mod reference;
 mod shape;
 mod softmax;
 mod variant;
+mod views;
+mod workspace;
 
 pub use device::DeviceInfo;
 pub use error::{Error, Result};
-pub use kernels::{PTX, op_ptx};
-pub use ops::{
+pub use module::{PTX, op_ptx};
+pub use shape::Shape;
+pub use softmax::{Softmax, TUNE_CACHE_ENV};
+pub use variant::Variant;
+pub use views::{
     DType, Element, Mask, MaskedRows, Operation, Options, RowState, Rows, RowsMut, merge_row_states,
 };
-pub use shape::Shape;
-pub use softmax::Softmax;
-pub use variant::Variant;
 
 /// cust, re-exported so users build device buffers with the same version the API takes.
 pub use cust;

@@ -190,10 +190,9 @@ fn bench(args: BenchArgs) -> ExitCode {
 
 fn tune(shapes: &[Shape], cache: Option<PathBuf>, device: u32) -> softmax::Result<()> {
     use softmax::cust::memory::DeviceBuffer;
-    let mut softmax = softmax::Softmax::on_device(device)?;
-    if let Some(path) = cache {
-        softmax = softmax.with_tune_cache(Some(path));
-    }
+    // `tune` writes the cache that `auto` reads: the one named, else the default file.
+    let mut softmax = softmax::Softmax::on_device(device)?
+        .with_tune_cache(cache.or_else(softmax::autotune::default_path));
     for &shape in shapes {
         let values: Vec<f32> = (0..shape.len())
             .map(|i| ((i * 7919) % 1000) as f32 * 0.01 - 5.0)

@@ -20,6 +20,9 @@ pub struct Shape {
 const MAX_DIMENSION: usize = i32::MAX as usize;
 
 impl Shape {
+    /// `0 × 0`.
+    pub(crate) const EMPTY: Shape = Shape { rows: 0, cols: 0 };
+
     /// Checks that the shape can be addressed: `rows × cols × 4` bytes fit in `usize` and each
     /// dimension fits the kernels' 32-bit indices.
     pub fn new(rows: usize, cols: usize) -> Result<Self> {

@@ -1,44 +1,49 @@
 //! The public entry point: a device, its loaded kernels, a stream and preallocated workspace.
+//!
+//! Every public call follows one pipeline: make the context current, check the caller's
+//! buffers, build a [`Request`] and the call's bindings, plan the request once per shape and
+//! layout (`crate::plan`), size the workspace, and enqueue the plan's launches
+//! (`crate::launch`). The f32 `run` and the operations (`softmax/operations.rs`) differ only in
+//! what they check and what they request.
 
-use std::collections::HashMap;
-use std::ffi::c_void;
-use std::sync::Arc;
-use std::time::Duration;
-
-use bytemuck::Zeroable;
-use cust::context::{Context, CurrentContext};
-use cust::event::{Event, EventFlags};
-use cust::memory::{CopyDestination, DeviceBuffer, DeviceCopy, DeviceSlice};
-use cust::stream::{Stream, StreamFlags};
-use kernels_gpu::launch::BLOCK_SMEM_AUTOTUNE_CANDIDATES;
-
-use crate::autotune::{self, TuneCache, TuneKey};
-use crate::device::{self, DeviceInfo};
-use crate::error::{CudaContext, Result};
-use crate::kernels::Kernels;
-use crate::plan::{self, Arg, DeviceLimits, Launch, Layout};
-use crate::shape::Shape;
-use crate::variant::Variant;
-use kernels_gpu::row_ops::{DType, Direction, PackLayout, RowState};
-
-#[path = "operations.rs"]
 mod operations;
 
-/// Plans kept per cache before it starts over: a process that sees ever new shapes keeps a
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::time::Duration;
+
+use cust::context::{Context, CurrentContext};
+use cust::event::{Event, EventFlags};
+use cust::memory::{CopyDestination, DeviceBuffer, DeviceSlice};
+use cust::stream::{Stream, StreamFlags};
+use cust::sys;
+use kernels_gpu::launch::BLOCK_SMEM_AUTOTUNE_CANDIDATES;
+use kernels_gpu::row_ops::RowOpParams;
+
+use crate::autotune::{TuneCache, TuneKey};
+use crate::device::{self, DeviceInfo};
+use crate::error::{CudaContext, Error, Result};
+use crate::launch::{self, Bindings};
+use crate::module::{LoadedModule, ModuleId};
+use crate::plan::{self, DeviceLimits, Entry, Launch, Layout, Request, WorkspaceNeeds};
+use crate::shape::Shape;
+use crate::variant::Variant;
+use crate::workspace::Workspace;
+
+/// Plans kept before the cache starts over: a process that sees ever new shapes keeps a
 /// bounded amount of memory, and one that reuses a few shapes never replans them.
 const PLAN_CACHE_LIMIT: usize = 4096;
-
-/// Most blocks of one kernel a multiprocessor can hold (Hopper: 32): the initial workspace
-/// covers any sliced launch that keeps its blocks resident, as the plans do (two barrier words
-/// per row and row-slices' one flag per block, at most three words per block; the launches
-/// grow the workspace if a device ever holds more).
-const MAX_RESIDENT_BLOCKS_PER_SM: usize = 32;
 
 /// How long a row-slices block waits for the rest of its row before it leaves its slice to
 /// the row's last block. A row's blocks all start within microseconds when nothing else runs
 /// (the plan keeps them resident), so only blocks kept from starting (by other streams'
 /// kernels holding their places) make a waiter leave; the leaver frees its place for them.
 const ROW_BARRIER_PATIENCE: Duration = Duration::from_micros(200);
+
+/// The environment variable naming a tune cache file that `Variant::Auto` reads (see
+/// [`Softmax::with_tune_cache`]); without it `Auto` uses the built-in dispatch alone.
+pub const TUNE_CACHE_ENV: &str = "SOFTMAX_TUNE_CACHE";
 
 /// Row-wise softmax on one CUDA device.
 ///
@@ -49,54 +54,100 @@ const ROW_BARRIER_PATIENCE: Duration = Duration::from_micros(200);
 /// device's primary context).
 #[derive(Debug)]
 pub struct Softmax {
-    kernels: Kernels,
+    modules: Modules,
     workspace: Workspace,
+    plans: HashMap<PlanKey, Rc<Prepared>>,
+    /// Threads per block the autotuned block-per-row variant chose, per shape.
     autotuned: HashMap<Shape, u32>,
-    plans: HashMap<(Variant, Shape, Layout), Arc<[Launch]>>,
-    /// The operation modules, by input type, loaded on first use.
-    op_kernels: [Option<Kernels>; 3],
-    op_plans: HashMap<OpPlanKey, Option<operations::PlannedOp>>,
-    /// Where 16-bit softmax runs row-slices (`operations::Softmax::row_slices_plan`).
-    row_slice_plans: HashMap<RowSlicePlanKey, Option<Arc<Launch>>>,
     tune_cache: TuneCache,
     /// [`ROW_BARRIER_PATIENCE`], unless a test changed it.
-    row_barrier_patience_ns: u64,
+    patience_ns: u64,
     stream: Stream,
     info: DeviceInfo,
     /// Dropped last: everything above lives in this context.
     context: Context,
 }
 
-// SAFETY: the raw function handles inside `Kernels` are driver objects that any thread may
-// use once the owning context is current, and every method that touches the device makes
-// `context` current first. Nothing is shared between instances except the driver's primary
-// context, which the driver synchronizes itself.
+// SAFETY: the raw function handles inside the loaded modules and plans are driver objects that
+// any thread may use once the owning context is current, and every method that touches the
+// device makes `context` current first (dropping too). Nothing is shared between instances
+// except the driver's primary context, which the driver synchronizes itself.
 unsafe impl Send for Softmax {}
 
-/// Direction, input type, rows, cols and how 16-byte packs fit.
-type OpPlanKey = (Direction, DType, u32, u32, PackLayout);
-
-/// Element type, shape, how the operation kernels' packs fit, and whether input and output
-/// are misaligned alike.
-type RowSlicePlanKey = (DType, Shape, PackLayout, bool);
-
-#[derive(Debug)]
-struct Workspace {
-    /// The unfused variant's row maxima then row sums (`2 · rows`, grown on demand).
-    row_stats: DeviceBuffer<f32>,
-    /// Two floats per block of a sliced launch (grown on demand).
-    partials: DeviceBuffer<f32>,
-    /// Two words per row of a sliced launch, then row-slices' flags of blocks that left (one
-    /// per block), zeroed when allocated; a finished launch leaves them reusable.
-    barriers: DeviceBuffer<u32>,
-    /// Per-row, per-chunk states of operations on rows too wide for one launch.
-    states: DeviceBuffer<RowState>,
+impl Drop for Softmax {
+    fn drop(&mut self) {
+        // The modules and buffers dropped after this free themselves in the current context.
+        let _ = CurrentContext::set_current(&self.context);
+    }
 }
 
-/// The device's limits as the planner sees them.
+type PlanKey = (Request, Shape, Layout);
+
+/// A plan made once: its launches, each entry's handle, and what they need of the workspace.
+#[derive(Debug)]
+struct Prepared {
+    launches: Vec<Launch>,
+    functions: Vec<sys::CUfunction>,
+    needs: WorkspaceNeeds,
+}
+
+/// The PTX modules, the softmax module loaded with the instance and each operation module
+/// (by input type) on first use.
+#[derive(Debug)]
+struct Modules {
+    softmax: LoadedModule,
+    operations: [Option<LoadedModule>; 3],
+    max_shared_per_block: u32,
+    clusters: bool,
+}
+
+impl Modules {
+    fn get(&self, id: ModuleId) -> Option<&LoadedModule> {
+        match id {
+            ModuleId::Softmax => Some(&self.softmax),
+            ModuleId::Operations(input) => self.operations[input as usize].as_ref(),
+        }
+    }
+
+    /// Loads `id` unless it is loaded (the context must be current).
+    fn load(&mut self, id: ModuleId) -> Result<()> {
+        if let ModuleId::Operations(input) = id
+            && self.operations[input as usize].is_none()
+        {
+            let loaded = LoadedModule::load(id, self.max_shared_per_block, self.clusters)?;
+            self.operations[input as usize] = Some(loaded);
+        }
+        Ok(())
+    }
+}
+
+/// The device's limits as the planner sees them, from occupancy queries on the loaded
+/// modules. A failed query is remembered (and answered 0, which rules the configuration out),
+/// so that the plan is refused rather than degraded.
 struct Limits<'a> {
     info: &'a DeviceInfo,
-    kernels: &'a Kernels,
+    modules: &'a Modules,
+    failure: RefCell<Option<Error>>,
+}
+
+impl Limits<'_> {
+    fn answer(&self, result: Result<u32>) -> u32 {
+        result.unwrap_or_else(|error| {
+            self.failure.borrow_mut().get_or_insert(error);
+            0
+        })
+    }
+
+    fn module(&self, entry: Entry) -> Result<&LoadedModule> {
+        self.modules
+            .get(entry.module())
+            .ok_or_else(|| Error::Unsupported {
+                variant: entry.to_string(),
+                rows: 0,
+                cols: 0,
+                why: "its module is not loaded".into(),
+            })
+    }
 }
 
 impl DeviceLimits for Limits<'_> {
@@ -108,11 +159,11 @@ impl DeviceLimits for Limits<'_> {
         self.info.max_shared_per_block
     }
 
-    fn blocks_per_sm(&self, kernel: &str, threads: u32, shared_bytes: u32) -> u32 {
-        // A failed occupancy query rules the configuration out; the planner falls back.
-        self.kernels
-            .blocks_per_sm(kernel, threads, shared_bytes)
-            .unwrap_or(0)
+    fn blocks_per_sm(&self, entry: Entry, threads: u32, shared_bytes: u32) -> u32 {
+        let result = self
+            .module(entry)
+            .and_then(|m| m.blocks_per_sm(entry, threads, shared_bytes));
+        self.answer(result)
     }
 
     fn cooperative_launch(&self) -> bool {
@@ -123,12 +174,20 @@ impl DeviceLimits for Limits<'_> {
         self.info.has_thread_block_clusters()
     }
 
-    fn active_clusters(&self, kernel: &str, threads: u32, shared_bytes: u32, cluster: u32) -> u32 {
-        // A failed query rules the configuration out, as for `blocks_per_sm`.
-        self.kernels
-            .active_clusters(kernel, threads, shared_bytes, cluster)
-            .unwrap_or(0)
+    fn active_clusters(&self, entry: Entry, threads: u32, shared_bytes: u32, cluster: u32) -> u32 {
+        let result = self
+            .module(entry)
+            .and_then(|m| m.active_clusters(entry, threads, shared_bytes, cluster));
+        self.answer(result)
     }
+}
+
+/// The device addresses one call binds, and its operation parameters (for operation plans).
+#[derive(Clone, Copy, Debug, Default)]
+struct CallBuffers {
+    input: u64,
+    output: u64,
+    operation: RowOpParams,
 }
 
 impl Softmax {
@@ -138,35 +197,34 @@ impl Softmax {
     }
 
     /// Opens CUDA device `ordinal`, loads the kernels and allocates the workspace.
+    ///
+    /// `Variant::Auto` uses the built-in dispatch, the same on every machine, unless the
+    /// environment variable [`TUNE_CACHE_ENV`] names a tune cache file or
+    /// [`Softmax::with_tune_cache`] gives one.
     pub fn on_device(ordinal: u32) -> Result<Self> {
         let (context, _device, info) = device::open(ordinal)?;
-        let kernels =
-            Kernels::load_softmax(info.max_shared_per_block, info.has_thread_block_clusters())?;
+        let clusters = info.has_thread_block_clusters();
+        let softmax = LoadedModule::load(ModuleId::Softmax, info.max_shared_per_block, clusters)?;
         // A blocking stream: its work waits for what came before it on the legacy default
         // stream, where cust's synchronous calls run. A pageable host-to-device copy
         // (`DeviceBuffer::from_slice`, `copy_from`) may return before its DMA lands, and
         // `DeviceBuffer::zeroed` below only enqueues its memset; a non-blocking stream would
         // let a launch read inputs half copied, or a barrier word the memset then clears.
         let stream = Stream::new(StreamFlags::DEFAULT, None).during("creating a stream")?;
-        let resident = info.multiprocessors as usize * MAX_RESIDENT_BLOCKS_PER_SM;
-        let workspace = Workspace {
-            row_stats: DeviceBuffer::zeroed(2).during("allocating workspace")?,
-            partials: DeviceBuffer::zeroed(2 * resident).during("allocating workspace")?,
-            barriers: DeviceBuffer::zeroed(3 * resident).during("allocating workspace")?,
-            // SAFETY: any bit pattern is a valid pair of floats; states are stored before
-            // they are read.
-            states: unsafe { DeviceBuffer::uninitialized(1) }.during("allocating workspace")?,
-        };
+        let workspace = Workspace::new(info.multiprocessors)?;
+        let tune_cache = TuneCache::open(std::env::var_os(TUNE_CACHE_ENV).map(Into::into));
         Ok(Softmax {
-            kernels,
+            modules: Modules {
+                softmax,
+                operations: [None, None, None],
+                max_shared_per_block: info.max_shared_per_block,
+                clusters,
+            },
             workspace,
-            autotuned: HashMap::new(),
             plans: HashMap::new(),
-            op_kernels: [None, None, None],
-            op_plans: HashMap::new(),
-            row_slice_plans: HashMap::new(),
-            tune_cache: TuneCache::open(autotune::default_path()),
-            row_barrier_patience_ns: ROW_BARRIER_PATIENCE.as_nanos() as u64,
+            autotuned: HashMap::new(),
+            tune_cache,
+            patience_ns: ROW_BARRIER_PATIENCE.as_nanos() as u64,
             stream,
             info,
             context,
@@ -184,7 +242,7 @@ impl Softmax {
     /// slower.
     #[doc(hidden)]
     pub fn set_row_barrier_patience(&mut self, patience: Duration) {
-        self.row_barrier_patience_ns = u64::try_from(patience.as_nanos()).unwrap_or(u64::MAX);
+        self.patience_ns = u64::try_from(patience.as_nanos()).unwrap_or(u64::MAX);
     }
 
     /// The stream every launch is enqueued on.
@@ -194,15 +252,22 @@ impl Softmax {
 
     /// Waits for everything enqueued so far; reports errors raised while kernels ran.
     pub fn synchronize(&self) -> Result<()> {
+        self.enter()?;
         self.stream.synchronize().during("waiting for the stream")
+    }
+
+    /// Makes this instance's context current on the calling thread: the first step of every
+    /// call that touches the device.
+    fn enter(&self) -> Result<()> {
+        CurrentContext::set_current(&self.context).during("making the context current")
     }
 
     /// Enqueues the softmax of each row of `input` (row-major `shape`) into `output`.
     ///
     /// Checks everything before launching anything: buffer lengths against the shape, the
-    /// variant's parameters, whether the variant can run the shape. Empty shapes succeed
-    /// without a launch. Pointers need no particular alignment: 16-byte accesses are used
-    /// only when both are 16-byte aligned and `cols` is a multiple of 4.
+    /// variant's parameters, whether the variant can run the shape, that the buffers are on
+    /// this device and do not overlap. Empty shapes succeed without a launch. Pointers need
+    /// no particular alignment: 16-byte accesses are used where both allow them.
     pub fn run(
         &mut self,
         variant: Variant,
@@ -210,64 +275,64 @@ impl Softmax {
         output: &mut DeviceSlice<f32>,
         shape: Shape,
     ) -> Result<()> {
+        self.enter()?;
         shape.check_lengths(input.len(), output.len())?;
         variant.validate()?;
         if shape.is_empty() {
             return Ok(());
         }
-        self.run_addresses(
-            variant,
-            input.as_device_ptr().as_raw(),
-            output.as_device_ptr().as_raw(),
-            shape,
-        )
-    }
-
-    /// [`Softmax::run`] after its checks, on device addresses.
-    fn run_addresses(
-        &mut self,
-        variant: Variant,
-        input_address: u64,
-        output_address: u64,
-        shape: Shape,
-    ) -> Result<()> {
-        CurrentContext::set_current(&self.context).during("making the context current")?;
-        let layout = Layout::of(input_address, output_address, shape.cols());
+        let (input, output) = (address(input), address(&*output));
+        let bytes = shape.len() as u64 * 4;
+        self.check_on_device(&[("input", input), ("output", output)])?;
+        check_disjoint("output", (output, bytes), "input", (input, bytes))?;
+        let layout = plan::pair_layout(input, output, shape.cols());
         let variant = match variant {
-            Variant::BlockPerRowAutotuned => {
-                let threads_per_block =
-                    self.tune_block_threads(shape, input_address, output_address)?;
-                Variant::BlockPerRowSmem { threads_per_block }
-            }
-            Variant::Auto => self.tuned_auto(shape, layout),
+            Variant::BlockPerRowAutotuned => Variant::BlockPerRowSmem {
+                threads_per_block: self.tune_block_threads(shape, input, output)?,
+            },
             other => other,
         };
-        let launches = self.planned(variant, shape, layout)?;
-        if launches
-            .iter()
-            .any(|l| l.kernel.starts_with("softmax_unfused"))
+        let prepared = self.variant_plan(variant, shape, layout)?;
+        let buffers = CallBuffers {
+            input,
+            output,
+            ..CallBuffers::default()
+        };
+        // SAFETY: `check_lengths` proved both buffers hold rows × cols floats of this device,
+        // distinct; the plan is the planner's for this variant, shape and layout (16-byte
+        // entries only where the layout allows them).
+        unsafe { self.enqueue(&prepared, shape, &buffers) }
+    }
+
+    /// The plan `variant` runs on `shape` laid out as `layout`; for `Auto`, a tuned choice
+    /// when [`Softmax::tune`] recorded one for the device and rounded shape and it can run
+    /// this shape, else the built-in dispatch.
+    fn variant_plan(
+        &mut self,
+        variant: Variant,
+        shape: Shape,
+        layout: Layout,
+    ) -> Result<Rc<Prepared>> {
+        if variant == Variant::Auto
+            && let Some(tuned) = self.tune_cache.get(&self.tune_key(shape, layout))
+            && let Ok(prepared) = self.prepared(Request::Variant(tuned), shape, layout)
         {
-            self.reserve_row_stats(shape.rows())?;
+            return Ok(prepared);
         }
-        self.reserve_partials(2 * plan::largest_grid_taking(&launches, Arg::Partials))?;
-        self.reserve_barriers(plan::largest_grid_taking(&launches, Arg::Barriers))?;
-        for launch in launches.iter() {
-            // SAFETY: `shape.check_lengths` proved both buffers hold rows × cols floats; the
-            // plan chose the grid, block and shared memory each kernel's contract asks for
-            // this shape and layout (16-byte entries only for aligned layouts); the workspace
-            // buffers are sized for any plan (`reserve_row_stats` for the unfused one).
-            unsafe { self.enqueue(launch, input_address, output_address, shape)? };
-        }
-        Ok(())
+        self.prepared(Request::Variant(variant), shape, layout)
+    }
+
+    fn tune_key(&self, shape: Shape, layout: Layout) -> TuneKey {
+        TuneKey::new(&self.info.slug(), shape, layout != Layout::Elements)
     }
 
     /// Convenience over host memory: copies `input` to the device, runs, waits, copies back.
     pub fn run_host(&mut self, variant: Variant, input: &[f32], shape: Shape) -> Result<Vec<f32>> {
+        self.enter()?;
         shape.check_lengths(input.len(), shape.len())?;
         if shape.is_empty() {
             return Ok(Vec::new());
         }
-        CurrentContext::set_current(&self.context).during("making the context current")?;
         let device_input =
             DeviceBuffer::from_slice(input).during("copying the input to the device")?;
         // SAFETY: f32 has no invalid bit patterns and every element is written before it is read.
@@ -288,7 +353,11 @@ impl Softmax {
     }
 
     /// Names of the kernels `variant` would launch for `shape` on 16-byte aligned buffers.
-    pub fn kernels_for(&self, variant: Variant, shape: Shape) -> Result<Vec<String>> {
+    pub fn kernels_for(&mut self, variant: Variant, shape: Shape) -> Result<Vec<String>> {
+        self.enter()?;
+        if shape.is_empty() {
+            return Ok(Vec::new());
+        }
         let variant = match variant {
             Variant::BlockPerRowAutotuned => match self.autotuned.get(&shape) {
                 Some(&threads_per_block) => Variant::BlockPerRowSmem { threads_per_block },
@@ -298,58 +367,123 @@ impl Softmax {
                     ]);
                 }
             },
-            Variant::Auto => self.tuned_auto(shape, Layout::of(0, 0, shape.cols())),
             other => other,
         };
-        let layout = Layout::of(0, 0, shape.cols());
-        Ok(self
-            .plan(variant, shape, layout)?
-            .into_iter()
-            .map(|l| l.kernel)
+        let layout = plan::pair_layout(0, 0, shape.cols());
+        let prepared = self.variant_plan(variant, shape, layout)?;
+        Ok(prepared
+            .launches
+            .iter()
+            .map(|l| l.entry.to_string())
             .collect())
     }
 
-    /// The plan for this variant, shape and layout, made once: planning queries the driver
-    /// for occupancy, which costs more host time than a short kernel runs.
-    fn planned(&mut self, variant: Variant, shape: Shape, layout: Layout) -> Result<Arc<[Launch]>> {
-        if let Some(launches) = self.plans.get(&(variant, shape, layout)) {
-            return Ok(Arc::clone(launches));
+    /// The plan for `request` on `shape` laid out as `layout`, made once: planning queries
+    /// the driver for occupancy, which costs more host time than a short kernel runs. A plan
+    /// for which a query failed is an error and is not kept.
+    fn prepared(&mut self, request: Request, shape: Shape, layout: Layout) -> Result<Rc<Prepared>> {
+        let key = (request, shape, layout);
+        if let Some(prepared) = self.plans.get(&key) {
+            return Ok(Rc::clone(prepared));
         }
-        let launches: Arc<[Launch]> = self.plan(variant, shape, layout)?.into();
+        match request {
+            Request::Variant(_) => {}
+            Request::PlainSoftmax { dtype: input, .. } | Request::Operation { input, .. } => {
+                self.modules.load(ModuleId::Operations(input))?;
+            }
+        }
+        let limits = Limits {
+            info: &self.info,
+            modules: &self.modules,
+            failure: RefCell::new(None),
+        };
+        let launches = plan::plan(request, shape, layout, &limits)?;
+        if let Some(error) = limits.failure.into_inner() {
+            return Err(error);
+        }
+        for launch in &launches {
+            if launch.grid == 0 || launch.grid > plan::MAX_GRID {
+                return Err(Error::ShapeTooLarge {
+                    rows: shape.rows(),
+                    cols: shape.cols(),
+                    why: "the launch would need more blocks than a grid holds",
+                });
+            }
+        }
+        let functions = launches
+            .iter()
+            .map(|l| {
+                let module = self.modules.get(l.entry.module());
+                module.map_or_else(
+                    || {
+                        Err(Error::Unsupported {
+                            variant: l.entry.to_string(),
+                            rows: shape.rows(),
+                            cols: shape.cols(),
+                            why: "its module is not loaded".into(),
+                        })
+                    },
+                    |m| m.function(l.entry),
+                )
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let prepared = Rc::new(Prepared {
+            needs: plan::workspace_needs(&launches),
+            launches,
+            functions,
+        });
         if self.plans.len() >= PLAN_CACHE_LIMIT {
             self.plans.clear();
         }
-        self.plans
-            .insert((variant, shape, layout), Arc::clone(&launches));
-        Ok(launches)
+        self.plans.insert(key, Rc::clone(&prepared));
+        Ok(prepared)
     }
 
-    fn plan(&self, variant: Variant, shape: Shape, layout: Layout) -> Result<Vec<Launch>> {
-        plan::plan(
-            variant,
-            shape,
-            layout,
-            &Limits {
-                info: &self.info,
-                kernels: &self.kernels,
-            },
-        )
+    /// Sizes the workspace for `prepared` and enqueues its launches on the stream.
+    ///
+    /// # Safety
+    /// `prepared` is the plan of the call `buffers` describes (its request, `shape` and the
+    /// layout of its buffers), and every buffer named in `buffers` holds what that call
+    /// needs, on this device.
+    unsafe fn enqueue(
+        &mut self,
+        prepared: &Prepared,
+        shape: Shape,
+        buffers: &CallBuffers,
+    ) -> Result<()> {
+        self.workspace.reserve(prepared.needs, &self.stream)?;
+        let bindings = Bindings {
+            input: buffers.input,
+            output: buffers.output,
+            rows: shape.rows() as u32,
+            operation: &buffers.operation,
+            workspace: self.workspace.addresses(),
+            patience_ns: self.patience_ns,
+        };
+        for (launch, &function) in prepared.launches.iter().zip(&prepared.functions) {
+            // SAFETY: forwarded from this function's contract; `reserve` sized the workspace
+            // for the plan, and `function` is the handle of the launch's entry, loaded in
+            // this instance's context (current since the call's `enter`), which owns the
+            // stream.
+            unsafe { launch::enqueue(function, launch, &bindings, self.stream.as_inner())? };
+        }
+        Ok(())
     }
 
-    /// Grows the partial-statistics workspace (split rows over many rows need more than the
-    /// resident-block bound it starts with).
-    fn reserve_partials(&mut self, floats: usize) -> Result<()> {
-        grow_zeroed(&self.stream, &mut self.workspace.partials, floats)
-    }
-
-    /// Barrier words (zeroed: a word at rest) for sliced launches of `blocks` blocks: two
-    /// per row and row-slices' flag per block, at most three per block.
-    fn reserve_barriers(&mut self, blocks: usize) -> Result<()> {
-        grow_zeroed(&self.stream, &mut self.workspace.barriers, 3 * blocks)
-    }
-
-    fn reserve_row_stats(&mut self, rows: usize) -> Result<()> {
-        grow_zeroed(&self.stream, &mut self.workspace.row_stats, 2 * rows)
+    /// Refuses any address that is not device memory of this instance's device.
+    fn check_on_device(&self, buffers: &[(&'static str, u64)]) -> Result<()> {
+        for &(what, address) in buffers {
+            let ordinal = device::pointer_device(address)
+                .map_err(|_| Error::NotDeviceMemory { what, address })?;
+            if ordinal != self.info.ordinal {
+                return Err(Error::WrongDevice {
+                    what,
+                    device: ordinal,
+                    expected: self.info.ordinal,
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Threads per block for the autotuned block-per-row variant: the seed's candidates timed
@@ -358,180 +492,130 @@ impl Softmax {
         if let Some(&threads) = self.autotuned.get(&shape) {
             return Ok(threads);
         }
-        let candidates = BLOCK_SMEM_AUTOTUNE_CANDIDATES
-            .map(|threads_per_block| Variant::BlockPerRowSmem { threads_per_block });
-        let Variant::BlockPerRowSmem { threads_per_block } =
-            self.fastest(&candidates, shape, input, output)?
-        else {
-            unreachable!("every candidate is a block-per-row variant")
-        };
-        self.autotuned.insert(shape, threads_per_block);
-        Ok(threads_per_block)
-    }
-
-    /// What `Variant::Auto` runs for this shape and layout: a tuned choice when
-    /// [`Softmax::tune`] recorded one for the device and rounded shape, else the heuristic.
-    fn tuned_auto(&self, shape: Shape, layout: Layout) -> Variant {
-        let key = TuneKey::new(&self.info.slug(), shape, layout.vector_peelable);
-        self.tune_cache.get(&key).unwrap_or(Variant::Auto)
+        let timed = BLOCK_SMEM_AUTOTUNE_CANDIDATES.map(|threads_per_block| {
+            let variant = Variant::BlockPerRowSmem { threads_per_block };
+            (variant, threads_per_block)
+        });
+        let threads = self.fastest(&timed, shape, input, output)?;
+        self.autotuned.insert(shape, threads);
+        Ok(threads)
     }
 
     /// Times the production variants that can run `shape` on these buffers (overwriting the
     /// output), and makes the fastest what `Variant::Auto` runs for this device and rounded
-    /// shape from now on, saving it to the tune cache file. `Auto` never tunes by itself:
-    /// call this (or `host tune --shapes …`) ahead of the calls that matter.
+    /// shape from now on, saving it to the tune cache file when there is one. `Auto` never
+    /// tunes by itself: call this (or `host tune --shapes …`) ahead of the calls that matter.
     pub fn tune(
         &mut self,
         input: &DeviceSlice<f32>,
         output: &mut DeviceSlice<f32>,
         shape: Shape,
     ) -> Result<Variant> {
+        self.enter()?;
         shape.check_lengths(input.len(), output.len())?;
         if shape.is_empty() {
             return Ok(Variant::Auto);
         }
-        CurrentContext::set_current(&self.context).during("making the context current")?;
-        let (input, output) = (
-            input.as_device_ptr().as_raw(),
-            output.as_device_ptr().as_raw(),
-        );
-        let layout = Layout::of(input, output, shape.cols());
-        let candidates: Vec<Variant> = [
-            Variant::RowsInRegisters,
-            Variant::BlockRegisters,
-            Variant::RowSlices,
-            Variant::SplitRows,
-            Variant::RowCluster,
-        ]
-        .into_iter()
-        .filter(|&variant| self.plan(variant, shape, layout).is_ok())
-        .collect();
+        let (input, output) = (address(input), address(&*output));
+        let bytes = shape.len() as u64 * 4;
+        self.check_on_device(&[("input", input), ("output", output)])?;
+        check_disjoint("output", (output, bytes), "input", (input, bytes))?;
+        let layout = plan::pair_layout(input, output, shape.cols());
+        let candidates: Vec<(Variant, Variant)> = Variant::PRODUCTION
+            .into_iter()
+            .filter(|&v| self.prepared(Request::Variant(v), shape, layout).is_ok())
+            .map(|v| (v, v))
+            .collect();
         let best = self.fastest(&candidates, shape, input, output)?;
-        self.tune_cache.insert(
-            TuneKey::new(&self.info.slug(), shape, layout.vector_peelable),
-            best,
-        );
+        self.tune_cache.insert(self.tune_key(shape, layout), best);
         self.tune_cache.save()?;
         Ok(best)
     }
 
-    /// Uses `path` (or nothing: in memory only) as the tune cache instead of the default
-    /// (`$SOFTMAX_TUNE_CACHE`, else the user's cache directory).
+    /// Uses `path` as the tune cache that `Variant::Auto` reads and [`Softmax::tune`] writes
+    /// (`None`: in memory only, nothing read). Without this, the file named by
+    /// [`TUNE_CACHE_ENV`] if set, else none.
     pub fn with_tune_cache(mut self, path: Option<std::path::PathBuf>) -> Self {
         self.tune_cache = TuneCache::open(path);
         self
     }
 
-    /// The fastest of `candidates` on this shape and these buffers: each warmed up, then the
-    /// best of five timed launches.
-    fn fastest(
+    /// The fastest of `candidates` (each a variant and what to answer for it) on this shape
+    /// and these buffers: each warmed up, then the best of five timed launches.
+    fn fastest<T: Copy>(
         &mut self,
-        candidates: &[Variant],
+        candidates: &[(Variant, T)],
         shape: Shape,
         input: u64,
         output: u64,
-    ) -> Result<Variant> {
-        let layout = Layout::of(input, output, shape.cols());
-        let (start, stop) = (
-            Event::new(EventFlags::DEFAULT),
-            Event::new(EventFlags::DEFAULT),
-        );
-        let (start, stop) = (
-            start.during("creating an event")?,
-            stop.during("creating an event")?,
-        );
-        let mut best = (f32::INFINITY, candidates[0]);
-        for &candidate in candidates {
-            let launches = self.planned(candidate, shape, layout)?;
+    ) -> Result<T> {
+        let layout = plan::pair_layout(input, output, shape.cols());
+        let start = Event::new(EventFlags::DEFAULT).during("creating an event")?;
+        let stop = Event::new(EventFlags::DEFAULT).during("creating an event")?;
+        let mut best = None;
+        let buffers = CallBuffers {
+            input,
+            output,
+            ..CallBuffers::default()
+        };
+        for &(candidate, answer) in candidates {
+            let prepared = self.prepared(Request::Variant(candidate), shape, layout)?;
             for round in 0..6 {
                 start.record(&self.stream).during("recording an event")?;
-                for launch in launches.iter() {
-                    // SAFETY: as in `run`: the callers checked the shape against both buffers.
-                    unsafe { self.enqueue(launch, input, output, shape)? };
-                }
+                // SAFETY: as in `run`: the callers checked both buffers against the shape.
+                unsafe { self.enqueue(&prepared, shape, &buffers)? };
                 stop.record(&self.stream).during("recording an event")?;
                 stop.synchronize().during("timing a tuning candidate")?;
                 let elapsed = stop.elapsed_time_f32(&start).during("reading an event")?;
                 // Round 0 is the warm-up.
-                if round > 0 && elapsed < best.0 {
-                    best = (elapsed, candidate);
+                if round > 0 && best.is_none_or(|(time, _)| elapsed < time) {
+                    best = Some((elapsed, answer));
                 }
             }
         }
-        Ok(best.1)
-    }
-
-    /// Resolves the launch's arguments to values and enqueues it.
-    ///
-    /// # Safety
-    /// `input` and `output` are device addresses of `shape.len()` floats each, and `launch`
-    /// comes from `plan` for this shape and these addresses.
-    unsafe fn enqueue(&self, launch: &Launch, input: u64, output: u64, shape: Shape) -> Result<()> {
-        // SAFETY: forwarded; the plan's kernels are the softmax module's.
-        unsafe { self.enqueue_in(&self.kernels, launch, input, output, shape) }
-    }
-
-    /// Resolves the launch's arguments to values and enqueues it on an entry of `kernels`.
-    ///
-    /// # Safety
-    /// `launch` is a plan for an entry of `kernels` (from `plan`, or `row_slices_launch` for a
-    /// 16-bit type) made for this shape and these addresses, and `input` and `output` are
-    /// device addresses of `shape.len()` elements of that entry's type each.
-    unsafe fn enqueue_in(
-        &self,
-        kernels: &Kernels,
-        launch: &Launch,
-        input: u64,
-        output: u64,
-        shape: Shape,
-    ) -> Result<()> {
-        let row_stats = self.workspace.row_stats.as_device_ptr().as_raw();
-        let mut values: Vec<ParamValue> = launch
-            .args
-            .iter()
-            .map(|arg| match *arg {
-                Arg::Input => ParamValue::U64(input),
-                Arg::Output => ParamValue::U64(output),
-                Arg::RowMax => ParamValue::U64(row_stats),
-                Arg::RowSum => ParamValue::U64(row_stats + 4 * shape.rows() as u64),
-                Arg::Partials => ParamValue::U64(self.workspace.partials.as_device_ptr().as_raw()),
-                Arg::Barriers => ParamValue::U64(self.workspace.barriers.as_device_ptr().as_raw()),
-                Arg::Patience => ParamValue::U64(self.row_barrier_patience_ns),
-                Arg::U32(v) => ParamValue::U32(v),
-                Arg::U64(v) => ParamValue::U64(v),
-            })
-            .collect();
-        let mut params: Vec<*mut c_void> = values.iter_mut().map(ParamValue::as_param).collect();
-        // SAFETY: forwarded from this function's contract; `params` outlives the call.
-        unsafe { kernels.launch(launch, &mut params, &self.stream) }
+        best.map(|(_, answer)| answer).ok_or(Error::Unsupported {
+            variant: "tune".into(),
+            rows: shape.rows(),
+            cols: shape.cols(),
+            why: "no candidate can run this shape".into(),
+        })
     }
 }
 
-/// Replaces `buffer` by a zeroed one of `len` elements when it is shorter, once the work
-/// enqueued on `stream` (which may use it) has finished.
-fn grow_zeroed<T: DeviceCopy + Zeroable>(
-    stream: &Stream,
-    buffer: &mut DeviceBuffer<T>,
-    len: usize,
+/// The device address of a slice.
+fn address<T: cust::memory::DeviceCopy>(slice: &DeviceSlice<T>) -> u64 {
+    slice.as_device_ptr().as_raw()
+}
+
+/// Refuses an output whose bytes `[start, start + len)` meet those of an input.
+fn check_disjoint(
+    output_name: &'static str,
+    (output, output_len): (u64, u64),
+    input_name: &'static str,
+    (input, input_len): (u64, u64),
 ) -> Result<()> {
-    if buffer.len() < len {
-        stream.synchronize().during("waiting for the stream")?;
-        *buffer = DeviceBuffer::zeroed(len).during("growing the workspace")?;
+    let meet =
+        output < input.saturating_add(input_len) && input < output.saturating_add(output_len);
+    if meet && output_len > 0 && input_len > 0 {
+        return Err(Error::Overlap {
+            output: output_name,
+            input: input_name,
+        });
     }
     Ok(())
 }
 
-/// Storage for one kernel parameter; the driver reads it through a pointer.
-enum ParamValue {
-    U32(u32),
-    U64(u64),
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-impl ParamValue {
-    fn as_param(&mut self) -> *mut c_void {
-        match self {
-            ParamValue::U32(v) => (v as *mut u32).cast(),
-            ParamValue::U64(v) => (v as *mut u64).cast(),
-        }
+    #[test]
+    fn ranges_that_meet_are_refused() {
+        assert!(check_disjoint("output", (0, 16), "input", (16, 16)).is_ok());
+        assert!(check_disjoint("output", (16, 16), "input", (0, 16)).is_ok());
+        assert!(check_disjoint("output", (8, 16), "input", (0, 16)).is_err());
+        assert!(check_disjoint("output", (0, 64), "input", (16, 4)).is_err());
+        assert!(check_disjoint("output", (0, 16), "input", (0, 16)).is_err());
+        assert!(check_disjoint("output", (0, 0), "input", (0, 16)).is_ok());
     }
 }

@@ -4,8 +4,11 @@ use kernels_gpu::launch::{BLOCK_SMEM_DEFAULT_THREADS, MAX_BLOCK_THREADS, MIN_BLO
 
 use crate::error::{Error, Result};
 
-/// Which kernel (or kernels) computes the softmax.
+/// Which kernel (or kernels) computes the softmax: the production kernels that `Auto` chooses
+/// from, and the textbook variants of the two worklogs the project began from, kept as
+/// baselines. New variants may be added, so matches need a wildcard arm.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
 pub enum Variant {
     /// Chosen by shape and alignment among the production kernels (the default).
     #[default]
@@ -29,9 +32,6 @@ pub enum Variant {
     /// Production fallback for rows too wide for registers: each row cut into slices held
     /// in shared memory, one block per slice.
     RowSlices,
-    /// Production, for few wide rows: slice statistics in one launch, merge and normalize in
-    /// a second (the input is re-read, from L2 when it fits there).
-    SplitRows,
     /// For few wide rows on Hopper (compute capability 9.0+): a thread-block cluster per row,
     /// one slice per block, statistics exchanged through distributed shared memory.
     RowCluster,
@@ -39,7 +39,7 @@ pub enum Variant {
 
 impl Variant {
     /// Command-line names, in the order [`Variant::all`] lists the variants.
-    pub const NAMES: [&str; 12] = [
+    pub const NAMES: [&str; 11] = [
         "auto",
         "unfused",
         "thread-naive",
@@ -50,12 +50,11 @@ impl Variant {
         "registers",
         "block-registers",
         "row-slices",
-        "split-rows",
         "row-cluster",
     ];
 
     /// Every variant once, the block-per-row one with its default 128 threads.
-    pub fn all() -> [Variant; 12] {
+    pub fn all() -> [Variant; 11] {
         [
             Variant::Auto,
             Variant::Unfused,
@@ -69,24 +68,32 @@ impl Variant {
             Variant::RowsInRegisters,
             Variant::BlockRegisters,
             Variant::RowSlices,
-            Variant::SplitRows,
             Variant::RowCluster,
         ]
     }
 
+    /// The production variants, which `Auto` and [`crate::Softmax::tune`] choose from.
+    pub const PRODUCTION: [Variant; 4] = [
+        Variant::RowsInRegisters,
+        Variant::BlockRegisters,
+        Variant::RowSlices,
+        Variant::RowCluster,
+    ];
+
     /// The command-line name (`block-smem` carries its thread count when it is not 128).
     pub fn name(&self) -> String {
-        let index = Variant::all()
-            .iter()
-            .position(|v| v.kind() == self.kind())
-            .expect("listed");
         match self {
             Variant::BlockPerRowSmem { threads_per_block }
                 if *threads_per_block != BLOCK_SMEM_DEFAULT_THREADS =>
             {
                 format!("block-smem:{threads_per_block}")
             }
-            _ => Variant::NAMES[index].to_owned(),
+            _ => Variant::all()
+                .iter()
+                .zip(Variant::NAMES)
+                .find(|(v, _)| v.kind() == self.kind())
+                .map_or("unknown", |(_, name)| name)
+                .to_owned(),
         }
     }
 

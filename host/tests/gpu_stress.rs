@@ -226,7 +226,7 @@ const DEPENDENT_CASES: [(Variant, usize, usize); 11] = [
     (Variant::Auto, 64, 16384),
     (Variant::Auto, 128, 50257),
     (Variant::Auto, 32, 151936),
-    (Variant::SplitRows, 8, 128256),
+    (Variant::RowSlices, 8, 128256),
     (Variant::RowCluster, 64, 151936),
     (Variant::Unfused, 64, 3000),
     (Variant::ThreadPerRowOnline, 2000, 64),
@@ -721,7 +721,6 @@ fn soak(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
         Variant::RowsInRegisters,
         Variant::BlockRegisters,
         Variant::RowSlices,
-        Variant::SplitRows,
         Variant::WarpPerRowOnline,
     ];
     // Each variant, then the operation API's bf16 forward and f32 backward.

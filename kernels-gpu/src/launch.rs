@@ -148,7 +148,7 @@ block_register_instances! {
 
 /// A block-registers entry: pack width, threads per block and packs per thread. Its
 /// `Display` is the PTX entry name (`softmax_block_registers_p4_t512_n8`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct BlockRegisterKernelName {
     pub pack: u32,
     pub threads: u32,
@@ -168,7 +168,7 @@ impl core::fmt::Display for BlockRegisterKernelName {
 /// A row-slices entry: element type and pack width (1, or 16 bytes of elements). Its
 /// `Display` is the PTX entry name: `softmax_row_slices_p4` for f32 (the softmax module),
 /// `softmax_row_slices_bf16_p8` for a 16-bit type (that type's operation module).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct RowSlicesKernelName {
     pub dtype: crate::row_ops::DType,
     pub pack: u32,
@@ -196,7 +196,7 @@ pub const VECTOR_PACK: u32 = 4;
 /// A rows-in-registers entry: pack width (1 or [`VECTOR_PACK`]), lanes per row and packs per
 /// lane. Its `Display` is the PTX entry name (`softmax_rows_in_registers_p4_l32_n8`), the same
 /// spelling the kernel crate generates its entries with.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct RegisterKernelName {
     pub pack: u32,
     pub lanes: u32,

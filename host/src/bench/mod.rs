@@ -24,10 +24,10 @@ pub use report::Report;
 use timing::Contender;
 
 use crate::error::Result;
-use crate::ops::DType;
 use crate::shape::Shape;
 use crate::softmax::Softmax;
 use crate::variant::Variant;
+use crate::views::DType;
 
 /// Row widths of the seeds' sweep: 32, 64, …, 16384.
 pub const SEED_SWEEP_WIDTHS: std::ops::RangeInclusive<u32> = 5..=14;
@@ -261,7 +261,9 @@ pub fn run(config: &BenchConfig) -> Result<Report> {
             DType::F16 => operation::run::<half::f16>(config),
         };
     }
-    let mut softmax = Softmax::on_device(config.device)?;
+    // The benchmark's `auto` is what `host tune` chose where it ran, as in earlier runs.
+    let mut softmax =
+        Softmax::on_device(config.device)?.with_tune_cache(crate::autotune::default_path());
     let device = softmax.device().clone();
     let steps = config.shapes.len();
     let progress = ProgressBar::new(steps as u64).with_style(

@@ -15,7 +15,7 @@ use rand::{Rng, SeedableRng};
 use super::timing::{self, Launcher, WORKING_SET_OVER_L2};
 use super::{BenchConfig, BenchOp, Measurement, Outcome, timed_outcome, traffic_bytes};
 use crate::error::{CudaContext, Error, Result};
-use crate::ops::{DType, Element, Operation, Options, Rows, RowsMut};
+use crate::views::{DType, Element, Operation, Options, Rows, RowsMut};
 
 use crate::reference::softmax_f64;
 use crate::shape::Shape;

@@ -8,8 +8,8 @@ use serde::{Deserialize, Serialize};
 use super::{BenchOp, Measurement, Outcome, chart, is_default_run, parse_dtype};
 use crate::device::DeviceInfo;
 use crate::error::{Error, Result};
-use crate::ops::DType;
 use crate::shape::Shape;
+use crate::views::DType;
 
 /// Everything one benchmark run measured, with where and when.
 #[derive(Debug, Serialize, Deserialize)]

@@ -1,12 +1,55 @@
-//! Which operation kernel runs a shape, with what grid and slicing. Pure, like [`crate::plan`]:
-//! the CPU tests check it against a model of the H200.
+//! The operation kernels (any element type, options, strides, backward, partial states):
+//! which instance runs a shape, with what grid and slicing, and how the buffers of a call meet
+//! 16-byte packs.
 
 use kernels_gpu::launch::REDUCTION_SCRATCH_FLOATS;
 use kernels_gpu::row_ops::{
     DType, Direction, OP_ROWS_BLOCK, OpKernelName, OpKernelShape, PackLayout,
 };
 
-use crate::plan::DeviceLimits;
+use super::{
+    DeviceLimits, Entry, Launch, OperationMode, OperationPass, Params, Scheduling, Slicing,
+};
+use crate::shape::Shape;
+
+/// Device address and row stride of one buffer a call touches, for the layout.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Operand {
+    pub address: u64,
+    pub stride_bytes: u64,
+    pub element_bytes: u32,
+}
+
+/// How 16-byte packs of `input` fit the operands of a `direction` call: every row of every
+/// operand aligned for its share of a pack and `cols` a multiple of it
+/// ([`PackLayout::Aligned`]); or, where the direction has peeled entries (no masks), every
+/// operand 16-byte aligned with one row stride in elements, so that rows are misaligned alike
+/// ([`PackLayout::Peeled`]); else one element at a time.
+pub(crate) fn layout(
+    input: DType,
+    direction: Direction,
+    cols: usize,
+    operands: &[Operand],
+) -> PackLayout {
+    let pack = input.vector_pack();
+    let aligned = cols.is_multiple_of(pack as usize)
+        && operands.iter().all(|o| {
+            let align = u64::from((pack * o.element_bytes).min(16));
+            o.address.is_multiple_of(align) && o.stride_bytes.is_multiple_of(align)
+        });
+    let stride = |o: &Operand| o.stride_bytes / u64::from(o.element_bytes);
+    let peelable = PackLayout::Peeled.serves(direction)
+        && operands
+            .iter()
+            .all(|o| o.address.is_multiple_of(16) && stride(o) == stride(&operands[0]));
+    if aligned {
+        PackLayout::Aligned
+    } else if peelable {
+        PackLayout::Peeled
+    } else {
+        PackLayout::Elements
+    }
+}
 
 /// How an operation runs: one launch over whole rows, or over slices of rows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,17 +89,47 @@ impl OpLaunch {
 /// that many loads in flight.
 const LANE_PACKS: u32 = 2;
 
-/// The launch for rows of `cols` columns laid out as `layout` (`None` only when no block
-/// instance can launch on this device). `layout` must serve `direction`
-/// ([`PackLayout::serves`]).
-pub(crate) fn plan_op(
+/// The launches of a call in `mode` that runs as `launch`; `None` for row states on rows
+/// that need two launches (no launch reduces a whole row, so its state cannot be stored in
+/// one pass).
+pub(crate) fn launches(launch: OpLaunch, mode: OperationMode) -> Option<Vec<Launch>> {
+    let slicing = Slicing {
+        slices: launch.slices,
+        slice_packs: launch.slice_packs,
+    };
+    let scheduling = if launch.slices > 1 && !launch.split {
+        Scheduling::Cooperative
+    } else {
+        Scheduling::Ordinary
+    };
+    let pass = |pass| Launch {
+        entry: Entry::Operation(launch.kernel),
+        grid: launch.grid,
+        block: launch.block(),
+        shared_bytes: launch.shared_bytes(),
+        scheduling,
+        params: Params::Operation { pass, slicing },
+    };
+    match (launch.split, mode) {
+        (true, OperationMode::States) => None,
+        (true, OperationMode::Full) => Some(vec![
+            pass(OperationPass::SliceStatesToWorkspace),
+            pass(OperationPass::ApplyWorkspaceStates),
+        ]),
+        _ => Some(vec![pass(OperationPass::Call)]),
+    }
+}
+
+/// The launch for `shape` laid out as `layout` (`None` only when no block instance can launch
+/// on this device). `layout` must serve `direction` ([`PackLayout::serves`]).
+pub(crate) fn plan(
     direction: Direction,
     input: DType,
-    rows: u32,
-    cols: u32,
+    shape: Shape,
     layout: PackLayout,
     device: &dyn DeviceLimits,
 ) -> Option<OpLaunch> {
+    let (rows, cols) = (shape.rows() as u32, shape.cols() as u32);
     debug_assert!(
         layout.serves(direction),
         "{layout:?} has no {direction:?} entries"
@@ -95,7 +168,7 @@ pub(crate) fn plan_op(
 
     let scratch = REDUCTION_SCRATCH_FLOATS * 4;
     let resident =
-        |k: &OpKernelName| device.blocks_per_sm(&k.to_string(), k.threads_per_row(), scratch);
+        |&k: &OpKernelName| device.blocks_per_sm(Entry::Operation(k), k.threads_per_row(), scratch);
     let blocks: Vec<(OpKernelName, u32)> = instances
         .filter(|k| matches!(k.shape, OpKernelShape::Block { .. }))
         .map(|k| (k, resident(&k)))
@@ -103,7 +176,7 @@ pub(crate) fn plan_op(
         .collect();
     let launch = |kernel: OpKernelName, slices: u32| OpLaunch {
         kernel,
-        grid: rows * slices,
+        grid: rows.saturating_mul(slices),
         slices,
         slice_packs: row_packs.div_ceil(slices),
         split: false,
@@ -114,7 +187,9 @@ pub(crate) fn plan_op(
         .filter(|(k, _)| k.slots() >= row_packs)
         .max_by_key(|&&(k, resident)| (resident, std::cmp::Reverse(k.capacity())))
         .copied();
-    let fills_gpu = whole.is_some_and(|(_, r)| rows >= device.multiprocessors() * r);
+    let fills_gpu = whole.is_some_and(|(_, r)| {
+        u64::from(rows) >= u64::from(device.multiprocessors()) * u64::from(r)
+    });
     if fills_gpu {
         return whole.map(|(k, _)| launch(k, 1));
     }
@@ -122,14 +197,14 @@ pub(crate) fn plan_op(
     // slice per thread (the statistics exchange reads one each). First the most packs per
     // thread (fewer slices, so less exchange; among equals the smallest block) whose blocks
     // still cover every multiprocessor; failing that (one or two rows), the fewest packs per
-    // thread (the most blocks). Measured on the H200 (bench/NOTES.md, session 4): bf16 16x262144 34% -> 55%
-    // of copy, 32x151936 47% -> 55%, one-row shapes unchanged.
+    // thread (the most blocks). Measured on the H200 (docs/performance-log.md, 2026-11-29):
+    // bf16 16x262144 34% -> 55% of copy, 32x151936 47% -> 55%, one-row shapes unchanged.
     let sliced = |&(k, resident): &(OpKernelName, u32)| {
         let slices = row_packs.div_ceil(k.slots());
         let fits = slices > 1
             && slices <= k.threads_per_row()
             && u64::from(rows) * u64::from(slices)
-                <= u64::from(device.multiprocessors() * resident);
+                <= u64::from(device.multiprocessors()) * u64::from(resident);
         fits.then(|| launch(k, slices))
     };
     let mut fewest_packs_first = blocks.clone();
@@ -170,7 +245,24 @@ pub(crate) fn plan_op(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::tests::FakeH200;
+    use crate::plan::tests::{FakeH200, shape};
+
+    fn plan_op(
+        direction: Direction,
+        input: DType,
+        rows: u32,
+        cols: u32,
+        layout: PackLayout,
+        device: &dyn DeviceLimits,
+    ) -> Option<OpLaunch> {
+        plan(
+            direction,
+            input,
+            shape(rows as usize, cols as usize),
+            layout,
+            device,
+        )
+    }
 
     const LAYOUTS: [PackLayout; 3] = [
         PackLayout::Elements,
@@ -205,8 +297,12 @@ mod tests {
             return Err(format!("{cols} columns, {k}: more slices than threads"));
         }
         if launch.slices > 1 && !launch.split {
-            let resident =
-                132 * FakeH200.blocks_per_sm(&k.to_string(), launch.block(), launch.shared_bytes());
+            let resident = 132
+                * FakeH200.blocks_per_sm(
+                    Entry::Operation(k),
+                    launch.block(),
+                    launch.shared_bytes(),
+                );
             if launch.grid > resident {
                 return Err(format!("{cols} columns, {k}: not all resident"));
             }

@@ -1,5 +1,5 @@
-//! Which kernels a variant launches on a shape, with what grid, block, shared memory and
-//! arguments. Pure: it needs only the device's limits, so the CPU tests check it.
+//! The f32 softmax variants: which launches each makes on a shape, with what grid, block,
+//! shared memory and arguments.
 
 use kernels_gpu::launch::{
     BLOCK_REGISTER_SCALAR_PACKS, BLOCK_REGISTER_SCALAR_THREADS, BLOCK_REGISTER_VECTOR_PACKS,
@@ -9,99 +9,47 @@ use kernels_gpu::launch::{
     REGISTER_VECTOR_INSTANCES, ROW_SLICE_THREADS, RegisterKernelName, RowSlicesKernelName,
     THREAD_PER_ROW_BLOCK, VECTOR_PACK, WARP_PER_ROW_WARPS_PER_BLOCK, WARP_SIZE,
 };
-
 use kernels_gpu::row_ops::DType;
 
+use super::{DeviceLimits, Entry, Launch, Layout, Params, Scheduling, Slicing};
 use crate::error::{Error, Result};
 use crate::shape::Shape;
 use crate::variant::Variant;
 
-/// One kernel argument, resolved to a value or a device pointer at launch time.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Arg {
-    Input,
-    Output,
-    /// Per-row maxima of the unfused variant (`rows` floats).
-    RowMax,
-    /// Per-row sums of the unfused variant (`rows` floats).
-    RowSum,
-    /// Per-block statistics of the row-slices kernel.
-    Partials,
-    /// Per-row barrier words of the sliced kernels (and the row-slices kernel's flags).
-    Barriers,
-    /// How long a row-slices block waits for its row before leaving its slice to the row's
-    /// last block, in nanoseconds (`u64`).
-    Patience,
-    U32(u32),
-    U64(u64),
-}
-
-/// One kernel launch.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Launch {
-    pub kernel: String,
-    pub grid: u32,
-    pub block: u32,
-    pub shared_bytes: u32,
-    /// Launched with `cuLaunchCooperativeKernel`: all blocks resident at once. Every other
-    /// launch goes through `cuLaunchKernelEx` with programmatic overlap allowed.
-    pub cooperative: bool,
-    /// Blocks per thread-block cluster along x (1: no cluster); never with `cooperative`.
-    pub cluster: u32,
-    pub args: Vec<Arg>,
-}
-
-/// What planning needs to know about the device.
-pub(crate) trait DeviceLimits {
-    fn multiprocessors(&self) -> u32;
-    /// Dynamic shared memory one block may use (the opt-in limit).
-    fn max_shared_per_block(&self) -> u32;
-    /// Blocks of `kernel` resident on one multiprocessor at once with this block size and
-    /// shared memory (0 when such a block cannot launch at all, e.g. too many registers).
-    fn blocks_per_sm(&self, kernel: &str, threads: u32, shared_bytes: u32) -> u32;
-    /// Whether cooperative launches (every block resident at once) are available.
-    fn cooperative_launch(&self) -> bool;
-    /// Whether thread-block clusters are available (compute capability 9.0 and later).
-    fn thread_block_clusters(&self) -> bool;
-    /// Clusters of `cluster` blocks of `kernel` active at once with this block size and
-    /// shared memory (0 when one cannot be scheduled at all).
-    fn active_clusters(&self, kernel: &str, threads: u32, shared_bytes: u32, cluster: u32) -> u32;
-}
-
-/// How the buffers sit in memory, which decides where 16-byte accesses are possible.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) struct Layout {
-    /// Every row of both buffers starts 16-byte aligned: pointers aligned, `cols % 4 == 0`.
-    pub vector_aligned: bool,
-    /// Input and output rows are misaligned alike modulo 16 bytes, so a kernel that peels a
-    /// few leading floats reads and writes the rest 16 bytes at a time.
-    pub vector_peelable: bool,
-}
-
-impl Layout {
-    pub fn of(input_address: u64, output_address: u64, cols: usize) -> Self {
-        let aligned = |address: u64| address % 16 == 0;
-        Layout {
-            vector_aligned: aligned(input_address)
-                && aligned(output_address)
-                && cols.is_multiple_of(VECTOR_PACK as usize),
-            vector_peelable: input_address.abs_diff(output_address) % 16 == 0,
-        }
-    }
-
-    fn pack(&self) -> u32 {
-        if self.vector_aligned { VECTOR_PACK } else { 1 }
-    }
-
-    /// The pack of the kernels that peel an unaligned row head (block registers, row slices,
-    /// row clusters, split rows): 16 bytes wherever input and output are misaligned alike.
-    fn peeled_pack(&self) -> u32 {
-        if self.vector_peelable { VECTOR_PACK } else { 1 }
+/// Elements per access of the kernels that need whole packs from a row's start
+/// (rows-in-registers).
+fn aligned_pack(layout: Layout) -> u32 {
+    if layout == Layout::Aligned {
+        VECTOR_PACK
+    } else {
+        1
     }
 }
 
-/// The launches that compute `variant` on `shape`. The shape must be non-empty and
-/// `BlockPerRowAutotuned` already resolved to a thread count.
+/// Elements per access of the kernels that peel an unaligned row head (block registers, row
+/// slices, row clusters): 16 bytes wherever input and output are misaligned alike.
+fn peeled_pack(layout: Layout) -> u32 {
+    if layout == Layout::Elements {
+        1
+    } else {
+        VECTOR_PACK
+    }
+}
+
+/// An ordinary launch of `entry`.
+fn ordinary(entry: Entry, grid: u32, block: u32, shared_bytes: u32, params: Params) -> Launch {
+    Launch {
+        entry,
+        grid,
+        block,
+        shared_bytes,
+        scheduling: Scheduling::Ordinary,
+        params,
+    }
+}
+
+/// The launches that compute `variant` on a non-empty `shape`. `BlockPerRowAutotuned` must
+/// be resolved to a thread count first.
 pub(crate) fn plan(
     variant: Variant,
     shape: Shape,
@@ -110,124 +58,110 @@ pub(crate) fn plan(
 ) -> Result<Vec<Launch>> {
     let rows = shape.rows() as u32;
     let cols = shape.cols() as u32;
-    let simple = |kernel: &str, grid: u32, block: u32| Launch {
-        kernel: kernel.to_owned(),
-        grid,
-        block,
-        shared_bytes: 0,
-        cooperative: false,
-        cluster: 1,
-        args: vec![Arg::Input, Arg::Output, Arg::U32(rows), Arg::U32(cols)],
+    let unsupported = |why: String| Error::Unsupported {
+        variant: variant.name(),
+        rows: shape.rows(),
+        cols: shape.cols(),
+        why,
+    };
+    let per_row = |entry, rows_per_block: u32, block| {
+        let grid = rows.div_ceil(rows_per_block);
+        ordinary(entry, grid, block, 0, Params::Rows { rows, cols })
     };
     Ok(match variant {
         Variant::Auto => match register_instance(shape.cols(), layout) {
             Some(instance) => vec![register_launch(instance, rows, cols)],
             None => vec![match block_registers_launch(shape, layout, device) {
-                Some(launch) if !(launch.cooperative && shape.len() * 4 >= SLICED_ROW_SLICES_FROM_BYTES) => launch,
+                Some(launch)
+                    if !(launch.scheduling == Scheduling::Cooperative
+                        && shape.len() as u64 * 4 >= SLICED_ROW_SLICES_FROM_BYTES) =>
+                {
+                    launch
+                }
                 _ => wide_rows_launch(shape, layout, device),
             }],
         },
         Variant::Unfused => unfused_launches(shape, device),
-        Variant::ThreadPerRowNaive => {
-            vec![simple("softmax_thread_per_row_naive", rows.div_ceil(THREAD_PER_ROW_BLOCK), THREAD_PER_ROW_BLOCK)]
-        }
-        Variant::ThreadPerRowOnline => {
-            vec![simple("softmax_thread_per_row_online", rows.div_ceil(THREAD_PER_ROW_BLOCK), THREAD_PER_ROW_BLOCK)]
-        }
-        Variant::WarpPerRowOnline => {
-            let block = WARP_PER_ROW_WARPS_PER_BLOCK * WARP_SIZE;
-            vec![simple("softmax_warp_per_row_online", rows.div_ceil(WARP_PER_ROW_WARPS_PER_BLOCK), block)]
-        }
+        Variant::ThreadPerRowNaive => vec![per_row(
+            Entry::ThreadPerRowNaive,
+            THREAD_PER_ROW_BLOCK,
+            THREAD_PER_ROW_BLOCK,
+        )],
+        Variant::ThreadPerRowOnline => vec![per_row(
+            Entry::ThreadPerRowOnline,
+            THREAD_PER_ROW_BLOCK,
+            THREAD_PER_ROW_BLOCK,
+        )],
+        Variant::WarpPerRowOnline => vec![per_row(
+            Entry::WarpPerRowOnline,
+            WARP_PER_ROW_WARPS_PER_BLOCK,
+            WARP_PER_ROW_WARPS_PER_BLOCK * WARP_SIZE,
+        )],
         Variant::BlockPerRowSmem { threads_per_block } => {
             variant.validate()?;
-            vec![Launch {
-                kernel: "softmax_block_per_row_smem".to_owned(),
-                grid: rows,
-                block: threads_per_block,
-                shared_bytes: threads_per_block * 4,
-                cooperative: false,
-                cluster: 1,
-                args: vec![Arg::Input, Arg::Output, Arg::U32(cols)],
-            }]
+            vec![ordinary(
+                Entry::BlockPerRowSmem,
+                rows,
+                threads_per_block,
+                threads_per_block * 4,
+                Params::BlockPerRow { cols },
+            )]
         }
-        Variant::BlockPerRowAutotuned => unreachable!("the autotuner resolves the thread count before planning"),
+        Variant::BlockPerRowAutotuned => {
+            return Err(unsupported(
+                "the autotuned variant is resolved to a thread count before planning".into(),
+            ));
+        }
         Variant::RowsInRegisters => {
-            let instance = register_instance(shape.cols(), layout).ok_or_else(|| Error::Unsupported {
-                variant: variant.name(),
-                rows: shape.rows(),
-                cols: shape.cols(),
-                why: format!(
+            let instance = register_instance(shape.cols(), layout).ok_or_else(|| {
+                unsupported(format!(
                     "rows wider than {} columns do not fit in registers ({} with this alignment)",
-                    register_capacity(Layout { vector_aligned: true, vector_peelable: true }),
+                    register_capacity(Layout::Aligned),
                     register_capacity(layout)
-                ),
+                ))
             })?;
             vec![register_launch(instance, rows, cols)]
         }
-        Variant::BlockRegisters => vec![block_registers_launch(shape, layout, device).ok_or_else(|| Error::Unsupported {
-            variant: variant.name(),
-            rows: shape.rows(),
-            cols: shape.cols(),
-            why: "the row (or the slices the GPU has room for) is wider than a block's registers hold".into(),
-        })?],
-        Variant::RowSlices => vec![row_slices_launch(shape, DType::F32, layout.vector_peelable, device).0],
-        Variant::SplitRows => split_rows_launches(shape, layout, device),
+        Variant::BlockRegisters => {
+            vec![
+                block_registers_launch(shape, layout, device).ok_or_else(|| {
+                    unsupported(
+                        "the row (or the slices the GPU has room for) is wider than a block's \
+                     registers hold"
+                            .into(),
+                    )
+                })?,
+            ]
+        }
+        Variant::RowSlices => {
+            vec![row_slices_launch(shape, DType::F32, layout != Layout::Elements, device).0]
+        }
         Variant::RowCluster => {
             if !device.thread_block_clusters() {
-                return Err(Error::Unsupported {
-                    variant: variant.name(),
-                    rows: shape.rows(),
-                    cols: shape.cols(),
-                    why: "thread-block clusters need compute capability 9.0 or later".into(),
-                });
+                return Err(unsupported(
+                    "thread-block clusters need compute capability 9.0 or later".into(),
+                ));
             }
             vec![row_cluster_launch(shape, layout, device).0]
         }
     })
 }
 
-/// Every kernel entry any plan can name: the module must hold them all.
-pub fn all_kernel_names() -> Vec<String> {
-    let fixed = [
-        "softmax_unfused_row_max",
-        "softmax_unfused_subtract",
-        "softmax_unfused_exp",
-        "softmax_unfused_row_sum",
-        "softmax_unfused_divide",
-        "softmax_thread_per_row_naive",
-        "softmax_thread_per_row_online",
-        "softmax_block_per_row_smem",
-        "softmax_warp_per_row_online",
-        "softmax_row_slices_p4",
-        "softmax_row_slices_p1",
-        "softmax_row_cluster_p4",
-        "softmax_row_cluster_p1",
-        "softmax_split_stats_p4",
-        "softmax_split_stats_p1",
-        "softmax_split_normalize_p4",
-        "softmax_split_normalize_p1",
-    ];
-    let registers = register_instances()
-        .map(|(pack, lanes, packs)| RegisterKernelName { pack, lanes, packs }.to_string());
-    let block_registers = block_register_instances().map(|i| i.to_string());
-    fixed
-        .iter()
-        .map(|s| s.to_string())
-        .chain(registers)
-        .chain(block_registers)
-        .collect()
-}
-
-/// `(pack, lanes, packs)` of every rows-in-registers entry.
-fn register_instances() -> impl Iterator<Item = (u32, u32, u32)> {
+/// Every rows-in-registers entry.
+pub(crate) fn register_instances() -> impl Iterator<Item = RegisterKernelName> {
     let vector = REGISTER_VECTOR_INSTANCES
         .iter()
-        .map(|&(l, n)| (VECTOR_PACK, l, n));
-    vector.chain(REGISTER_SCALAR_INSTANCES.iter().map(|&(l, n)| (1, l, n)))
+        .map(|&(lanes, packs)| (VECTOR_PACK, lanes, packs));
+    let scalar = REGISTER_SCALAR_INSTANCES
+        .iter()
+        .map(|&(lanes, packs)| (1, lanes, packs));
+    vector
+        .chain(scalar)
+        .map(|(pack, lanes, packs)| RegisterKernelName { pack, lanes, packs })
 }
 
 /// Every block-registers entry.
-fn block_register_instances() -> impl Iterator<Item = BlockRegisterKernelName> {
+pub(crate) fn block_register_instances() -> impl Iterator<Item = BlockRegisterKernelName> {
     let family = |pack: u32, threads: &'static [u32], packs: &'static [u32]| {
         threads.iter().flat_map(move |&threads| {
             packs.iter().map(move |&packs| BlockRegisterKernelName {
@@ -260,7 +194,10 @@ fn block_register_whole_rows(
     let scratch = REDUCTION_SCRATCH_FLOATS * 4;
     block_register_instances()
         .filter(|i| i.pack == pack && i.threads * i.packs >= row_packs)
-        .map(|i| (i, device.blocks_per_sm(&i.to_string(), i.threads, scratch)))
+        .map(|i| {
+            let resident = device.blocks_per_sm(Entry::BlockRegisters(i), i.threads, scratch);
+            (i, resident)
+        })
         .filter(|&(_, resident)| resident > 0)
         .max_by_key(|&(i, resident)| {
             (
@@ -287,9 +224,11 @@ fn block_register_slicing(
     instances.sort_by_key(|i| (i.packs, i.threads));
     instances.into_iter().find_map(|i| {
         let slices = row_packs.div_ceil(i.threads * i.packs);
-        let resident =
-            device.multiprocessors() * device.blocks_per_sm(&i.to_string(), i.threads, scratch);
-        (slices > 1 && slices <= i.threads && rows * slices <= resident).then_some((i, slices))
+        let per_sm = device.blocks_per_sm(Entry::BlockRegisters(i), i.threads, scratch);
+        let resident = u64::from(device.multiprocessors()) * u64::from(per_sm);
+        let fits =
+            slices > 1 && slices <= i.threads && u64::from(rows) * u64::from(slices) <= resident;
+        fits.then_some((i, slices))
     })
 }
 
@@ -301,39 +240,42 @@ fn block_registers_launch(
     layout: Layout,
     device: &dyn DeviceLimits,
 ) -> Option<Launch> {
-    let pack = layout.peeled_pack();
+    let pack = peeled_pack(layout);
     let rows = shape.rows() as u32;
     let row_packs = (shape.cols() as u32).div_ceil(pack);
     let whole = block_register_whole_rows(row_packs, pack, device);
-    let fills_gpu = whole.is_some_and(|(_, resident)| rows >= device.multiprocessors() * resident);
+    let fills_gpu = whole.is_some_and(|(_, resident)| {
+        u64::from(rows) >= u64::from(device.multiprocessors()) * u64::from(resident)
+    });
     let sliced = (!fills_gpu && device.cooperative_launch())
         .then(|| block_register_slicing(rows, row_packs, pack, device))
         .flatten();
     let (instance, slices) = sliced.or(whole.map(|(instance, _)| (instance, 1)))?;
     Some(Launch {
-        kernel: instance.to_string(),
-        grid: rows * slices,
+        entry: Entry::BlockRegisters(instance),
+        grid: rows.saturating_mul(slices),
         block: instance.threads,
         shared_bytes: REDUCTION_SCRATCH_FLOATS * 4,
-        cooperative: slices > 1,
-        cluster: 1,
-        args: vec![
-            Arg::Input,
-            Arg::Output,
-            Arg::U32(shape.cols() as u32),
-            Arg::U32(slices),
-            Arg::U32(row_packs.div_ceil(slices)),
-            Arg::Partials,
-            Arg::Barriers,
-        ],
+        scheduling: if slices > 1 {
+            Scheduling::Cooperative
+        } else {
+            Scheduling::Ordinary
+        },
+        params: Params::BlockRegisters {
+            cols: shape.cols() as u32,
+            slicing: Slicing {
+                slices,
+                slice_packs: row_packs.div_ceil(slices),
+            },
+        },
     })
 }
 
 /// Widest row the rows-in-registers kernels hold with this layout.
 fn register_capacity(layout: Layout) -> usize {
     register_instances()
-        .filter(|&(pack, _, _)| pack == layout.pack())
-        .map(|(pack, lanes, packs)| (pack * lanes * packs) as usize)
+        .filter(|i| i.pack == aligned_pack(layout))
+        .map(|i| (i.pack * i.lanes * i.packs) as usize)
         .max()
         .unwrap_or(0)
 }
@@ -341,37 +283,31 @@ fn register_capacity(layout: Layout) -> usize {
 /// The smallest rows-in-registers instance that holds `cols`: as few lanes per row as the
 /// width allows (narrow rows share a warp), then as few packs per lane as possible.
 fn register_instance(cols: usize, layout: Layout) -> Option<RegisterKernelName> {
-    let pack = layout.pack();
+    let pack = aligned_pack(layout);
     let units = cols.div_ceil(pack as usize);
     let lanes = units.next_power_of_two().min(WARP_SIZE as usize) as u32;
     register_instances()
-        .filter(|&(p, l, n)| p == pack && l == lanes && (p * l * n) as usize >= cols)
-        .min_by_key(|&(_, _, n)| n)
-        .map(|(pack, lanes, packs)| RegisterKernelName { pack, lanes, packs })
+        .filter(|i| i.pack == pack && i.lanes == lanes && (pack * lanes * i.packs) as usize >= cols)
+        .min_by_key(|i| i.packs)
 }
 
 fn register_launch(instance: RegisterKernelName, rows: u32, cols: u32) -> Launch {
     let rows_per_block = REGISTER_ROWS_BLOCK / instance.lanes;
-    Launch {
-        kernel: instance.to_string(),
-        grid: rows.div_ceil(rows_per_block),
-        block: REGISTER_ROWS_BLOCK,
-        shared_bytes: 0,
-        cooperative: false,
-        cluster: 1,
-        args: vec![Arg::Input, Arg::Output, Arg::U32(rows), Arg::U32(cols)],
-    }
+    ordinary(
+        Entry::RowsInRegisters(instance),
+        rows.div_ceil(rows_per_block),
+        REGISTER_ROWS_BLOCK,
+        0,
+        Params::Rows { rows, cols },
+    )
 }
 
 /// Smallest tensor for which `auto` passes few rows that block registers would slice to
-/// [`wide_rows_launch`] (row-slices, or a cluster per row) instead. On the
-/// H200 (session 8) row-slices was faster or even from 4.1 MB (8×128256 8.5 against 10.9 µs,
-/// 1×1048576 8.9 against 9.9, 16×262144 15.3 each) and block-registers faster up to 1.2 MB
-/// (1×128256, 3×100003, 1×32000). Session 9 measured between: row-slices ahead by 10% at
-/// 1.8 MB (8×57344, 32×14336) and by 4–30% behind up to 1.3 MB; at 1.6 MB (8×49152,
-/// 32×12288) a row-slices build about 5% slower than this one was 3–6% behind, so about
-/// even. The cut is at 1.5 MiB.
-const SLICED_ROW_SLICES_FROM_BYTES: usize = 3 << 19;
+/// [`wide_rows_launch`] (row-slices, or a cluster per row) instead. On the H200
+/// (docs/performance-log.md, 2026-11-29): row-slices faster or even from 4.1 MB (8×128256 8.5
+/// against 10.9 µs, 1×1048576 8.9 against 9.9, 16×262144 15.3 each), block-registers faster
+/// up to 1.3 MB (1×128256, 3×100003, 1×32000), about even at 1.6 MB; the cut is at 1.5 MiB.
+const SLICED_ROW_SLICES_FROM_BYTES: u64 = 3 << 19;
 
 /// Threads for a block that walks `packs` packs: enough for about two rounds of
 /// [`LOADS_IN_FLIGHT`] loads each, within `128..=max`.
@@ -404,7 +340,7 @@ pub(crate) fn row_slices_launch(
     let row_packs = (shape.cols() as u32).div_ceil(pack);
     let sms = device.multiprocessors();
     let scratch_bytes = REDUCTION_SCRATCH_FLOATS * 4;
-    let kernel = RowSlicesKernelName { dtype, pack }.to_string();
+    let entry = Entry::RowSlices(RowSlicesKernelName { dtype, pack });
 
     // (slice packs, threads, cached, shared bytes) for a number of slices.
     let configure = |slices: u32, max_threads: u32| {
@@ -421,8 +357,9 @@ pub(crate) fn row_slices_launch(
     };
 
     // Blocks of this many threads and shared bytes resident on the whole GPU at once.
-    let resident =
-        |threads, shared_bytes| sms * device.blocks_per_sm(&kernel, threads, shared_bytes);
+    let resident = |threads, shared_bytes| {
+        u64::from(sms) * u64::from(device.blocks_per_sm(entry, threads, shared_bytes))
+    };
 
     // Slices per row and their configuration for rows that aim at `per_sm` blocks per
     // multiprocessor: as many slices as that makes, fewer until every block is resident (one
@@ -431,13 +368,15 @@ pub(crate) fn row_slices_launch(
     // 2374 packs per slice are 9.3 per thread, three rounds of which the last is a third
     // full. Take one round fewer with the threads that needs (whole warps), if every block
     // stays resident (there 320 threads, two rounds: 77.2 → 78.8% of copy on the H200,
-    // bench/NOTES.md session 11).
+    // docs/performance-log.md, 2026-11-30).
     let sliced = |per_sm: u32| {
-        let mut candidate = (per_sm * sms / rows).clamp(1, ROW_SLICE_THREADS);
+        let wanted = u64::from(per_sm) * u64::from(sms) / u64::from(rows);
+        let mut candidate = wanted.clamp(1, u64::from(ROW_SLICE_THREADS)) as u32;
         while candidate > 1 {
             let mut config = configure(candidate, ROW_SLICE_THREADS);
             let resident_blocks = resident(config.1, config.3);
-            if rows * candidate <= resident_blocks {
+            let blocks = u64::from(rows) * u64::from(candidate);
+            if blocks <= resident_blocks {
                 let (slice_packs, threads, _, shared_bytes) = config;
                 let rounds = slice_packs.div_ceil(threads * LOADS_IN_FLIGHT);
                 if rounds > 1 {
@@ -445,14 +384,14 @@ pub(crate) fn row_slices_launch(
                         .div_ceil((rounds - 1) * LOADS_IN_FLIGHT)
                         .next_multiple_of(32);
                     if fewer_rounds_threads <= MAX_BLOCK_THREADS
-                        && rows * candidate <= resident(fewer_rounds_threads, shared_bytes)
+                        && blocks <= resident(fewer_rounds_threads, shared_bytes)
                     {
                         config.1 = fewer_rounds_threads;
                     }
                 }
                 return Some((candidate, config));
             }
-            candidate = (resident_blocks / rows).min(candidate - 1);
+            candidate = (resident_blocks / u64::from(rows)).min(u64::from(candidate - 1)) as u32;
         }
         None
     };
@@ -461,12 +400,12 @@ pub(crate) fn row_slices_launch(
     let mut config = configure(1, MAX_BLOCK_THREADS);
     // Rows that fill one wave by themselves (at least 90% of the multiprocessors, at most one
     // each) keep a whole cached row per block: no barrier at all.
-    let one_wave = 10 * rows >= 9 * sms && rows <= sms && config.2;
+    let one_wave = 10 * u64::from(rows) >= 9 * u64::from(sms) && rows <= sms && config.2;
     // Otherwise, with fewer rows than two blocks per multiprocessor, a block per row leaves
     // most of the GPU idle: cut rows into slices until the resident blocks are used, aiming
     // at four blocks per multiprocessor. 16-bit rows aim at two where those blocks need at
     // most `SIXTEEN_BIT_HALF_SLICING_MAX_THREADS` threads: measured on sixteen bf16 shapes
-    // (bench/NOTES.md session 14), two per multiprocessor gained 2 to 6 points of the copy
+    // (docs/performance-log.md, 2026-11-30), two per multiprocessor gained 2 to 6 points of the copy
     // wherever its blocks had 256 to 352 threads, about nothing at 384, and lost up to 7.5
     // points with 416 or more (the f32 kernel lost at two everywhere).
     if rows < 2 * sms && !one_wave {
@@ -480,25 +419,16 @@ pub(crate) fn row_slices_launch(
         }
     }
     let (slice_packs, threads, cached, shared_bytes) = config;
-    let launch = Launch {
-        kernel,
-        grid: rows * slices,
-        block: threads,
-        shared_bytes,
-        cooperative: false,
-        cluster: 1,
-        args: vec![
-            Arg::Input,
-            Arg::Output,
-            Arg::U32(shape.cols() as u32),
-            Arg::U32(slices),
-            Arg::U32(slice_packs),
-            Arg::U32(cached as u32),
-            Arg::Partials,
-            Arg::Barriers,
-            Arg::Patience,
-        ],
+    let params = Params::RowSlices {
+        cols: shape.cols() as u32,
+        slicing: Slicing {
+            slices,
+            slice_packs,
+        },
+        cached,
     };
+    let grid = rows.saturating_mul(slices);
+    let launch = ordinary(entry, grid, threads, shared_bytes, params);
     (launch, cached)
 }
 
@@ -506,11 +436,11 @@ pub(crate) fn row_slices_launch(
 /// (the input is then read twice) and also does not fill the GPU with whole rows, one full
 /// block per row on at least 90% of the multiprocessors; then a cluster per row, if one can
 /// cache its slices (clusters run in waves, so they need not all be resident at once). On the
-/// H200 (session 9): 64×151936, which row-slices cuts into uncached slices, 33 → 64% of copy
+/// H200 (docs/performance-log.md, 2026-11-29): 64×151936, which row-slices cuts into uncached slices, 33 → 64% of copy
 /// with clusters; 128×151936, a full uncached block per row, 58% against the clusters' 49%.
 fn wide_rows_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) -> Launch {
-    let (slices, slices_read_once) =
-        row_slices_launch(shape, DType::F32, layout.vector_peelable, device);
+    let peelable = layout != Layout::Elements;
+    let (slices, slices_read_once) = row_slices_launch(shape, DType::F32, peelable, device);
     let rows = shape.rows() as u64;
     let rows_fill_gpu =
         u64::from(slices.grid) == rows && 10 * rows >= 9 * u64::from(device.multiprocessors());
@@ -529,10 +459,10 @@ fn wide_rows_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) -> 
 /// else the first schedulable one uncached (the second pass re-reads); else one block per
 /// row, which needs no cluster. The flag says whether the slices are cached.
 fn row_cluster_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) -> (Launch, bool) {
-    let pack = layout.peeled_pack();
+    let pack = peeled_pack(layout);
     let rows = shape.rows() as u32;
     let row_packs = (shape.cols() as u32).div_ceil(pack);
-    let kernel = format!("softmax_row_cluster_p{pack}");
+    let entry = Entry::RowCluster { pack };
     let fixed_bytes = (REDUCTION_SCRATCH_FLOATS + CLUSTER_STATS_FLOATS) * 4;
     // (slices, slice packs, threads, cached, shared bytes, schedulable)
     let configure = |slices: u32| {
@@ -545,7 +475,7 @@ fn row_cluster_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) -
         let threads = slice_threads(slice_packs as usize, max_threads);
         let schedulable = |bytes| {
             bytes <= device.max_shared_per_block()
-                && device.active_clusters(&kernel, threads, bytes, slices) > 0
+                && device.active_clusters(entry, threads, bytes, slices) > 0
         };
         let cached_bytes = fixed_bytes + slice_packs * pack * 4;
         let cached = schedulable(cached_bytes);
@@ -558,7 +488,8 @@ fn row_cluster_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) -
             cached || schedulable(fixed_bytes),
         )
     };
-    let preferred = (4 * device.multiprocessors() / rows).clamp(1, MAX_CLUSTER_BLOCKS);
+    let preferred = (4 * u64::from(device.multiprocessors()) / u64::from(rows))
+        .clamp(1, u64::from(MAX_CLUSTER_BLOCKS)) as u32;
     let candidates: Vec<_> = (preferred..=MAX_CLUSTER_BLOCKS)
         .chain((1..preferred).rev())
         .map(|slices| (slices, configure(slices)))
@@ -570,74 +501,21 @@ fn row_cluster_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) -
         .copied()
         .unwrap_or_else(|| (1, configure(1)));
     let launch = Launch {
-        grid: rows * slices,
+        entry,
+        grid: rows.saturating_mul(slices),
         block: threads,
         shared_bytes,
-        cooperative: false,
-        cluster: slices,
-        args: vec![
-            Arg::Input,
-            Arg::Output,
-            Arg::U32(shape.cols() as u32),
-            Arg::U32(slices),
-            Arg::U32(slice_packs),
-            Arg::U32(cached as u32),
-        ],
-        kernel,
+        scheduling: Scheduling::Clusters(slices),
+        params: Params::RowCluster {
+            cols: shape.cols() as u32,
+            slicing: Slicing {
+                slices,
+                slice_packs,
+            },
+            cached,
+        },
     };
     (launch, cached)
-}
-
-/// Threads per block of the split-rows kernels.
-const SPLIT_THREADS: u32 = 256;
-
-/// Split rows: enough slices per row for about two waves of full blocks, each slice at least
-/// a pack per thread.
-fn split_rows_launches(shape: Shape, layout: Layout, device: &dyn DeviceLimits) -> Vec<Launch> {
-    let pack = layout.peeled_pack();
-    let rows = shape.rows() as u32;
-    let row_packs = (shape.cols() as u32).div_ceil(pack);
-    let wanted_blocks = 2 * device.multiprocessors() * (2048 / SPLIT_THREADS);
-    let slices = wanted_blocks
-        .div_ceil(rows)
-        .min(row_packs.div_ceil(SPLIT_THREADS))
-        .max(1);
-    let slice_packs = row_packs.div_ceil(slices);
-    let launch = |kernel: String, args| Launch {
-        kernel,
-        grid: rows * slices,
-        block: SPLIT_THREADS,
-        shared_bytes: REDUCTION_SCRATCH_FLOATS * 4,
-        cooperative: false,
-        cluster: 1,
-        args,
-    };
-    let slicing = [
-        Arg::U32(shape.cols() as u32),
-        Arg::U32(slices),
-        Arg::U32(slice_packs),
-    ];
-    vec![
-        launch(
-            format!("softmax_split_stats_p{pack}"),
-            [&[Arg::Input][..], &slicing, &[Arg::Partials]].concat(),
-        ),
-        launch(
-            format!("softmax_split_normalize_p{pack}"),
-            [&[Arg::Input, Arg::Output][..], &slicing, &[Arg::Partials]].concat(),
-        ),
-    ]
-}
-
-/// Blocks of the largest launch of a plan that takes `arg` (0 if none does): the partial
-/// statistics hold two floats per block, the barrier words at most three per block.
-pub(crate) fn largest_grid_taking(launches: &[Launch], arg: Arg) -> usize {
-    launches
-        .iter()
-        .filter(|l| l.args.contains(&arg))
-        .map(|l| l.grid as usize)
-        .max()
-        .unwrap_or(0)
 }
 
 /// The five kernels of the unfused baseline.
@@ -650,111 +528,23 @@ fn unfused_launches(shape: Shape, device: &dyn DeviceLimits) -> Vec<Launch> {
     let elementwise_grid = len
         .div_ceil(ELEMENTWISE_BLOCK as u64)
         .min(u64::from(device.multiprocessors()) * 32) as u32;
-    let launch = |kernel: &str, grid, block, args| Launch {
-        kernel: kernel.to_owned(),
-        grid,
-        block,
-        shared_bytes: 0,
-        cooperative: false,
-        cluster: 1,
-        args,
-    };
+    let params = Params::Unfused { rows, cols, len };
+    let by_rows = |entry| ordinary(entry, warp_rows_grid, warp_rows_block, 0, params);
+    let elementwise = |entry| ordinary(entry, elementwise_grid, ELEMENTWISE_BLOCK, 0, params);
     vec![
-        launch(
-            "softmax_unfused_row_max",
-            warp_rows_grid,
-            warp_rows_block,
-            vec![Arg::Input, Arg::RowMax, Arg::U32(rows), Arg::U32(cols)],
-        ),
-        launch(
-            "softmax_unfused_subtract",
-            elementwise_grid,
-            ELEMENTWISE_BLOCK,
-            vec![
-                Arg::Input,
-                Arg::RowMax,
-                Arg::Output,
-                Arg::U32(rows),
-                Arg::U32(cols),
-            ],
-        ),
-        launch(
-            "softmax_unfused_exp",
-            elementwise_grid,
-            ELEMENTWISE_BLOCK,
-            vec![Arg::Output, Arg::U64(len)],
-        ),
-        launch(
-            "softmax_unfused_row_sum",
-            warp_rows_grid,
-            warp_rows_block,
-            vec![Arg::Output, Arg::RowSum, Arg::U32(rows), Arg::U32(cols)],
-        ),
-        launch(
-            "softmax_unfused_divide",
-            elementwise_grid,
-            ELEMENTWISE_BLOCK,
-            vec![Arg::Output, Arg::RowSum, Arg::U32(rows), Arg::U32(cols)],
-        ),
+        by_rows(Entry::UnfusedRowMax),
+        elementwise(Entry::UnfusedSubtract),
+        elementwise(Entry::UnfusedExp),
+        by_rows(Entry::UnfusedRowSum),
+        elementwise(Entry::UnfusedDivide),
     ]
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
+    use crate::plan::tests::{FakeH200, shape};
     use kernels_gpu::barrier_word;
-
-    /// The H200's numbers, with occupancy estimated from threads and shared memory alone.
-    pub(crate) struct FakeH200;
-
-    impl DeviceLimits for FakeH200 {
-        fn multiprocessors(&self) -> u32 {
-            132
-        }
-
-        fn max_shared_per_block(&self) -> u32 {
-            227 * 1024
-        }
-
-        fn blocks_per_sm(&self, kernel: &str, threads: u32, shared_bytes: u32) -> u32 {
-            // Registers per thread: about 24, plus the floats a block-registers thread holds.
-            let held: u32 = match kernel.strip_prefix("softmax_block_registers_p") {
-                Some(rest) => {
-                    let pack: u32 = rest[..1].parse().unwrap();
-                    pack * rest.rsplit('n').next().unwrap().parse::<u32>().unwrap()
-                }
-                None => 8,
-            };
-            let by_registers = 65536 / (threads * (24 + held));
-            (2048 / threads)
-                .min(228 * 1024 / (shared_bytes + 1024))
-                .min(by_registers)
-                .min(32)
-        }
-
-        fn cooperative_launch(&self) -> bool {
-            true
-        }
-
-        fn thread_block_clusters(&self) -> bool {
-            true
-        }
-
-        fn active_clusters(
-            &self,
-            kernel: &str,
-            threads: u32,
-            shared_bytes: u32,
-            cluster: u32,
-        ) -> u32 {
-            // Eight processing clusters of 16 multiprocessors; a cluster's blocks share one.
-            8 * (16 * self.blocks_per_sm(kernel, threads, shared_bytes) / cluster)
-        }
-    }
-
-    fn shape(rows: usize, cols: usize) -> Shape {
-        Shape::new(rows, cols).unwrap()
-    }
 
     /// Few wide rows (LLM vocabularies, odd widths): where slicing matters.
     const FEW_WIDE_ROWS: [(usize, usize); 7] = [
@@ -770,7 +560,7 @@ pub(crate) mod tests {
     /// A sliced launch's blocks all fit on the GPU at once (one wave).
     fn assert_all_resident(launch: &Launch, rows: usize, cols: usize) {
         let resident =
-            132 * FakeH200.blocks_per_sm(&launch.kernel, launch.block, launch.shared_bytes);
+            132 * FakeH200.blocks_per_sm(launch.entry, launch.block, launch.shared_bytes);
         assert!(
             launch.grid <= resident,
             "{rows}x{cols}: {} blocks cannot all be resident",
@@ -778,30 +568,14 @@ pub(crate) mod tests {
         );
     }
 
-    const ALIGNED: Layout = Layout {
-        vector_aligned: true,
-        vector_peelable: true,
-    };
-    const UNALIGNED: Layout = Layout {
-        vector_aligned: false,
-        vector_peelable: false,
-    };
-
-    #[test]
-    fn every_planned_kernel_is_in_the_ptx() {
-        for name in all_kernel_names() {
-            assert!(
-                crate::PTX.contains(&format!(".entry {name}(")),
-                "{name} missing from the PTX"
-            );
-        }
-    }
+    const ALIGNED: Layout = Layout::Aligned;
+    const UNALIGNED: Layout = Layout::Elements;
 
     #[test]
     fn register_instances_cover_every_width_they_claim() {
         for layout in [ALIGNED, UNALIGNED] {
             for cols in 1..=register_capacity(layout) {
-                if layout.vector_aligned && cols % 4 != 0 {
+                if layout == Layout::Aligned && cols % 4 != 0 {
                     continue;
                 }
                 let instance = register_instance(cols, layout)
@@ -845,28 +619,28 @@ pub(crate) mod tests {
         for (rows, cols) in FEW_WIDE_ROWS.into_iter().chain(extra) {
             for (dtype, peelable) in DType::ALL.into_iter().flat_map(|d| [(d, true), (d, false)]) {
                 let (launch, _) = row_slices_launch(shape(rows, cols), dtype, peelable, &FakeH200);
-                let [
-                    ..,
-                    Arg::U32(slices),
-                    Arg::U32(slice_packs),
-                    Arg::U32(cached),
-                    Arg::Partials,
-                    Arg::Barriers,
-                    Arg::Patience,
-                ] = launch.args[..]
+                let Params::RowSlices {
+                    slicing:
+                        Slicing {
+                            slices,
+                            slice_packs,
+                        },
+                    cached,
+                    ..
+                } = launch.params
                 else {
-                    panic!("unexpected arguments {:?}", launch.args)
+                    panic!("unexpected arguments {:?}", launch.params)
                 };
                 let pack = if peelable { dtype.vector_pack() } else { 1 };
                 assert_eq!(
-                    launch.kernel,
-                    RowSlicesKernelName { dtype, pack }.to_string()
+                    launch.entry,
+                    Entry::RowSlices(RowSlicesKernelName { dtype, pack })
                 );
                 let slice_cols = assert_slices_cover(rows, cols, pack, slices, slice_packs);
                 assert_eq!(launch.grid, rows as u32 * slices);
                 assert!(launch.shared_bytes <= FakeH200.max_shared_per_block());
                 // An ordinary launch: blocks that cannot start leave nobody waiting forever.
-                assert!(!launch.cooperative);
+                assert_eq!(launch.scheduling, Scheduling::Ordinary);
                 if slices > 1 {
                     assert!(slices <= barrier_word::MAX_PARTICIPANTS);
                     assert_all_resident(&launch, rows, cols);
@@ -875,7 +649,7 @@ pub(crate) mod tests {
                         "{rows}x{cols}: a sliced launch should fill the GPU"
                     );
                 }
-                if cached == 1 {
+                if cached {
                     assert!(
                         launch.shared_bytes
                             >= REDUCTION_SCRATCH_FLOATS * 4 + slice_cols * dtype.bytes()
@@ -935,9 +709,10 @@ pub(crate) mod tests {
         // ptxas gives the H200 kernel, the driver's occupancy keeps it at 256 threads).
         for (rows, cols, threads, rounds) in [(32, 151936, 320, 2), (16, 262144, 512, 1)] {
             let (launch, _) = row_slices_launch(shape(rows, cols), DType::F32, true, &FakeH200);
-            let [.., Arg::U32(slice_packs), _, _, _, _] = launch.args[..] else {
-                panic!("unexpected arguments {:?}", launch.args)
+            let Params::RowSlices { slicing, .. } = launch.params else {
+                panic!("unexpected arguments {:?}", launch.params)
             };
+            let slice_packs = slicing.slice_packs;
             assert!(launch.grid > rows as u32, "{rows}x{cols}: sliced");
             assert_eq!(launch.block, threads, "{rows}x{cols}");
             assert_eq!(
@@ -960,26 +735,28 @@ pub(crate) mod tests {
         for (rows, cols) in FEW_WIDE_ROWS.into_iter().chain(extra) {
             for layout in [ALIGNED, UNALIGNED] {
                 let (launch, _) = row_cluster_launch(shape(rows, cols), layout, &FakeH200);
-                let [
-                    ..,
-                    Arg::U32(slices),
-                    Arg::U32(slice_packs),
-                    Arg::U32(cached),
-                ] = launch.args[..]
+                let Params::RowCluster {
+                    slicing:
+                        Slicing {
+                            slices,
+                            slice_packs,
+                        },
+                    cached,
+                    ..
+                } = launch.params
                 else {
-                    panic!("unexpected arguments {:?}", launch.args)
+                    panic!("unexpected arguments {:?}", launch.params)
                 };
                 let slice_cols =
-                    assert_slices_cover(rows, cols, layout.peeled_pack(), slices, slice_packs);
-                assert_eq!(launch.cluster, slices);
+                    assert_slices_cover(rows, cols, peeled_pack(layout), slices, slice_packs);
+                assert_eq!(launch.scheduling, Scheduling::Clusters(slices));
                 assert!((1..=MAX_CLUSTER_BLOCKS).contains(&slices));
                 assert_eq!(launch.grid, rows as u32 * slices);
-                assert!(!launch.cooperative);
                 assert!(launch.shared_bytes <= FakeH200.max_shared_per_block());
                 let fixed = (REDUCTION_SCRATCH_FLOATS + CLUSTER_STATS_FLOATS) * 4;
                 assert_eq!(
                     launch.shared_bytes,
-                    fixed + cached * slice_cols * 4,
+                    fixed + cached as u32 * slice_cols * 4,
                     "{rows}x{cols}"
                 );
             }
@@ -987,7 +764,11 @@ pub(crate) mod tests {
         // The shapes it is meant for are cached, in clusters that fill the GPU.
         for (rows, cols, slices) in [(32, 151936, 16), (128, 50257, 4)] {
             let (launch, cached) = row_cluster_launch(shape(rows, cols), ALIGNED, &FakeH200);
-            assert_eq!(launch.cluster, slices, "{rows}x{cols}");
+            assert_eq!(
+                launch.scheduling,
+                Scheduling::Clusters(slices),
+                "{rows}x{cols}"
+            );
             assert!(cached, "{rows}x{cols}");
         }
     }
@@ -1002,8 +783,8 @@ pub(crate) mod tests {
             fn max_shared_per_block(&self) -> u32 {
                 FakeH200.max_shared_per_block()
             }
-            fn blocks_per_sm(&self, kernel: &str, threads: u32, shared_bytes: u32) -> u32 {
-                FakeH200.blocks_per_sm(kernel, threads, shared_bytes)
+            fn blocks_per_sm(&self, entry: Entry, threads: u32, shared_bytes: u32) -> u32 {
+                FakeH200.blocks_per_sm(entry, threads, shared_bytes)
             }
             fn cooperative_launch(&self) -> bool {
                 true
@@ -1011,22 +792,28 @@ pub(crate) mod tests {
             fn thread_block_clusters(&self) -> bool {
                 true
             }
-            fn active_clusters(&self, _: &str, _: u32, _: u32, _: u32) -> u32 {
+            fn active_clusters(&self, _: Entry, _: u32, _: u32, _: u32) -> u32 {
                 0
             }
         }
         let (launch, _) = row_cluster_launch(shape(32, 151936), ALIGNED, &NoClusters);
-        assert_eq!((launch.cluster, launch.grid), (1, 32));
-        assert_eq!(launch.args[3], Arg::U32(1), "one slice per row");
+        assert_eq!(
+            (launch.scheduling, launch.grid),
+            (Scheduling::Clusters(1), 32)
+        );
+        let Params::RowCluster { slicing, .. } = launch.params else {
+            panic!("unexpected arguments {:?}", launch.params)
+        };
+        assert_eq!(slicing.slices, 1, "one slice per row");
     }
 
     #[test]
     fn auto_uses_registers_for_narrow_rows_and_slices_for_wide_ones() {
         let kernel = |rows, cols, address| {
-            let layout = Layout::of(address, address, cols);
+            let layout = super::super::pair_layout(address, address, cols);
             plan(Variant::Auto, shape(rows, cols), layout, &FakeH200).unwrap()[0]
-                .kernel
-                .clone()
+                .entry
+                .to_string()
         };
         assert_eq!(kernel(4096, 1000, 0), "softmax_rows_in_registers_p4_l32_n8");
         assert_eq!(kernel(65536, 100, 0), "softmax_rows_in_registers_p4_l32_n1");
@@ -1053,8 +840,8 @@ pub(crate) mod tests {
         // A row per multiprocessor, cached whole: one block per row, no barrier.
         let (one_wave, cached) = row_slices_launch(shape(128, 50257), DType::F32, true, &FakeH200);
         assert_eq!(
-            (one_wave.grid, one_wave.cooperative, cached),
-            (128, false, true)
+            (one_wave.grid, one_wave.scheduling, cached),
+            (128, Scheduling::Ordinary, true)
         );
         // More data than the GPU caches at once, in rows too few to fill it with a block each:
         // a cluster per row, clusters in waves. Rows that fill it, or slices too wide for a
@@ -1083,15 +870,26 @@ pub(crate) mod tests {
                     );
                     continue;
                 };
-                let [.., Arg::U32(slices), Arg::U32(slice_packs), _, _] = launch.args[..] else {
-                    panic!("unexpected arguments {:?}", launch.args)
+                let Params::BlockRegisters {
+                    slicing:
+                        Slicing {
+                            slices,
+                            slice_packs,
+                        },
+                    ..
+                } = launch.params
+                else {
+                    panic!("unexpected arguments {:?}", launch.params)
                 };
-                let pack = layout.peeled_pack();
-                let packs: u32 = launch.kernel.rsplit('n').next().unwrap().parse().unwrap();
-                assert!(
-                    launch.kernel.contains(&format!("_t{}_", launch.block)),
+                let Entry::BlockRegisters(instance) = launch.entry else {
+                    panic!("unexpected entry {}", launch.entry)
+                };
+                let pack = peeled_pack(layout);
+                let packs = instance.packs;
+                assert_eq!(
+                    instance.threads, launch.block,
                     "{}: block size differs from its instance",
-                    launch.kernel
+                    launch.entry
                 );
                 assert!(
                     slices * slice_packs * pack + 3 >= cols as u32,
@@ -1102,11 +900,12 @@ pub(crate) mod tests {
                     "{rows}x{cols}: a block cannot hold its slice"
                 );
                 assert_eq!(launch.grid, rows as u32 * slices);
-                assert_eq!(launch.cooperative, slices > 1);
+                let cooperative = launch.scheduling == Scheduling::Cooperative;
+                assert_eq!(cooperative, slices > 1);
                 assert!(
-                    FakeH200.blocks_per_sm(&launch.kernel, launch.block, launch.shared_bytes) > 0
+                    FakeH200.blocks_per_sm(launch.entry, launch.block, launch.shared_bytes) > 0
                 );
-                if launch.cooperative {
+                if cooperative {
                     assert_all_resident(&launch, rows, cols);
                     assert!(
                         slices <= launch.block,
@@ -1127,15 +926,5 @@ pub(crate) mod tests {
             &FakeH200,
         );
         assert!(matches!(result, Err(Error::Unsupported { .. })));
-    }
-
-    #[test]
-    fn layout_needs_both_pointers_aligned_and_whole_packs() {
-        assert!(Layout::of(256, 512, 8).vector_aligned);
-        assert!(!Layout::of(260, 512, 8).vector_aligned);
-        assert!(Layout::of(260, 516, 7).vector_peelable);
-        assert!(!Layout::of(260, 512, 8).vector_peelable);
-        assert!(!Layout::of(256, 516, 8).vector_aligned);
-        assert!(!Layout::of(256, 512, 6).vector_aligned);
     }
 }

@@ -1,0 +1,473 @@
+//! The one planner: what a call computes ([`Request`]) on which shape and [`Layout`] → the
+//! launches that compute it. Pure: it needs only the device's limits ([`DeviceLimits`]), so the
+//! CPU tests check every plan against a model H200.
+//!
+//! A [`Launch`] names its kernel with a typed [`Entry`] and carries its arguments as typed
+//! [`Params`]; the launch path (`crate::launch`) lays them out in the entry's parameter order.
+
+pub(crate) mod operations;
+pub(crate) mod variants;
+
+use kernels_gpu::launch::{BlockRegisterKernelName, RegisterKernelName, RowSlicesKernelName};
+use kernels_gpu::row_ops::{DType, Direction, OpKernelName};
+
+use crate::error::{Error, Result};
+use crate::shape::Shape;
+use crate::variant::Variant;
+
+/// How the buffers of a call meet 16-byte packs (one type for every kernel family).
+pub(crate) use kernels_gpu::row_ops::PackLayout as Layout;
+
+/// Smallest 16-bit tensor whose plain softmax takes row-slices where the operation kernels
+/// would slice its rows. Measured on the H200 (docs/performance-log.md, 2026-11-30), bf16, %
+/// of copy, operation kernels → row-slices: 8×128256 (2 MB) 66 → 55 and 1×1048576 (2 MB)
+/// even; 16×262144 (8.4 MB) 61 → 65, 32×151936 (9.7 MB) 63 → 63.5, 128×50257 80 → 84,
+/// 64×151936 56 → 74. The cut lies between, not measured closer.
+const SIXTEEN_BIT_ROW_SLICES_FROM_BYTES: u64 = 4 << 20;
+
+/// Most blocks a grid holds along x.
+pub(crate) const MAX_GRID: u32 = i32::MAX as u32;
+
+/// What a call computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Request {
+    /// f32 softmax of contiguous rows by one variant (`Auto`: the built-in dispatch;
+    /// `BlockPerRowAutotuned` must be resolved to a thread count first).
+    Variant(Variant),
+    /// Softmax without options of contiguous rows of one 16-bit type, same type in and out:
+    /// row-slices where the operation kernels would slice the rows of a large tensor and
+    /// row-slices caches its slices, else the operation kernels. `peelable`: input and
+    /// output are misaligned alike modulo 16 bytes.
+    PlainSoftmax { dtype: DType, peelable: bool },
+    /// The operation kernels.
+    Operation {
+        direction: Direction,
+        input: DType,
+        mode: OperationMode,
+    },
+}
+
+/// What an operation call stores: the outputs, only the rows' states, or the outputs
+/// normalized by states the caller stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum OperationMode {
+    Full,
+    States,
+    ApplyStates,
+}
+
+/// A kernel entry of one of the PTX modules, typed. Its `Display` is the PTX entry name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Entry {
+    UnfusedRowMax,
+    UnfusedSubtract,
+    UnfusedExp,
+    UnfusedRowSum,
+    UnfusedDivide,
+    ThreadPerRowNaive,
+    ThreadPerRowOnline,
+    WarpPerRowOnline,
+    BlockPerRowSmem,
+    RowsInRegisters(RegisterKernelName),
+    BlockRegisters(BlockRegisterKernelName),
+    RowSlices(RowSlicesKernelName),
+    RowCluster { pack: u32 },
+    Operation(OpKernelName),
+}
+
+impl std::fmt::Display for Entry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Entry::UnfusedRowMax => f.write_str("softmax_unfused_row_max"),
+            Entry::UnfusedSubtract => f.write_str("softmax_unfused_subtract"),
+            Entry::UnfusedExp => f.write_str("softmax_unfused_exp"),
+            Entry::UnfusedRowSum => f.write_str("softmax_unfused_row_sum"),
+            Entry::UnfusedDivide => f.write_str("softmax_unfused_divide"),
+            Entry::ThreadPerRowNaive => f.write_str("softmax_thread_per_row_naive"),
+            Entry::ThreadPerRowOnline => f.write_str("softmax_thread_per_row_online"),
+            Entry::WarpPerRowOnline => f.write_str("softmax_warp_per_row_online"),
+            Entry::BlockPerRowSmem => f.write_str("softmax_block_per_row_smem"),
+            Entry::RowsInRegisters(name) => name.fmt(f),
+            Entry::BlockRegisters(name) => name.fmt(f),
+            Entry::RowSlices(name) => name.fmt(f),
+            Entry::RowCluster { pack } => write!(f, "softmax_row_cluster_p{pack}"),
+            Entry::Operation(name) => name.fmt(f),
+        }
+    }
+}
+
+/// How many blocks share a row, and how many packs each holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Slicing {
+    pub slices: u32,
+    pub slice_packs: u32,
+}
+
+/// Which pass of an operation a launch is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum OperationPass {
+    /// What the call asked for (its own mode and buffers).
+    Call,
+    /// The first of two launches over slices: each block stores its slice's state in the
+    /// workspace.
+    SliceStatesToWorkspace,
+    /// The second: every block merges its row's states from the workspace and writes.
+    ApplyWorkspaceStates,
+}
+
+/// A launch's arguments, typed by kernel family. Buffers (the call's and the workspace's) are
+/// filled in at launch time; the comments give each family's parameter order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Params {
+    /// `(input, output, rows, cols)`: one thread, warp or group of lanes per row.
+    Rows { rows: u32, cols: u32 },
+    /// `(input, output, cols)`: a block per row.
+    BlockPerRow { cols: u32 },
+    /// The unfused stages; each takes its own subset (`crate::launch` lays them out).
+    Unfused { rows: u32, cols: u32, len: u64 },
+    /// `(input, output, cols, slices, slice_packs, partials, barriers)`.
+    BlockRegisters { cols: u32, slicing: Slicing },
+    /// `(input, output, cols, slices, slice_packs, cached, partials, barriers, patience)`.
+    RowSlices {
+        cols: u32,
+        slicing: Slicing,
+        cached: bool,
+    },
+    /// `(input, output, cols, slices, slice_packs, cached)`.
+    RowCluster {
+        cols: u32,
+        slicing: Slicing,
+        cached: bool,
+    },
+    /// One `RowOpParams` by value: the call's, with this pass and slicing.
+    Operation {
+        pass: OperationPass,
+        slicing: Slicing,
+    },
+}
+
+/// How the blocks of a launch are scheduled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Scheduling {
+    /// `cuLaunchKernelEx` with programmatic overlap allowed (every entry waits for the
+    /// previous grid first).
+    Ordinary,
+    /// `cuLaunchCooperativeKernel`: every block resident at once (the blocks of a row wait
+    /// for each other).
+    Cooperative,
+    /// Thread-block clusters of this many blocks, with programmatic overlap allowed.
+    Clusters(u32),
+}
+
+/// One kernel launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Launch {
+    pub entry: Entry,
+    pub grid: u32,
+    pub block: u32,
+    pub shared_bytes: u32,
+    pub scheduling: Scheduling,
+    pub params: Params,
+}
+
+/// Workspace a plan's launches use, in elements of each buffer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct WorkspaceNeeds {
+    /// The unfused variant's row maxima then row sums.
+    pub row_stats: usize,
+    /// Two floats per block of a launch whose blocks exchange statistics.
+    pub partials: usize,
+    /// Two words per row and row-slices' flag per block: at most three per block.
+    pub barrier_words: usize,
+    /// Per-row, per-slice states of an operation split in two launches.
+    pub states: usize,
+}
+
+impl Launch {
+    /// What this launch uses of the workspace.
+    fn needs(&self) -> WorkspaceNeeds {
+        let grid = self.grid as usize;
+        let exchanging = WorkspaceNeeds {
+            partials: 2 * grid,
+            barrier_words: 3 * grid,
+            ..WorkspaceNeeds::default()
+        };
+        match self.params {
+            Params::Unfused { rows, .. } => WorkspaceNeeds {
+                row_stats: 2 * rows as usize,
+                ..WorkspaceNeeds::default()
+            },
+            Params::BlockRegisters { .. } | Params::RowSlices { .. } => exchanging,
+            Params::Operation {
+                pass: OperationPass::SliceStatesToWorkspace,
+                ..
+            } => WorkspaceNeeds {
+                states: grid,
+                ..WorkspaceNeeds::default()
+            },
+            Params::Operation { .. } if self.scheduling == Scheduling::Cooperative => exchanging,
+            _ => WorkspaceNeeds::default(),
+        }
+    }
+}
+
+/// What a plan's launches use of the workspace together (each buffer's largest need).
+pub(crate) fn workspace_needs(launches: &[Launch]) -> WorkspaceNeeds {
+    launches
+        .iter()
+        .map(Launch::needs)
+        .fold(WorkspaceNeeds::default(), |a, b| WorkspaceNeeds {
+            row_stats: a.row_stats.max(b.row_stats),
+            partials: a.partials.max(b.partials),
+            barrier_words: a.barrier_words.max(b.barrier_words),
+            states: a.states.max(b.states),
+        })
+}
+
+/// What planning needs to know about the device.
+pub(crate) trait DeviceLimits {
+    fn multiprocessors(&self) -> u32;
+    /// Dynamic shared memory one block may use (the opt-in limit).
+    fn max_shared_per_block(&self) -> u32;
+    /// Blocks of `entry` resident on one multiprocessor at once with this block size and
+    /// shared memory (0 when such a block cannot launch at all, e.g. too many registers).
+    fn blocks_per_sm(&self, entry: Entry, threads: u32, shared_bytes: u32) -> u32;
+    /// Whether cooperative launches (every block resident at once) are available.
+    fn cooperative_launch(&self) -> bool;
+    /// Whether thread-block clusters are available (compute capability 9.0 and later).
+    fn thread_block_clusters(&self) -> bool;
+    /// Clusters of `cluster` blocks of `entry` active at once with this block size and
+    /// shared memory (0 when one cannot be scheduled at all).
+    fn active_clusters(&self, entry: Entry, threads: u32, shared_bytes: u32, cluster: u32) -> u32;
+}
+
+/// The f32 variants' layout of an input and an output of contiguous rows: whole packs when
+/// both start 16-byte aligned and `cols` is a multiple of 4; peeled (an unaligned head read
+/// one element at a time, the rest in packs) wherever the two are misaligned alike; else one
+/// element at a time.
+pub(crate) fn pair_layout(input_address: u64, output_address: u64, cols: usize) -> Layout {
+    let aligned = |address: u64| address.is_multiple_of(16);
+    if aligned(input_address) && aligned(output_address) && cols.is_multiple_of(4) {
+        Layout::Aligned
+    } else if input_address.abs_diff(output_address).is_multiple_of(16) {
+        Layout::Peeled
+    } else {
+        Layout::Elements
+    }
+}
+
+/// The launches that compute `request` on a non-empty `shape` laid out as `layout` (for
+/// operations, `operations::layout`'s answer; for the others, [`pair_layout`]'s).
+pub(crate) fn plan(
+    request: Request,
+    shape: Shape,
+    layout: Layout,
+    device: &dyn DeviceLimits,
+) -> Result<Vec<Launch>> {
+    match request {
+        Request::Variant(variant) => variants::plan(variant, shape, layout, device),
+        Request::PlainSoftmax { dtype, peelable } => {
+            let operation = Request::Operation {
+                direction: Direction::Forward,
+                input: dtype,
+                mode: OperationMode::Full,
+            };
+            let launches = plan(operation, shape, layout, device)?;
+            let sliced = launches.iter().any(|l| match l.params {
+                Params::Operation { slicing, .. } => slicing.slices > 1,
+                _ => false,
+            });
+            let bytes = shape.len() as u64 * u64::from(dtype.bytes());
+            if sliced && bytes >= SIXTEEN_BIT_ROW_SLICES_FROM_BYTES {
+                let (launch, cached) = variants::row_slices_launch(shape, dtype, peelable, device);
+                if cached {
+                    return Ok(vec![launch]);
+                }
+            }
+            Ok(launches)
+        }
+        Request::Operation {
+            direction,
+            input,
+            mode,
+        } => {
+            let unsupported = |why: &str| Error::Unsupported {
+                variant: "operation".into(),
+                rows: shape.rows(),
+                cols: shape.cols(),
+                why: why.into(),
+            };
+            let launch = operations::plan(direction, input, shape, layout, device)
+                .ok_or_else(|| unsupported("no operation kernel can launch on this device"))?;
+            operations::launches(launch, mode).ok_or_else(|| {
+                unsupported(
+                    "the slice is too wide to reduce in one launch here (too many rows to keep \
+                     resident at this width): split it into narrower slices and merge their \
+                     states",
+                )
+            })
+        }
+    }
+}
+
+/// Every entry a plan of the softmax module can name: the module must hold them all.
+pub(crate) fn softmax_module_entries() -> Vec<Entry> {
+    let fixed = [
+        Entry::UnfusedRowMax,
+        Entry::UnfusedSubtract,
+        Entry::UnfusedExp,
+        Entry::UnfusedRowSum,
+        Entry::UnfusedDivide,
+        Entry::ThreadPerRowNaive,
+        Entry::ThreadPerRowOnline,
+        Entry::BlockPerRowSmem,
+        Entry::WarpPerRowOnline,
+        Entry::RowCluster { pack: 4 },
+        Entry::RowCluster { pack: 1 },
+    ];
+    let row_slices = RowSlicesKernelName::both(DType::F32).map(Entry::RowSlices);
+    fixed
+        .into_iter()
+        .chain(row_slices)
+        .chain(variants::register_instances().map(Entry::RowsInRegisters))
+        .chain(variants::block_register_instances().map(Entry::BlockRegisters))
+        .collect()
+}
+
+/// The names of every entry of the softmax module (the tune cache's catalogue hashes them).
+pub(crate) fn all_kernel_names() -> Vec<String> {
+    softmax_module_entries()
+        .iter()
+        .map(Entry::to_string)
+        .collect()
+}
+
+/// Every entry of the operation module of `input`: its operation kernels and, for 16-bit
+/// types, that type's row-slices entries (f32's are in the softmax module).
+pub(crate) fn operation_module_entries(input: DType) -> Vec<Entry> {
+    let row_slices = match input {
+        DType::F32 => Vec::new(),
+        _ => RowSlicesKernelName::both(input)
+            .map(Entry::RowSlices)
+            .to_vec(),
+    };
+    OpKernelName::all_for(input)
+        .map(Entry::Operation)
+        .chain(row_slices)
+        .collect()
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// The H200's numbers, with occupancy estimated from threads and shared memory alone.
+    pub(crate) struct FakeH200;
+
+    impl DeviceLimits for FakeH200 {
+        fn multiprocessors(&self) -> u32 {
+            132
+        }
+
+        fn max_shared_per_block(&self) -> u32 {
+            227 * 1024
+        }
+
+        fn blocks_per_sm(&self, entry: Entry, threads: u32, shared_bytes: u32) -> u32 {
+            // Registers per thread: about 24, plus the floats a block-registers thread holds.
+            let held = match entry {
+                Entry::BlockRegisters(name) => name.pack * name.packs,
+                _ => 8,
+            };
+            let by_registers = 65536 / (threads * (24 + held));
+            (2048 / threads)
+                .min(228 * 1024 / (shared_bytes + 1024))
+                .min(by_registers)
+                .min(32)
+        }
+
+        fn cooperative_launch(&self) -> bool {
+            true
+        }
+
+        fn thread_block_clusters(&self) -> bool {
+            true
+        }
+
+        fn active_clusters(
+            &self,
+            entry: Entry,
+            threads: u32,
+            shared_bytes: u32,
+            cluster: u32,
+        ) -> u32 {
+            // Eight processing clusters of 16 multiprocessors; a cluster's blocks share one.
+            8 * (16 * self.blocks_per_sm(entry, threads, shared_bytes) / cluster)
+        }
+    }
+
+    pub(crate) fn shape(rows: usize, cols: usize) -> Shape {
+        Shape::new(rows, cols).unwrap()
+    }
+
+    #[test]
+    fn the_pair_layout_needs_both_pointers_aligned_and_whole_packs() {
+        assert_eq!(pair_layout(256, 512, 8), Layout::Aligned);
+        assert_eq!(pair_layout(260, 516, 7), Layout::Peeled);
+        assert_eq!(pair_layout(256, 512, 6), Layout::Peeled);
+        assert_eq!(pair_layout(260, 512, 8), Layout::Elements);
+        assert_eq!(pair_layout(256, 516, 8), Layout::Elements);
+    }
+
+    #[test]
+    fn every_entry_prints_as_its_ptx_name() {
+        let sample = [
+            (Entry::UnfusedDivide, "softmax_unfused_divide"),
+            (Entry::RowCluster { pack: 4 }, "softmax_row_cluster_p4"),
+            (
+                Entry::RowSlices(RowSlicesKernelName {
+                    dtype: DType::Bf16,
+                    pack: 8,
+                }),
+                "softmax_row_slices_bf16_p8",
+            ),
+        ];
+        for (entry, name) in sample {
+            assert_eq!(entry.to_string(), name);
+        }
+    }
+
+    /// 16-bit plain softmax takes row-slices on large tensors the operation kernels would
+    /// slice, and the operation kernels elsewhere.
+    #[test]
+    fn sixteen_bit_plain_softmax_takes_row_slices_only_on_large_sliced_tensors() {
+        let entry = |rows, cols| {
+            let request = Request::PlainSoftmax {
+                dtype: DType::Bf16,
+                peelable: true,
+            };
+            plan(request, shape(rows, cols), Layout::Aligned, &FakeH200).unwrap()[0].entry
+        };
+        assert!(matches!(entry(32, 151936), Entry::RowSlices(_)));
+        assert!(matches!(entry(8, 128256), Entry::Operation(_)));
+        assert!(matches!(entry(4096, 1000), Entry::Operation(_)));
+    }
+
+    /// Plans are made in 64-bit arithmetic: row counts near the launch limit do not wrap.
+    #[test]
+    fn row_counts_near_the_limit_plan_without_overflow() {
+        let rows = (1usize << 31) - 1;
+        for variant in [Variant::Auto, Variant::RowSlices, Variant::BlockRegisters] {
+            if let Ok(launches) = plan(
+                Request::Variant(variant),
+                shape(rows, 2),
+                Layout::Aligned,
+                &FakeH200,
+            ) {
+                for launch in launches {
+                    assert!(launch.grid > 0, "{variant}: {launch:?}");
+                }
+            }
+        }
+    }
+}
