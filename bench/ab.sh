@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A/B of two builds in one device call, from the repository root on the GPU machine:
+# A/B of two builds in one run, from the repository root on the GPU machine:
 #
 #   bash bench/ab.sh ROUNDS BENCH_ARGS...
 #

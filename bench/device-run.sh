@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One run on a GPU machine that has no Rust toolchain (longer than one 10-minute device call:
-# split it where needed): GPU tests (the f32 variants, the operation API, the CUDA-fault
+# One run on a GPU machine that has no Rust toolchain (it takes a while: split it where
+# needed): GPU tests (the f32 variants, the operation API, the CUDA-fault
 # test), the full benchmark with the peers, the bf16 and backward benchmarks, the
 # dispatch-boundary sweep, compute-sanitizer over both test binaries (bench/sanitize.sh),
 # ptxas and a short criterion run, from the bundle

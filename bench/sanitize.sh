@@ -24,7 +24,7 @@
 # run (racecheck most), so racecheck gets its own, longer one. All of it takes about six
 # minutes on an H200. Environment:
 #   SANITIZE_BINARY             test binaries (default "gpu gpu_ops"; one of them to split the
-#                               work over two shorter calls)
+#                               work over two shorter runs)
 #   SANITIZE_TOOLS              tools to run (default "memcheck racecheck initcheck synccheck")
 #   SANITIZE_FILTERS            every binary's default filters replaced (space-separated)
 #   SANITIZE_TIMEOUT            seconds per run for memcheck, initcheck, synccheck (default 600)

@@ -5,7 +5,7 @@
 set -euo pipefail
 bundle=.gpu/bundle.tar.gz
 if [ ! -f "$bundle" ]; then
-    echo "unpack-bundle: no $bundle (run \`cargo xtask device-bundle\` and carry .gpu/)" >&2
+    echo "unpack-bundle: no $bundle (run \`cargo xtask device-bundle\` and copy .gpu/ here)" >&2
     exit 2
 fi
 if [ ! -x .gpu/host ] || [ "$bundle" -nt .gpu/host ]; then
