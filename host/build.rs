@@ -1,9 +1,6 @@
 //! Builds the kernels to PTX (so `cargo test` and `cargo run` never embed a stale module) and
 //! decides where binaries find the CUDA driver library at run time.
 
-#[path = "../xtask/src/ptx_build.rs"]
-mod ptx_build;
-
 use std::env;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -17,14 +14,10 @@ fn main() {
     let cargo = PathBuf::from(env::var_os("CARGO").expect("set by cargo"));
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("set by cargo"));
 
-    ptx_build::build_all_ptx(&cargo, &workspace, &out_dir).unwrap_or_else(|e| panic!("{e}"));
+    ptx_builder::build_all_ptx(&cargo, &workspace, &out_dir).unwrap_or_else(|e| panic!("{e}"));
     println!(
         "cargo:rerun-if-changed={}",
         workspace.join("kernels-gpu").display()
-    );
-    println!(
-        "cargo:rerun-if-changed={}",
-        workspace.join("xtask/src/ptx_build.rs").display()
     );
 
     load_fetched_driver_only_without_a_real_one(&workspace);

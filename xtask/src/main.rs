@@ -14,8 +14,6 @@
 //!   the bundle is larger). With `--base REV`, the bundle also holds `host-base`, the `host`
 //!   binary of revision `REV`, for A/B runs in one device call.
 
-mod ptx_build;
-
 use std::env;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
@@ -76,13 +74,13 @@ fn run(command: &mut Command) -> Result<()> {
 fn build_ptx() -> Result<()> {
     let workspace = workspace();
     let modules = ptx_modules_dir(&workspace);
-    ptx_build::build_all_ptx(&cargo(), &workspace, &modules)?;
-    for module in ptx_build::PTX_MODULES {
+    ptx_builder::build_all_ptx(&cargo(), &workspace, &modules)?;
+    for module in ptx_builder::PTX_MODULES {
         let path = modules.join(format!("{module}.ptx"));
         let ptx = fs::read_to_string(&path).map_err(|e| e.to_string())?;
         println!(
             "PTX module `{module}` ({}): {}",
-            ptx_build::GPU_ARCH,
+            ptx_builder::GPU_ARCH,
             path.display()
         );
         let entries = entry_names(&ptx);
@@ -200,7 +198,7 @@ fn print_ptxas_report(ptx: &Path) -> Result<()> {
         return Ok(());
     };
     let output = Command::new(&ptxas)
-        .args(["-arch", ptx_build::GPU_ARCH, "-v", "-o", "/dev/null"])
+        .args(["-arch", ptx_builder::GPU_ARCH, "-v", "-o", "/dev/null"])
         .arg(ptx)
         .output()
         .map_err(|e| format!("running {}: {e}", ptxas.display()))?;
@@ -442,7 +440,7 @@ fn device_bundle(base: Option<&str>) -> Result<()> {
         }
         println!("bundled {folder}: {}", names.join(" "));
     }
-    ptx_build::build_all_ptx(&cargo(), &workspace, &staging.join("ptx"))?;
+    ptx_builder::build_all_ptx(&cargo(), &workspace, &staging.join("ptx"))?;
     if let Some(revision) = base {
         build_base_host(&workspace, revision, &staging.join("host-base"))?;
     }

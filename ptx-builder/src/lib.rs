@@ -1,5 +1,11 @@
-//! Builds `kernels-gpu` to PTX. Shared, as a source file, by `host/build.rs` (which embeds the
-//! result) and by `cargo xtask build-ptx` (which prints it), so the flags exist once.
+//! Builds `kernels-gpu` to PTX: the one build step that `host/build.rs` (which embeds the
+//! result) and `cargo xtask build-ptx` (which prints it) share, so the flags exist once.
+//! Like Rust-CUDA's `cuda_builder`, a build script makes one call:
+//!
+//! ```no_run
+//! # let (cargo, workspace, out_dir) = (std::path::Path::new("cargo"), std::path::Path::new("."), std::path::Path::new("out"));
+//! ptx_builder::build_all_ptx(cargo, workspace, out_dir).unwrap();
+//! ```
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
