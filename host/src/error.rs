@@ -76,6 +76,14 @@ pub enum Error {
         actual: crate::Shape,
     },
 
+    /// Two buffers that must hold one element type do not.
+    #[error("{what} holds {actual:?} elements but the input holds {expected:?}")]
+    ElementTypeMismatch {
+        what: &'static str,
+        expected: kernels_gpu::row_ops::DType,
+        actual: kernels_gpu::row_ops::DType,
+    },
+
     /// A strided view's stride is below its width.
     #[error("{what} stride {stride} is smaller than the row width {cols}")]
     Stride {
@@ -153,6 +161,13 @@ pub enum Error {
     /// An address the driver does not know as device memory.
     #[error("{what} (address {address:#x}) is not CUDA device memory")]
     NotDeviceMemory { what: &'static str, address: u64 },
+
+    /// A call needed work that cannot happen while its stream is captured into a graph
+    /// (allocating, loading kernels, planning, waiting): [`crate::Softmax::reserve`] it first.
+    #[error(
+        "cannot {what} while the stream is being captured into a graph: reserve the call first (Softmax::reserve)"
+    )]
+    NotReserved { what: &'static str },
 
     /// A variant name that the command line or `Variant::from_str` does not know.
     #[error("unknown variant `{0}` (known: {known})", known = crate::Variant::NAMES.join(", "))]

@@ -37,7 +37,7 @@ pub use device::DeviceInfo;
 pub use error::{Error, Result};
 pub use module::{PTX, op_ptx};
 pub use shape::Shape;
-pub use softmax::{Softmax, TUNE_CACHE_ENV};
+pub use softmax::{CallKind, OnStream, RawRows, Softmax, TUNE_CACHE_ENV};
 pub use variant::Variant;
 pub use views::{
     DType, Element, Mask, MaskedRows, Operation, Options, RowState, Rows, RowsMut, merge_row_states,

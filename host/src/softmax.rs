@@ -7,6 +7,11 @@
 //! what they check and what they request.
 
 mod operations;
+mod raw;
+mod reserve;
+
+pub use raw::RawRows;
+pub use reserve::CallKind;
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -29,6 +34,7 @@ use crate::module::{LoadedModule, ModuleId};
 use crate::plan::{self, DeviceLimits, Entry, Launch, Layout, Request, WorkspaceNeeds};
 use crate::shape::Shape;
 use crate::variant::Variant;
+use crate::views::{Element, Operation, Options, RowState, Rows, RowsMut};
 use crate::workspace::Workspace;
 
 /// Plans kept before the cache starts over: a process that sees ever new shapes keeps a
@@ -63,6 +69,9 @@ pub struct Softmax {
     /// [`ROW_BARRIER_PATIENCE`], unless a test changed it.
     patience_ns: u64,
     stream: Stream,
+    /// The caller's stream for the call in progress ([`Softmax::on`], the raw calls), else
+    /// `stream`.
+    caller_stream: Option<sys::CUstream>,
     info: DeviceInfo,
     /// Dropped last: everything above lives in this context.
     context: Context,
@@ -226,6 +235,7 @@ impl Softmax {
             tune_cache,
             patience_ns: ROW_BARRIER_PATIENCE.as_nanos() as u64,
             stream,
+            caller_stream: None,
             info,
             context,
         })
@@ -245,9 +255,54 @@ impl Softmax {
         self.patience_ns = u64::try_from(patience.as_nanos()).unwrap_or(u64::MAX);
     }
 
-    /// The stream every launch is enqueued on.
+    /// The stream every launch is enqueued on, unless a call is issued on another
+    /// ([`Softmax::on`]).
     pub fn stream(&self) -> &Stream {
         &self.stream
+    }
+
+    /// Issues the calls made through the returned handle on `stream`, a stream of this
+    /// device's primary context that the caller owns, instead of the instance's: each call's
+    /// work is ordered after what was enqueued on `stream` before it and before what is
+    /// enqueued after it, and nothing waits for it. (The first call on a new shape or element
+    /// type may load a module and grow the workspace, which waits for the device;
+    /// [`Softmax::reserve`] does that ahead of time.) One instance's workspace serves one
+    /// call at a time: calls issued on different streams must be ordered by the caller
+    /// (events), or made through different instances.
+    pub fn on<'a>(&'a mut self, stream: &'a Stream) -> OnStream<'a> {
+        OnStream {
+            softmax: self,
+            stream: stream.as_inner(),
+            borrowed: std::marker::PhantomData,
+        }
+    }
+
+    /// Runs `call` with its work enqueued on `stream`.
+    fn with_stream<T>(&mut self, stream: sys::CUstream, call: impl FnOnce(&mut Self) -> T) -> T {
+        let outer = self.caller_stream.replace(stream);
+        let result = call(self);
+        self.caller_stream = outer;
+        result
+    }
+
+    /// Where the call in progress enqueues its work.
+    fn target_stream(&self) -> sys::CUstream {
+        self.caller_stream.unwrap_or_else(|| self.stream.as_inner())
+    }
+
+    /// Refuses to do `what` (allocate, load a module, plan, wait) while the target stream is
+    /// being captured into a graph, which such work would break.
+    fn refuse_while_capturing(&self, what: &'static str) -> Result<()> {
+        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: the stream belongs to the current context; the status is written through a
+        // valid pointer.
+        let result = unsafe { sys::cuStreamIsCapturing(self.target_stream(), &mut status) };
+        device::check(result, "asking whether the stream is capturing")?;
+        if status == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+            Ok(())
+        } else {
+            Err(Error::NotReserved { what })
+        }
     }
 
     /// Waits for everything enqueued so far; reports errors raised while kernels ran.
@@ -386,6 +441,7 @@ impl Softmax {
         if let Some(prepared) = self.plans.get(&key) {
             return Ok(Rc::clone(prepared));
         }
+        self.refuse_while_capturing("planning a call (loading kernels, querying occupancy)")?;
         match request {
             Request::Variant(_) => {}
             Request::PlainSoftmax { dtype: input, .. } | Request::Operation { input, .. } => {
@@ -451,7 +507,7 @@ impl Softmax {
         shape: Shape,
         buffers: &CallBuffers,
     ) -> Result<()> {
-        self.workspace.reserve(prepared.needs, &self.stream)?;
+        self.grow_workspace(prepared.needs)?;
         let bindings = Bindings {
             input: buffers.input,
             output: buffers.output,
@@ -465,9 +521,20 @@ impl Softmax {
             // for the plan, and `function` is the handle of the launch's entry, loaded in
             // this instance's context (current since the call's `enter`), which owns the
             // stream.
-            unsafe { launch::enqueue(function, launch, &bindings, self.stream.as_inner())? };
+            unsafe { launch::enqueue(function, launch, &bindings, self.target_stream())? };
         }
         Ok(())
+    }
+
+    /// Grows the workspace to `needs`, once every stream of the context is done with it.
+    fn grow_workspace(&mut self, needs: WorkspaceNeeds) -> Result<()> {
+        if self.workspace.fits(needs) {
+            return Ok(());
+        }
+        self.refuse_while_capturing("growing the workspace")?;
+        CurrentContext::synchronize()
+            .during("waiting for the device before growing the workspace")?;
+        self.workspace.grow(needs)
     }
 
     /// Refuses any address that is not device memory of this instance's device.
@@ -578,6 +645,121 @@ impl Softmax {
             rows: shape.rows(),
             cols: shape.cols(),
             why: "no candidate can run this shape".into(),
+        })
+    }
+}
+
+/// A [`Softmax`] whose calls are issued on a stream the caller owns ([`Softmax::on`]). Each
+/// method is the instance's method of the same name.
+#[derive(Debug)]
+pub struct OnStream<'a> {
+    softmax: &'a mut Softmax,
+    stream: sys::CUstream,
+    borrowed: std::marker::PhantomData<&'a Stream>,
+}
+
+impl OnStream<'_> {
+    /// [`Softmax::run`] on the caller's stream.
+    pub fn run(
+        &mut self,
+        variant: Variant,
+        input: &DeviceSlice<f32>,
+        output: &mut DeviceSlice<f32>,
+        shape: Shape,
+    ) -> Result<()> {
+        let stream = self.stream;
+        self.softmax
+            .with_stream(stream, |s| s.run(variant, input, output, shape))
+    }
+
+    /// [`Softmax::forward`] on the caller's stream.
+    pub fn forward<I: Element, O: Element>(
+        &mut self,
+        op: Operation,
+        input: Rows<'_, I>,
+        output: RowsMut<'_, O>,
+        options: &Options<'_>,
+    ) -> Result<()> {
+        let stream = self.stream;
+        self.softmax
+            .with_stream(stream, |s| s.forward(op, input, output, options))
+    }
+
+    /// [`Softmax::forward_in_place`] on the caller's stream.
+    pub fn forward_in_place<T: Element>(
+        &mut self,
+        op: Operation,
+        data: RowsMut<'_, T>,
+        options: &Options<'_>,
+    ) -> Result<()> {
+        let stream = self.stream;
+        self.softmax
+            .with_stream(stream, |s| s.forward_in_place(op, data, options))
+    }
+
+    /// [`Softmax::log_sum_exp`] on the caller's stream.
+    pub fn log_sum_exp<I: Element>(
+        &mut self,
+        input: Rows<'_, I>,
+        lse: &mut DeviceSlice<f32>,
+        options: &Options<'_>,
+    ) -> Result<()> {
+        let stream = self.stream;
+        self.softmax
+            .with_stream(stream, |s| s.log_sum_exp(input, lse, options))
+    }
+
+    /// [`Softmax::backward`] on the caller's stream.
+    pub fn backward<T: Element, O: Element>(
+        &mut self,
+        op: Operation,
+        y: Rows<'_, T>,
+        dy: Rows<'_, T>,
+        dx: RowsMut<'_, O>,
+        options: &Options<'_>,
+    ) -> Result<()> {
+        let stream = self.stream;
+        self.softmax
+            .with_stream(stream, |s| s.backward(op, y, dy, dx, options))
+    }
+
+    /// [`Softmax::backward_in_place`] on the caller's stream.
+    pub fn backward_in_place<T: Element>(
+        &mut self,
+        op: Operation,
+        y: Rows<'_, T>,
+        dy: RowsMut<'_, T>,
+        options: &Options<'_>,
+    ) -> Result<()> {
+        let stream = self.stream;
+        self.softmax
+            .with_stream(stream, |s| s.backward_in_place(op, y, dy, options))
+    }
+
+    /// [`Softmax::row_states`] on the caller's stream.
+    pub fn row_states<I: Element>(
+        &mut self,
+        input: Rows<'_, I>,
+        states: &mut DeviceSlice<RowState>,
+        options: &Options<'_>,
+    ) -> Result<()> {
+        let stream = self.stream;
+        self.softmax
+            .with_stream(stream, |s| s.row_states(input, states, options))
+    }
+
+    /// [`Softmax::normalize_with_states`] on the caller's stream.
+    pub fn normalize_with_states<I: Element, O: Element>(
+        &mut self,
+        op: Operation,
+        input: Rows<'_, I>,
+        states: &DeviceSlice<RowState>,
+        output: RowsMut<'_, O>,
+        options: &Options<'_>,
+    ) -> Result<()> {
+        let stream = self.stream;
+        self.softmax.with_stream(stream, |s| {
+            s.normalize_with_states(op, input, states, output, options)
         })
     }
 }

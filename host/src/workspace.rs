@@ -2,7 +2,6 @@
 
 use bytemuck::Zeroable;
 use cust::memory::{DeviceBuffer, DeviceCopy};
-use cust::stream::Stream;
 
 use crate::error::{CudaContext, Result};
 use crate::launch::WorkspaceAddresses;
@@ -27,13 +26,6 @@ pub(crate) struct Workspace {
     states: DeviceBuffer<f32>,
 }
 
-/// Whether growing the workspace would have to wait for the stream and allocate.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Growth {
-    None,
-    Needed,
-}
-
 impl Workspace {
     /// Workspace for any sliced launch whose blocks are resident on `multiprocessors`.
     pub fn new(multiprocessors: u32) -> Result<Self> {
@@ -47,21 +39,16 @@ impl Workspace {
     }
 
     /// Whether `needs` fits what is allocated.
-    pub fn growth(&self, needs: WorkspaceNeeds) -> Growth {
-        let fits = self.row_stats.len() >= needs.row_stats
+    pub fn fits(&self, needs: WorkspaceNeeds) -> bool {
+        self.row_stats.len() >= needs.row_stats
             && self.partials.len() >= needs.partials
             && self.barriers.len() >= needs.barrier_words
-            && self.states.len() >= 2 * needs.states;
-        if fits { Growth::None } else { Growth::Needed }
+            && self.states.len() >= 2 * needs.states
     }
 
-    /// Grows every buffer shorter than `needs` asks, once the work enqueued on `stream` (which
-    /// may use it) has finished.
-    pub fn reserve(&mut self, needs: WorkspaceNeeds, stream: &Stream) -> Result<()> {
-        if self.growth(needs) == Growth::None {
-            return Ok(());
-        }
-        stream.synchronize().during("waiting for the stream")?;
+    /// Replaces every buffer shorter than `needs` asks; the caller waits first for the work
+    /// that may use them.
+    pub fn grow(&mut self, needs: WorkspaceNeeds) -> Result<()> {
         grow(&mut self.row_stats, needs.row_stats)?;
         grow(&mut self.partials, needs.partials)?;
         grow(&mut self.barriers, needs.barrier_words)?;

@@ -211,17 +211,24 @@ impl Launch {
     }
 }
 
+impl WorkspaceNeeds {
+    /// What both need: each buffer's larger need.
+    pub(crate) fn max(self, other: Self) -> Self {
+        WorkspaceNeeds {
+            row_stats: self.row_stats.max(other.row_stats),
+            partials: self.partials.max(other.partials),
+            barrier_words: self.barrier_words.max(other.barrier_words),
+            states: self.states.max(other.states),
+        }
+    }
+}
+
 /// What a plan's launches use of the workspace together (each buffer's largest need).
 pub(crate) fn workspace_needs(launches: &[Launch]) -> WorkspaceNeeds {
     launches
         .iter()
         .map(Launch::needs)
-        .fold(WorkspaceNeeds::default(), |a, b| WorkspaceNeeds {
-            row_stats: a.row_stats.max(b.row_stats),
-            partials: a.partials.max(b.partials),
-            barrier_words: a.barrier_words.max(b.barrier_words),
-            states: a.states.max(b.states),
-        })
+        .fold(WorkspaceNeeds::default(), WorkspaceNeeds::max)
 }
 
 /// What planning needs to know about the device.

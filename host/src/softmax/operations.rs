@@ -9,6 +9,7 @@
 use cust::memory::{DeviceCopy, DeviceSlice};
 use kernels_gpu::row_ops::{DType, Direction, RowOpParams, RowState, mode};
 
+use super::raw::RowOutput;
 use super::{CallBuffers, Softmax, address, check_disjoint};
 use crate::error::{Error, Result};
 use crate::plan::operations::{self, Operand};
@@ -21,12 +22,12 @@ use crate::views::{Element, Mask, MaskedRows, Operation, Options, Rows, RowsMut}
 /// spans as soon as they are checked, so that an in-place call (one buffer read and written)
 /// never holds two references to one slice.
 #[derive(Clone, Copy, Debug)]
-struct Span {
-    what: &'static str,
-    operand: Operand,
-    bytes: u64,
-    shape: Shape,
-    stride: usize,
+pub(super) struct Span {
+    pub what: &'static str,
+    pub operand: Operand,
+    pub bytes: u64,
+    pub shape: Shape,
+    pub stride: usize,
 }
 
 impl Span {
@@ -37,6 +38,17 @@ impl Span {
         shape: Shape,
         stride: usize,
     ) -> Self {
+        Span::raw(what, address(data), size_of::<T>() as u32, shape, stride)
+    }
+
+    /// A view of `shape` at `stride` elements of `element_bytes` each, from `address`.
+    pub(super) fn raw(
+        what: &'static str,
+        address: u64,
+        element_bytes: u32,
+        shape: Shape,
+        stride: usize,
+    ) -> Self {
         let elements = match shape.rows() {
             0 => 0,
             rows => (rows as u64 - 1) * stride as u64 + shape.cols() as u64,
@@ -44,13 +56,21 @@ impl Span {
         Span {
             what,
             operand: Operand {
-                address: address(data),
-                stride_bytes: (stride * size_of::<T>()) as u64,
-                element_bytes: size_of::<T>() as u32,
+                address,
+                stride_bytes: stride as u64 * u64::from(element_bytes),
+                element_bytes,
             },
-            bytes: elements * size_of::<T>() as u64,
+            bytes: elements * u64::from(element_bytes),
             shape,
             stride,
+        }
+    }
+
+    /// A per-row buffer of `rows` elements from this span's address.
+    pub(super) fn covering(self, rows: usize) -> Self {
+        Span {
+            bytes: rows as u64 * u64::from(self.operand.element_bytes),
+            ..self
         }
     }
 
@@ -127,7 +147,7 @@ struct Call {
 
 impl Call {
     /// A call reading `input` with `options`.
-    fn reading<I: Element>(direction: Direction, input: &Span, options: &Options<'_>) -> Call {
+    fn reading(direction: Direction, input: &Span, dtype: DType, options: &Options<'_>) -> Call {
         let shape = input.shape;
         let mut params = RowOpParams {
             input: input.operand.address,
@@ -170,7 +190,7 @@ impl Call {
         };
         Call {
             direction,
-            input: I::DTYPE,
+            input: dtype,
             shape,
             operands,
             params,
@@ -251,7 +271,7 @@ impl Softmax {
         check_shapes(input.shape, output.shape, "output")?;
         let x = Span::of_rows("input", &input);
         let y = Span::of("output", &*output.data, output.shape, output.stride);
-        self.forward_spans::<I, O>(op, x, y, options)
+        self.forward_spans(op, (x, I::DTYPE), (y, O::DTYPE), options)
     }
 
     /// [`Softmax::forward`] with the output written over the input.
@@ -263,23 +283,19 @@ impl Softmax {
     ) -> Result<()> {
         self.enter()?;
         let x = Span::of("input", &*data.data, data.shape, data.stride);
-        self.forward_spans::<T, T>(
-            op,
-            x,
-            Span {
-                what: "output",
-                ..x
-            },
-            options,
-        )
+        let y = Span {
+            what: "output",
+            ..x
+        };
+        self.forward_spans(op, (x, T::DTYPE), (y, T::DTYPE), options)
     }
 
     /// [`Softmax::forward`] on checked views.
-    fn forward_spans<I: Element, O: Element>(
+    pub(super) fn forward_spans(
         &mut self,
         op: Operation,
-        x: Span,
-        y: Span,
+        (x, input): (Span, DType),
+        (y, output): (Span, DType),
         options: &Options<'_>,
     ) -> Result<()> {
         let shape = x.shape;
@@ -301,7 +317,7 @@ impl Softmax {
             && options.masked_rows == MaskedRows::Nan;
         let plain_softmax = contiguous && plain && !in_place && op == Operation::Softmax;
         let (x_address, y_address) = (x.operand.address, y.operand.address);
-        if plain_softmax && I::DTYPE == DType::F32 && O::DTYPE == DType::F32 {
+        if plain_softmax && input == DType::F32 && output == DType::F32 {
             let layout = plan::pair_layout(x_address, y_address, shape.cols());
             let prepared = self.variant_plan(Variant::Auto, shape, layout)?;
             let buffers = CallBuffers {
@@ -314,12 +330,12 @@ impl Softmax {
             // layout.
             return unsafe { self.enqueue(&prepared, shape, &buffers) };
         }
-        let call = Call::reading::<I>(Direction::Forward, &x, options)
+        let call = Call::reading(Direction::Forward, &x, input, options)
             .operation(op)
-            .writing(&y, O::DTYPE);
-        if plain_softmax && I::DTYPE == O::DTYPE {
+            .writing(&y, output);
+        if plain_softmax && input == output {
             let request = Request::PlainSoftmax {
-                dtype: I::DTYPE,
+                dtype: input,
                 peelable: x_address.abs_diff(y_address).is_multiple_of(16),
             };
             return self.enqueue_call(request, &call);
@@ -336,15 +352,10 @@ impl Softmax {
         options: &Options<'_>,
     ) -> Result<()> {
         self.enter()?;
+        check_per_row(lse.len(), input.shape.rows(), "log-sum-exp output")?;
         let output = Span::whole("log-sum-exp output", &*lse);
-        let Some(mut call) = self.per_row_call(&input, lse.len(), output, options)? else {
-            return Ok(());
-        };
-        if input.shape.cols() == 0 {
-            return self.fill_per_row(address(&*lse), input.shape.rows(), 1);
-        }
-        call.params.log_sum_exp = address(&*lse);
-        self.enqueue_call(call.request(), &call)
+        let x = Span::of_rows("input", &input);
+        self.per_row_spans(x, I::DTYPE, output, RowOutput::LogSumExp, options)
     }
 
     /// Enqueues the gradient of softmax (`dx = y ⊙ (dy − Σ dy⊙y)`) or log-softmax
@@ -366,7 +377,7 @@ impl Softmax {
         let y = Span::of_rows("forward output", &y);
         let dy = Span::of_rows("gradient", &dy);
         let dx = Span::of("gradient output", &*dx.data, dx.shape, dx.stride);
-        self.backward_spans::<T, O>(op, y, dy, dx, options)
+        self.backward_spans(op, (y, dy, T::DTYPE), (dx, O::DTYPE), options)
     }
 
     /// [`Softmax::backward`] with `dx` written over `dy`.
@@ -385,16 +396,15 @@ impl Softmax {
             what: "gradient output",
             ..dy
         };
-        self.backward_spans::<T, T>(op, y, dy, dx, options)
+        self.backward_spans(op, (y, dy, T::DTYPE), (dx, T::DTYPE), options)
     }
 
     /// [`Softmax::backward`] on checked views.
-    fn backward_spans<T: Element, O: Element>(
+    pub(super) fn backward_spans(
         &mut self,
         op: Operation,
-        y: Span,
-        dy: Span,
-        dx: Span,
+        (y, dy, input): (Span, Span, DType),
+        (dx, output): (Span, DType),
         options: &Options<'_>,
     ) -> Result<()> {
         let shape = y.shape;
@@ -417,9 +427,9 @@ impl Softmax {
         self.check_spans_on_device(&reads)?;
         self.check_spans_on_device(&[dx])?;
         check_output(&dx, &reads, Some(&dy))?;
-        let mut call = Call::reading::<T>(Direction::Backward, &y, options)
+        let mut call = Call::reading(Direction::Backward, &y, input, options)
             .operation(op)
-            .writing(&dx, O::DTYPE);
+            .writing(&dx, output);
         call.operands.push(dy.operand);
         call.params.grad = dy.operand.address;
         call.params.grad_stride = dy.stride as u64;
@@ -439,16 +449,10 @@ impl Softmax {
         options: &Options<'_>,
     ) -> Result<()> {
         self.enter()?;
+        check_per_row(states.len(), input.shape.rows(), "row states")?;
         let output = Span::whole("row states", &*states);
-        let Some(mut call) = self.per_row_call(&input, states.len(), output, options)? else {
-            return Ok(());
-        };
-        if input.shape.cols() == 0 {
-            return self.fill_per_row(address(&*states), input.shape.rows(), 2);
-        }
-        call.params.mode = mode::STATES;
-        call.params.states = address(&*states);
-        self.enqueue_call(call.request(), &call)
+        let x = Span::of_rows("input", &input);
+        self.per_row_spans(x, I::DTYPE, output, RowOutput::States, options)
     }
 
     /// Enqueues softmax or log-softmax of `input`'s rows normalized with stored states:
@@ -466,69 +470,96 @@ impl Softmax {
     ) -> Result<()> {
         self.enter()?;
         check_shapes(input.shape, output.shape, "output")?;
-        options.check(input.shape)?;
-        let rows = input.shape.rows();
-        let state_slots = match rows {
-            0 => 1,
-            _ => states.len() / rows,
-        };
-        let fits = rows == 0 || (!states.is_empty() && states.len().is_multiple_of(rows));
+        let x = Span::of_rows("input", &input);
+        let y = Span::of("output", &*output.data, output.shape, output.stride);
+        let states = Span::whole("row states", states);
+        self.normalize_spans(op, (x, I::DTYPE), states, (y, O::DTYPE), options)
+    }
+
+    /// [`Softmax::normalize_with_states`] on checked views; `states` spans every run.
+    pub(super) fn normalize_spans(
+        &mut self,
+        op: Operation,
+        (x, input): (Span, DType),
+        states: Span,
+        (y, output): (Span, DType),
+        options: &Options<'_>,
+    ) -> Result<()> {
+        let shape = x.shape;
+        options.check(shape)?;
+        let rows = shape.rows();
+        let state_bytes = size_of::<RowState>() as u64;
+        let len = (states.bytes / state_bytes) as usize;
+        let state_slots = len.checked_div(rows).unwrap_or(1);
+        let fits = rows == 0 || (len > 0 && len.is_multiple_of(rows));
         if !fits || u32::try_from(state_slots).is_err() {
             return Err(Error::PerRowLength {
                 what: "row states",
-                len: states.len(),
+                len,
                 rows,
                 expected: rows,
             });
         }
-        if input.shape.is_empty() {
+        if shape.is_empty() {
             return Ok(());
         }
-        let shape = input.shape;
-        let x = Span::of_rows("input", &input);
-        let y = Span::of("output", &*output.data, shape, output.stride);
         let mut reads = option_spans(options, shape);
-        reads.extend([x, Span::whole("row states", states)]);
+        reads.extend([x, states]);
         self.check_spans_on_device(&reads)?;
         self.check_spans_on_device(&[y])?;
         check_output(&y, &reads, Some(&x))?;
-        let mut call = Call::reading::<I>(Direction::Forward, &x, options)
+        let mut call = Call::reading(Direction::Forward, &x, input, options)
             .operation(op)
-            .writing(&y, O::DTYPE);
+            .writing(&y, output);
         call.params.mode = mode::APPLY_STATES;
-        call.params.states = address(states);
+        call.params.states = states.operand.address;
         call.params.state_slots = state_slots as u32;
         self.enqueue_call(call.request(), &call)
     }
 
-    /// A forward call that writes one value per row (log-sum-exp, row states) into `output`
-    /// of `per_row_len` elements, after the checks both make; `None` when there are no rows.
-    fn per_row_call<I: Element>(
-        &self,
-        input: &Rows<'_, I>,
-        per_row_len: usize,
+    /// Log-sum-exp or row states of `x`'s rows into `output` (one element per row, its
+    /// length checked by the caller); rows with no columns get `-inf` or the identity state.
+    pub(super) fn per_row_spans(
+        &mut self,
+        x: Span,
+        input: DType,
         output: Span,
+        what: RowOutput,
         options: &Options<'_>,
-    ) -> Result<Option<Call>> {
-        options.check(input.shape)?;
-        check_per_row(per_row_len, input.shape.rows(), output.what)?;
-        if input.shape.rows() == 0 {
-            return Ok(None);
+    ) -> Result<()> {
+        let shape = x.shape;
+        options.check(shape)?;
+        if shape.rows() == 0 {
+            return Ok(());
         }
-        let x = Span::of_rows("input", input);
-        let mut reads = option_spans(options, input.shape);
+        let mut reads = option_spans(options, shape);
         reads.push(x);
         self.check_spans_on_device(&reads)?;
         self.check_spans_on_device(&[output])?;
         check_output(&output, &reads, None)?;
-        Ok(Some(Call::reading::<I>(Direction::Forward, &x, options)))
+        let words = match what {
+            RowOutput::LogSumExp => 1,
+            RowOutput::States => 2,
+        };
+        if shape.cols() == 0 {
+            return self.fill_per_row(output.operand.address, shape.rows(), words);
+        }
+        let mut call = Call::reading(Direction::Forward, &x, input, options);
+        match what {
+            RowOutput::LogSumExp => call.params.log_sum_exp = output.operand.address,
+            RowOutput::States => {
+                call.params.mode = mode::STATES;
+                call.params.states = output.operand.address;
+            }
+        }
+        self.enqueue_call(call.request(), &call)
     }
 
     /// Writes, for each of `rows` rows, `words` 32-bit words at the row's place in a per-row
     /// buffer at `address`: `-inf`, then zeros (the identity state; a log-sum-exp of `-inf`).
     fn fill_per_row(&mut self, address: u64, rows: usize, words: usize) -> Result<()> {
         const NEG_INFINITY_BITS: u32 = 0xff80_0000;
-        let stream = self.stream.as_inner();
+        let stream = self.target_stream();
         let pitch = 4 * words;
         // SAFETY: the caller checked that the buffer holds `words` words for each of `rows`
         // rows, on this device; both memsets stay inside it and are ordered on the stream.
