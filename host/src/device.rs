@@ -4,13 +4,13 @@ use cust::context::Context;
 use cust::device::{Device, DeviceAttribute};
 use cust::error::CudaError;
 use cust::sys;
-use serde::{Deserialize, Serialize};
 use std::ffi::{c_char, c_int};
 
 use crate::error::{CudaContext, Error, Result};
 
 /// Facts about the device a [`crate::Softmax`] runs on.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "tune-cache", derive(serde::Serialize, serde::Deserialize))]
 pub struct DeviceInfo {
     pub ordinal: u32,
     pub name: String,

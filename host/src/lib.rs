@@ -20,7 +20,10 @@
 //! that `module` loads, with the workspace from `workspace`.
 
 pub mod autotune;
+#[cfg(feature = "bench")]
 pub mod bench;
+#[cfg(feature = "cudarc")]
+mod cudarc_adapter;
 mod device;
 mod error;
 mod launch;
@@ -33,6 +36,8 @@ mod variant;
 mod views;
 mod workspace;
 
+#[cfg(feature = "cudarc")]
+pub use cudarc_adapter::CudarcElement;
 pub use device::DeviceInfo;
 pub use error::{Error, Result};
 pub use module::{PTX, op_ptx};

@@ -378,7 +378,13 @@ impl Softmax {
     }
 
     fn tune_key(&self, shape: Shape, layout: Layout) -> TuneKey {
-        TuneKey::new(&self.info.slug(), shape, layout != Layout::Elements)
+        let aligned = layout == Layout::Aligned;
+        TuneKey::for_layout(
+            &self.info.slug(),
+            shape,
+            aligned,
+            layout != Layout::Elements,
+        )
     }
 
     /// Convenience over host memory: copies `input` to the device, runs, waits, copies back.

@@ -342,6 +342,7 @@ pub(crate) fn softmax_module_entries() -> Vec<Entry> {
 }
 
 /// The names of every entry of the softmax module (the tune cache's catalogue hashes them).
+#[cfg(feature = "tune-cache")]
 pub(crate) fn all_kernel_names() -> Vec<String> {
     softmax_module_entries()
         .iter()

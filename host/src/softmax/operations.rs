@@ -611,6 +611,7 @@ impl Softmax {
     /// What a call of `direction` on `shape` over compact `buffers` launches, for the
     /// benchmark's report: the entry, and for sliced rows the slices per row and whether they
     /// meet in one cooperative launch or in two launches.
+    #[cfg(feature = "bench")]
     pub(crate) fn op_plan_label<T: Element>(
         &mut self,
         operation: Operation,

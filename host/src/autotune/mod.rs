@@ -12,23 +12,23 @@
 //! goes to the caller). Each save writes a temporary file of its own and renames it over the
 //! cache, so processes saving at once leave one whole file (the last rename wins).
 
+#[cfg(feature = "tune-cache")]
+mod file;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
-use serde::{Deserialize, Serialize};
-
-use crate::error::{Error, Result};
-use crate::plan::all_kernel_names;
+use crate::error::Result;
 use crate::shape::Shape;
 use crate::variant::Variant;
 
-/// Format version of the file (2: the key records alignment and peelability).
-const FORMAT: u32 = 2;
+#[cfg(feature = "tune-cache")]
+pub use file::catalog;
 
 /// A device, a rounded shape (rows to the next power of two, columns to a multiple of 64,
 /// exact up to 256) and the two layout facts that decide what each production kernel can run.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "tune-cache", derive(serde::Serialize, serde::Deserialize))]
 pub struct TuneKey {
     pub device: String,
     pub rows_bucket: usize,
@@ -77,27 +77,6 @@ pub fn is_tunable(variant: Variant) -> bool {
     )
 }
 
-#[derive(Serialize, Deserialize)]
-struct Entry {
-    #[serde(flatten)]
-    key: TuneKey,
-    variant: String,
-}
-
-#[derive(Serialize, Deserialize)]
-struct CacheFile {
-    format: u32,
-    catalog: String,
-    entries: Vec<Entry>,
-}
-
-/// What a file must agree on before its entries are read.
-#[derive(Deserialize)]
-struct Header {
-    format: u32,
-    catalog: String,
-}
-
 /// The tuned choices, and where they persist.
 #[derive(Debug, Default)]
 pub struct TuneCache {
@@ -106,21 +85,6 @@ pub struct TuneCache {
     entries: HashMap<TuneKey, Variant>,
     /// Inserted since the last save: they count once a save has written them.
     staged: HashMap<TuneKey, Variant>,
-}
-
-/// FNV-1a of every variant and kernel name: changes whenever the set of candidates does.
-pub fn catalog() -> String {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for name in Variant::NAMES
-        .iter()
-        .map(|s| s.to_string())
-        .chain(all_kernel_names())
-    {
-        for byte in name.bytes().chain([0]) {
-            hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    format!("{hash:016x}")
 }
 
 /// `$SOFTMAX_TUNE_CACHE`, else `$XDG_CACHE_HOME/softmax-rs/tune.json`, else
@@ -135,32 +99,12 @@ pub fn default_path() -> Option<PathBuf> {
     Some(cache.join("softmax-rs").join("tune.json"))
 }
 
-/// The entries of a file and a warning for each entry dropped.
-type Loaded = (HashMap<TuneKey, Variant>, Vec<String>);
-
 impl TuneCache {
     /// Loads the cache at `path` (none: in memory only). A file that cannot be used is
     /// ignored, and an entry that cannot be used dropped, with a warning on stderr; the file
     /// is rewritten at the next save.
     pub fn open(path: Option<PathBuf>) -> Self {
-        let entries = match &path {
-            Some(p) => match Self::read(p) {
-                Ok((entries, dropped)) => {
-                    for why in dropped {
-                        eprintln!("softmax-rs: tune cache {}: {why}", p.display());
-                    }
-                    entries
-                }
-                Err(why) => {
-                    eprintln!(
-                        "softmax-rs: ignoring tune cache {}: {why}; it will be rebuilt",
-                        p.display()
-                    );
-                    HashMap::new()
-                }
-            },
-            None => HashMap::new(),
-        };
+        let entries = path.as_deref().map(Self::load).unwrap_or_default();
         TuneCache {
             path,
             entries,
@@ -168,37 +112,34 @@ impl TuneCache {
         }
     }
 
-    fn read(path: &Path) -> std::result::Result<Loaded, String> {
-        let text = match std::fs::read_to_string(path) {
-            Ok(text) => text,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Ok((HashMap::new(), Vec::new()));
-            }
-            Err(e) => return Err(e.to_string()),
-        };
-        let not_a_cache = |e: serde_json::Error| format!("not a tune cache ({e})");
-        let header: Header = serde_json::from_str(&text).map_err(not_a_cache)?;
-        if header.format != FORMAT || header.catalog != catalog() {
-            return Err("made for another set of kernels or another format".into());
-        }
-        let file: CacheFile = serde_json::from_str(&text).map_err(not_a_cache)?;
-        let (mut entries, mut dropped) = (HashMap::new(), Vec::new());
-        for entry in file.entries {
-            match entry.variant.parse::<Variant>() {
-                Ok(variant) if is_tunable(variant) => {
-                    entries.insert(entry.key, variant);
+    /// The usable entries of the file at `path`, with a warning for what is not used.
+    #[cfg(feature = "tune-cache")]
+    fn load(path: &Path) -> HashMap<TuneKey, Variant> {
+        match file::read(path) {
+            Ok((entries, dropped)) => {
+                for why in dropped {
+                    eprintln!("softmax-rs: tune cache {}: {why}", path.display());
                 }
-                Ok(_) => dropped.push(format!(
-                    "dropped the entry for {:?}: `{}` is not a production variant",
-                    entry.key, entry.variant
-                )),
-                Err(_) => dropped.push(format!(
-                    "dropped the entry for {:?}: unknown variant `{}`",
-                    entry.key, entry.variant
-                )),
+                entries
+            }
+            Err(why) => {
+                eprintln!(
+                    "softmax-rs: ignoring tune cache {}: {why}; it will be rebuilt",
+                    path.display()
+                );
+                HashMap::new()
             }
         }
-        Ok((entries, dropped))
+    }
+
+    /// Without the `tune-cache` feature there is no file format: the cache lives in memory.
+    #[cfg(not(feature = "tune-cache"))]
+    fn load(path: &Path) -> HashMap<TuneKey, Variant> {
+        eprintln!(
+            "softmax-rs: built without the tune-cache feature: {} is not read or written",
+            path.display()
+        );
+        HashMap::new()
     }
 
     /// The tuned choice for `key`, once saved.
@@ -237,57 +178,18 @@ impl TuneCache {
         };
         let mut all = self.entries.clone();
         all.extend(self.staged.drain());
-        write_atomically(path, &all)?;
+        #[cfg(feature = "tune-cache")]
+        file::write_atomically(path, &all)?;
+        #[cfg(not(feature = "tune-cache"))]
+        let _ = path;
         self.entries = all;
         Ok(())
     }
 }
 
-/// Writes `entries` as the cache file at `path`.
-fn write_atomically(path: &Path, entries: &HashMap<TuneKey, Variant>) -> Result<()> {
-    let io = |source| Error::Io {
-        what: format!("saving the tune cache {}", path.display()),
-        source,
-    };
-    let mut entries: Vec<Entry> = entries
-        .iter()
-        .map(|(key, variant)| Entry {
-            key: key.clone(),
-            variant: variant.name(),
-        })
-        .collect();
-    entries.sort_by(|a, b| a.key.cmp(&b.key));
-    let file = CacheFile {
-        format: FORMAT,
-        catalog: catalog(),
-        entries,
-    };
-    let text = serde_json::to_string_pretty(&file).map_err(|e| io(std::io::Error::other(e)))?;
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(io)?;
-    }
-    let temporary = temporary_path(path);
-    let written = std::fs::write(&temporary, text).and_then(|()| std::fs::rename(&temporary, path));
-    if written.is_err() {
-        let _ = std::fs::remove_file(&temporary);
-    }
-    written.map_err(io)
-}
-
-/// `<path>.<pid>.<count>.<nanos>.tmp`: no other save, in this process or another, writes it.
-fn temporary_path(path: &Path) -> PathBuf {
-    static SAVES: AtomicU64 = AtomicU64::new(0);
-    let count = SAVES.fetch_add(1, Ordering::Relaxed);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    let mut name = path.file_name().unwrap_or_default().to_os_string();
-    name.push(format!(".{}.{count}.{nanos}.tmp", std::process::id()));
-    path.with_file_name(name)
-}
-
-#[cfg(test)]
+#[cfg(all(test, feature = "tune-cache"))]
 mod tests {
+    use super::file::{self, FORMAT, catalog};
     use super::*;
 
     fn key(rows: usize, cols: usize) -> TuneKey {
@@ -411,7 +313,7 @@ mod tests {
         names.extend(["block-smem:256", "warp-specialized"]);
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(&path, file_naming(&names)).unwrap();
-        let (entries, dropped) = TuneCache::read(&path).unwrap();
+        let (entries, dropped) = file::read(&path).unwrap();
         let mut kept: Vec<Variant> = entries.values().copied().collect();
         kept.sort();
         assert_eq!(
@@ -504,7 +406,7 @@ mod tests {
             .collect();
         let mut reads = 0;
         while !writers.iter().all(|w| w.is_finished()) {
-            if let Err(why) = TuneCache::read(&path) {
+            if let Err(why) = file::read(&path) {
                 panic!("read {reads}: the file does not parse: {why}");
             }
             reads += 1;
@@ -512,7 +414,7 @@ mod tests {
         for writer in writers {
             writer.join().expect("a writer failed");
         }
-        let (entries, dropped) = TuneCache::read(&path).unwrap();
+        let (entries, dropped) = file::read(&path).unwrap();
         assert!(dropped.is_empty());
         assert!(!entries.is_empty());
     }
