@@ -310,7 +310,7 @@ mod tests {
     fn entries_naming_anything_but_a_production_variant_are_dropped_with_a_warning() {
         let path = temp_path("not-production");
         let mut names: Vec<&str> = Variant::NAMES.to_vec();
-        names.extend(["block-smem:256", "warp-specialized"]);
+        names.extend(["block-smem:256", "split-rows", "warp-specialized"]);
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(&path, file_naming(&names)).unwrap();
         let (entries, dropped) = file::read(&path).unwrap();
