@@ -26,7 +26,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     )?;
     let probabilities = stream.clone_dtoh(&output)?;
     let exact: Vec<f32> = logits.iter().map(|v| v.to_f32()).collect();
-    let expected = softmax_f64(&exact, shape);
+    let expected = softmax_f64(&exact, shape.rows(), shape.cols());
     // bf16 keeps 8 bits: each output is within half an ulp of the exact value.
     let worst = probabilities
         .iter()

@@ -24,7 +24,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     stream.synchronize()?;
     let mut probabilities = vec![0.0f32; shape.len()];
     output.copy_to(&mut probabilities[..])?;
-    let expected = softmax_f64(&logits, shape);
+    let expected = softmax_f64(&logits, shape.rows(), shape.cols());
     let worst = probabilities
         .iter()
         .zip(&expected)

@@ -2,6 +2,8 @@
 //! tests when there is no GPU, seeded random inputs, and checks against the reference.
 #![allow(dead_code)]
 
+pub mod kernels;
+
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::process::ExitCode;
 

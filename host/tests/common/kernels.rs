@@ -1,0 +1,144 @@
+//! Hand-written PTX kernels the GPU tests launch beside the library's: a late writer, and a
+//! holder that occupies multiprocessors until a release kernel (or a timeout) lets it go.
+
+use cust::module::Module;
+use cust::sys;
+
+/// `late_copy(src, dst, words, spin_ns)`: lets the next grid in its stream start at once
+/// (`griddepcontrol.launch_dependents`), spins for `spin_ns` nanoseconds, then copies `words`
+/// 32-bit words from `src` to `dst` (grid-stride).
+///
+/// `hold(flag, record, timeout_ns)`: thread 0 of each block records its start time, spins
+/// until the u32 at `flag` is nonzero or `timeout_ns` have passed, then records its end time
+/// and whether it timed out (`record` holds three u64 per block: start, end, timed out).
+///
+/// `release(flag, when)`: records the time at `when`, then sets the u32 at `flag` to 1.
+pub const TEST_KERNELS_PTX: &str = ".version 7.8
+.target sm_90
+.address_size 64
+
+.visible .entry late_copy(
+\t.param .u64 late_copy_src,
+\t.param .u64 late_copy_dst,
+\t.param .u64 late_copy_words,
+\t.param .u64 late_copy_spin_ns
+)
+{
+\t.reg .pred \t%p<3>;
+\t.reg .b32 \t%r<6>;
+\t.reg .b64 \t%rd<16>;
+
+\tgriddepcontrol.launch_dependents;
+\tld.param.u64 \t%rd1, [late_copy_src];
+\tld.param.u64 \t%rd2, [late_copy_dst];
+\tld.param.u64 \t%rd3, [late_copy_words];
+\tld.param.u64 \t%rd4, [late_copy_spin_ns];
+\tcvta.to.global.u64 \t%rd1, %rd1;
+\tcvta.to.global.u64 \t%rd2, %rd2;
+\tmov.u64 \t%rd5, %globaltimer;
+\tadd.u64 \t%rd6, %rd5, %rd4;
+$SPIN:
+\tmov.u64 \t%rd7, %globaltimer;
+\tsetp.lt.u64 \t%p1, %rd7, %rd6;
+\t@%p1 bra \t$SPIN;
+\tmov.u32 \t%r1, %ctaid.x;
+\tmov.u32 \t%r2, %ntid.x;
+\tmov.u32 \t%r3, %tid.x;
+\tmov.u32 \t%r4, %nctaid.x;
+\tmul.wide.u32 \t%rd8, %r1, %r2;
+\tcvt.u64.u32 \t%rd9, %r3;
+\tadd.u64 \t%rd8, %rd8, %rd9;
+\tmul.wide.u32 \t%rd10, %r4, %r2;
+$COPY:
+\tsetp.ge.u64 \t%p2, %rd8, %rd3;
+\t@%p2 bra \t$DONE;
+\tshl.b64 \t%rd11, %rd8, 2;
+\tadd.u64 \t%rd12, %rd1, %rd11;
+\tld.global.b32 \t%r5, [%rd12];
+\tadd.u64 \t%rd13, %rd2, %rd11;
+\tst.global.b32 \t[%rd13], %r5;
+\tadd.u64 \t%rd8, %rd8, %rd10;
+\tbra.uni \t$COPY;
+$DONE:
+\tret;
+}
+
+.visible .entry hold(
+\t.param .u64 hold_flag,
+\t.param .u64 hold_record,
+\t.param .u64 hold_timeout_ns
+)
+{
+\t.reg .pred \t%p<4>;
+\t.reg .b32 \t%r<4>;
+\t.reg .b64 \t%rd<12>;
+
+\tmov.u32 \t%r1, %tid.x;
+\tsetp.ne.u32 \t%p1, %r1, 0;
+\t@%p1 bra \t$HOLD_DONE;
+\tld.param.u64 \t%rd1, [hold_flag];
+\tld.param.u64 \t%rd2, [hold_record];
+\tld.param.u64 \t%rd3, [hold_timeout_ns];
+\tcvta.to.global.u64 \t%rd1, %rd1;
+\tcvta.to.global.u64 \t%rd2, %rd2;
+\tmov.u32 \t%r2, %ctaid.x;
+\tmul.wide.u32 \t%rd4, %r2, 24;
+\tadd.u64 \t%rd2, %rd2, %rd4;
+\tmov.u64 \t%rd5, %globaltimer;
+\tst.global.u64 \t[%rd2], %rd5;
+\tadd.u64 \t%rd6, %rd5, %rd3;
+$HOLD_SPIN:
+\tld.volatile.global.u32 \t%r3, [%rd1];
+\tsetp.ne.u32 \t%p2, %r3, 0;
+\t@%p2 bra \t$HOLD_RELEASED;
+\tmov.u64 \t%rd7, %globaltimer;
+\tsetp.lt.u64 \t%p3, %rd7, %rd6;
+\t@%p3 bra \t$HOLD_SPIN;
+\tmov.u64 \t%rd8, 1;
+\tst.global.u64 \t[%rd2+16], %rd8;
+$HOLD_RELEASED:
+\tmov.u64 \t%rd9, %globaltimer;
+\tst.global.u64 \t[%rd2+8], %rd9;
+$HOLD_DONE:
+\tret;
+}
+
+.visible .entry release(
+\t.param .u64 release_flag,
+\t.param .u64 release_when
+)
+{
+\t.reg .b32 \t%r<2>;
+\t.reg .b64 \t%rd<5>;
+
+\tld.param.u64 \t%rd1, [release_flag];
+\tld.param.u64 \t%rd2, [release_when];
+\tcvta.to.global.u64 \t%rd1, %rd1;
+\tcvta.to.global.u64 \t%rd2, %rd2;
+\tmov.u64 \t%rd3, %globaltimer;
+\tst.global.u64 \t[%rd2], %rd3;
+\tmembar.gl;
+\tmov.u32 \t%r1, 1;
+\tst.volatile.global.u32 \t[%rd1], %r1;
+\tret;
+}
+";
+
+/// Loads [`TEST_KERNELS_PTX`] and lets `hold` take `hold_shared_bytes` of dynamic shared
+/// memory (enough to keep other kernels' blocks off a multiprocessor it holds).
+pub fn load(hold_shared_bytes: u32) -> Result<Module, String> {
+    let module = Module::from_ptx(TEST_KERNELS_PTX, &[]).map_err(|e| e.to_string())?;
+    let hold = module.get_function("hold").map_err(|e| e.to_string())?;
+    // SAFETY: a valid function handle; the attribute takes an int.
+    let status = unsafe {
+        sys::cuFuncSetAttribute(
+            hold.to_raw(),
+            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            hold_shared_bytes as i32,
+        )
+    };
+    if status != sys::CUresult::CUDA_SUCCESS {
+        return Err(format!("raising hold's shared-memory limit: {status:?}"));
+    }
+    Ok(module)
+}
