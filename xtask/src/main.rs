@@ -381,6 +381,27 @@ fn count_before(result: &str, word: &str) -> u64 {
 /// (ignored by git; name `.gpu` in the device tool's `carry`): the release `host` binary, the
 /// `gpu*` test binaries, the criterion benches, the examples, the PTX modules, and with `base`
 /// the `host` binary of that revision as `host-base`.
+/// The outside consumer crates (`examples/consumer*`), built as a user's crates are, into
+/// `dest`.
+fn bundle_consumers(workspace: &Path, dest: &Path) -> Result<()> {
+    fs::create_dir_all(dest).map_err(|e| e.to_string())?;
+    let target = workspace.join("target").join("consumers");
+    for consumer in CONSUMERS {
+        let manifest = workspace.join("examples").join(consumer).join("Cargo.toml");
+        run(Command::new(cargo())
+            .current_dir(workspace)
+            .args(["build", "--release", "--manifest-path"])
+            .arg(&manifest)
+            .env("CARGO_TARGET_DIR", &target))?;
+        fs::copy(target.join("release").join(consumer), dest.join(consumer))
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// The crates outside the workspace that use the library as its users do.
+const CONSUMERS: [&str; 2] = ["consumer", "consumer-cudarc"];
+
 fn device_bundle(base: Option<&str>) -> Result<()> {
     let workspace = workspace();
     let staging = workspace.join("target").join("gpu-bundle");
@@ -398,7 +419,8 @@ fn device_bundle(base: Option<&str>) -> Result<()> {
     // examples (the CPU tests run here, and the carry to the GPU machine is limited in size).
     for (command, folder, kind, prefix) in [
         (
-            ["test", "--release", "--no-run"].as_slice(),
+            // With the cudarc adapter, so that its GPU test runs too.
+            ["test", "--release", "--no-run", "--features", "cudarc"].as_slice(),
             "tests",
             "test",
             "gpu",
@@ -441,6 +463,7 @@ fn device_bundle(base: Option<&str>) -> Result<()> {
         println!("bundled {folder}: {}", names.join(" "));
     }
     ptx_builder::build_all_ptx(&cargo(), &workspace, &staging.join("ptx"))?;
+    bundle_consumers(&workspace, &staging.join("consumers"))?;
     if let Some(revision) = base {
         build_base_host(&workspace, revision, &staging.join("host-base"))?;
     }
