@@ -36,6 +36,17 @@ enum Command {
         #[arg(long, default_value_t = 0)]
         device: u32,
     },
+    /// Seconds for `Softmax::new` and the first call into each kernel module in a fresh
+    /// process, with the driver's JIT cache off and warm (each in a child process); writes
+    /// `<out>/<device>-coldstart.csv`.
+    Coldstart {
+        /// CUDA device ordinal.
+        #[arg(long, default_value_t = 0)]
+        device: u32,
+        /// Directory for the CSV.
+        #[arg(long, default_value = "bench/results")]
+        out: PathBuf,
+    },
     /// Redraw the charts of a saved benchmark run (its .json) without a GPU.
     Chart {
         /// The run's JSON, e.g. bench/results/nvidia-h200.json.
@@ -114,6 +125,13 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::Coldstart { device, out } => match coldstart(device, &out) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("host coldstart: {error}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Chart { json, out } => {
             let dir = out.unwrap_or_else(|| json.parent().map(PathBuf::from).unwrap_or_default());
             match bench::Report::load(&json).and_then(|report| report.draw_charts(&dir)) {
@@ -186,6 +204,24 @@ fn bench(args: BenchArgs) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn coldstart(device: u32, out: &std::path::Path) -> softmax::Result<()> {
+    use bench::coldstart;
+    if std::env::var_os(coldstart::CHILD_ENV).is_some() {
+        return coldstart::child(device);
+    }
+    let results = coldstart::measure(device)?;
+    let name = softmax::Softmax::on_device(device)?.device().slug();
+    for row in &results {
+        println!(
+            "{:<24} JIT cache {:<4} {:>8.3} s",
+            row.what, row.jit_cache, row.seconds
+        );
+    }
+    let path = coldstart::write_csv(out, &name, &results)?;
+    println!("wrote {}", path.display());
+    Ok(())
 }
 
 fn tune(shapes: &[Shape], cache: Option<PathBuf>, device: u32) -> softmax::Result<()> {

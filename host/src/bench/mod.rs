@@ -9,6 +9,7 @@
 //! its GB/s over the copy's (copy-equivalent bandwidth).
 
 mod chart;
+pub mod coldstart;
 mod operation;
 mod peers;
 mod report;
