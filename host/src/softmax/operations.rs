@@ -239,13 +239,13 @@ impl Call {
 }
 
 /// The spans of the options' device buffers (masks, per-row scales), which a call reads.
-fn option_spans(options: &Options<'_>, shape: Shape) -> Vec<Span> {
+fn option_spans(options: &Options<'_>) -> Vec<Span> {
     let mut spans = Vec::new();
     if let Some(scales) = options.row_scale {
         spans.push(Span::whole("row scale", scales));
     }
     match options.mask {
-        Some(Mask::Additive(m)) => spans.push(Span::of("mask", m, shape, shape.cols())),
+        Some(Mask::Additive(m)) => spans.push(Span::whole("mask", m)),
         Some(Mask::Allowed(m)) => spans.push(Span::whole("mask", m)),
         None => {}
     }
@@ -303,7 +303,7 @@ impl Softmax {
         if shape.is_empty() {
             return Ok(());
         }
-        let mut reads = option_spans(options, shape);
+        let mut reads = option_spans(options);
         reads.push(x);
         self.check_spans_on_device(&reads)?;
         self.check_spans_on_device(&[y])?;
@@ -422,7 +422,7 @@ impl Softmax {
         if shape.is_empty() {
             return Ok(());
         }
-        let mut reads = option_spans(options, shape);
+        let mut reads = option_spans(options);
         reads.extend([y, dy]);
         self.check_spans_on_device(&reads)?;
         self.check_spans_on_device(&[dx])?;
@@ -503,7 +503,7 @@ impl Softmax {
         if shape.is_empty() {
             return Ok(());
         }
-        let mut reads = option_spans(options, shape);
+        let mut reads = option_spans(options);
         reads.extend([x, states]);
         self.check_spans_on_device(&reads)?;
         self.check_spans_on_device(&[y])?;
@@ -532,7 +532,7 @@ impl Softmax {
         if shape.rows() == 0 {
             return Ok(());
         }
-        let mut reads = option_spans(options, shape);
+        let mut reads = option_spans(options);
         reads.push(x);
         self.check_spans_on_device(&reads)?;
         self.check_spans_on_device(&[output])?;
