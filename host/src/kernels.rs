@@ -12,8 +12,8 @@ use cust::sys;
 use crate::device::{check, check_code};
 use crate::error::{CudaContext, Error, Result};
 use crate::plan::{self, Launch};
-use kernels_gpu::launch::RowSlicesKernelName;
-use kernels_gpu::row_ops::{DType, OpKernelName};
+use kernels_gpu::launch::ops::{DType, OpKernelName};
+use kernels_gpu::launch::softmax::RowSlicesKernelName;
 
 /// The f32 softmax variants' PTX, built from `kernels-gpu` by `build.rs`.
 pub const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/softmax.ptx"));

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use cust::context::CurrentContext;
 use cust::memory::{DeviceBuffer, DeviceSlice};
-use kernels_gpu::row_ops::{DType, Direction, PackLayout, RowOpParams, RowState, mode};
+use kernels_gpu::launch::ops::{DType, Direction, PackLayout, RowOpParams, RowState, mode};
 
 use super::Softmax;
 use crate::error::{CudaContext, Error, Result};

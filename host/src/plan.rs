@@ -1,16 +1,16 @@
 //! Which kernels a variant launches on a shape, with what grid, block, shared memory and
 //! arguments. Pure: it needs only the device's limits, so the CPU tests check it.
 
-use kernels_gpu::launch::{
+use kernels_gpu::launch::softmax::{
     BLOCK_REGISTER_SCALAR_PACKS, BLOCK_REGISTER_SCALAR_THREADS, BLOCK_REGISTER_VECTOR_PACKS,
     BLOCK_REGISTER_VECTOR_THREADS, BlockRegisterKernelName, CLUSTER_STATS_FLOATS,
-    ELEMENTWISE_BLOCK, LOADS_IN_FLIGHT, MAX_BLOCK_THREADS, MAX_CLUSTER_BLOCKS,
-    REDUCTION_SCRATCH_FLOATS, REGISTER_ROWS_BLOCK, REGISTER_SCALAR_INSTANCES,
-    REGISTER_VECTOR_INSTANCES, ROW_SLICE_THREADS, RegisterKernelName, RowSlicesKernelName,
-    THREAD_PER_ROW_BLOCK, VECTOR_PACK, WARP_PER_ROW_WARPS_PER_BLOCK, WARP_SIZE,
+    ELEMENTWISE_BLOCK, LOADS_IN_FLIGHT, MAX_CLUSTER_BLOCKS, REGISTER_ROWS_BLOCK,
+    REGISTER_SCALAR_INSTANCES, REGISTER_VECTOR_INSTANCES, ROW_SLICE_THREADS, RegisterKernelName,
+    RowSlicesKernelName, THREAD_PER_ROW_BLOCK, VECTOR_PACK, WARP_PER_ROW_WARPS_PER_BLOCK,
 };
+use kernels_gpu::launch::{MAX_BLOCK_THREADS, REDUCTION_SCRATCH_FLOATS, WARP_SIZE};
 
-use kernels_gpu::row_ops::DType;
+use kernels_gpu::launch::ops::DType;
 
 use crate::error::{Error, Result};
 use crate::shape::Shape;
@@ -702,7 +702,7 @@ fn unfused_launches(shape: Shape, device: &dyn DeviceLimits) -> Vec<Launch> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use kernels_gpu::barrier_word;
+    use kernels_gpu::primitives::barrier_word;
 
     /// The H200's numbers, with occupancy estimated from threads and shared memory alone.
     pub(crate) struct FakeH200;

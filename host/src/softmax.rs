@@ -10,7 +10,7 @@ use cust::context::{Context, CurrentContext};
 use cust::event::{Event, EventFlags};
 use cust::memory::{CopyDestination, DeviceBuffer, DeviceCopy, DeviceSlice};
 use cust::stream::{Stream, StreamFlags};
-use kernels_gpu::launch::BLOCK_SMEM_AUTOTUNE_CANDIDATES;
+use kernels_gpu::launch::softmax::BLOCK_SMEM_AUTOTUNE_CANDIDATES;
 
 use crate::autotune::{self, TuneCache, TuneKey};
 use crate::device::{self, DeviceInfo};
@@ -19,7 +19,7 @@ use crate::kernels::Kernels;
 use crate::plan::{self, Arg, DeviceLimits, Launch, Layout};
 use crate::shape::Shape;
 use crate::variant::Variant;
-use kernels_gpu::row_ops::{DType, Direction, PackLayout, RowState};
+use kernels_gpu::launch::ops::{DType, Direction, PackLayout, RowState};
 
 #[path = "operations.rs"]
 mod operations;

@@ -43,52 +43,24 @@
     allow(dead_code, unused_imports)
 )]
 
-pub mod barrier_word;
-pub mod launch;
-pub mod online;
+/// What the host and the kernels share: constants, instance tables, kernel names,
+/// parameters. No device code, no entries.
 #[macro_use]
-pub mod row_ops;
-pub mod row_part;
+pub mod launch;
+/// The building blocks: intrinsics, memory, element types, reductions, statistics.
+pub mod primitives;
 
-#[cfg(target_arch = "nvptx64")]
-mod device;
-#[cfg(target_arch = "nvptx64")]
-mod reduce;
-#[cfg(target_arch = "nvptx64")]
-mod row_exchange;
+/// The seed baselines (the `softmax` module).
+#[cfg(all(target_arch = "nvptx64", feature = "softmax"))]
+mod seeds;
 
-/// The f32 softmax variants (the seeds and the production kernels): the `softmax` module.
-#[cfg(all(target_arch = "nvptx64", feature = "softmax"))]
-mod block_per_row_smem;
-#[cfg(all(target_arch = "nvptx64", feature = "softmax"))]
-mod block_registers;
-#[cfg(all(target_arch = "nvptx64", feature = "softmax"))]
-mod memory;
-#[cfg(all(target_arch = "nvptx64", feature = "softmax"))]
-mod row_cluster;
-#[cfg(all(target_arch = "nvptx64", feature = "softmax"))]
-mod rows_in_registers;
-#[cfg(all(target_arch = "nvptx64", feature = "softmax"))]
-mod split_rows;
-#[cfg(all(target_arch = "nvptx64", feature = "softmax"))]
-mod thread_per_row;
-#[cfg(all(target_arch = "nvptx64", feature = "softmax"))]
-mod unfused;
-#[cfg(all(target_arch = "nvptx64", feature = "softmax"))]
-mod warp_per_row;
+/// The production f32 softmax kernels (the `softmax` module; row slices in every module).
+#[cfg(target_arch = "nvptx64")]
+mod production;
 
-/// The operation kernels (any dtype, options, backward): one module per input type; and
-/// row-slices, whose f32 entries are in the softmax module and its 16-bit ones in theirs.
+/// The operation kernels: one module per input type.
 #[cfg(target_arch = "nvptx64")]
-mod element;
-#[cfg(target_arch = "nvptx64")]
-mod op_templates;
-#[cfg(target_arch = "nvptx64")]
-mod row_kernel;
-#[cfg(target_arch = "nvptx64")]
-mod row_slice;
-#[cfg(target_arch = "nvptx64")]
-mod row_slices;
+mod ops;
 
 #[cfg(target_arch = "nvptx64")]
 #[panic_handler]

@@ -2,7 +2,7 @@
 //! 4-byte accesses otherwise. Plain index loops, so that they unroll and stay in registers.
 #![allow(clippy::needless_range_loop)]
 
-use crate::device::Vector4;
+use crate::primitives::device::Vector4;
 
 /// Reads `PACK` floats starting at `src`.
 ///

@@ -6,8 +6,6 @@
 //! compile-time parameter (it fixes the width of a 16-byte pack); the output type, the
 //! operation and every option are runtime fields, uniform across the launch.
 
-use crate::row_part::END_SLOTS;
-
 /// An element type of the data a kernel reads or writes.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -136,6 +134,10 @@ pub struct RowOpParams {
     pub slice_packs: u32,
 }
 
+/// A peeled row's two ends, the head and the tail: the slots a group needs beyond its body
+/// packs, and the threads of a block that hold one end each in their extra slot.
+pub const END_SLOTS: u32 = 2;
+
 /// Threads per block of the group-per-row operation kernels.
 pub const OP_ROWS_BLOCK: u32 = 128;
 
@@ -246,7 +248,7 @@ pub enum PackLayout {
     Aligned,
     /// Every buffer starts 16-byte aligned and all share one row stride in elements, so rows
     /// are misaligned alike: each row's unaligned head and tail are read one element at a
-    /// time, the rest in packs (see [`crate::row_part`]). Forward and backward only: mask
+    /// time, the rest in packs (see [`crate::primitives::row_part`]). Forward and backward only: mask
     /// rows are laid out independently of the input's.
     Peeled,
 }

@@ -1,21 +1,22 @@
 //! How threads share rows in the operation kernels: a group of up to 32 lanes per row
 //! ([`op_rows`]), or a block per row or per slice of a row ([`op_block`]). Either keeps its
 //! packs in registers between the reduction and the writes, so each input is read once.
-//! Where a thread's packs lie is the launch's [`PackLayout`](crate::row_ops::PackLayout),
+//! Where a thread's packs lie is the launch's [`PackLayout`](crate::launch::ops::PackLayout),
 //! a type parameter ([`Aligned`]; for unaligned rows [`Peeled`] in groups, [`PeeledApart`] in
 //! blocks). The entries are generated at the bottom, one
 //! set per input type behind that type's feature, from the same instance lists as
-//! [`crate::row_ops`]'s tables.
+//! [`crate::launch::ops`]'s tables.
 
-use crate::device::{block_dim, block_idx, dynamic_shared_f32, thread_idx};
-use crate::element::{Bf16, F16};
-use crate::row_exchange::exchange_row_stats;
-use crate::row_kernel::{
+use crate::launch::ops::END_SLOTS;
+use crate::launch::ops::{RowOpParams, mode};
+use crate::ops::row_kernel::{
     Backward, Forward, MaskedForward, PeelableRow, RowKernel, block_merged_states, merged_states,
     store_slice_state, store_state,
 };
-use crate::row_ops::{RowOpParams, mode};
-use crate::row_part::{END_SLOTS, Piece, RowPart, Share};
+use crate::primitives::device::{block_dim, block_idx, dynamic_shared_f32, thread_idx};
+use crate::primitives::element::{Bf16, F16};
+use crate::primitives::row_exchange::exchange_row_stats;
+use crate::primitives::row_part::{Piece, RowPart, Share};
 
 /// Where the slots of a share lie: thread `thread` of the `threads` sharing it holds slots
 /// `thread, thread + threads, …`, `PACKS` of them.
@@ -45,7 +46,7 @@ pub trait Slots<K: RowKernel<PACK>, const PACK: usize> {
     );
 }
 
-/// Rows laid out as [`PackLayout::Aligned`](crate::row_ops::PackLayout::Aligned) (or as
+/// Rows laid out as [`PackLayout::Aligned`](crate::launch::ops::PackLayout::Aligned) (or as
 /// `Elements`, with `PACK == 1`): slot `j` of a share is its pack `j`.
 pub struct Aligned;
 
@@ -91,7 +92,7 @@ impl<K: RowKernel<PACK>, const PACK: usize> Slots<K, PACK> for Aligned {
     }
 }
 
-/// Rows laid out as [`PackLayout::Peeled`](crate::row_ops::PackLayout::Peeled), held by a
+/// Rows laid out as [`PackLayout::Peeled`](crate::launch::ops::PackLayout::Peeled), held by a
 /// group: a share is a [`RowPart`], whose first part also holds the row's unaligned ends in
 /// its first two slots.
 pub struct Peeled;
@@ -175,7 +176,7 @@ impl<K: PeelableRow<PACK>, const PACK: usize> Slots<K, PACK> for Peeled {
     }
 }
 
-/// Rows laid out as [`PackLayout::Peeled`](crate::row_ops::PackLayout::Peeled), held by a
+/// Rows laid out as [`PackLayout::Peeled`](crate::launch::ops::PackLayout::Peeled), held by a
 /// block: a share is a [`RowPart`] whose body packs fill the first `PACKS - 1` slots of every
 /// thread as an aligned row's would, and whose row ends (when it holds them) take one more
 /// slot, the last, of threads 0 (the head) and 1 (the tail). A row one element short of an
@@ -247,7 +248,7 @@ impl<K: PeelableRow<PACK>, const PACK: usize> Slots<K, PACK> for PeeledApart {
 ///   cols`;
 /// - [`Peeled`]: every buffer starts 16-byte aligned and all rows have the same stride in
 ///   elements (so every buffer's rows are misaligned alike); `LANES · PACKS ≥ cols / PACK +
-///   END_SLOTS` (see [`crate::row_part`]).
+///   END_SLOTS` (see [`crate::primitives::row_part`]).
 ///
 /// Blocks of whole warps, `LANES` divides 32, and
 /// `ceil(rows / (block_dim / LANES))` blocks. In-place operation (output = input) is allowed:
@@ -416,7 +417,7 @@ macro_rules! op_entries {
                 $width, "_n", $packs
             ))]
             unsafe extern "ptx-kernel" fn entry(params: RowOpParams) {
-                crate::device::await_previous_grid();
+                crate::primitives::device::await_previous_grid();
                 // SAFETY: forwarded from this entry's contract.
                 unsafe {
                     $template::<$kernel<$input>, $layout, $pack, $width, { $packs + $extra }>(
@@ -447,8 +448,8 @@ macro_rules! op_layout_entries {
 }
 
 /// Every operation entry of one input type, from the instance lists of
-/// `crate::row_ops::with_op_instances` (the host's tables come from the same lists and name
-/// the entries the same way: [`crate::row_ops::OpKernelName`]). The first group instance has
+/// `crate::launch::ops::with_op_instances` (the host's tables come from the same lists and name
+/// the entries the same way: [`crate::launch::ops::OpKernelName`]). The first group instance has
 /// fewer slots than a peeled row's ends take, so it has no peeled entries (`row_ops` asserts
 /// that it is the only one).
 macro_rules! op_entries_for {

@@ -1,8 +1,8 @@
 //! One thread per row, as in both seeds: rows run in parallel, each row is walked serially,
 //! and neighbouring threads read addresses `cols` floats apart (uncoalesced).
 
-use crate::device::{DeviceExp2, block_dim, block_idx, thread_idx};
-use crate::online::{CompensatedSum, OnlineStats};
+use crate::primitives::device::{DeviceExp2, block_dim, block_idx, thread_idx};
+use crate::primitives::online::{CompensatedSum, OnlineStats};
 
 /// The input and output rows of this thread, or `None` past the last row.
 ///
@@ -34,7 +34,7 @@ pub unsafe extern "ptx-kernel" fn softmax_thread_per_row_naive(
     rows: u32,
     cols: u32,
 ) {
-    crate::device::await_previous_grid();
+    crate::primitives::device::await_previous_grid();
     // SAFETY: forwarded from this kernel's contract.
     let Some((x, y)) = (unsafe { this_threads_row(input, output, rows, cols) }) else {
         return;
@@ -72,7 +72,7 @@ pub unsafe extern "ptx-kernel" fn softmax_thread_per_row_online(
     rows: u32,
     cols: u32,
 ) {
-    crate::device::await_previous_grid();
+    crate::primitives::device::await_previous_grid();
     // SAFETY: forwarded from this kernel's contract.
     let Some((x, y)) = (unsafe { this_threads_row(input, output, rows, cols) }) else {
         return;

@@ -1,18 +1,19 @@
 //! Production for few wide rows on Hopper: each row is cut into `slices` slices, one per
 //! block of a thread-block cluster of `slices` blocks. Each block reads its slice once
-//! (caching it in shared memory when it fits, as [`crate::row_slices`] does), publishes its
+//! (caching it in shared memory when it fits, as [`crate::production::row_slices`] does), publishes its
 //! statistics in its own shared memory, and after the cluster's hardware barrier every block
 //! reads all of them through distributed shared memory. No global workspace, no atomics, no
 //! cooperative launch: clusters are scheduled independently, so any number of rows works.
 
-use crate::device::{
+use crate::launch::REDUCTION_SCRATCH_FLOATS;
+use crate::launch::softmax::CLUSTER_STATS_FLOATS;
+use crate::primitives::device::{
     DeviceExp2, block_dim, cluster_arrive, cluster_blocks, cluster_shared_of, cluster_wait,
     dynamic_shared_f32, thread_idx,
 };
-use crate::launch::{CLUSTER_STATS_FLOATS, REDUCTION_SCRATCH_FLOATS};
-use crate::online::OnlineStats;
-use crate::reduce::block_reduce;
-use crate::row_slices::Share;
+use crate::primitives::online::OnlineStats;
+use crate::primitives::reduce::block_reduce;
+use crate::production::row_slices::Share;
 
 /// # Safety
 /// `input` and `output` each point to `rows · cols` floats (distinct buffers), `cols > 0`,
@@ -92,7 +93,7 @@ macro_rules! row_cluster_entry {
             slice_packs: u32,
             cached: u32,
         ) {
-            crate::device::await_previous_grid();
+            crate::primitives::device::await_previous_grid();
             // SAFETY: forwarded from this entry's contract.
             unsafe {
                 softmax_row_cluster::<$pack>(input, output, cols, slices, slice_packs, cached)

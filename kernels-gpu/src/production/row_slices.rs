@@ -11,13 +11,16 @@
 //! softmax module, bf16 and f16 in their operation modules): math in f32, the cache holds the
 //! elements as they were read.
 
-use crate::device::{DeviceExp2, Vector4, block_dim, block_idx, dynamic_shared_f32, thread_idx};
-use crate::element::{Bf16, Element, F16};
-use crate::launch::{LOADS_IN_FLIGHT, REDUCTION_SCRATCH_FLOATS};
-use crate::online::OnlineStats;
-use crate::reduce::block_reduce;
-use crate::row_exchange::{RowExchange, exchange_row_stats_or_leave, take_left_slice};
-use crate::row_slice::RowSlice;
+use crate::launch::REDUCTION_SCRATCH_FLOATS;
+use crate::launch::softmax::LOADS_IN_FLIGHT;
+use crate::primitives::device::{
+    DeviceExp2, Vector4, block_dim, block_idx, dynamic_shared_f32, thread_idx,
+};
+use crate::primitives::element::{Bf16, Element, F16};
+use crate::primitives::online::OnlineStats;
+use crate::primitives::reduce::block_reduce;
+use crate::primitives::row_exchange::{RowExchange, exchange_row_stats_or_leave, take_left_slice};
+use crate::primitives::row_slice::RowSlice;
 
 /// # Safety
 /// `input` and `output` each point to `rows · cols` elements (distinct buffers), `cols > 0`;
@@ -340,7 +343,7 @@ macro_rules! row_slices_entry {
             barriers: *mut u32,
             patience_ns: u64,
         ) {
-            crate::device::await_previous_grid();
+            crate::primitives::device::await_previous_grid();
             // SAFETY: forwarded from this entry's contract.
             unsafe {
                 softmax_row_slices::<$element, $pack>(

@@ -3,10 +3,10 @@
 //! written once: 8 bytes of traffic per element. A warp holds `32 / LANES` rows at once.
 //! The entries are generated in [`crate::launch`] from its instance tables.
 
-use crate::device::{DeviceExp2, block_dim, block_idx, thread_idx};
-use crate::memory::{load_pack, store_pack};
-use crate::online::OnlineStats;
-use crate::reduce::{group_max, group_sum};
+use crate::primitives::device::{DeviceExp2, block_dim, block_idx, thread_idx};
+use crate::primitives::memory::{load_pack, store_pack};
+use crate::primitives::online::OnlineStats;
+use crate::primitives::reduce::{group_max, group_sum};
 
 /// Softmax of rows of at most `LANES · PACKS · PACK` columns, each held by `LANES` lanes.
 ///

@@ -2,10 +2,10 @@
 //! row maximum, subtract, exponentiate, row sum, divide. Each is a full pass over device
 //! memory (32 bytes of traffic per element in all), which is what fusion saves.
 
-use crate::device::{block_dim, block_idx, exp2_approx, grid_dim, thread_idx};
 use crate::launch::WARP_SIZE;
-use crate::online::{CompensatedSum, LOG2_E};
-use crate::reduce::{group_max, group_sum};
+use crate::primitives::device::{block_dim, block_idx, exp2_approx, grid_dim, thread_idx};
+use crate::primitives::online::{CompensatedSum, LOG2_E};
+use crate::primitives::reduce::{group_max, group_sum};
 
 /// Row index and the lane's first column for the warp-per-row reductions, or `None` for
 /// warps past the last row.
@@ -35,7 +35,7 @@ pub unsafe extern "ptx-kernel" fn softmax_unfused_row_max(
     rows: u32,
     cols: u32,
 ) {
-    crate::device::await_previous_grid();
+    crate::primitives::device::await_previous_grid();
     let Some((row, lane)) = warp_row(rows) else {
         return;
     };
@@ -64,7 +64,7 @@ pub unsafe extern "ptx-kernel" fn softmax_unfused_subtract(
     rows: u32,
     cols: u32,
 ) {
-    crate::device::await_previous_grid();
+    crate::primitives::device::await_previous_grid();
     for i in grid_stride(rows as u64 * cols as u64) {
         // SAFETY: i < rows · cols and i / cols < rows.
         unsafe {
@@ -81,7 +81,7 @@ pub unsafe extern "ptx-kernel" fn softmax_unfused_subtract(
 /// `data` holds `len` floats. Any 1-D grid.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn softmax_unfused_exp(data: *mut f32, len: u64) {
-    crate::device::await_previous_grid();
+    crate::primitives::device::await_previous_grid();
     for i in grid_stride(len) {
         // SAFETY: i < len.
         unsafe { data.add(i).write(exp2_approx(data.add(i).read() * LOG2_E)) };
@@ -99,7 +99,7 @@ pub unsafe extern "ptx-kernel" fn softmax_unfused_row_sum(
     rows: u32,
     cols: u32,
 ) {
-    crate::device::await_previous_grid();
+    crate::primitives::device::await_previous_grid();
     let Some((row, lane)) = warp_row(rows) else {
         return;
     };
@@ -126,7 +126,7 @@ pub unsafe extern "ptx-kernel" fn softmax_unfused_divide(
     rows: u32,
     cols: u32,
 ) {
-    crate::device::await_previous_grid();
+    crate::primitives::device::await_previous_grid();
     for i in grid_stride(rows as u64 * cols as u64) {
         // SAFETY: i < rows · cols and i / cols < rows.
         unsafe {

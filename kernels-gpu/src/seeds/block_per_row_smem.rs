@@ -2,10 +2,10 @@
 //! The same kernel serves the fixed-128-thread variant and the autotuned one: threads per
 //! block is a launch parameter.
 
-use crate::device::{
+use crate::primitives::device::{
     DeviceExp2, block_dim, block_idx, dynamic_shared_f32, sync_threads, thread_idx,
 };
-use crate::online::OnlineStats;
+use crate::primitives::online::OnlineStats;
 
 /// Tree reduction of one value per thread through `shared` (`block_dim()` floats), halving
 /// the live slots each round. Returns the block's result to every thread.
@@ -49,7 +49,7 @@ pub unsafe extern "ptx-kernel" fn softmax_block_per_row_smem(
     output: *mut f32,
     cols: u32,
 ) {
-    crate::device::await_previous_grid();
+    crate::primitives::device::await_previous_grid();
     let shared = dynamic_shared_f32();
     let start = block_idx() as usize * cols as usize;
     // SAFETY: one block per row, so the row's `cols` floats lie inside both buffers.

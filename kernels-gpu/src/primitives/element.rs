@@ -5,7 +5,7 @@
 
 use core::arch::asm;
 
-use crate::row_ops::DType;
+use crate::launch::ops::DType;
 
 /// bf16 bits (the upper half of an f32).
 #[repr(transparent)]

@@ -7,12 +7,12 @@
 //! global memory behind a per-row barrier; the host launches that case cooperatively so every
 //! block is resident.
 
-use crate::device::{DeviceExp2, block_idx, dynamic_shared_f32, thread_idx};
-use crate::memory::{load_pack, store_pack};
-use crate::online::OnlineStats;
-use crate::reduce::block_reduce;
-use crate::row_exchange::exchange_row_stats;
-use crate::row_slice::RowSlice;
+use crate::primitives::device::{DeviceExp2, block_idx, dynamic_shared_f32, thread_idx};
+use crate::primitives::memory::{load_pack, store_pack};
+use crate::primitives::online::OnlineStats;
+use crate::primitives::reduce::block_reduce;
+use crate::primitives::row_exchange::exchange_row_stats;
+use crate::primitives::row_slice::RowSlice;
 
 /// # Safety
 /// `input` and `output` each point to `rows · cols` floats (distinct buffers), `cols > 0`,

@@ -1,19 +1,21 @@
 //! What an operation kernel does to one row, apart from how threads share the row: read a
 //! pack of columns (applying scale and masks), reduce the packs to a [`Partial`] result,
 //! and write a pack of outputs from the row's result. [`Forward`] and [`MaskedForward`] are
-//! softmax, log-softmax and log-sum-exp; [`Backward`] their gradients. The layouts in [`crate::op_templates`] run
+//! softmax, log-softmax and log-sum-exp; [`Backward`] their gradients. The layouts in [`crate::ops::op_templates`] run
 //! either.
 
 use core::marker::PhantomData;
 
-use crate::device::{
+use crate::launch::ops::{DType, RowOpParams, RowState, op};
+use crate::primitives::device::{
     DeviceExp2, block_dim, exp2_approx, log2_approx, reciprocal_approx, thread_idx,
 };
-use crate::element::{Element, load, store_as};
-use crate::online::{LOG2_E, OnlineStats};
-use crate::reduce::{Max, Partial, Sum, block_reduce, group_max, group_reduce, group_sum};
-use crate::row_ops::{DType, RowOpParams, RowState, op};
-use crate::row_part::unaligned_head;
+use crate::primitives::element::{Element, load, store_as};
+use crate::primitives::online::{LOG2_E, OnlineStats};
+use crate::primitives::reduce::{
+    Max, Partial, Sum, block_reduce, group_max, group_reduce, group_sum,
+};
+use crate::primitives::row_part::unaligned_head;
 
 /// One row's work, with `PACK` columns per load.
 pub trait RowKernel<const PACK: usize>: Sized {
@@ -91,7 +93,7 @@ pub trait RowKernel<const PACK: usize>: Sized {
 
 /// A row kernel that can also read a row's unaligned ends one element at a time (its
 /// [`RowKernel::write`] writes them back with `run`), for rows that need not start on a
-/// 16-byte boundary (see [`crate::row_part`]). The masked forward is not one: its mask rows
+/// 16-byte boundary (see [`crate::primitives::row_part`]). The masked forward is not one: its mask rows
 /// are laid out independently of the input's.
 pub trait PeelableRow<const PACK: usize>: RowKernel<PACK> {
     /// Elements of the row's input before its first 16-byte boundary.

@@ -191,10 +191,10 @@ pub fn dynamic_shared_f32() -> *mut f32 {
     core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<Vector4<f32>>().cast()
 }
 
-/// `2^x` on the device, for [`crate::online::OnlineStats`].
+/// `2^x` on the device, for [`crate::primitives::online::OnlineStats`].
 pub enum DeviceExp2 {}
 
-impl crate::online::Exp2 for DeviceExp2 {
+impl crate::primitives::online::Exp2 for DeviceExp2 {
     #[inline(always)]
     fn exp2(x: f32) -> f32 {
         exp2_approx(x)

@@ -1,8 +1,6 @@
-//! Launch constants shared by the kernels and the host: both sides read them from here, so a
-//! block size or a table of instantiations is written once.
-
-/// Threads in a warp.
-pub const WARP_SIZE: u32 = 32;
+//! The f32 softmax variants' launch definitions (the `softmax` PTX module's seeds and
+//! production kernels, and the row-slices entries of every element type): block sizes, the
+//! instance tables and the kernel names the host launches by.
 
 /// Threads per block for the one-thread-per-row variants.
 pub const THREAD_PER_ROW_BLOCK: u32 = 128;
@@ -16,16 +14,8 @@ pub const BLOCK_SMEM_DEFAULT_THREADS: u32 = 128;
 /// Threads per block tried by the autotuned block-per-row variant (the seed's candidates).
 pub const BLOCK_SMEM_AUTOTUNE_CANDIDATES: [u32; 4] = [128, 256, 512, 1024];
 
-/// Smallest and largest threads per block a block-level reduction accepts.
-pub const MIN_BLOCK_THREADS: u32 = WARP_SIZE;
-pub const MAX_BLOCK_THREADS: u32 = 1024;
-
 /// Threads per block of the unfused variant's element-wise kernels.
 pub const ELEMENTWISE_BLOCK: u32 = 256;
-
-/// Floats at the start of dynamic shared memory that block reductions use: one running
-/// maximum and one running sum per warp.
-pub const REDUCTION_SCRATCH_FLOATS: u32 = 2 * (MAX_BLOCK_THREADS / WARP_SIZE);
 
 /// Threads per block of the rows-in-registers kernels; rows per block = this / group width.
 pub const REGISTER_ROWS_BLOCK: u32 = 128;
@@ -41,7 +31,7 @@ macro_rules! register_instances {
             #[cfg(all(target_arch = "nvptx64", feature = "softmax"))]
             const _: () = {
                 /// # Safety
-                /// See [`crate::rows_in_registers::softmax_rows_in_registers`].
+                /// See [`crate::production::rows_in_registers::softmax_rows_in_registers`].
                 #[unsafe(export_name = concat!(
                     "softmax_rows_in_registers_p", $pack, "_l", $lanes, "_n", $packs
                 ))]
@@ -51,10 +41,10 @@ macro_rules! register_instances {
                     rows: u32,
                     cols: u32,
                 ) {
-                    crate::device::await_previous_grid();
+                    crate::primitives::device::await_previous_grid();
                     // SAFETY: forwarded from this entry's contract.
                     unsafe {
-                        crate::rows_in_registers::softmax_rows_in_registers::<$pack, $lanes, $packs>(
+                        crate::production::rows_in_registers::softmax_rows_in_registers::<$pack, $lanes, $packs>(
                             input, output, rows, cols,
                         )
                     }
@@ -89,7 +79,7 @@ macro_rules! block_register_entries {
             #[cfg(all(target_arch = "nvptx64", feature = "softmax"))]
             const _: () = {
                 /// # Safety
-                /// See [`crate::block_registers::softmax_block_registers`].
+                /// See [`crate::production::block_registers::softmax_block_registers`].
                 #[unsafe(export_name = concat!(
                     "softmax_block_registers_p", $pack, "_t", $threads, "_n", $packs
                 ))]
@@ -102,10 +92,10 @@ macro_rules! block_register_entries {
                     partials: *mut f32,
                     barriers: *mut u32,
                 ) {
-                    crate::device::await_previous_grid();
+                    crate::primitives::device::await_previous_grid();
                     // SAFETY: forwarded from this entry's contract.
                     unsafe {
-                        crate::block_registers::softmax_block_registers::<$pack, $threads, $packs>(
+                        crate::production::block_registers::softmax_block_registers::<$pack, $threads, $packs>(
                             input, output, cols, slices, slice_packs, partials, barriers,
                         )
                     }
@@ -170,13 +160,13 @@ impl core::fmt::Display for BlockRegisterKernelName {
 /// `softmax_row_slices_bf16_p8` for a 16-bit type (that type's operation module).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RowSlicesKernelName {
-    pub dtype: crate::row_ops::DType,
+    pub dtype: crate::launch::ops::DType,
     pub pack: u32,
 }
 
 impl RowSlicesKernelName {
     /// The 16-byte and the one-element entry of `dtype`.
-    pub fn both(dtype: crate::row_ops::DType) -> [Self; 2] {
+    pub fn both(dtype: crate::launch::ops::DType) -> [Self; 2] {
         [dtype.vector_pack(), 1].map(|pack| RowSlicesKernelName { dtype, pack })
     }
 }
@@ -184,7 +174,7 @@ impl RowSlicesKernelName {
 impl core::fmt::Display for RowSlicesKernelName {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self.dtype {
-            crate::row_ops::DType::F32 => write!(f, "softmax_row_slices_p{}", self.pack),
+            crate::launch::ops::DType::F32 => write!(f, "softmax_row_slices_p{}", self.pack),
             other => write!(f, "softmax_row_slices_{}_p{}", other.name(), self.pack),
         }
     }

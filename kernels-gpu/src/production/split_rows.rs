@@ -4,10 +4,10 @@
 //! memory still sees about one read and one write; no block waits for another, so nothing
 //! needs to be resident at once.
 
-use crate::device::dynamic_shared_f32;
-use crate::reduce::block_reduce;
-use crate::row_exchange::{merge_row_stats, publish_block_stats};
-use crate::row_slices::Share;
+use crate::primitives::device::dynamic_shared_f32;
+use crate::primitives::reduce::block_reduce;
+use crate::primitives::row_exchange::{merge_row_stats, publish_block_stats};
+use crate::production::row_slices::Share;
 
 /// Pass one: the statistics of each block's share, into `partials`.
 ///
@@ -29,7 +29,7 @@ unsafe fn split_stats<const PACK: usize>(
     };
     // SAFETY: uniform control flow; the launch provides the scratch; no cache.
     let stats = unsafe { block_reduce(share.stats(None), scratch) };
-    if crate::device::thread_idx() == 0 {
+    if crate::primitives::device::thread_idx() == 0 {
         // SAFETY: forwarded from the contract.
         unsafe { publish_block_stats(stats, partials) };
     }
@@ -69,7 +69,7 @@ macro_rules! split_entries {
             slice_packs: u32,
             partials: *mut f32,
         ) {
-            crate::device::await_previous_grid();
+            crate::primitives::device::await_previous_grid();
             // SAFETY: forwarded from this entry's contract.
             unsafe { split_stats::<$pack>(input, cols, slices, slice_packs, partials) }
         }
@@ -85,7 +85,7 @@ macro_rules! split_entries {
             slice_packs: u32,
             partials: *const f32,
         ) {
-            crate::device::await_previous_grid();
+            crate::primitives::device::await_previous_grid();
             // SAFETY: forwarded from this entry's contract.
             unsafe { split_normalize::<$pack>(input, output, cols, slices, slice_packs, partials) }
         }

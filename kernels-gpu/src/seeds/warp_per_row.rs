@@ -1,10 +1,10 @@
 //! One warp per row with online statistics per lane, merged by butterfly shuffles (the second
 //! seed's final kernel). Lane `l` reads columns `l, l + 32, …`: every access is coalesced.
 
-use crate::device::{DeviceExp2, block_dim, block_idx, thread_idx};
 use crate::launch::WARP_SIZE;
-use crate::online::OnlineStats;
-use crate::reduce::group_reduce;
+use crate::primitives::device::{DeviceExp2, block_dim, block_idx, thread_idx};
+use crate::primitives::online::OnlineStats;
+use crate::primitives::reduce::group_reduce;
 
 /// # Safety
 /// `input` and `output` each point to `rows · cols` floats (distinct buffers); `cols > 0`.
@@ -16,7 +16,7 @@ pub unsafe extern "ptx-kernel" fn softmax_warp_per_row_online(
     rows: u32,
     cols: u32,
 ) {
-    crate::device::await_previous_grid();
+    crate::primitives::device::await_previous_grid();
     let warps_per_block = block_dim() / WARP_SIZE;
     let row = block_idx() * warps_per_block + thread_idx() / WARP_SIZE;
     // The whole warp leaves together, so the shuffles below always see 32 lanes.

@@ -5,6 +5,8 @@
 //! the tail, each as one more slot read one element at a time. Pure index arithmetic, shared
 //! with the host so the CPU tests can check that the parts cover every column once.
 
+use crate::launch::ops::END_SLOTS;
+
 /// A group's or block's share of its row: slice `slice`, of `slice_packs` packs, of a row of
 /// `cols` columns (a group's share is its whole row).
 #[derive(Clone, Copy, Debug)]
@@ -145,10 +147,6 @@ impl RowPart {
         }
     }
 }
-
-/// A peeled row's two ends, the head and the tail: the slots a group needs beyond its body
-/// packs, and the threads of a block that hold one end each in their extra slot.
-pub const END_SLOTS: u32 = 2;
 
 /// Elements before the first 16-byte boundary at or after `address`, for elements of `bytes`
 /// bytes read in packs of `pack` (0 when `pack == 1`: single elements need no alignment).
