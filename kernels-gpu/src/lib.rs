@@ -45,7 +45,6 @@
 
 /// What the host and the kernels share: constants, instance tables, kernel names,
 /// parameters. No device code, no entries.
-#[macro_use]
 pub mod launch;
 /// The building blocks: intrinsics, memory, element types, reductions, statistics.
 pub mod primitives;

@@ -3,7 +3,6 @@
 //! holds no device code and generates no entry points (each kernel family generates its own
 //! from the instance lists here, so what the host plans with is what the PTX holds).
 
-#[macro_use]
 pub mod ops;
 pub mod softmax;
 

@@ -185,6 +185,10 @@ macro_rules! op_tables {
     };
 }
 
+// The device build generates the entries from it too.
+#[cfg(target_arch = "nvptx64")]
+pub(crate) use with_op_instances;
+
 with_op_instances!(op_tables);
 
 /// A peeled row's ends take `END_SLOTS` slots of a group, and one slot each of the first

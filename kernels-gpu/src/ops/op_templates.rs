@@ -8,6 +8,7 @@
 //! [`crate::launch::ops`]'s tables.
 
 use crate::launch::ops::END_SLOTS;
+use crate::launch::ops::with_op_instances;
 use crate::launch::ops::{RowOpParams, mode};
 use crate::ops::row_kernel::{
     Backward, Forward, MaskedForward, PeelableRow, RowKernel, block_merged_states, merged_states,
@@ -15,6 +16,7 @@ use crate::ops::row_kernel::{
 };
 use crate::primitives::device::{block_dim, block_idx, dynamic_shared_f32, thread_idx};
 use crate::primitives::element::{Bf16, F16};
+use crate::primitives::entry::kernel_entry;
 use crate::primitives::row_exchange::exchange_row_stats;
 use crate::primitives::row_part::{Piece, RowPart, Share};
 
@@ -408,24 +410,15 @@ macro_rules! op_entries {
         $name:literal, ($layout:ident, $extra:literal), $pack:literal, $suffix:literal,
         ($direction:literal, $kernel:ident), [$(($width:literal, $packs:literal)),+]
     ) => {$(
-        #[cfg(feature = $feature)]
-        const _: () = {
-            /// # Safety
-            #[doc = concat!("See [`", stringify!($template), "`].")]
-            #[unsafe(export_name = concat!(
+        kernel_entry!(
+            #[cfg(feature = $feature)]
+            export concat!(
                 "op_", $family, "_", $direction, "_", $name, "_p", $pack, $suffix, "_", $letter,
                 $width, "_n", $packs
-            ))]
-            unsafe extern "ptx-kernel" fn entry(params: RowOpParams) {
-                crate::primitives::device::await_previous_grid();
-                // SAFETY: forwarded from this entry's contract.
-                unsafe {
-                    $template::<$kernel<$input>, $layout, $pack, $width, { $packs + $extra }>(
-                        &params,
-                    )
-                }
-            }
-        };
+            ),
+            (params: RowOpParams)
+                => $template::<$kernel<$input>, $layout, $pack, $width, { $packs + $extra }>(&params)
+        );
     )+};
 }
 

@@ -13,6 +13,8 @@ pub(crate) mod device;
 #[cfg(target_arch = "nvptx64")]
 pub(crate) mod element;
 #[cfg(target_arch = "nvptx64")]
+pub(crate) mod entry;
+#[cfg(target_arch = "nvptx64")]
 pub(crate) mod memory;
 #[cfg(target_arch = "nvptx64")]
 pub(crate) mod reduce;

@@ -5,9 +5,12 @@
 //! [`RowSlice`] for the few floats around the aligned body). When a row is cut into several slices (few
 //! rows, wide rows: LLM vocabularies), the blocks of a row exchange their statistics through
 //! global memory behind a per-row barrier; the host launches that case cooperatively so every
-//! block is resident.
+//! block is resident. Its entries are generated at the bottom from the instance list in
+//! [`crate::launch::softmax`], the one the host's tables come from.
 
+use crate::launch::softmax::with_block_register_instances;
 use crate::primitives::device::{DeviceExp2, block_idx, dynamic_shared_f32, thread_idx};
+use crate::primitives::entry::kernel_entry;
 use crate::primitives::memory::{load_pack, store_pack};
 use crate::primitives::online::OnlineStats;
 use crate::primitives::reduce::block_reduce;
@@ -102,3 +105,30 @@ pub unsafe fn softmax_block_registers<
         unsafe { y.add(c).write(edge * scale) };
     }
 }
+
+/// One entry per (threads, packs) instance of each layout:
+/// `softmax_block_registers_p<pack>_t<threads>_n<packs>`, as
+/// [`crate::launch::softmax::BlockRegisterKernelName`] spells it.
+macro_rules! block_register_entries {
+    ($($layout:ident $pack:literal: threads [$($threads:literal),+], packs $packs:tt),+) => {
+        $($(block_register_entries!(@threads $pack, $threads, $packs);)+)+
+    };
+    (@threads $pack:literal, $threads:literal, [$($packs:literal),+]) => {$(
+        kernel_entry!(
+            export concat!("softmax_block_registers_p", $pack, "_t", $threads, "_n", $packs),
+            (
+                input: *const f32,
+                output: *mut f32,
+                cols: u32,
+                slices: u32,
+                slice_packs: u32,
+                partials: *mut f32,
+                barriers: *mut u32,
+            ) => softmax_block_registers::<$pack, $threads, $packs>(
+                input, output, cols, slices, slice_packs, partials, barriers,
+            )
+        );
+    )+};
+}
+
+with_block_register_instances!(block_register_entries);

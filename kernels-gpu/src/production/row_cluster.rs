@@ -11,6 +11,7 @@ use crate::primitives::device::{
     DeviceExp2, block_dim, cluster_arrive, cluster_blocks, cluster_shared_of, cluster_wait,
     dynamic_shared_f32, thread_idx,
 };
+use crate::primitives::entry::kernel_entry;
 use crate::primitives::online::OnlineStats;
 use crate::primitives::reduce::block_reduce;
 use crate::production::row_slices::Share;
@@ -80,27 +81,20 @@ unsafe fn softmax_row_cluster<const PACK: usize>(
     cluster_wait();
 }
 
-macro_rules! row_cluster_entry {
-    ($name:ident, $pack:literal) => {
-        /// # Safety
-        /// See `softmax_row_cluster` with `PACK =` the suffix of the name.
-        #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $name(
-            input: *const f32,
-            output: *mut f32,
-            cols: u32,
-            slices: u32,
-            slice_packs: u32,
-            cached: u32,
-        ) {
-            crate::primitives::device::await_previous_grid();
-            // SAFETY: forwarded from this entry's contract.
-            unsafe {
-                softmax_row_cluster::<$pack>(input, output, cols, slices, slice_packs, cached)
-            }
-        }
-    };
+macro_rules! row_cluster_entries {
+    ($($pack:literal),+) => {$(
+        kernel_entry!(
+            export concat!("softmax_row_cluster_p", $pack),
+            (
+                input: *const f32,
+                output: *mut f32,
+                cols: u32,
+                slices: u32,
+                slice_packs: u32,
+                cached: u32,
+            ) => softmax_row_cluster::<$pack>(input, output, cols, slices, slice_packs, cached)
+        );
+    )+};
 }
 
-row_cluster_entry!(softmax_row_cluster_p4, 4);
-row_cluster_entry!(softmax_row_cluster_p1, 1);
+row_cluster_entries!(4, 1);

@@ -17,6 +17,7 @@ use crate::primitives::device::{
     DeviceExp2, Vector4, block_dim, block_idx, dynamic_shared_f32, thread_idx,
 };
 use crate::primitives::element::{Bf16, Element, F16};
+use crate::primitives::entry::kernel_entry;
 use crate::primitives::online::OnlineStats;
 use crate::primitives::reduce::block_reduce;
 use crate::primitives::row_exchange::{RowExchange, exchange_row_stats_or_leave, take_left_slice};
@@ -325,46 +326,44 @@ impl<E: Element, const PACK: usize> Share<E, PACK> {
     }
 }
 
-macro_rules! row_slices_entry {
-    ($feature:literal, $name:ident, $element:ty, $pack:literal) => {
-        /// # Safety
-        /// See `softmax_row_slices` with the element type and `PACK` of the name.
-        #[cfg(feature = $feature)]
-        #[unsafe(no_mangle)]
-        #[allow(clippy::too_many_arguments)]
-        pub unsafe extern "ptx-kernel" fn $name(
-            input: *const $element,
-            output: *mut $element,
-            cols: u32,
-            slices: u32,
-            slice_packs: u32,
-            cached: u32,
-            partials: *mut f32,
-            barriers: *mut u32,
-            patience_ns: u64,
-        ) {
-            crate::primitives::device::await_previous_grid();
-            // SAFETY: forwarded from this entry's contract.
-            unsafe {
-                softmax_row_slices::<$element, $pack>(
-                    input,
-                    output,
-                    cols,
-                    slices,
-                    slice_packs,
-                    cached,
-                    partials,
-                    barriers,
-                    patience_ns,
-                )
-            }
-        }
-    };
+/// One entry per element type and pack width, behind the feature of the PTX module that holds
+/// it: `softmax_row_slices[_<type>]_p<pack>`, as
+/// [`crate::launch::softmax::RowSlicesKernelName`] spells it.
+macro_rules! row_slices_entries {
+    ($($feature:literal: $element:ty, $name:literal, $pack:literal;)+) => {$(
+        kernel_entry!(
+            #[cfg(feature = $feature)]
+            export concat!("softmax_row_slices", $name, "_p", $pack),
+            (
+                input: *const $element,
+                output: *mut $element,
+                cols: u32,
+                slices: u32,
+                slice_packs: u32,
+                cached: u32,
+                partials: *mut f32,
+                barriers: *mut u32,
+                patience_ns: u64,
+            ) => softmax_row_slices::<$element, $pack>(
+                input,
+                output,
+                cols,
+                slices,
+                slice_packs,
+                cached,
+                partials,
+                barriers,
+                patience_ns,
+            )
+        );
+    )+};
 }
 
-row_slices_entry!("softmax", softmax_row_slices_p4, f32, 4);
-row_slices_entry!("softmax", softmax_row_slices_p1, f32, 1);
-row_slices_entry!("ops-bf16", softmax_row_slices_bf16_p8, Bf16, 8);
-row_slices_entry!("ops-bf16", softmax_row_slices_bf16_p1, Bf16, 1);
-row_slices_entry!("ops-f16", softmax_row_slices_f16_p8, F16, 8);
-row_slices_entry!("ops-f16", softmax_row_slices_f16_p1, F16, 1);
+row_slices_entries! {
+    "softmax": f32, "", 4;
+    "softmax": f32, "", 1;
+    "ops-bf16": Bf16, "_bf16", 8;
+    "ops-bf16": Bf16, "_bf16", 1;
+    "ops-f16": F16, "_f16", 8;
+    "ops-f16": F16, "_f16", 1;
+}

@@ -5,6 +5,7 @@
 //! needs to be resident at once.
 
 use crate::primitives::device::dynamic_shared_f32;
+use crate::primitives::entry::kernel_entry;
 use crate::primitives::reduce::block_reduce;
 use crate::primitives::row_exchange::{merge_row_stats, publish_block_stats};
 use crate::production::row_slices::Share;
@@ -58,39 +59,24 @@ unsafe fn split_normalize<const PACK: usize>(
 }
 
 macro_rules! split_entries {
-    ($stats:ident, $normalize:ident, $pack:literal) => {
-        /// # Safety
-        /// See `split_stats` with `PACK =` the suffix of the name.
-        #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $stats(
-            input: *const f32,
-            cols: u32,
-            slices: u32,
-            slice_packs: u32,
-            partials: *mut f32,
-        ) {
-            crate::primitives::device::await_previous_grid();
-            // SAFETY: forwarded from this entry's contract.
-            unsafe { split_stats::<$pack>(input, cols, slices, slice_packs, partials) }
-        }
-
-        /// # Safety
-        /// See `split_normalize` with `PACK =` the suffix of the name.
-        #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $normalize(
-            input: *const f32,
-            output: *mut f32,
-            cols: u32,
-            slices: u32,
-            slice_packs: u32,
-            partials: *const f32,
-        ) {
-            crate::primitives::device::await_previous_grid();
-            // SAFETY: forwarded from this entry's contract.
-            unsafe { split_normalize::<$pack>(input, output, cols, slices, slice_packs, partials) }
-        }
-    };
+    ($($pack:literal),+) => {$(
+        kernel_entry!(
+            export concat!("softmax_split_stats_p", $pack),
+            (input: *const f32, cols: u32, slices: u32, slice_packs: u32, partials: *mut f32)
+                => split_stats::<$pack>(input, cols, slices, slice_packs, partials)
+        );
+        kernel_entry!(
+            export concat!("softmax_split_normalize_p", $pack),
+            (
+                input: *const f32,
+                output: *mut f32,
+                cols: u32,
+                slices: u32,
+                slice_packs: u32,
+                partials: *const f32,
+            ) => split_normalize::<$pack>(input, output, cols, slices, slice_packs, partials)
+        );
+    )+};
 }
 
-split_entries!(softmax_split_stats_p4, softmax_split_normalize_p4, 4);
-split_entries!(softmax_split_stats_p1, softmax_split_normalize_p1, 1);
+split_entries!(4, 1);
