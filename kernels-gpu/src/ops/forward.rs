@@ -4,7 +4,8 @@
 
 use crate::launch::ops::{DType, RowOpParams, op};
 use crate::primitives::device::{DeviceExp2, exp2_approx, log2_approx, reciprocal_approx};
-use crate::primitives::element::{Element, load};
+use crate::primitives::element::Element;
+use crate::primitives::memory::load_global;
 use crate::primitives::online::{LOG2_E, OnlineStats};
 use crate::primitives::reduce::{Max, Sum, block_reduce, group_max, group_sum};
 use crate::primitives::row_part::unaligned_head;
@@ -347,7 +348,7 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for MaskedForward<In> {
         }
         if !self.allowed_mask.is_null() {
             // SAFETY: as above.
-            let allowed = unsafe { load::<u8, PACK>(self.allowed_mask.add(col)) };
+            let allowed = unsafe { load_global::<u8, PACK>(self.allowed_mask.add(col)) };
             for k in 0..PACK {
                 if allowed[k] == 0 {
                     values[k] = f32::NEG_INFINITY;

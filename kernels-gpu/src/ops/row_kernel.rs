@@ -84,9 +84,9 @@ pub trait RowKernel<const PACK: usize>: Sized {
 }
 
 /// A row kernel that can also read a row's unaligned ends one element at a time (its
-/// [`RowKernel::write`] writes them back with `run`), for rows that need not start on a
-/// 16-byte boundary (see [`crate::primitives::row_part`]). The masked forward is not one: its mask rows
-/// are laid out independently of the input's.
+/// [`RowKernel::write`] writes them back with `run`), for rows that need not start on a 16-byte
+/// boundary (see [`crate::primitives::row_part`]). The masked forward is not one: its mask rows are
+/// laid out independently of the input's.
 pub trait PeelableRow<const PACK: usize>: RowKernel<PACK> {
     /// Elements of the row's input before its first 16-byte boundary.
     fn head(&self) -> usize;

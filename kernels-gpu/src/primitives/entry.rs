@@ -17,7 +17,9 @@ macro_rules! kernel_entry {
         $(#[$attribute])*
         const _: () = {
             /// # Safety
-            #[doc = concat!("The contract of the kernel this entry calls: `", stringify!($call), "`.")]
+            #[doc = concat!(
+                "The contract of the kernel this entry calls: `", stringify!($call), "`."
+            )]
             #[unsafe(export_name = $name)]
             #[allow(clippy::too_many_arguments)]
             unsafe extern "ptx-kernel" fn entry($($param: $type),*) {

@@ -20,5 +20,3 @@ pub(crate) mod memory;
 pub(crate) mod reduce;
 #[cfg(target_arch = "nvptx64")]
 pub(crate) mod row_exchange;
-#[cfg(target_arch = "nvptx64")]
-pub(crate) mod row_slice;

@@ -1,9 +1,9 @@
-//! Production for few wide rows on Hopper: each row is cut into `slices` slices, one per
-//! block of a thread-block cluster of `slices` blocks. Each block reads its slice once
-//! (caching it in shared memory when it fits, as [`crate::production::row_slices`] does), publishes its
-//! statistics in its own shared memory, and after the cluster's hardware barrier every block
-//! reads all of them through distributed shared memory. No global workspace, no atomics, no
-//! cooperative launch: clusters are scheduled independently, so any number of rows works.
+//! Production for few wide rows on Hopper: each row is cut into `slices` slices, one per block of a
+//! thread-block cluster of `slices` blocks. Each block reads its slice once (caching it in shared
+//! memory when it fits, as [`crate::production::row_slices`] does), publishes its statistics in its
+//! own shared memory, and after the cluster's hardware barrier every block reads all of them
+//! through distributed shared memory. No global workspace, no atomics, no cooperative launch:
+//! clusters are scheduled independently, so any number of rows works.
 
 use crate::launch::REDUCTION_SCRATCH_FLOATS;
 use crate::launch::softmax::CLUSTER_STATS_FLOATS;
@@ -14,7 +14,7 @@ use crate::primitives::device::{
 use crate::primitives::entry::kernel_entry;
 use crate::primitives::online::OnlineStats;
 use crate::primitives::reduce::block_reduce;
-use crate::production::row_slices::Share;
+use crate::production::row_slices::SliceSoftmax;
 
 /// # Safety
 /// `input` and `output` each point to `rows · cols` floats (distinct buffers), `cols > 0`,
@@ -49,7 +49,8 @@ unsafe fn softmax_row_cluster<const PACK: usize>(
     };
     // SAFETY: forwarded from this kernel's contract: block `row · slices + rank` holds slice
     // `rank` of `row`.
-    let share = unsafe { Share::<f32, PACK>::of_block(input, output, cols, slices, slice_packs) };
+    let share =
+        unsafe { SliceSoftmax::<f32, PACK>::of_block(input, output, cols, slices, slice_packs) };
     // SAFETY: uniform control flow; the scratch is the launch's.
     let block_stats = unsafe { block_reduce(share.stats(cache), shared) };
     if thread_idx() == 0 {

@@ -1,15 +1,14 @@
-//! Production fallback for rows too wide for registers: each row is cut into `slices`
-//! contiguous slices and each slice goes to one block, which keeps it in shared memory (when
-//! it fits), so the input is read once; otherwise the second pass re-reads it (from L2 when
-//! the tensor fits there). 16-byte access as in [`RowSlice`]. With one slice per row this is a
-//! block-per-row kernel; with several, the blocks of a row exchange their online statistics
-//! through global memory behind a per-row barrier. The launch is an ordinary one (so it takes
-//! the programmatic overlap with the kernel before it), and its blocks need not be resident
-//! together: a block whose row is still incomplete after a patience (blocks of other kernels
-//! holding the places its row's other blocks need) leaves, and the row's last block writes
-//! the slice it left, reading it again. One template for every element type (f32 in the
-//! softmax module, bf16 and f16 in their operation modules): math in f32, the cache holds the
-//! elements as they were read.
+//! Production fallback for rows too wide for registers: each row is cut into `slices` contiguous
+//! slices and each slice goes to one block, which keeps it in shared memory (when it fits), so the
+//! input is read once; otherwise the second pass re-reads it (from L2 when the tensor fits there).
+//! 16-byte access as in [`EdgePerThreadSlice`]. With one slice per row this is a block-per-row
+//! kernel; with several, the blocks of a row exchange their online statistics through global memory
+//! behind a per-row barrier. The launch is an ordinary one (so it takes the programmatic overlap
+//! with the kernel before it), and its blocks need not be resident together: a block whose row is
+//! still incomplete after a patience (blocks of other kernels holding the places its row's other
+//! blocks need) leaves, and the row's last block writes the slice it left, reading it again. One
+//! template for every element type (f32 in the softmax module, bf16 and f16 in their operation
+//! modules): math in f32, the cache holds the elements as they were read.
 
 use crate::launch::REDUCTION_SCRATCH_FLOATS;
 use crate::launch::softmax::LOADS_IN_FLIGHT;
@@ -21,7 +20,7 @@ use crate::primitives::entry::kernel_entry;
 use crate::primitives::online::OnlineStats;
 use crate::primitives::reduce::block_reduce;
 use crate::primitives::row_exchange::{RowExchange, exchange_row_stats_or_leave, take_left_slice};
-use crate::primitives::row_slice::RowSlice;
+use crate::primitives::row_part::EdgePerThreadSlice;
 
 /// # Safety
 /// `input` and `output` each point to `rows · cols` elements (distinct buffers), `cols > 0`;
@@ -52,7 +51,8 @@ unsafe fn softmax_row_slices<E: Element, const PACK: usize>(
     let cache = (cached != 0)
         .then(|| unsafe { shared.add(REDUCTION_SCRATCH_FLOATS as usize).cast::<u8>() });
     // SAFETY: forwarded from this kernel's contract.
-    let share = unsafe { Share::<E, PACK>::of_block(input, output, cols, slices, slice_packs) };
+    let share =
+        unsafe { SliceSoftmax::<E, PACK>::of_block(input, output, cols, slices, slice_packs) };
     // SAFETY: as above; uniform control flow.
     let block_stats = unsafe { block_reduce(share.stats(cache), shared) };
     if share.slices == 1 {
@@ -83,7 +83,7 @@ unsafe fn softmax_row_slices<E: Element, const PACK: usize>(
         // flow (`leavers` came to every thread through the block barrier).
         unsafe {
             let slice = take_left_slice(shared, barriers, share.row, share.slices);
-            Share::<E, PACK>::of_slice(
+            SliceSoftmax::<E, PACK>::of_slice(
                 input,
                 output,
                 cols,
@@ -97,18 +97,20 @@ unsafe fn softmax_row_slices<E: Element, const PACK: usize>(
     }
 }
 
-/// One block's share of a row: where it lies, and the element outside the aligned body this
-/// thread holds.
-pub(crate) struct Share<E, const PACK: usize> {
+/// The softmax of one block's share of a row: where the share lies, the element outside the
+/// aligned body this thread holds, and the two passes over it (statistics, normalized
+/// writes), which row slices, row clusters and split rows share. (The operation kernels'
+/// `row_part::Share` only says which slice of a row a group or block holds.)
+pub(crate) struct SliceSoftmax<E, const PACK: usize> {
     x: *const E,
     y: *mut E,
-    part: RowSlice,
+    part: EdgePerThreadSlice,
     edge_column: Option<usize>,
     pub row: usize,
     pub slices: usize,
 }
 
-impl<E: Element, const PACK: usize> Share<E, PACK> {
+impl<E: Element, const PACK: usize> SliceSoftmax<E, PACK> {
     /// Bytes of a pack, as read and as cached: 16, or one element of 4 or 2 bytes.
     const PACK_BYTES: usize = {
         let bytes = PACK * size_of::<E>();
@@ -152,7 +154,7 @@ impl<E: Element, const PACK: usize> Share<E, PACK> {
     /// Slice `slice` of row `row`, as block `row · slices + slice` of the launch holds it.
     ///
     /// # Safety
-    /// As for [`Share::of_block`], with `row < rows` and `slice < slices`.
+    /// As for [`SliceSoftmax::of_block`], with `row < rows` and `slice < slices`.
     #[inline(always)]
     pub unsafe fn of_slice(
         input: *const E,
@@ -171,9 +173,9 @@ impl<E: Element, const PACK: usize> Share<E, PACK> {
             unsafe { input.add(row * cols) },
             output.wrapping_add(row * cols),
         );
-        let part = RowSlice::new::<PACK, E>(x, cols, slice, slices, slice_packs);
+        let part = EdgePerThreadSlice::new::<PACK, E>(x, cols, slice, slices, slice_packs);
         let edge_column = part.edge_column::<PACK>(thread_idx() as usize);
-        Share {
+        SliceSoftmax {
             x,
             y,
             part,
@@ -254,7 +256,7 @@ impl<E: Element, const PACK: usize> Share<E, PACK> {
     /// them from `cache` when given, else from the input again.
     ///
     /// # Safety
-    /// As [`Share::stats`], with the same `cache`, after it.
+    /// As [`SliceSoftmax::stats`], with the same `cache`, after it.
     #[inline(always)]
     pub unsafe fn write_normalized(&self, cache: Option<*mut u8>, row_stats: OnlineStats) {
         let inv_sum = 1.0 / row_stats.sum();

@@ -7,7 +7,7 @@
 use crate::launch::softmax::with_register_instances;
 use crate::primitives::device::{DeviceExp2, block_dim, block_idx, thread_idx};
 use crate::primitives::entry::kernel_entry;
-use crate::primitives::memory::{load_pack, store_pack};
+use crate::primitives::memory::{load_pack_plain, store_pack_plain};
 use crate::primitives::online::OnlineStats;
 use crate::primitives::reduce::{group_max, group_sum};
 
@@ -41,7 +41,7 @@ pub unsafe fn softmax_rows_in_registers<const PACK: usize, const LANES: u32, con
         if live && column(pack) < cols {
             // SAFETY: column(pack) + PACK ≤ cols (cols is a multiple of PACK when PACK is 4),
             // row < rows, and the alignment contract covers the 16-byte case.
-            values[pack] = unsafe { load_pack::<PACK>(input.add(start + column(pack))) };
+            values[pack] = unsafe { load_pack_plain::<PACK>(input.add(start + column(pack))) };
         }
     }
 
@@ -67,7 +67,7 @@ pub unsafe fn softmax_rows_in_registers<const PACK: usize, const LANES: u32, con
                 values[pack][k] *= inv_sum;
             }
             // SAFETY: as for the loads.
-            unsafe { store_pack::<PACK>(output.add(start + column(pack)), values[pack]) };
+            unsafe { store_pack_plain::<PACK>(output.add(start + column(pack)), values[pack]) };
         }
     }
 }

@@ -8,7 +8,7 @@ use crate::primitives::device::dynamic_shared_f32;
 use crate::primitives::entry::kernel_entry;
 use crate::primitives::reduce::block_reduce;
 use crate::primitives::row_exchange::{merge_row_stats, publish_block_stats};
-use crate::production::row_slices::Share;
+use crate::production::row_slices::SliceSoftmax;
 
 /// Pass one: the statistics of each block's share, into `partials`.
 ///
@@ -26,7 +26,7 @@ unsafe fn split_stats<const PACK: usize>(
     let scratch = dynamic_shared_f32();
     // SAFETY: forwarded; the output is not touched in this pass.
     let share = unsafe {
-        Share::<f32, PACK>::of_block(input, core::ptr::null_mut(), cols, slices, slice_packs)
+        SliceSoftmax::<f32, PACK>::of_block(input, core::ptr::null_mut(), cols, slices, slice_packs)
     };
     // SAFETY: uniform control flow; the launch provides the scratch; no cache.
     let stats = unsafe { block_reduce(share.stats(None), scratch) };
@@ -52,7 +52,7 @@ unsafe fn split_normalize<const PACK: usize>(
     let scratch = dynamic_shared_f32();
     // SAFETY: forwarded from the contract.
     unsafe {
-        let share = Share::<f32, PACK>::of_block(input, output, cols, slices, slice_packs);
+        let share = SliceSoftmax::<f32, PACK>::of_block(input, output, cols, slices, slice_packs);
         let row_stats = merge_row_stats(scratch, partials, share.row, share.slices);
         share.write_normalized(None, row_stats);
     }
