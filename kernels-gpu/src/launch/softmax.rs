@@ -213,7 +213,7 @@ impl core::fmt::Display for RowSlicesKernelName {
 
 /// Most threads per block with which a sliced row-slices launch chooses its slices (and most
 /// slices per row); the host then adds threads if that saves a round of loads. Measured on the
-/// H200 (bench/NOTES.md, session 7): 256 rather than 512 lets more, shorter slices stay
+/// H200 (docs/performance-log.md, 2026-11-30): 256 rather than 512 lets more, shorter slices stay
 /// resident; f32 32x151936 20.2 -> 18.2 us, 128x50257 23.8 -> 22.5 us.
 pub const ROW_SLICE_THREADS: u32 = 256;
 

@@ -80,7 +80,7 @@ pub trait Element: Copy {
     /// widen in inline assembly that LLVM may not merge or hoist, so LLVM does not keep a
     /// row's widened floats live from its reduction to its writes. (ptxas still merges
     /// identical widenings; a different instruction for the writes' widening, tried to stop
-    /// that, measured slower: bench/NOTES.md.)
+    /// that, measured slower: docs/performance-log.md, 2026-11-29.)
     fn widen<const N: usize>(words: &[u32; N], i: usize) -> f32;
 
     /// The largest of the `N` elements of a pack laid out as [`Element::load_packed`] lays it
