@@ -1,9 +1,15 @@
 //! Row-wise softmax kernels, written in Rust and compiled to PTX by rustc's NVPTX backend.
 //!
-//! The crate is built twice: for the host as an `rlib`, so the launcher shares the constants
-//! and the online-softmax statistics defined here, and for `nvptx64-nvidia-cuda` as a
-//! `cdylib`, which gives the PTX that `host/build.rs` embeds. Everything that only makes sense
-//! on the device sits behind `cfg(target_arch = "nvptx64")`.
+//! The crate is built twice: for the host as an `rlib`, so the launcher shares [`launch`] and
+//! the pure arithmetic of [`primitives`] (online statistics, barrier words, row geometry), and
+//! for `nvptx64-nvidia-cuda` as a `cdylib`, which gives the PTX that `host/build.rs` embeds.
+//! Everything that only makes sense on the device sits behind `cfg(target_arch = "nvptx64")`.
+//!
+//! Layers, each importing only those before it: `launch` (host-shared definitions, no device
+//! code, no entries), `primitives` (building blocks, no entries), then the kernel families,
+//! which import the two but not each other's folders: `seeds`, `production`, `ops`. Each
+//! family generates its own entries with `primitives::entry::kernel_entry!`, from the
+//! instance lists in `launch` where the host has tables of them.
 //!
 //! Every kernel computes, for each row `x` of a row-major `rows × cols` matrix,
 //! `y_i = exp(x_i - max(x)) / Σ_j exp(x_j - max(x))` in `f32`, with the exponential evaluated as

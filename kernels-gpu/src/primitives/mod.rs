@@ -1,8 +1,12 @@
-//! The building blocks of every kernel: the device's special registers, barriers and
-//! instructions, memory accesses, element types, reductions, the online-softmax statistics,
-//! and the exchange of statistics between the blocks of a row. No entry points; nothing here
-//! names a kernel family. `online`, `barrier_word` and `row_part` are pure arithmetic that the
-//! host compiles too (its tests check them); the rest exists only on the device.
+//! The building blocks of every kernel, importing nothing but [`crate::launch`]: `device`
+//! (special registers, barriers and instructions, each wrapped once), `entry` (the one macro
+//! that makes a kernel entry), `memory` (loads and stores), `element` (element types and
+//! their conversions), `reduce` (lane, group and block reductions), `online` (the
+//! online-softmax statistics), `barrier_word` and `row_exchange` (the per-row barrier and the
+//! exchange of statistics between the blocks of a row), `row_part` (where a share of a row
+//! lies). No entry points; nothing here names a kernel family. `online`, `barrier_word` and
+//! `row_part` are pure arithmetic that the host compiles too (its tests check them); the rest
+//! exists only on the device.
 
 pub mod barrier_word;
 pub mod online;

@@ -5,11 +5,11 @@
 //! modules.
 
 #[cfg(feature = "softmax")]
-pub(crate) mod block_registers;
+mod block_registers;
 #[cfg(feature = "softmax")]
 mod row_cluster;
 mod row_slices;
 #[cfg(feature = "softmax")]
-pub(crate) mod rows_in_registers;
+mod rows_in_registers;
 #[cfg(feature = "softmax")]
 mod split_rows;
