@@ -5,7 +5,7 @@
 //! bookkeeping asks for.
 
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
-use kernels_gpu::row_ops::DType;
+use kernels_gpu::launch::ops::DType;
 
 use crate::Softmax;
 use crate::error::{Error, Result};

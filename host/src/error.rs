@@ -80,8 +80,8 @@ pub enum Error {
     #[error("{what} holds {actual:?} elements but the input holds {expected:?}")]
     ElementTypeMismatch {
         what: &'static str,
-        expected: kernels_gpu::row_ops::DType,
-        actual: kernels_gpu::row_ops::DType,
+        expected: kernels_gpu::launch::ops::DType,
+        actual: kernels_gpu::launch::ops::DType,
     },
 
     /// A strided view's stride is below its width.

@@ -5,7 +5,7 @@ use std::ffi::{c_int, c_void};
 use std::marker::PhantomData;
 
 use cust::sys;
-use kernels_gpu::row_ops::{RowOpParams, mode};
+use kernels_gpu::launch::ops::{RowOpParams, mode};
 
 use crate::device::check_code;
 use crate::error::Result;

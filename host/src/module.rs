@@ -6,7 +6,7 @@ use std::ffi::c_int;
 
 use cust::module::Module;
 use cust::sys;
-use kernels_gpu::row_ops::DType;
+use kernels_gpu::launch::ops::DType;
 
 use crate::device::{check, check_code};
 use crate::error::{CudaContext, Error, Result};

@@ -23,8 +23,8 @@ use cust::event::{Event, EventFlags};
 use cust::memory::{CopyDestination, DeviceBuffer, DeviceSlice};
 use cust::stream::{Stream, StreamFlags};
 use cust::sys;
-use kernels_gpu::launch::BLOCK_SMEM_AUTOTUNE_CANDIDATES;
-use kernels_gpu::row_ops::RowOpParams;
+use kernels_gpu::launch::ops::RowOpParams;
+use kernels_gpu::launch::softmax::BLOCK_SMEM_AUTOTUNE_CANDIDATES;
 
 use crate::autotune::{TuneCache, TuneKey};
 use crate::device::{self, DeviceInfo};

@@ -1,6 +1,8 @@
 //! The softmax variants, named as on the command line.
 
-use kernels_gpu::launch::{BLOCK_SMEM_DEFAULT_THREADS, MAX_BLOCK_THREADS, MIN_BLOCK_THREADS};
+use kernels_gpu::launch::{
+    MAX_BLOCK_THREADS, MIN_BLOCK_THREADS, softmax::BLOCK_SMEM_DEFAULT_THREADS,
+};
 
 use crate::error::{Error, Result};
 

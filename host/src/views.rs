@@ -2,7 +2,7 @@
 //! siblings): element types, strided rows in device memory, masks and scales.
 
 use cust::memory::{DeviceCopy, DeviceSlice};
-pub use kernels_gpu::row_ops::{DType, RowState};
+pub use kernels_gpu::launch::ops::{DType, RowState};
 
 use crate::error::{Error, Result};
 use crate::shape::Shape;
@@ -64,8 +64,8 @@ pub enum Operation {
 impl Operation {
     pub(crate) fn code(self) -> u32 {
         match self {
-            Operation::Softmax => kernels_gpu::row_ops::op::SOFTMAX,
-            Operation::LogSoftmax => kernels_gpu::row_ops::op::LOG_SOFTMAX,
+            Operation::Softmax => kernels_gpu::launch::ops::op::SOFTMAX,
+            Operation::LogSoftmax => kernels_gpu::launch::ops::op::LOG_SOFTMAX,
         }
     }
 }
@@ -309,7 +309,7 @@ impl<'a> Options<'a> {
 /// `2^x` on the host, for merging states as the kernels do.
 enum HostExp2 {}
 
-impl kernels_gpu::online::Exp2 for HostExp2 {
+impl kernels_gpu::primitives::online::Exp2 for HostExp2 {
     fn exp2(x: f32) -> f32 {
         x.exp2()
     }
@@ -319,7 +319,7 @@ impl kernels_gpu::online::Exp2 for HostExp2 {
 /// of their union. Commutative and associative up to rounding; a state with `max = -inf`
 /// and `sum = 0` is its identity.
 pub fn merge_row_states(a: RowState, b: RowState) -> RowState {
-    use kernels_gpu::online::OnlineStats;
+    use kernels_gpu::primitives::online::OnlineStats;
     let merged = OnlineStats::new(a.max, a.sum).merge::<HostExp2>(OnlineStats::new(b.max, b.sum));
     RowState {
         max: merged.max,

@@ -1,9 +1,9 @@
 //! Tests that need no GPU: the reference, the online statistics, shapes and variant names.
 
-use kernels_gpu::barrier_word;
-use kernels_gpu::launch::RowSlicesKernelName;
-use kernels_gpu::online::{CompensatedSum, Exp2, OnlineStats};
-use kernels_gpu::row_ops::OpKernelName;
+use kernels_gpu::launch::ops::OpKernelName;
+use kernels_gpu::launch::softmax::RowSlicesKernelName;
+use kernels_gpu::primitives::barrier_word;
+use kernels_gpu::primitives::online::{CompensatedSum, Exp2, OnlineStats};
 use proptest::prelude::*;
 use softmax::reference::{Scores, backward_f64, deviation, softmax_f64};
 use softmax::{DType, Error, RowState, Shape, Variant, merge_row_states};
@@ -597,7 +597,8 @@ fn row_parts_cover<const PACK: usize>(
     slices: usize,
     ends: Ends,
 ) -> Result<(), TestCaseError> {
-    use kernels_gpu::row_part::{END_SLOTS, Piece, RowPart, unaligned_head};
+    use kernels_gpu::launch::ops::END_SLOTS;
+    use kernels_gpu::primitives::row_part::{Piece, RowPart, unaligned_head};
 
     let bytes = 16 / PACK;
     let head = unaligned_head(row_start * bytes, bytes, PACK);

@@ -7,7 +7,7 @@ mod common;
 
 use common::{Check, poisoned, random_matrix};
 use cust::memory::{CopyDestination, DeviceBuffer};
-use kernels_gpu::launch::BLOCK_SMEM_AUTOTUNE_CANDIDATES;
+use kernels_gpu::launch::softmax::BLOCK_SMEM_AUTOTUNE_CANDIDATES;
 use rand::Rng;
 use rand::rngs::StdRng;
 use softmax::reference::softmax_f64;

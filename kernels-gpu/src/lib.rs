@@ -1,9 +1,15 @@
 //! Row-wise softmax kernels, written in Rust and compiled to PTX by rustc's NVPTX backend.
 //!
-//! The crate is built twice: for the host as an `rlib`, so the launcher shares the constants
-//! and the online-softmax statistics defined here, and for `nvptx64-nvidia-cuda` as a
-//! `cdylib`, which gives the PTX that `host/build.rs` embeds. Everything that only makes sense
-//! on the device sits behind `cfg(target_arch = "nvptx64")`.
+//! The crate is built twice: for the host as an `rlib`, so the launcher shares [`launch`] and
+//! the pure arithmetic of [`primitives`] (online statistics, barrier words, row geometry), and
+//! for `nvptx64-nvidia-cuda` as a `cdylib`, which gives the PTX that `host/build.rs` embeds.
+//! Everything that only makes sense on the device sits behind `cfg(target_arch = "nvptx64")`.
+//!
+//! Layers, each importing only those before it: `launch` (host-shared definitions, no device
+//! code, no entries), `primitives` (building blocks, no entries), then the kernel families,
+//! which import the two but not each other's folders: `seeds`, `production`, `ops`. Each
+//! family generates its own entries with `primitives::entry::kernel_entry!`, from the
+//! instance lists in `launch` where the host has tables of them.
 //!
 //! Every kernel computes, for each row `x` of a row-major `rows × cols` matrix,
 //! `y_i = exp(x_i - max(x)) / Σ_j exp(x_j - max(x))` in `f32`, with the exponential evaluated as
@@ -43,52 +49,23 @@
     allow(dead_code, unused_imports)
 )]
 
-pub mod barrier_word;
+/// What the host and the kernels share: constants, instance tables, kernel names,
+/// parameters. No device code, no entries.
 pub mod launch;
-pub mod online;
-#[macro_use]
-pub mod row_ops;
-pub mod row_part;
+/// The building blocks: intrinsics, memory, element types, reductions, statistics.
+pub mod primitives;
 
-#[cfg(target_arch = "nvptx64")]
-mod device;
-#[cfg(target_arch = "nvptx64")]
-mod reduce;
-#[cfg(target_arch = "nvptx64")]
-mod row_exchange;
+/// The seed baselines (the `softmax` module).
+#[cfg(all(target_arch = "nvptx64", feature = "softmax"))]
+mod seeds;
 
-/// The f32 softmax variants (the seeds and the production kernels): the `softmax` module.
-#[cfg(all(target_arch = "nvptx64", feature = "softmax"))]
-mod block_per_row_smem;
-#[cfg(all(target_arch = "nvptx64", feature = "softmax"))]
-mod block_registers;
-#[cfg(all(target_arch = "nvptx64", feature = "softmax"))]
-mod memory;
-#[cfg(all(target_arch = "nvptx64", feature = "softmax"))]
-mod row_cluster;
-#[cfg(all(target_arch = "nvptx64", feature = "softmax"))]
-mod rows_in_registers;
-#[cfg(all(target_arch = "nvptx64", feature = "softmax"))]
-mod split_rows;
-#[cfg(all(target_arch = "nvptx64", feature = "softmax"))]
-mod thread_per_row;
-#[cfg(all(target_arch = "nvptx64", feature = "softmax"))]
-mod unfused;
-#[cfg(all(target_arch = "nvptx64", feature = "softmax"))]
-mod warp_per_row;
+/// The production f32 softmax kernels (the `softmax` module; row slices in every module).
+#[cfg(target_arch = "nvptx64")]
+mod production;
 
-/// The operation kernels (any dtype, options, backward): one module per input type; and
-/// row-slices, whose f32 entries are in the softmax module and its 16-bit ones in theirs.
+/// The operation kernels: one module per input type.
 #[cfg(target_arch = "nvptx64")]
-mod element;
-#[cfg(target_arch = "nvptx64")]
-mod op_templates;
-#[cfg(target_arch = "nvptx64")]
-mod row_kernel;
-#[cfg(target_arch = "nvptx64")]
-mod row_slice;
-#[cfg(target_arch = "nvptx64")]
-mod row_slices;
+mod ops;
 
 #[cfg(target_arch = "nvptx64")]
 #[panic_handler]

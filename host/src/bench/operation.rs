@@ -8,7 +8,7 @@
 
 use cust::memory::{AsyncCopyDestination, CopyDestination, DeviceBuffer, DeviceSlice};
 use indicatif::{ProgressBar, ProgressStyle};
-use kernels_gpu::row_ops::Direction;
+use kernels_gpu::launch::ops::Direction;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 

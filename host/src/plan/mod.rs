@@ -8,15 +8,17 @@
 pub(crate) mod operations;
 pub(crate) mod variants;
 
-use kernels_gpu::launch::{BlockRegisterKernelName, RegisterKernelName, RowSlicesKernelName};
-use kernels_gpu::row_ops::{DType, Direction, OpKernelName};
+use kernels_gpu::launch::ops::{DType, Direction, OpKernelName};
+use kernels_gpu::launch::softmax::{
+    BlockRegisterKernelName, RegisterKernelName, RowSlicesKernelName,
+};
 
 use crate::error::{Error, Result};
 use crate::shape::Shape;
 use crate::variant::Variant;
 
 /// How the buffers of a call meet 16-byte packs (one type for every kernel family).
-pub(crate) use kernels_gpu::row_ops::PackLayout as Layout;
+pub(crate) use kernels_gpu::launch::ops::PackLayout as Layout;
 
 /// Smallest 16-bit tensor whose plain softmax takes row-slices where the operation kernels
 /// would slice its rows. Measured on the H200 (docs/performance-log.md, 2026-11-30), bf16, %

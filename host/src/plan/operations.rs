@@ -3,7 +3,7 @@
 //! 16-byte packs.
 
 use kernels_gpu::launch::REDUCTION_SCRATCH_FLOATS;
-use kernels_gpu::row_ops::{
+use kernels_gpu::launch::ops::{
     DType, Direction, OP_ROWS_BLOCK, OpKernelName, OpKernelShape, PackLayout,
 };
 
@@ -346,7 +346,7 @@ mod tests {
     /// that the launch's shares cover, each walked over its instance's slots as the kernels'
     /// `Slots` layouts walk them: how many times each column is covered.
     fn coverage<const PACK: usize>(launch: &OpLaunch, cols: u32, row_start: usize) -> Vec<u8> {
-        use kernels_gpu::row_part::{Piece, Share, unaligned_head};
+        use kernels_gpu::primitives::row_part::{Piece, Share, unaligned_head};
 
         let bytes = 16 / PACK;
         let head = unaligned_head(row_start * bytes, bytes, PACK);

@@ -1,15 +1,15 @@
 //! The f32 softmax variants: which launches each makes on a shape, with what grid, block,
 //! shared memory and arguments.
 
-use kernels_gpu::launch::{
+use kernels_gpu::launch::ops::DType;
+use kernels_gpu::launch::softmax::{
     BLOCK_REGISTER_SCALAR_PACKS, BLOCK_REGISTER_SCALAR_THREADS, BLOCK_REGISTER_VECTOR_PACKS,
     BLOCK_REGISTER_VECTOR_THREADS, BlockRegisterKernelName, CLUSTER_STATS_FLOATS,
-    ELEMENTWISE_BLOCK, LOADS_IN_FLIGHT, MAX_BLOCK_THREADS, MAX_CLUSTER_BLOCKS,
-    REDUCTION_SCRATCH_FLOATS, REGISTER_ROWS_BLOCK, REGISTER_SCALAR_INSTANCES,
-    REGISTER_VECTOR_INSTANCES, ROW_SLICE_THREADS, RegisterKernelName, RowSlicesKernelName,
-    THREAD_PER_ROW_BLOCK, VECTOR_PACK, WARP_PER_ROW_WARPS_PER_BLOCK, WARP_SIZE,
+    ELEMENTWISE_BLOCK, LOADS_IN_FLIGHT, MAX_CLUSTER_BLOCKS, REGISTER_ROWS_BLOCK,
+    REGISTER_SCALAR_INSTANCES, REGISTER_VECTOR_INSTANCES, ROW_SLICE_THREADS, RegisterKernelName,
+    RowSlicesKernelName, THREAD_PER_ROW_BLOCK, VECTOR_PACK, WARP_PER_ROW_WARPS_PER_BLOCK,
 };
-use kernels_gpu::row_ops::DType;
+use kernels_gpu::launch::{MAX_BLOCK_THREADS, REDUCTION_SCRATCH_FLOATS, WARP_SIZE};
 
 use super::{DeviceLimits, Entry, Launch, Layout, Params, Scheduling, Slicing};
 use crate::error::{Error, Result};
@@ -544,7 +544,7 @@ fn unfused_launches(shape: Shape, device: &dyn DeviceLimits) -> Vec<Launch> {
 mod tests {
     use super::*;
     use crate::plan::tests::{FakeH200, shape};
-    use kernels_gpu::barrier_word;
+    use kernels_gpu::primitives::barrier_word;
 
     /// Few wide rows (LLM vocabularies, odd widths): where slicing matters.
     const FEW_WIDE_ROWS: [(usize, usize); 7] = [

@@ -7,7 +7,7 @@
 //! kernels), planned once, enqueued with the call's buffers.
 
 use cust::memory::{DeviceCopy, DeviceSlice};
-use kernels_gpu::row_ops::{DType, Direction, RowOpParams, RowState, mode};
+use kernels_gpu::launch::ops::{DType, Direction, RowOpParams, RowState, mode};
 
 use super::raw::RowOutput;
 use super::{CallBuffers, Softmax, address, check_disjoint};

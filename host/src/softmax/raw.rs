@@ -2,7 +2,7 @@
 //! `CUstream`, shapes, row strides and element types given at run time.
 
 use cust::sys;
-use kernels_gpu::row_ops::{DType, RowState};
+use kernels_gpu::launch::ops::{DType, RowState};
 
 use super::Softmax;
 use super::operations::Span;

@@ -1,7 +1,7 @@
 //! Preparing calls ahead of time, so that later calls load, plan, allocate and wait for
 //! nothing, and can be captured into a CUDA graph.
 
-use kernels_gpu::row_ops::{DType, Direction};
+use kernels_gpu::launch::ops::{DType, Direction};
 
 use super::Softmax;
 use crate::error::Result;

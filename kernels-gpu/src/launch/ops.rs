@@ -1,12 +1,11 @@
-//! The general row operations (softmax and log-softmax forward with options, their backward
-//! passes, per-row log-sum-exp and partial statistics) for f32, bf16 and f16 data: the
-//! parameter block both sides share, and the instance tables the host plans from.
+//! The operation kernels' launch definitions (softmax and log-softmax forward with options,
+//! their backward passes, per-row log-sum-exp and partial statistics, for f32, bf16 and f16
+//! data): the parameter block both sides share, the instance tables the host plans from and
+//! the kernel names it launches by.
 //!
 //! Every operation kernel takes one [`RowOpParams`] by value. The input element type is a
 //! compile-time parameter (it fixes the width of a 16-byte pack); the output type, the
 //! operation and every option are runtime fields, uniform across the launch.
-
-use crate::row_part::END_SLOTS;
 
 /// An element type of the data a kernel reads or writes.
 #[repr(u32)]
@@ -54,7 +53,7 @@ pub mod op {
 pub mod mode {
     /// Reduce each row, then write the outputs (elements and/or per-row log-sum-exp).
     pub const FULL: u32 = 0;
-    /// Reduce each row and store its [`RowState`] in slot `state_slot` of `states`; write
+    /// Reduce each row and store its [`RowState`](super::RowState) in slot `state_slot` of `states`; write
     /// nothing else.
     pub const STATES: u32 = 1;
     /// Merge the `state_slots` states stored for each row instead of reducing, then write the
@@ -136,12 +135,16 @@ pub struct RowOpParams {
     pub slice_packs: u32,
 }
 
+/// A peeled row's two ends, the head and the tail: the slots a group needs beyond its body
+/// packs, and the threads of a block that hold one end each in their extra slot.
+pub const END_SLOTS: u32 = 2;
+
 /// Threads per block of the group-per-row operation kernels.
 pub const OP_ROWS_BLOCK: u32 = 128;
 
 /// The operation kernels' instance lists, written once: passes them to `$callback!` after
-/// the given arguments. The tables below and the kernel crate's `ptx-kernel` entries are both
-/// made from it, so what the host plans with is what the PTX holds.
+/// the given arguments. The tables below and the families' entries (`ops::rows`, `ops::block`)
+/// are both made from it, so what the host plans with is what the PTX holds.
 macro_rules! with_op_instances {
     ($callback:ident $(, $argument:tt)*) => {
         $callback!(
@@ -183,11 +186,15 @@ macro_rules! op_tables {
     };
 }
 
+// The device build generates the entries from it too.
+#[cfg(target_arch = "nvptx64")]
+pub(crate) use with_op_instances;
+
 with_op_instances!(op_tables);
 
 /// A peeled row's ends take `END_SLOTS` slots of a group, and one slot each of the first
-/// `END_SLOTS` threads of a block. The kernel crate leaves the first group instance out of its
-/// peeled entries, so it must be the only one with fewer slots.
+/// `END_SLOTS` threads of a block. The group family (`ops::rows`) leaves the first group
+/// instance out of its peeled entries, so it must be the only one with fewer slots.
 const _: () = {
     assert!(OP_ROWS_VECTOR[0].0 * OP_ROWS_VECTOR[0].1 < END_SLOTS);
     let mut i = 1;
@@ -244,10 +251,10 @@ pub enum PackLayout {
     Elements,
     /// Every row of every buffer starts on a pack, and `cols` is a multiple of the pack.
     Aligned,
-    /// Every buffer starts 16-byte aligned and all share one row stride in elements, so rows
-    /// are misaligned alike: each row's unaligned head and tail are read one element at a
-    /// time, the rest in packs (see [`crate::row_part`]). Forward and backward only: mask
-    /// rows are laid out independently of the input's.
+    /// Every buffer starts 16-byte aligned and all share one row stride in elements, so rows are
+    /// misaligned alike: each row's unaligned head and tail are read one element at a time, the
+    /// rest in packs (see [`crate::primitives::row_part`]). Forward and backward only: mask rows
+    /// are laid out independently of the input's.
     Peeled,
 }
 
@@ -278,8 +285,8 @@ impl PackLayout {
     }
 }
 
-/// One operation entry. Its `Display` is the PTX entry name, the spelling the kernel crate
-/// generates (`op_rows_fwd_bf16_p8_l32_n4`, `op_block_mfwd_f32_p4_t1024_n8`,
+/// One operation entry. Its `Display` is the PTX entry name, the spelling the families
+/// generate (`op_rows_fwd_bf16_p8_l32_n4`, `op_block_mfwd_f32_p4_t1024_n8`,
 /// `op_rows_bwd_f16_p8peeled_l4_n2`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct OpKernelName {
@@ -311,7 +318,7 @@ impl OpKernelName {
 
     /// Slots a row's share takes beside its body packs: a peeled row's head and tail in a
     /// group, which holds them in its body's slots. A block holds them in one more slot per
-    /// thread, apart from the `packs` its body fills (`op_templates::PeeledApart`).
+    /// thread, apart from the `packs` its body fills (`ops::slots::PeeledApart`).
     pub fn end_slots(&self) -> u32 {
         match self.shape {
             OpKernelShape::Rows { .. } => self.layout.end_slots(),

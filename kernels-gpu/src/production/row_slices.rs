@@ -1,23 +1,26 @@
-//! Production fallback for rows too wide for registers: each row is cut into `slices`
-//! contiguous slices and each slice goes to one block, which keeps it in shared memory (when
-//! it fits), so the input is read once; otherwise the second pass re-reads it (from L2 when
-//! the tensor fits there). 16-byte access as in [`RowSlice`]. With one slice per row this is a
-//! block-per-row kernel; with several, the blocks of a row exchange their online statistics
-//! through global memory behind a per-row barrier. The launch is an ordinary one (so it takes
-//! the programmatic overlap with the kernel before it), and its blocks need not be resident
-//! together: a block whose row is still incomplete after a patience (blocks of other kernels
-//! holding the places its row's other blocks need) leaves, and the row's last block writes
-//! the slice it left, reading it again. One template for every element type (f32 in the
-//! softmax module, bf16 and f16 in their operation modules): math in f32, the cache holds the
-//! elements as they were read.
+//! Production fallback for rows too wide for registers: each row is cut into `slices` contiguous
+//! slices and each slice goes to one block, which keeps it in shared memory (when it fits), so the
+//! input is read once; otherwise the second pass re-reads it (from L2 when the tensor fits there).
+//! 16-byte access as in [`EdgePerThreadSlice`]. With one slice per row this is a block-per-row
+//! kernel; with several, the blocks of a row exchange their online statistics through global memory
+//! behind a per-row barrier. The launch is an ordinary one (so it takes the programmatic overlap
+//! with the kernel before it), and its blocks need not be resident together: a block whose row is
+//! still incomplete after a patience (blocks of other kernels holding the places its row's other
+//! blocks need) leaves, and the row's last block writes the slice it left, reading it again. One
+//! template for every element type (f32 in the softmax module, bf16 and f16 in their operation
+//! modules): math in f32, the cache holds the elements as they were read.
 
-use crate::device::{DeviceExp2, Vector4, block_dim, block_idx, dynamic_shared_f32, thread_idx};
-use crate::element::{Bf16, Element, F16};
-use crate::launch::{LOADS_IN_FLIGHT, REDUCTION_SCRATCH_FLOATS};
-use crate::online::OnlineStats;
-use crate::reduce::block_reduce;
-use crate::row_exchange::{RowExchange, exchange_row_stats_or_leave, take_left_slice};
-use crate::row_slice::RowSlice;
+use crate::launch::REDUCTION_SCRATCH_FLOATS;
+use crate::launch::softmax::LOADS_IN_FLIGHT;
+use crate::primitives::device::{
+    DeviceExp2, Vector4, block_dim, block_idx, dynamic_shared_f32, thread_idx,
+};
+use crate::primitives::element::{Bf16, Element, F16};
+use crate::primitives::entry::kernel_entry;
+use crate::primitives::online::OnlineStats;
+use crate::primitives::reduce::block_reduce;
+use crate::primitives::row_exchange::{RowExchange, exchange_row_stats_or_leave, take_left_slice};
+use crate::primitives::row_part::EdgePerThreadSlice;
 
 /// # Safety
 /// `input` and `output` each point to `rows · cols` elements (distinct buffers), `cols > 0`;
@@ -48,7 +51,8 @@ unsafe fn softmax_row_slices<E: Element, const PACK: usize>(
     let cache = (cached != 0)
         .then(|| unsafe { shared.add(REDUCTION_SCRATCH_FLOATS as usize).cast::<u8>() });
     // SAFETY: forwarded from this kernel's contract.
-    let share = unsafe { Share::<E, PACK>::of_block(input, output, cols, slices, slice_packs) };
+    let share =
+        unsafe { SliceSoftmax::<E, PACK>::of_block(input, output, cols, slices, slice_packs) };
     // SAFETY: as above; uniform control flow.
     let block_stats = unsafe { block_reduce(share.stats(cache), shared) };
     if share.slices == 1 {
@@ -79,7 +83,7 @@ unsafe fn softmax_row_slices<E: Element, const PACK: usize>(
         // flow (`leavers` came to every thread through the block barrier).
         unsafe {
             let slice = take_left_slice(shared, barriers, share.row, share.slices);
-            Share::<E, PACK>::of_slice(
+            SliceSoftmax::<E, PACK>::of_slice(
                 input,
                 output,
                 cols,
@@ -93,18 +97,20 @@ unsafe fn softmax_row_slices<E: Element, const PACK: usize>(
     }
 }
 
-/// One block's share of a row: where it lies, and the element outside the aligned body this
-/// thread holds.
-pub(crate) struct Share<E, const PACK: usize> {
+/// The softmax of one block's share of a row: where the share lies, the element outside the
+/// aligned body this thread holds, and the two passes over it (statistics, normalized
+/// writes), which row slices and row clusters share. (The operation kernels'
+/// `row_part::Share` only says which slice of a row a group or block holds.)
+pub(crate) struct SliceSoftmax<E, const PACK: usize> {
     x: *const E,
     y: *mut E,
-    part: RowSlice,
+    part: EdgePerThreadSlice,
     edge_column: Option<usize>,
     pub row: usize,
     pub slices: usize,
 }
 
-impl<E: Element, const PACK: usize> Share<E, PACK> {
+impl<E: Element, const PACK: usize> SliceSoftmax<E, PACK> {
     /// Bytes of a pack, as read and as cached: 16, or one element of 4 or 2 bytes.
     const PACK_BYTES: usize = {
         let bytes = PACK * size_of::<E>();
@@ -148,7 +154,7 @@ impl<E: Element, const PACK: usize> Share<E, PACK> {
     /// Slice `slice` of row `row`, as block `row · slices + slice` of the launch holds it.
     ///
     /// # Safety
-    /// As for [`Share::of_block`], with `row < rows` and `slice < slices`.
+    /// As for [`SliceSoftmax::of_block`], with `row < rows` and `slice < slices`.
     #[inline(always)]
     pub unsafe fn of_slice(
         input: *const E,
@@ -167,9 +173,9 @@ impl<E: Element, const PACK: usize> Share<E, PACK> {
             unsafe { input.add(row * cols) },
             output.wrapping_add(row * cols),
         );
-        let part = RowSlice::new::<PACK, E>(x, cols, slice, slices, slice_packs);
+        let part = EdgePerThreadSlice::new::<PACK, E>(x, cols, slice, slices, slice_packs);
         let edge_column = part.edge_column::<PACK>(thread_idx() as usize);
-        Share {
+        SliceSoftmax {
             x,
             y,
             part,
@@ -250,7 +256,7 @@ impl<E: Element, const PACK: usize> Share<E, PACK> {
     /// them from `cache` when given, else from the input again.
     ///
     /// # Safety
-    /// As [`Share::stats`], with the same `cache`, after it.
+    /// As [`SliceSoftmax::stats`], with the same `cache`, after it.
     #[inline(always)]
     pub unsafe fn write_normalized(&self, cache: Option<*mut u8>, row_stats: OnlineStats) {
         let inv_sum = 1.0 / row_stats.sum();
@@ -322,46 +328,44 @@ impl<E: Element, const PACK: usize> Share<E, PACK> {
     }
 }
 
-macro_rules! row_slices_entry {
-    ($feature:literal, $name:ident, $element:ty, $pack:literal) => {
-        /// # Safety
-        /// See `softmax_row_slices` with the element type and `PACK` of the name.
-        #[cfg(feature = $feature)]
-        #[unsafe(no_mangle)]
-        #[allow(clippy::too_many_arguments)]
-        pub unsafe extern "ptx-kernel" fn $name(
-            input: *const $element,
-            output: *mut $element,
-            cols: u32,
-            slices: u32,
-            slice_packs: u32,
-            cached: u32,
-            partials: *mut f32,
-            barriers: *mut u32,
-            patience_ns: u64,
-        ) {
-            crate::device::await_previous_grid();
-            // SAFETY: forwarded from this entry's contract.
-            unsafe {
-                softmax_row_slices::<$element, $pack>(
-                    input,
-                    output,
-                    cols,
-                    slices,
-                    slice_packs,
-                    cached,
-                    partials,
-                    barriers,
-                    patience_ns,
-                )
-            }
-        }
-    };
+/// One entry per element type and pack width, behind the feature of the PTX module that holds
+/// it: `softmax_row_slices[_<type>]_p<pack>`, as
+/// [`crate::launch::softmax::RowSlicesKernelName`] spells it.
+macro_rules! row_slices_entries {
+    ($($feature:literal: $element:ty, $name:literal, $pack:literal;)+) => {$(
+        kernel_entry!(
+            #[cfg(feature = $feature)]
+            export concat!("softmax_row_slices", $name, "_p", $pack),
+            (
+                input: *const $element,
+                output: *mut $element,
+                cols: u32,
+                slices: u32,
+                slice_packs: u32,
+                cached: u32,
+                partials: *mut f32,
+                barriers: *mut u32,
+                patience_ns: u64,
+            ) => softmax_row_slices::<$element, $pack>(
+                input,
+                output,
+                cols,
+                slices,
+                slice_packs,
+                cached,
+                partials,
+                barriers,
+                patience_ns,
+            )
+        );
+    )+};
 }
 
-row_slices_entry!("softmax", softmax_row_slices_p4, f32, 4);
-row_slices_entry!("softmax", softmax_row_slices_p1, f32, 1);
-row_slices_entry!("ops-bf16", softmax_row_slices_bf16_p8, Bf16, 8);
-row_slices_entry!("ops-bf16", softmax_row_slices_bf16_p1, Bf16, 1);
-row_slices_entry!("ops-f16", softmax_row_slices_f16_p8, F16, 8);
-row_slices_entry!("ops-f16", softmax_row_slices_f16_p1, F16, 1);
+row_slices_entries! {
+    "softmax": f32, "", 4;
+    "softmax": f32, "", 1;
+    "ops-bf16": Bf16, "_bf16", 8;
+    "ops-bf16": Bf16, "_bf16", 1;
+    "ops-f16": F16, "_f16", 8;
+    "ops-f16": F16, "_f16", 1;
+}

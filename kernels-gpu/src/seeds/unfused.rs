@@ -2,10 +2,11 @@
 //! row maximum, subtract, exponentiate, row sum, divide. Each is a full pass over device
 //! memory (32 bytes of traffic per element in all), which is what fusion saves.
 
-use crate::device::{block_dim, block_idx, exp2_approx, grid_dim, thread_idx};
 use crate::launch::WARP_SIZE;
-use crate::online::{CompensatedSum, LOG2_E};
-use crate::reduce::{group_max, group_sum};
+use crate::primitives::device::{block_dim, block_idx, exp2_approx, grid_dim, thread_idx};
+use crate::primitives::entry::kernel_entry;
+use crate::primitives::online::{CompensatedSum, LOG2_E};
+use crate::primitives::reduce::{group_max, group_sum};
 
 /// Row index and the lane's first column for the warp-per-row reductions, or `None` for
 /// warps past the last row.
@@ -28,14 +29,8 @@ fn grid_stride(len: u64) -> impl Iterator<Item = usize> {
 /// # Safety
 /// `input` holds `rows · cols` floats, `row_max` holds `rows`; `cols > 0`. Blocks of whole
 /// warps, `ceil(rows / warps per block)` blocks.
-#[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn softmax_unfused_row_max(
-    input: *const f32,
-    row_max: *mut f32,
-    rows: u32,
-    cols: u32,
-) {
-    crate::device::await_previous_grid();
+#[inline(always)]
+unsafe fn softmax_unfused_row_max(input: *const f32, row_max: *mut f32, rows: u32, cols: u32) {
     let Some((row, lane)) = warp_row(rows) else {
         return;
     };
@@ -56,15 +51,14 @@ pub unsafe extern "ptx-kernel" fn softmax_unfused_row_max(
 /// # Safety
 /// `input` and `output` hold `rows · cols` floats, `row_max` holds `rows`; `cols > 0`.
 /// Any 1-D grid.
-#[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn softmax_unfused_subtract(
+#[inline(always)]
+unsafe fn softmax_unfused_subtract(
     input: *const f32,
     row_max: *const f32,
     output: *mut f32,
     rows: u32,
     cols: u32,
 ) {
-    crate::device::await_previous_grid();
     for i in grid_stride(rows as u64 * cols as u64) {
         // SAFETY: i < rows · cols and i / cols < rows.
         unsafe {
@@ -79,9 +73,8 @@ pub unsafe extern "ptx-kernel" fn softmax_unfused_subtract(
 ///
 /// # Safety
 /// `data` holds `len` floats. Any 1-D grid.
-#[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn softmax_unfused_exp(data: *mut f32, len: u64) {
-    crate::device::await_previous_grid();
+#[inline(always)]
+unsafe fn softmax_unfused_exp(data: *mut f32, len: u64) {
     for i in grid_stride(len) {
         // SAFETY: i < len.
         unsafe { data.add(i).write(exp2_approx(data.add(i).read() * LOG2_E)) };
@@ -92,14 +85,8 @@ pub unsafe extern "ptx-kernel" fn softmax_unfused_exp(data: *mut f32, len: u64) 
 ///
 /// # Safety
 /// As [`softmax_unfused_row_max`], with `data` in place of `input` and `row_sum` of `rows`.
-#[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn softmax_unfused_row_sum(
-    data: *const f32,
-    row_sum: *mut f32,
-    rows: u32,
-    cols: u32,
-) {
-    crate::device::await_previous_grid();
+#[inline(always)]
+unsafe fn softmax_unfused_row_sum(data: *const f32, row_sum: *mut f32, rows: u32, cols: u32) {
     let Some((row, lane)) = warp_row(rows) else {
         return;
     };
@@ -119,14 +106,8 @@ pub unsafe extern "ptx-kernel" fn softmax_unfused_row_sum(
 ///
 /// # Safety
 /// `data` holds `rows · cols` floats, `row_sum` holds `rows`; `cols > 0`. Any 1-D grid.
-#[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn softmax_unfused_divide(
-    data: *mut f32,
-    row_sum: *const f32,
-    rows: u32,
-    cols: u32,
-) {
-    crate::device::await_previous_grid();
+#[inline(always)]
+unsafe fn softmax_unfused_divide(data: *mut f32, row_sum: *const f32, rows: u32, cols: u32) {
     for i in grid_stride(rows as u64 * cols as u64) {
         // SAFETY: i < rows · cols and i / cols < rows.
         unsafe {
@@ -135,3 +116,29 @@ pub unsafe extern "ptx-kernel" fn softmax_unfused_divide(
         };
     }
 }
+
+kernel_entry!(
+    export "softmax_unfused_row_max",
+    (input: *const f32, row_max: *mut f32, rows: u32, cols: u32)
+        => softmax_unfused_row_max(input, row_max, rows, cols)
+);
+kernel_entry!(
+    export "softmax_unfused_subtract",
+    (input: *const f32, row_max: *const f32, output: *mut f32, rows: u32, cols: u32)
+        => softmax_unfused_subtract(input, row_max, output, rows, cols)
+);
+kernel_entry!(
+    export "softmax_unfused_exp",
+    (data: *mut f32, len: u64)
+        => softmax_unfused_exp(data, len)
+);
+kernel_entry!(
+    export "softmax_unfused_row_sum",
+    (data: *const f32, row_sum: *mut f32, rows: u32, cols: u32)
+        => softmax_unfused_row_sum(data, row_sum, rows, cols)
+);
+kernel_entry!(
+    export "softmax_unfused_divide",
+    (data: *mut f32, row_sum: *const f32, rows: u32, cols: u32)
+        => softmax_unfused_divide(data, row_sum, rows, cols)
+);

@@ -2,9 +2,9 @@
 //! broadcast step is needed) and across the warps of a block (through shared memory), for any
 //! [`Partial`] result: the online-softmax statistics, or a plain sum.
 
-use crate::device::{DeviceExp2, block_dim, shfl_xor_f32, sync_threads, thread_idx};
 use crate::launch::WARP_SIZE;
-use crate::online::OnlineStats;
+use crate::primitives::device::{DeviceExp2, block_dim, shfl_xor_f32, sync_threads, thread_idx};
+use crate::primitives::online::OnlineStats;
 
 /// A partial result over part of a row that two disjoint parts combine into one, carried as
 /// at most two floats (what a shuffle or a shared-memory slot moves).

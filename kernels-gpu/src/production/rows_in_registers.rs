@@ -1,12 +1,15 @@
 //! Production kernel for narrow rows: a group of `LANES` lanes (1 to 32) owns a row, which
 //! stays in registers between the reductions, so the input is read once and the output
 //! written once: 8 bytes of traffic per element. A warp holds `32 / LANES` rows at once.
-//! The entries are generated in [`crate::launch`] from its instance tables.
+//! Its entries are generated at the bottom from the instance list in
+//! [`crate::launch::softmax`], the one the host's tables come from.
 
-use crate::device::{DeviceExp2, block_dim, block_idx, thread_idx};
-use crate::memory::{load_pack, store_pack};
-use crate::online::OnlineStats;
-use crate::reduce::{group_max, group_sum};
+use crate::launch::softmax::with_register_instances;
+use crate::primitives::device::{DeviceExp2, block_dim, block_idx, thread_idx};
+use crate::primitives::entry::kernel_entry;
+use crate::primitives::memory::{load_pack_plain, store_pack_plain};
+use crate::primitives::online::OnlineStats;
+use crate::primitives::reduce::{group_max, group_sum};
 
 /// Softmax of rows of at most `LANES · PACKS · PACK` columns, each held by `LANES` lanes.
 ///
@@ -38,7 +41,7 @@ pub unsafe fn softmax_rows_in_registers<const PACK: usize, const LANES: u32, con
         if live && column(pack) < cols {
             // SAFETY: column(pack) + PACK ≤ cols (cols is a multiple of PACK when PACK is 4),
             // row < rows, and the alignment contract covers the 16-byte case.
-            values[pack] = unsafe { load_pack::<PACK>(input.add(start + column(pack))) };
+            values[pack] = unsafe { load_pack_plain::<PACK>(input.add(start + column(pack))) };
         }
     }
 
@@ -64,7 +67,21 @@ pub unsafe fn softmax_rows_in_registers<const PACK: usize, const LANES: u32, con
                 values[pack][k] *= inv_sum;
             }
             // SAFETY: as for the loads.
-            unsafe { store_pack::<PACK>(output.add(start + column(pack)), values[pack]) };
+            unsafe { store_pack_plain::<PACK>(output.add(start + column(pack)), values[pack]) };
         }
     }
 }
+
+/// One entry per instance: `softmax_rows_in_registers_p<pack>_l<lanes>_n<packs>`, as
+/// [`crate::launch::softmax::RegisterKernelName`] spells it.
+macro_rules! register_entries {
+    ($($layout:ident $pack:literal: [$(($lanes:literal, $packs:literal)),+]),+) => {$($(
+        kernel_entry!(
+            export concat!("softmax_rows_in_registers_p", $pack, "_l", $lanes, "_n", $packs),
+            (input: *const f32, output: *mut f32, rows: u32, cols: u32)
+                => softmax_rows_in_registers::<$pack, $lanes, $packs>(input, output, rows, cols)
+        );
+    )+)+};
+}
+
+with_register_instances!(register_entries);

@@ -1,8 +1,9 @@
 //! One thread per row, as in both seeds: rows run in parallel, each row is walked serially,
 //! and neighbouring threads read addresses `cols` floats apart (uncoalesced).
 
-use crate::device::{DeviceExp2, block_dim, block_idx, thread_idx};
-use crate::online::{CompensatedSum, OnlineStats};
+use crate::primitives::device::{DeviceExp2, block_dim, block_idx, thread_idx};
+use crate::primitives::entry::kernel_entry;
+use crate::primitives::online::{CompensatedSum, OnlineStats};
 
 /// The input and output rows of this thread, or `None` past the last row.
 ///
@@ -27,14 +28,8 @@ unsafe fn this_threads_row(
 /// # Safety
 /// `input` and `output` each point to `rows · cols` floats (distinct buffers); `cols > 0`.
 /// Launch with any 1-D block and enough threads in the grid to cover `rows`.
-#[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn softmax_thread_per_row_naive(
-    input: *const f32,
-    output: *mut f32,
-    rows: u32,
-    cols: u32,
-) {
-    crate::device::await_previous_grid();
+#[inline(always)]
+unsafe fn softmax_thread_per_row_naive(input: *const f32, output: *mut f32, rows: u32, cols: u32) {
     // SAFETY: forwarded from this kernel's contract.
     let Some((x, y)) = (unsafe { this_threads_row(input, output, rows, cols) }) else {
         return;
@@ -65,14 +60,8 @@ pub unsafe extern "ptx-kernel" fn softmax_thread_per_row_naive(
 ///
 /// # Safety
 /// As [`softmax_thread_per_row_naive`].
-#[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn softmax_thread_per_row_online(
-    input: *const f32,
-    output: *mut f32,
-    rows: u32,
-    cols: u32,
-) {
-    crate::device::await_previous_grid();
+#[inline(always)]
+unsafe fn softmax_thread_per_row_online(input: *const f32, output: *mut f32, rows: u32, cols: u32) {
     // SAFETY: forwarded from this kernel's contract.
     let Some((x, y)) = (unsafe { this_threads_row(input, output, rows, cols) }) else {
         return;
@@ -91,3 +80,14 @@ pub unsafe extern "ptx-kernel" fn softmax_thread_per_row_online(
         }
     }
 }
+
+kernel_entry!(
+    export "softmax_thread_per_row_naive",
+    (input: *const f32, output: *mut f32, rows: u32, cols: u32)
+        => softmax_thread_per_row_naive(input, output, rows, cols)
+);
+kernel_entry!(
+    export "softmax_thread_per_row_online",
+    (input: *const f32, output: *mut f32, rows: u32, cols: u32)
+        => softmax_thread_per_row_online(input, output, rows, cols)
+);

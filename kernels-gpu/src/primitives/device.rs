@@ -191,10 +191,10 @@ pub fn dynamic_shared_f32() -> *mut f32 {
     core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<Vector4<f32>>().cast()
 }
 
-/// `2^x` on the device, for [`crate::online::OnlineStats`].
+/// `2^x` on the device, for [`crate::primitives::online::OnlineStats`].
 pub enum DeviceExp2 {}
 
-impl crate::online::Exp2 for DeviceExp2 {
+impl crate::primitives::online::Exp2 for DeviceExp2 {
     #[inline(always)]
     fn exp2(x: f32) -> f32 {
         exp2_approx(x)
@@ -261,7 +261,8 @@ pub fn cluster_shared_of(local: *const f32, rank: u32) -> *const f32 {
 /// access, so the host may launch with overlap allowed: the grid may then start once every block
 /// of the previous kernel in the stream has exited, before that kernel's completion is
 /// signalled. No entry lets its dependents start earlier (`griddepcontrol.launch_dependents`):
-/// that cost up to 20 points on grids of many small blocks (session 13).
+/// that cost up to 20 points on grids of many small blocks (docs/performance-log.md,
+/// 2026-11-30).
 #[inline(always)]
 pub fn await_previous_grid() {
     // SAFETY: no operands; it only orders this grid after its predecessor in the stream. Not

@@ -1,240 +1,18 @@
-//! What an operation kernel does to one row, apart from how threads share the row: read a
-//! pack of columns (applying scale and masks), reduce the packs to a [`Partial`] result,
-//! and write a pack of outputs from the row's result. [`Forward`] and [`MaskedForward`] are
-//! softmax, log-softmax and log-sum-exp; [`Backward`] their gradients. The layouts in [`crate::op_templates`] run
-//! either.
+//! The forward row kernels: softmax, log-softmax and log-sum-exp of the scores, without masks
+//! ([`Forward`], which also reads rows that need not start on a 16-byte boundary) or with them
+//! ([`MaskedForward`]).
 
-use core::marker::PhantomData;
+use crate::launch::ops::{DType, RowOpParams, op};
+use crate::primitives::device::{DeviceExp2, exp2_approx, log2_approx, reciprocal_approx};
+use crate::primitives::element::Element;
+use crate::primitives::memory::load_global;
+use crate::primitives::online::{LOG2_E, OnlineStats};
+use crate::primitives::reduce::{Max, Sum, block_reduce, group_max, group_sum};
+use crate::primitives::row_part::unaligned_head;
 
-use crate::device::{
-    DeviceExp2, block_dim, exp2_approx, log2_approx, reciprocal_approx, thread_idx,
+use super::row_kernel::{
+    PeelableRow, RowKernel, output_dtype, row_scale, row_start, store_outputs,
 };
-use crate::element::{Element, load, store_as};
-use crate::online::{LOG2_E, OnlineStats};
-use crate::reduce::{Max, Partial, Sum, block_reduce, group_max, group_reduce, group_sum};
-use crate::row_ops::{DType, RowOpParams, RowState, op};
-use crate::row_part::unaligned_head;
-
-/// One row's work, with `PACK` columns per load.
-pub trait RowKernel<const PACK: usize>: Sized {
-    /// What one pack of columns keeps in registers between the reduction and the writes.
-    type Values: Copy;
-    type Stats: Partial;
-    /// Per-row constants the writes need, derived once from the row's result.
-    type Finished: Copy;
-    /// The values of a pack past the row's end: neutral for the reduction.
-    const PAD: Self::Values;
-
-    /// # Safety
-    /// `row < params.rows`, and `params` satisfies the operation kernels' contract.
-    unsafe fn for_row(params: &RowOpParams, row: usize) -> Self;
-
-    /// # Safety
-    /// `col..col + PACK` lies in the row and is aligned as the launch's layout promises.
-    unsafe fn load(&self, col: usize) -> Self::Values;
-
-    /// This thread's result over its packs; may rewrite the packs into what
-    /// [`RowKernel::write`] needs (the forward softmax keeps the exponentials).
-    fn partial<const PACKS: usize>(&self, packs: &mut [Self::Values; PACKS]) -> Self::Stats;
-
-    /// The row's result over each aligned group of `LANES` lanes (every lane of the group
-    /// gets it) and this thread's own partial result. All 32 lanes call it.
-    #[inline(always)]
-    fn group_partial<const PACKS: usize, const LANES: u32>(
-        &self,
-        packs: &mut [Self::Values; PACKS],
-    ) -> (Self::Stats, Self::Stats) {
-        let mine = self.partial(packs);
-        (group_reduce::<Self::Stats, LANES>(mine), mine)
-    }
-
-    /// The result over the whole block (every thread gets it) and this thread's own partial
-    /// result.
-    ///
-    /// # Safety
-    /// As [`block_reduce`]: all threads of the block, uniform control flow.
-    #[inline(always)]
-    unsafe fn block_partial<const PACKS: usize>(
-        &self,
-        packs: &mut [Self::Values; PACKS],
-        scratch: *mut f32,
-    ) -> (Self::Stats, Self::Stats) {
-        let mine = self.partial(packs);
-        // SAFETY: forwarded from the contract.
-        (unsafe { block_reduce(mine, scratch) }, mine)
-    }
-
-    /// The per-row constants of this thread's writes, from the row's result and this
-    /// thread's own partial result.
-    fn finish(&self, row: Self::Stats, mine: Self::Stats) -> Self::Finished;
-
-    /// Writes the outputs of the pack at `col`: all of them, or with `run = Some(count)` the
-    /// first `count`, one at a time (a row's unaligned end, read by
-    /// [`PeelableRow::load_run`]).
-    ///
-    /// # Safety
-    /// As [`RowKernel::load`], or for a run as [`PeelableRow::load_run`].
-    unsafe fn write(
-        &self,
-        col: usize,
-        run: Option<usize>,
-        values: Self::Values,
-        row: Self::Finished,
-    );
-
-    /// Per-row outputs; called by one thread of the row.
-    ///
-    /// # Safety
-    /// As [`RowKernel::for_row`].
-    unsafe fn write_row(&self, row: Self::Stats);
-}
-
-/// A row kernel that can also read a row's unaligned ends one element at a time (its
-/// [`RowKernel::write`] writes them back with `run`), for rows that need not start on a
-/// 16-byte boundary (see [`crate::row_part`]). The masked forward is not one: its mask rows
-/// are laid out independently of the input's.
-pub trait PeelableRow<const PACK: usize>: RowKernel<PACK> {
-    /// Elements of the row's input before its first 16-byte boundary.
-    fn head(&self) -> usize;
-
-    /// `count` (< `PACK`) elements from column `start`, read one at a time into a pack whose
-    /// other slots are padding.
-    ///
-    /// # Safety
-    /// `start..start + count` lies in the row.
-    unsafe fn load_run(&self, start: usize, count: usize) -> Self::Values;
-}
-
-/// Stores `outputs` as `dtype` (a [`DType`] as `u32`) at column `col` of the row at `base`:
-/// the whole pack, or with `run = Some(count)` its first `count` elements one at a time.
-///
-/// # Safety
-/// As [`store_as`] for the pack, or for each element of the run.
-#[inline(always)]
-unsafe fn store_outputs<const PACK: usize>(
-    dtype: u32,
-    base: u64,
-    col: usize,
-    run: Option<usize>,
-    outputs: [f32; PACK],
-) {
-    match run {
-        // SAFETY: forwarded from the contract.
-        None => unsafe { store_as::<PACK>(dtype, base, col, outputs) },
-        Some(count) => {
-            for (k, &output) in outputs.iter().enumerate() {
-                if k < count {
-                    // SAFETY: element `col + k` lies in the run.
-                    unsafe { store_as::<1>(dtype, base, col + k, [output]) };
-                }
-            }
-        }
-    }
-}
-
-/// Row `row`'s scale: `scale · row_scale[row]`, or `scale` without a row-scale buffer.
-///
-/// # Safety
-/// `row < params.rows`; a row-scale buffer, if given, holds `rows` floats.
-#[inline(always)]
-unsafe fn row_scale(p: &RowOpParams, row: usize) -> f32 {
-    let row_scale = if p.row_scale == 0 {
-        1.0
-    } else {
-        // SAFETY: forwarded from the contract.
-        unsafe { (p.row_scale as *const f32).add(row).read() }
-    };
-    p.scale * row_scale
-}
-
-/// Element address of row `row` of a buffer with `stride` elements per row.
-#[inline(always)]
-fn row_start(base: u64, row: usize, stride: u64, dtype: DType) -> u64 {
-    base + row as u64 * stride * dtype.bytes() as u64
-}
-
-/// Stores `stats` as the row's state in slot `params.state_slot`: slots are consecutive runs
-/// of `rows` states (slot-major, as states gathered from several slices or devices lie).
-///
-/// # Safety
-/// `params.states` holds `rows · state_slots` [`RowState`]s and `row < rows`.
-#[inline(always)]
-pub unsafe fn store_state<S: Partial>(params: &RowOpParams, row: usize, stats: S) {
-    // SAFETY: forwarded from the contract.
-    unsafe { store_slice_state(params, row, params.state_slot as usize, stats) };
-}
-
-/// Stores `stats` as the row's state in slot `slot`.
-///
-/// # Safety
-/// `params.states` holds `rows · (slot + 1)` [`RowState`]s at least, and `row < rows`.
-#[inline(always)]
-pub unsafe fn store_slice_state<S: Partial>(
-    params: &RowOpParams,
-    row: usize,
-    slot: usize,
-    stats: S,
-) {
-    let [max, sum] = stats.to_floats();
-    let slot = slot * params.rows as usize + row;
-    // SAFETY: forwarded from the contract.
-    unsafe {
-        (params.states as *mut RowState)
-            .add(slot)
-            .write(RowState { max, sum })
-    };
-}
-
-/// The state of `row` stored in slot `slot`.
-///
-/// # Safety
-/// `params.states` holds `rows · (slot + 1)` [`RowState`]s at least, and `row < rows`.
-#[inline(always)]
-unsafe fn stored_state<S: Partial>(params: &RowOpParams, row: usize, slot: usize) -> S {
-    let slot = slot * params.rows as usize + row;
-    // SAFETY: forwarded from the contract.
-    let state = unsafe { (params.states as *const RowState).add(slot).read() };
-    S::from_floats([state.max, state.sum])
-}
-
-/// Merges the `state_slots` stored states of `row`, one after another (a group's lanes each
-/// merge all of a caller's few slots).
-///
-/// # Safety
-/// As [`store_state`].
-#[inline(always)]
-pub unsafe fn merged_states<S: Partial>(params: &RowOpParams, row: usize) -> S {
-    let mut merged = S::EMPTY;
-    for slot in 0..params.state_slots as usize {
-        // SAFETY: forwarded from the contract.
-        merged = merged.merge(unsafe { stored_state(params, row, slot) });
-    }
-    merged
-}
-
-/// Merges the `state_slots` stored states of `row` with the whole block: each thread reads
-/// every `block_dim`-th slot and a block reduction merges theirs. A split launch leaves one
-/// slot per slice (dozens); merged one after another by every thread, their dependent reads
-/// took longer than the slice's own work.
-///
-/// # Safety
-/// As [`store_state`]; called by every thread of the block from uniform control flow, with
-/// `scratch` as for [`block_reduce`].
-#[inline(always)]
-pub unsafe fn block_merged_states<S: Partial>(
-    params: &RowOpParams,
-    row: usize,
-    scratch: *mut f32,
-) -> S {
-    let mut merged = S::EMPTY;
-    let slots = params.state_slots as usize;
-    for slot in (thread_idx() as usize..slots).step_by(block_dim() as usize) {
-        // SAFETY: forwarded from the contract.
-        merged = merged.merge(unsafe { stored_state(params, row, slot) });
-    }
-    // SAFETY: forwarded from the contract.
-    unsafe { block_reduce(merged, scratch) }
-}
 
 /// Whether the row's scores are all -inf. The maximum skips NaN, so a row of NaN and -inf
 /// also has a maximum of -inf; its NaN sum tells it apart (it is NaN, not masked).
@@ -570,7 +348,7 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for MaskedForward<In> {
         }
         if !self.allowed_mask.is_null() {
             // SAFETY: as above.
-            let allowed = unsafe { load::<u8, PACK>(self.allowed_mask.add(col)) };
+            let allowed = unsafe { load_global::<u8, PACK>(self.allowed_mask.add(col)) };
             for k in 0..PACK {
                 if allowed[k] == 0 {
                     values[k] = f32::NEG_INFINITY;
@@ -641,108 +419,6 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for MaskedForward<In> {
     }
 }
 
-/// The output element type of a launch.
-#[inline(always)]
-fn output_dtype(p: &RowOpParams) -> DType {
-    match p.output_dtype {
-        1 => DType::Bf16,
-        2 => DType::F16,
-        _ => DType::F32,
-    }
-}
-
-/// Gradients: softmax `dx = y ⊙ (dy − Σ dy⊙y)`, log-softmax `dx = dy − e^y ⊙ Σ dy`, each
-/// times `scale · row_scale` (the gradient with respect to the unscaled scores).
-pub struct Backward<In> {
-    y: *const In,
-    dy: *const In,
-    dx: u64,
-    output_dtype: u32,
-    log: bool,
-    scale: f32,
-    _input: PhantomData<In>,
-}
-
-impl<In: Element, const PACK: usize> RowKernel<PACK> for Backward<In> {
-    /// `y` and `dy` as loaded (see [`Element::load_packed`]), widened when used.
-    type Values = ([u32; PACK], [u32; PACK]);
-    type Stats = Sum;
-    type Finished = f32;
-    const PAD: Self::Values = ([0; PACK], [0; PACK]);
-
-    #[inline(always)]
-    unsafe fn for_row(p: &RowOpParams, row: usize) -> Self {
-        // SAFETY: forwarded.
-        let scale = unsafe { row_scale(p, row) };
-        Backward {
-            y: row_start(p.input, row, p.input_stride, In::DTYPE) as *const In,
-            dy: row_start(p.grad, row, p.grad_stride, In::DTYPE) as *const In,
-            dx: row_start(p.output, row, p.output_stride, output_dtype(p)),
-            output_dtype: p.output_dtype,
-            log: p.op == op::LOG_SOFTMAX,
-            scale,
-            _input: PhantomData,
-        }
-    }
-
-    #[inline(always)]
-    unsafe fn load(&self, col: usize) -> Self::Values {
-        // SAFETY: the caller guarantees the pack lies in both rows, aligned.
-        unsafe {
-            (
-                In::load_packed::<PACK>(self.y.add(col)),
-                In::load_packed::<PACK>(self.dy.add(col)),
-            )
-        }
-    }
-
-    #[inline(always)]
-    fn partial<const PACKS: usize>(&self, packs: &mut [Self::Values; PACKS]) -> Sum {
-        // Log-softmax needs Σ dy; softmax Σ dy·y. The branch is uniform, taken once.
-        let mut sum = 0.0;
-        if self.log {
-            for (_, dy) in packs.iter() {
-                for k in 0..PACK {
-                    sum += In::widen(dy, k);
-                }
-            }
-        } else {
-            for (y, dy) in packs.iter() {
-                for k in 0..PACK {
-                    sum += In::widen(dy, k) * In::widen(y, k);
-                }
-            }
-        }
-        Sum(sum)
-    }
-
-    #[inline(always)]
-    fn finish(&self, row: Sum, _mine: Sum) -> f32 {
-        row.0
-    }
-
-    #[inline(always)]
-    unsafe fn write(&self, col: usize, run: Option<usize>, (y, dy): Self::Values, sum: f32) {
-        let (y, dy) = (|k| In::widen(&y, k), |k| In::widen(&dy, k));
-        // Uniform branch, once per pack (see `ForwardRow::store`).
-        let mut dx = [0.0; PACK];
-        if self.log {
-            for (k, dx) in dx.iter_mut().enumerate() {
-                *dx = self.scale * (dy(k) - exp2_approx(y(k) * LOG2_E) * sum);
-            }
-        } else {
-            for (k, dx) in dx.iter_mut().enumerate() {
-                *dx = self.scale * (y(k) * (dy(k) - sum));
-            }
-        }
-        // SAFETY: the caller guarantees the pack lies in the row, aligned.
-        unsafe { store_outputs::<PACK>(self.output_dtype, self.dx, col, run, dx) };
-    }
-
-    #[inline(always)]
-    unsafe fn write_row(&self, _row: Sum) {}
-}
-
 impl<In: Element, const PACK: usize> PeelableRow<PACK> for Forward<In> {
     #[inline(always)]
     fn head(&self) -> usize {
@@ -753,23 +429,5 @@ impl<In: Element, const PACK: usize> PeelableRow<PACK> for Forward<In> {
     unsafe fn load_run(&self, start: usize, count: usize) -> [u32; PACK] {
         // SAFETY: the caller guarantees the run lies in the row.
         unsafe { In::load_packed_run::<PACK>(self.x.add(start), count, In::NEG_INF_WORD) }
-    }
-}
-
-impl<In: Element, const PACK: usize> PeelableRow<PACK> for Backward<In> {
-    #[inline(always)]
-    fn head(&self) -> usize {
-        unaligned_head(self.y as usize, size_of::<In>(), PACK)
-    }
-
-    #[inline(always)]
-    unsafe fn load_run(&self, start: usize, count: usize) -> Self::Values {
-        // SAFETY: the caller guarantees the run lies in both rows.
-        unsafe {
-            (
-                In::load_packed_run::<PACK>(self.y.add(start), count, 0),
-                In::load_packed_run::<PACK>(self.dy.add(start), count, 0),
-            )
-        }
     }
 }

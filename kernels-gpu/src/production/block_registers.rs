@@ -2,17 +2,21 @@
 //! (`PACKS` packs per thread), so the input is read once and the output written once.
 //!
 //! With `PACK == 4` any width and any 4-byte aligned row is read with 16-byte accesses (see
-//! [`RowSlice`] for the few floats around the aligned body). When a row is cut into several slices (few
-//! rows, wide rows: LLM vocabularies), the blocks of a row exchange their statistics through
+//! [`EdgePerThreadSlice`] for the few floats around the aligned body). When a row is cut into
+//! several slices (few rows, wide rows: LLM vocabularies), the blocks of a row exchange their
+//! statistics through
 //! global memory behind a per-row barrier; the host launches that case cooperatively so every
-//! block is resident.
+//! block is resident. Its entries are generated at the bottom from the instance list in
+//! [`crate::launch::softmax`], the one the host's tables come from.
 
-use crate::device::{DeviceExp2, block_idx, dynamic_shared_f32, thread_idx};
-use crate::memory::{load_pack, store_pack};
-use crate::online::OnlineStats;
-use crate::reduce::block_reduce;
-use crate::row_exchange::exchange_row_stats;
-use crate::row_slice::RowSlice;
+use crate::launch::softmax::with_block_register_instances;
+use crate::primitives::device::{DeviceExp2, block_idx, dynamic_shared_f32, thread_idx};
+use crate::primitives::entry::kernel_entry;
+use crate::primitives::memory::{load_pack_plain, store_pack_plain};
+use crate::primitives::online::OnlineStats;
+use crate::primitives::reduce::block_reduce;
+use crate::primitives::row_exchange::exchange_row_stats;
+use crate::primitives::row_part::EdgePerThreadSlice;
 
 /// # Safety
 /// `input` and `output` each point to `rows · cols` floats (distinct buffers), `cols > 0`,
@@ -45,7 +49,7 @@ pub unsafe fn softmax_block_registers<
     let tid = thread_idx() as usize;
     // SAFETY: row < rows, so the row's `cols` floats lie inside both buffers.
     let (x, y) = unsafe { (input.add(row * cols), output.add(row * cols)) };
-    let part = RowSlice::new::<PACK, _>(x, cols, slice, slices, slice_packs as usize);
+    let part = EdgePerThreadSlice::new::<PACK, _>(x, cols, slice, slices, slice_packs as usize);
     let column = |pack: usize| part.row_head + pack * PACK;
 
     let mut values = [[f32::NEG_INFINITY; PACK]; PACKS];
@@ -53,7 +57,7 @@ pub unsafe fn softmax_block_registers<
         let pack = part.first + p * threads + tid;
         if pack < part.end {
             // SAFETY: the pack lies in the row's aligned body, 16-byte aligned when PACK is 4.
-            values[p] = unsafe { load_pack::<PACK>(x.add(column(pack))) };
+            values[p] = unsafe { load_pack_plain::<PACK>(x.add(column(pack))) };
         }
     }
     let edge_column = part.edge_column::<PACK>(tid);
@@ -94,7 +98,7 @@ pub unsafe fn softmax_block_registers<
                 values[p][k] *= scale;
             }
             // SAFETY: as for the loads.
-            unsafe { store_pack::<PACK>(y.add(column(pack)), values[p]) };
+            unsafe { store_pack_plain::<PACK>(y.add(column(pack)), values[p]) };
         }
     }
     if let Some(c) = edge_column {
@@ -102,3 +106,30 @@ pub unsafe fn softmax_block_registers<
         unsafe { y.add(c).write(edge * scale) };
     }
 }
+
+/// One entry per (threads, packs) instance of each layout:
+/// `softmax_block_registers_p<pack>_t<threads>_n<packs>`, as
+/// [`crate::launch::softmax::BlockRegisterKernelName`] spells it.
+macro_rules! block_register_entries {
+    ($($layout:ident $pack:literal: threads [$($threads:literal),+], packs $packs:tt),+) => {
+        $($(block_register_entries!(@threads $pack, $threads, $packs);)+)+
+    };
+    (@threads $pack:literal, $threads:literal, [$($packs:literal),+]) => {$(
+        kernel_entry!(
+            export concat!("softmax_block_registers_p", $pack, "_t", $threads, "_n", $packs),
+            (
+                input: *const f32,
+                output: *mut f32,
+                cols: u32,
+                slices: u32,
+                slice_packs: u32,
+                partials: *mut f32,
+                barriers: *mut u32,
+            ) => softmax_block_registers::<$pack, $threads, $packs>(
+                input, output, cols, slices, slice_packs, partials, barriers,
+            )
+        );
+    )+};
+}
+
+with_block_register_instances!(block_register_entries);

@@ -2,12 +2,12 @@
 //! then, after the row's barrier (one cooperative launch) or in a later kernel, every block
 //! of the row merges all of them.
 
-use crate::barrier_word;
-use crate::device::{
+use crate::primitives::barrier_word;
+use crate::primitives::device::{
     block_dim, block_idx, compare_exchange_acq_rel_gpu, fetch_add_acq_rel_gpu, global_timer_ns,
     grid_dim, load_acquire_gpu, reduce_add_release_gpu, sleep_briefly, sync_threads, thread_idx,
 };
-use crate::reduce::{Partial, block_reduce};
+use crate::primitives::reduce::{Partial, block_reduce};
 
 /// Waits until `participants` blocks have arrived at this row's barrier (the cooperative
 /// protocol of [`barrier_word`]). Called by one thread per block; `leader` is true for

@@ -1,18 +1,20 @@
-//! Production for few wide rows on Hopper: each row is cut into `slices` slices, one per
-//! block of a thread-block cluster of `slices` blocks. Each block reads its slice once
-//! (caching it in shared memory when it fits, as [`crate::row_slices`] does), publishes its
-//! statistics in its own shared memory, and after the cluster's hardware barrier every block
-//! reads all of them through distributed shared memory. No global workspace, no atomics, no
-//! cooperative launch: clusters are scheduled independently, so any number of rows works.
+//! Production for few wide rows on Hopper: each row is cut into `slices` slices, one per block of a
+//! thread-block cluster of `slices` blocks. Each block reads its slice once (caching it in shared
+//! memory when it fits, as [`crate::production::row_slices`] does), publishes its statistics in its
+//! own shared memory, and after the cluster's hardware barrier every block reads all of them
+//! through distributed shared memory. No global workspace, no atomics, no cooperative launch:
+//! clusters are scheduled independently, so any number of rows works.
 
-use crate::device::{
+use crate::launch::REDUCTION_SCRATCH_FLOATS;
+use crate::launch::softmax::CLUSTER_STATS_FLOATS;
+use crate::primitives::device::{
     DeviceExp2, block_dim, cluster_arrive, cluster_blocks, cluster_shared_of, cluster_wait,
     dynamic_shared_f32, thread_idx,
 };
-use crate::launch::{CLUSTER_STATS_FLOATS, REDUCTION_SCRATCH_FLOATS};
-use crate::online::OnlineStats;
-use crate::reduce::block_reduce;
-use crate::row_slices::Share;
+use crate::primitives::entry::kernel_entry;
+use crate::primitives::online::OnlineStats;
+use crate::primitives::reduce::block_reduce;
+use crate::production::row_slices::SliceSoftmax;
 
 /// # Safety
 /// `input` and `output` each point to `rows · cols` floats (distinct buffers), `cols > 0`,
@@ -47,7 +49,8 @@ unsafe fn softmax_row_cluster<const PACK: usize>(
     };
     // SAFETY: forwarded from this kernel's contract: block `row · slices + rank` holds slice
     // `rank` of `row`.
-    let share = unsafe { Share::<f32, PACK>::of_block(input, output, cols, slices, slice_packs) };
+    let share =
+        unsafe { SliceSoftmax::<f32, PACK>::of_block(input, output, cols, slices, slice_packs) };
     // SAFETY: uniform control flow; the scratch is the launch's.
     let block_stats = unsafe { block_reduce(share.stats(cache), shared) };
     if thread_idx() == 0 {
@@ -79,27 +82,20 @@ unsafe fn softmax_row_cluster<const PACK: usize>(
     cluster_wait();
 }
 
-macro_rules! row_cluster_entry {
-    ($name:ident, $pack:literal) => {
-        /// # Safety
-        /// See `softmax_row_cluster` with `PACK =` the suffix of the name.
-        #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $name(
-            input: *const f32,
-            output: *mut f32,
-            cols: u32,
-            slices: u32,
-            slice_packs: u32,
-            cached: u32,
-        ) {
-            crate::device::await_previous_grid();
-            // SAFETY: forwarded from this entry's contract.
-            unsafe {
-                softmax_row_cluster::<$pack>(input, output, cols, slices, slice_packs, cached)
-            }
-        }
-    };
+macro_rules! row_cluster_entries {
+    ($($pack:literal),+) => {$(
+        kernel_entry!(
+            export concat!("softmax_row_cluster_p", $pack),
+            (
+                input: *const f32,
+                output: *mut f32,
+                cols: u32,
+                slices: u32,
+                slice_packs: u32,
+                cached: u32,
+            ) => softmax_row_cluster::<$pack>(input, output, cols, slices, slice_packs, cached)
+        );
+    )+};
 }
 
-row_cluster_entry!(softmax_row_cluster_p4, 4);
-row_cluster_entry!(softmax_row_cluster_p1, 1);
+row_cluster_entries!(4, 1);

@@ -2,10 +2,11 @@
 //! The same kernel serves the fixed-128-thread variant and the autotuned one: threads per
 //! block is a launch parameter.
 
-use crate::device::{
+use crate::primitives::device::{
     DeviceExp2, block_dim, block_idx, dynamic_shared_f32, sync_threads, thread_idx,
 };
-use crate::online::OnlineStats;
+use crate::primitives::entry::kernel_entry;
+use crate::primitives::online::OnlineStats;
 
 /// Tree reduction of one value per thread through `shared` (`block_dim()` floats), halving
 /// the live slots each round. Returns the block's result to every thread.
@@ -43,13 +44,8 @@ unsafe fn tree_reduce(shared: *mut f32, value: f32, combine: impl Fn(f32, f32) -
 /// `input` and `output` each point to `rows · cols` floats (distinct buffers); `cols > 0`.
 /// Launch `rows` blocks of a power-of-two number of threads in 32..=1024, with
 /// `block_dim · 4` bytes of dynamic shared memory.
-#[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn softmax_block_per_row_smem(
-    input: *const f32,
-    output: *mut f32,
-    cols: u32,
-) {
-    crate::device::await_previous_grid();
+#[inline(always)]
+unsafe fn softmax_block_per_row_smem(input: *const f32, output: *mut f32, cols: u32) {
     let shared = dynamic_shared_f32();
     let start = block_idx() as usize * cols as usize;
     // SAFETY: one block per row, so the row's `cols` floats lie inside both buffers.
@@ -81,3 +77,9 @@ pub unsafe extern "ptx-kernel" fn softmax_block_per_row_smem(
         }
     }
 }
+
+kernel_entry!(
+    export "softmax_block_per_row_smem",
+    (input: *const f32, output: *mut f32, cols: u32)
+        => softmax_block_per_row_smem(input, output, cols)
+);

@@ -1,22 +1,17 @@
 //! One warp per row with online statistics per lane, merged by butterfly shuffles (the second
 //! seed's final kernel). Lane `l` reads columns `l, l + 32, …`: every access is coalesced.
 
-use crate::device::{DeviceExp2, block_dim, block_idx, thread_idx};
 use crate::launch::WARP_SIZE;
-use crate::online::OnlineStats;
-use crate::reduce::group_reduce;
+use crate::primitives::device::{DeviceExp2, block_dim, block_idx, thread_idx};
+use crate::primitives::entry::kernel_entry;
+use crate::primitives::online::OnlineStats;
+use crate::primitives::reduce::group_reduce;
 
 /// # Safety
 /// `input` and `output` each point to `rows · cols` floats (distinct buffers); `cols > 0`.
 /// Launch with a block of whole warps and `ceil(rows / warps per block)` blocks.
-#[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn softmax_warp_per_row_online(
-    input: *const f32,
-    output: *mut f32,
-    rows: u32,
-    cols: u32,
-) {
-    crate::device::await_previous_grid();
+#[inline(always)]
+unsafe fn softmax_warp_per_row_online(input: *const f32, output: *mut f32, rows: u32, cols: u32) {
     let warps_per_block = block_dim() / WARP_SIZE;
     let row = block_idx() * warps_per_block + thread_idx() / WARP_SIZE;
     // The whole warp leaves together, so the shuffles below always see 32 lanes.
@@ -42,3 +37,9 @@ pub unsafe extern "ptx-kernel" fn softmax_warp_per_row_online(
         }
     }
 }
+
+kernel_entry!(
+    export "softmax_warp_per_row_online",
+    (input: *const f32, output: *mut f32, rows: u32, cols: u32)
+        => softmax_warp_per_row_online(input, output, rows, cols)
+);

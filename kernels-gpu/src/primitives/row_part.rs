@@ -1,9 +1,20 @@
-//! Where one group's or block's share of a row lies for the operation kernels, when rows need
-//! not start on a 16-byte boundary: the row's first `head` elements (before its first aligned
-//! address), then an aligned body of packs, then a tail shorter than a pack. A part holds body
-//! packs `first..end`; the part that holds the row's ends (the first) also takes the head and
-//! the tail, each as one more slot read one element at a time. Pure index arithmetic, shared
-//! with the host so the CPU tests can check that the parts cover every column once.
+//! Where a share of a row lies when the row is read in 16-byte packs but need not start on a
+//! 16-byte boundary: the row's first `head` elements (before its first aligned address), then
+//! an aligned body of packs, then a tail shorter than a pack. The shares of a row split its
+//! body: share `slice` holds body packs `first..end`. The two unaligned ends are read one
+//! element at a time, placed in one of two ways, which the kernels' register use depends on:
+//!
+//! - [`RowPart`] (operation kernels): the first part holds both ends, each as a run of
+//!   elements in one slot of its own, as these kernels keep every slot in registers;
+//! - [`EdgePerThreadSlice`] (f32 softmax and row slices): the first slice's threads `0..head`
+//!   hold one head element each and the last slice's threads `PACK..` one tail element each,
+//!   beside their packs, as a single scalar per thread.
+//!
+//! Each computes the body in its own order of operations, which the generated code follows.
+//! Pure index arithmetic, shared with the host so the CPU tests can check that the parts
+//! cover every column once.
+
+use crate::launch::ops::END_SLOTS;
 
 /// A group's or block's share of its row: slice `slice`, of `slice_packs` packs, of a row of
 /// `cols` columns (a group's share is its whole row).
@@ -44,7 +55,8 @@ pub enum Piece {
     Nothing,
 }
 
-/// One part (a group's row, or a block's slice of a row).
+/// One part (a group's row, or a block's slice of a row) whose row ends are runs held in a
+/// slot each: the operation kernels' placement (see the module's introduction).
 #[derive(Clone, Copy, Debug)]
 pub struct RowPart {
     head: usize,
@@ -146,9 +158,74 @@ impl RowPart {
     }
 }
 
-/// A peeled row's two ends, the head and the tail: the slots a group needs beyond its body
-/// packs, and the threads of a block that hold one end each in their extra slot.
-pub const END_SLOTS: u32 = 2;
+/// One block's slice of a row whose unaligned ends go one element per thread (the head in
+/// the first slice, the tail in the last): the f32 softmax kernels' and row slices'
+/// placement (see the module's introduction), which reads a thread's edge element as one
+/// scalar beside its packs.
+#[derive(Clone, Copy, Debug)]
+pub struct EdgePerThreadSlice {
+    /// Elements before the row's first 16-byte aligned address (0 when `PACK == 1`).
+    pub row_head: usize,
+    /// Packs of the aligned body this block handles: `first..end`.
+    pub first: usize,
+    pub end: usize,
+    /// Leading elements this block holds (the row's head, in the first slice only): threads
+    /// `0..head` hold one each.
+    head: usize,
+    /// Trailing elements this block holds (the row's tail, in the last slice only) and where
+    /// they start: threads `PACK..PACK + tail` hold one each.
+    tail: usize,
+    tail_start: usize,
+}
+
+impl EdgePerThreadSlice {
+    /// The share of slice `slice` of `slices` of the row at `row`, `cols` elements of `T`
+    /// (4 or 2 bytes, `PACK · size_of::<T>()` = 16 or `PACK` = 1).
+    #[inline(always)]
+    pub fn new<const PACK: usize, T>(
+        row: *const T,
+        cols: usize,
+        slice: usize,
+        slices: usize,
+        slice_packs: usize,
+    ) -> Self {
+        const { assert!(PACK == 1 || PACK * size_of::<T>() == 16) };
+        let row_head = if PACK == 1 {
+            0
+        } else {
+            ((16 - row as usize % 16) % 16 / size_of::<T>()).min(cols)
+        };
+        let body_packs = (cols - row_head) / PACK;
+        let first = (slice * slice_packs).min(body_packs);
+        let end = (first + slice_packs).min(body_packs);
+        let tail_start = row_head + body_packs * PACK;
+        Self {
+            row_head,
+            first,
+            end,
+            head: if slice == 0 { row_head } else { 0 },
+            tail: if slice + 1 == slices {
+                cols - tail_start
+            } else {
+                0
+            },
+            tail_start,
+        }
+    }
+
+    /// The element outside the aligned body that thread `tid` holds, if any (`PACK` as in
+    /// [`EdgePerThreadSlice::new`]).
+    #[inline(always)]
+    pub fn edge_column<const PACK: usize>(&self, tid: usize) -> Option<usize> {
+        if tid < self.head {
+            Some(tid)
+        } else if (PACK..PACK + self.tail).contains(&tid) {
+            Some(self.tail_start + tid - PACK)
+        } else {
+            None
+        }
+    }
+}
 
 /// Elements before the first 16-byte boundary at or after `address`, for elements of `bytes`
 /// bytes read in packs of `pack` (0 when `pack == 1`: single elements need no alignment).

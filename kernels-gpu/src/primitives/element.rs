@@ -1,11 +1,13 @@
 //! The element types the operation kernels read and write (f32, bf16, f16 and the one-byte
-//! boolean mask), their conversions to and from f32, and loads and stores of `N` consecutive
-//! elements as the widest aligned accesses their size allows (16, 8 or 4 bytes).
+//! boolean mask), their conversions to and from f32, and packs of `N` consecutive elements
+//! loaded and stored as the widest aligned accesses their size allows (16, 8 or 4 bytes,
+//! through [`crate::primitives::memory`]'s `ld.global`/`st.global`).
 #![allow(clippy::needless_range_loop)]
 
 use core::arch::asm;
 
-use crate::row_ops::DType;
+use crate::launch::ops::DType;
+use crate::primitives::memory::{load_element, load_span, spans, store_element, store_span};
 
 /// bf16 bits (the upper half of an f32).
 #[repr(transparent)]
@@ -28,7 +30,7 @@ pub trait Element: Copy {
     const NEG_INF_WORD: u32;
 
     /// # Safety
-    /// As [`load`] for `src..src + N`.
+    /// As [`load_global`](crate::primitives::memory::load_global) for `src..src + N`.
     #[inline(always)]
     unsafe fn load_packed<const N: usize>(src: *const Self) -> [u32; N] {
         // SAFETY: forwarded from the contract.
@@ -39,7 +41,7 @@ pub trait Element: Copy {
     /// loads (see [`load_words`]).
     ///
     /// # Safety
-    /// As [`load`] for `src..src + N`.
+    /// As [`load_global`](crate::primitives::memory::load_global) for `src..src + N`.
     #[inline(always)]
     unsafe fn load_packed_last_use<const N: usize>(src: *const Self) -> [u32; N] {
         // SAFETY: forwarded from the contract.
@@ -78,7 +80,7 @@ pub trait Element: Copy {
     /// widen in inline assembly that LLVM may not merge or hoist, so LLVM does not keep a
     /// row's widened floats live from its reduction to its writes. (ptxas still merges
     /// identical widenings; a different instruction for the writes' widening, tried to stop
-    /// that, measured slower: bench/NOTES.md.)
+    /// that, measured slower: docs/performance-log.md, 2026-11-29.)
     fn widen<const N: usize>(words: &[u32; N], i: usize) -> f32;
 
     /// The largest of the `N` elements of a pack laid out as [`Element::load_packed`] lays it
@@ -90,7 +92,7 @@ pub trait Element: Copy {
     }
 
     /// # Safety
-    /// As [`load`] for `src..src + N`.
+    /// As [`load_global`](crate::primitives::memory::load_global) for `src..src + N`.
     #[inline(always)]
     unsafe fn load_f32<const N: usize>(src: *const Self) -> [f32; N] {
         // SAFETY: forwarded from the contract.
@@ -109,8 +111,8 @@ pub trait Element: Copy {
 
     /// Rounds to nearest, ties to even (`cvt.rn`).
     ///
-    /// # Safety
-    /// `dst..dst + N` is writable global memory, aligned as [`load`] asks.
+    /// # Safety `dst..dst + N` is writable global memory, aligned as
+    /// [`load_global`](crate::primitives::memory::load_global) asks.
     unsafe fn store_f32<const N: usize>(dst: *mut Self, values: [f32; N]);
 }
 
@@ -128,7 +130,7 @@ fn widened_max<T: Element, const N: usize>(words: &[u32; N]) -> f32 {
 /// else one per element (in the low bits of its own word); streaming loads with `LAST_USE`.
 ///
 /// # Safety
-/// As [`load`].
+/// As [`load_global`](crate::primitives::memory::load_global).
 #[inline(always)]
 unsafe fn load_packed_words<T: Copy, const N: usize, const LAST_USE: bool>(
     src: *const T,
@@ -166,63 +168,6 @@ fn half_bits<const N: usize>(words: &[u32; N], i: usize) -> u32 {
     }
 }
 
-/// Whether `bytes` is one access of [`load_span`]: 4, 8, 16 or 32 bytes.
-#[inline(always)]
-const fn spans(bytes: usize) -> bool {
-    matches!(bytes, 4 | 8 | 16 | 32)
-}
-
-/// `bytes` (4, 8, 16 or 32) bytes at `src` as words, in as few accesses as their size allows.
-///
-/// # Safety
-/// The span is readable global memory aligned to `min(16, bytes)`.
-#[inline(always)]
-unsafe fn load_span<const LAST_USE: bool>(src: *const u8, bytes: usize) -> [u32; 8] {
-    let mut words = [0u32; 8];
-    // SAFETY: forwarded from the contract.
-    unsafe {
-        if bytes >= 16 {
-            for chunk in 0..bytes / 16 {
-                let vector = load_words::<4, LAST_USE>(src.add(16 * chunk));
-                for i in 0..4 {
-                    words[4 * chunk + i] = vector[i];
-                }
-            }
-        } else if bytes == 8 {
-            let vector = load_words::<2, LAST_USE>(src);
-            words[0] = vector[0];
-            words[1] = vector[1];
-        } else {
-            words[0] = load_words::<1, LAST_USE>(src)[0];
-        }
-    }
-    words
-}
-
-/// Writes the first `bytes` (4, 8, 16 or 32) bytes of `words` at `dst`.
-///
-/// # Safety
-/// The span is writable global memory aligned to `min(16, bytes)`.
-#[inline(always)]
-unsafe fn store_span(dst: *mut u8, bytes: usize, words: [u32; 8]) {
-    // SAFETY: forwarded from the contract.
-    unsafe {
-        if bytes >= 16 {
-            for chunk in 0..bytes / 16 {
-                let w = 4 * chunk;
-                store_words::<4>(
-                    dst.add(16 * chunk),
-                    [words[w], words[w + 1], words[w + 2], words[w + 3]],
-                );
-            }
-        } else if bytes == 8 {
-            store_words::<2>(dst, [words[0], words[1], 0, 0]);
-        } else {
-            store_words::<1>(dst, [words[0], 0, 0, 0]);
-        }
-    }
-}
-
 impl Element for f32 {
     const DTYPE: DType = DType::F32;
     const NEG_INF_WORD: u32 = 0xff80_0000;
@@ -254,8 +199,8 @@ impl Element for f32 {
 /// Stores `N` values as 16-bit elements: `pair` narrows two values into one word (first in
 /// the low half), `single` one value.
 ///
-/// # Safety
-/// `dst..dst + N` is writable global memory, aligned as [`load`] asks.
+/// # Safety `dst..dst + N` is writable global memory, aligned as
+/// [`load_global`](crate::primitives::memory::load_global) asks.
 #[inline(always)]
 unsafe fn store_halves<T: Copy, const N: usize>(
     dst: *mut T,
@@ -378,151 +323,11 @@ impl Element for F16 {
     packed_max!("f16x2");
 }
 
-// Global-memory accesses, written out: the operation kernels' pointers arrive inside a
-// parameter struct, so LLVM cannot tell they are global and would emit generic accesses.
-
-/// `ld.global` of `WORDS` (1, 2 or 4) 32-bit words; with `LAST_USE` (data the launch reads
-/// for the last time) `ld.global.cs`, cache streaming, which allocates the lines evict-first in
-/// L1 and L2 so that they do not push out lines still to be used.
-///
-/// # Safety
-/// `address` is readable global memory for `4 · WORDS` bytes, aligned to that size.
-#[inline(always)]
-unsafe fn load_words<const WORDS: usize, const LAST_USE: bool>(address: *const u8) -> [u32; 4] {
-    let (mut a, mut b, mut c, mut d) = (0u32, 0u32, 0u32, 0u32);
-    macro_rules! load_with {
-        ($cache:literal) => {
-            match WORDS {
-                4 => asm!(concat!("ld.global", $cache, ".v4.b32 {{{a}, {b}, {c}, {d}}}, [{p}];"),
-                    a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d,
-                    p = in(reg64) address, options(pure, readonly, nostack, preserves_flags)),
-                2 => asm!(concat!("ld.global", $cache, ".v2.b32 {{{a}, {b}}}, [{p}];"),
-                    a = out(reg32) a, b = out(reg32) b,
-                    p = in(reg64) address, options(pure, readonly, nostack, preserves_flags)),
-                _ => asm!(concat!("ld.global", $cache, ".b32 {a}, [{p}];"),
-                    a = out(reg32) a,
-                    p = in(reg64) address, options(pure, readonly, nostack, preserves_flags)),
-            }
-        };
-    }
-    // SAFETY: the caller guarantees the words are readable and aligned to their total size.
-    unsafe {
-        if LAST_USE {
-            load_with!(".cs")
-        } else {
-            load_with!("")
-        }
-    }
-    [a, b, c, d]
-}
-
-/// `st.global` of the first `WORDS` (1, 2 or 4) of `words`.
-///
-/// # Safety
-/// `address` is writable global memory for `4 · WORDS` bytes, aligned to that size.
-#[inline(always)]
-unsafe fn store_words<const WORDS: usize>(address: *mut u8, [a, b, c, d]: [u32; 4]) {
-    // SAFETY: the caller guarantees the words are writable and aligned to their total size.
-    unsafe {
-        match WORDS {
-            4 => asm!("st.global.v4.b32 [{p}], {{{a}, {b}, {c}, {d}}};",
-                a = in(reg32) a, b = in(reg32) b, c = in(reg32) c, d = in(reg32) d,
-                p = in(reg64) address, options(nostack, preserves_flags)),
-            2 => asm!("st.global.v2.b32 [{p}], {{{a}, {b}}};",
-                a = in(reg32) a, b = in(reg32) b,
-                p = in(reg64) address, options(nostack, preserves_flags)),
-            _ => asm!("st.global.b32 [{p}], {a};",
-                a = in(reg32) a,
-                p = in(reg64) address, options(nostack, preserves_flags)),
-        }
-    }
-}
-
-/// `ld.global` of one element of 1, 2 or 4 bytes, as the low bits of a word; streaming
-/// loads of 2 or 4 bytes with `LAST_USE`.
-///
-/// # Safety
-/// `address` is a readable element of global memory, aligned to its size.
-#[inline(always)]
-unsafe fn load_element<T: Copy, const LAST_USE: bool>(address: *const T) -> T {
-    let word: u32;
-    // SAFETY: the caller guarantees the element is readable and aligned.
-    unsafe {
-        match size_of::<T>() {
-            4 => word = load_words::<1, LAST_USE>(address.cast())[0],
-            2 => {
-                let half: u16;
-                macro_rules! load_half_with {
-                    ($cache:literal) => {
-                        asm!(concat!("ld.global", $cache, ".b16 {h}, [{p}];"), h = out(reg16) half,
-                            p = in(reg64) address, options(pure, readonly, nostack, preserves_flags))
-                    };
-                }
-                if LAST_USE {
-                    load_half_with!(".cs")
-                } else {
-                    load_half_with!("")
-                }
-                word = half as u32;
-            }
-            _ => {
-                let byte: u16;
-                asm!("ld.global.u8 {h}, [{p}];", h = out(reg16) byte,
-                    p = in(reg64) address, options(pure, readonly, nostack, preserves_flags));
-                word = byte as u32;
-            }
-        }
-        core::mem::transmute_copy(&word)
-    }
-}
-
-/// `st.global` of one element of 2 or 4 bytes.
-///
-/// # Safety
-/// `address` is a writable element of global memory, aligned to its size.
-#[inline(always)]
-unsafe fn store_element<T: Copy>(address: *mut T, value: T) {
-    // SAFETY: the caller guarantees the element is writable and aligned; `value` is 2 or 4
-    // bytes.
-    unsafe {
-        if size_of::<T>() == 4 {
-            store_words::<1>(address.cast(), [core::mem::transmute_copy(&value), 0, 0, 0]);
-        } else {
-            let half: u16 = core::mem::transmute_copy(&value);
-            asm!("st.global.b16 [{p}], {h};", h = in(reg16) half,
-                p = in(reg64) address, options(nostack, preserves_flags));
-        }
-    }
-}
-
-/// Reads `N` elements starting at `src` in global memory: one access of 4, 8, 16 or 32
-/// bytes (16-byte pieces) when they span exactly that, else one access per element.
-///
-/// # Safety
-/// `src..src + N` is readable global memory, aligned to `min(16, N · size_of::<T>())` bytes
-/// when that is a single access.
-#[inline(always)]
-pub unsafe fn load<T: Copy, const N: usize>(src: *const T) -> [T; N] {
-    let bytes = N * size_of::<T>();
-    // SAFETY (both branches): forwarded from the contract; `words` holds 32 bytes ≥ `bytes`.
-    unsafe {
-        if spans(bytes) {
-            core::mem::transmute_copy(&load_span::<false>(src.cast(), bytes))
-        } else {
-            let mut values = [load_element::<T, false>(src); N];
-            for i in 1..N {
-                values[i] = load_element::<T, false>(src.add(i));
-            }
-            values
-        }
-    }
-}
-
 /// Writes `N` values converted to `dtype` at element offset `offset` of `base`.
 ///
 /// # Safety
 /// `base` taken as a pointer to `dtype` elements, plus `offset`, is writable for `N`
-/// elements, aligned as for [`load`].
+/// elements, aligned as for [`load_global`](crate::primitives::memory::load_global).
 #[inline(always)]
 pub unsafe fn store_as<const N: usize>(dtype: u32, base: u64, offset: usize, values: [f32; N]) {
     // SAFETY (all arms): forwarded.

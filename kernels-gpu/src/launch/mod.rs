@@ -1,0 +1,18 @@
+//! What the host and the kernels share to launch a kernel: block sizes, shared-memory
+//! layouts, instance tables, kernel names and parameter structs. Compiled on both sides; it
+//! holds no device code and generates no entry points (each kernel family generates its own
+//! from the instance lists here, so what the host plans with is what the PTX holds).
+
+pub mod ops;
+pub mod softmax;
+
+/// Threads in a warp.
+pub const WARP_SIZE: u32 = 32;
+
+/// Smallest and largest threads per block a block-level reduction accepts.
+pub const MIN_BLOCK_THREADS: u32 = WARP_SIZE;
+pub const MAX_BLOCK_THREADS: u32 = 1024;
+
+/// Floats at the start of dynamic shared memory that block reductions use: one running
+/// maximum and one running sum per warp.
+pub const REDUCTION_SCRATCH_FLOATS: u32 = 2 * (MAX_BLOCK_THREADS / WARP_SIZE);

@@ -1,0 +1,229 @@
+//! The f32 softmax variants' launch definitions (the `softmax` PTX module's seeds and
+//! production kernels, and the row-slices entries of every element type): block sizes, the
+//! instance tables and the kernel names the host launches by.
+
+use super::{MAX_BLOCK_THREADS, WARP_SIZE};
+use crate::launch::ops::DType;
+
+/// Threads per block for the one-thread-per-row variants.
+pub const THREAD_PER_ROW_BLOCK: u32 = 128;
+
+/// Warps per block for the one-warp-per-row variant: each warp owns one row.
+pub const WARP_PER_ROW_WARPS_PER_BLOCK: u32 = 4;
+
+/// Threads per block of the seed's block-per-row kernel when the caller does not choose.
+pub const BLOCK_SMEM_DEFAULT_THREADS: u32 = 128;
+
+/// Threads per block tried by the autotuned block-per-row variant (the seed's candidates).
+pub const BLOCK_SMEM_AUTOTUNE_CANDIDATES: [u32; 4] = [128, 256, 512, 1024];
+
+/// Threads per block of the unfused variant's element-wise kernels.
+pub const ELEMENTWISE_BLOCK: u32 = 256;
+
+/// Threads per block of the rows-in-registers kernels; rows per block = this / group width.
+pub const REGISTER_ROWS_BLOCK: u32 = 128;
+
+/// Floats in one vector pack of the vectorized kernels (16 bytes).
+pub const VECTOR_PACK: u32 = 4;
+
+/// The rows-in-registers instances, written once: passes them to `$callback!` after the
+/// given arguments, as `vector <pack>: [(lanes, packs), …], scalar <pack>: […]`. The tables
+/// below and the family's entries (`production::rows_in_registers`) are both made from it,
+/// so what the host dispatches from is what the PTX holds.
+macro_rules! with_register_instances {
+    ($callback:ident $(, $argument:tt)*) => {
+        $callback!(
+            $($argument,)*
+            vector 4: [
+                (1, 1), (2, 1), (4, 1), (8, 1), (16, 1),
+                (32, 1), (32, 2), (32, 3), (32, 4), (32, 5), (32, 6), (32, 7), (32, 8),
+                (32, 9), (32, 10), (32, 11), (32, 12), (32, 13), (32, 14), (32, 15), (32, 16)
+            ],
+            scalar 1: [
+                (1, 1), (2, 1), (4, 1), (8, 1), (16, 1),
+                (32, 1), (32, 2), (32, 3), (32, 4), (32, 6), (32, 8), (32, 12), (32, 16),
+                (32, 20), (32, 24), (32, 28), (32, 32)
+            ]
+        );
+    };
+}
+
+// The device build generates the entries from it too.
+#[cfg(target_arch = "nvptx64")]
+pub(crate) use with_register_instances;
+
+/// The rows-in-registers tables the host dispatches from.
+macro_rules! register_tables {
+    (
+        vector $vector_pack:literal: [$($vector:tt),+],
+        scalar $scalar_pack:literal: [$($scalar:tt),+]
+    ) => {
+        /// The 16-byte rows-in-registers kernels, as `(lanes per row, packs per lane)`: an
+        /// instance holds rows up to `lanes · packs · 4` columns.
+        pub const REGISTER_VECTOR_INSTANCES: &[(u32, u32)] = &[$($vector),+];
+
+        /// The 4-byte instances, for rows whose width or address rules out 16-byte access: an
+        /// instance holds rows up to `lanes · packs` columns.
+        pub const REGISTER_SCALAR_INSTANCES: &[(u32, u32)] = &[$($scalar),+];
+
+        const _: () = assert!($vector_pack == VECTOR_PACK && $scalar_pack == 1);
+    };
+}
+
+with_register_instances!(register_tables);
+
+/// Every group of a rows-in-registers instance is a power of two of lanes within a warp.
+const _: () = {
+    let tables = [REGISTER_VECTOR_INSTANCES, REGISTER_SCALAR_INSTANCES];
+    let mut t = 0;
+    while t < tables.len() {
+        let mut i = 0;
+        while i < tables[t].len() {
+            let lanes = tables[t][i].0;
+            assert!(lanes.is_power_of_two() && lanes <= WARP_SIZE);
+            i += 1;
+        }
+        t += 1;
+    }
+};
+
+/// A rows-in-registers entry: pack width (1 or [`VECTOR_PACK`]), lanes per row and packs per
+/// lane. Its `Display` is the PTX entry name (`softmax_rows_in_registers_p4_l32_n8`), the same
+/// spelling the family generates its entries with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RegisterKernelName {
+    pub pack: u32,
+    pub lanes: u32,
+    pub packs: u32,
+}
+
+impl core::fmt::Display for RegisterKernelName {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(
+            f,
+            "softmax_rows_in_registers_p{}_l{}_n{}",
+            self.pack, self.lanes, self.packs
+        )
+    }
+}
+
+/// The block-registers instances, written once: passes them to `$callback!` after the given
+/// arguments, as `vector <pack>: threads […], packs […], scalar <pack>: …`; every (threads,
+/// packs) pair of a layout's two lists is an instance. The tables below and the family's
+/// entries (`production::block_registers`) are both made from it.
+macro_rules! with_block_register_instances {
+    ($callback:ident $(, $argument:tt)*) => {
+        $callback!(
+            $($argument,)*
+            vector 4: threads [128, 256, 512, 1024],
+                packs [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16],
+            scalar 1: threads [256, 1024], packs [4, 8, 16, 32]
+        );
+    };
+}
+
+// The device build generates the entries from it too.
+#[cfg(target_arch = "nvptx64")]
+pub(crate) use with_block_register_instances;
+
+/// The block-registers tables the host plans from.
+macro_rules! block_register_tables {
+    (
+        vector $vector_pack:literal: threads $vector_threads:tt, packs $vector_packs:tt,
+        scalar $scalar_pack:literal: threads $scalar_threads:tt, packs $scalar_packs:tt
+    ) => {
+        /// The 16-byte block-registers kernels: a block of `threads` holds `threads · packs ·
+        /// 4` floats of a row (plus up to 3 leading and 3 trailing ones). Both are
+        /// compile-time constants so pack addresses are immediate offsets from one base
+        /// register.
+        pub const BLOCK_REGISTER_VECTOR_THREADS: &[u32] = &$vector_threads;
+        /// The packs per thread of [`BLOCK_REGISTER_VECTOR_THREADS`]' kernels.
+        pub const BLOCK_REGISTER_VECTOR_PACKS: &[u32] = &$vector_packs;
+
+        /// The 4-byte block-registers kernels, for input and output misaligned differently
+        /// modulo 16 bytes.
+        pub const BLOCK_REGISTER_SCALAR_THREADS: &[u32] = &$scalar_threads;
+        /// The packs per thread of [`BLOCK_REGISTER_SCALAR_THREADS`]' kernels.
+        pub const BLOCK_REGISTER_SCALAR_PACKS: &[u32] = &$scalar_packs;
+
+        const _: () = assert!($vector_pack == VECTOR_PACK && $scalar_pack == 1);
+    };
+}
+
+with_block_register_instances!(block_register_tables);
+
+/// Every block-registers block is whole warps, at most [`MAX_BLOCK_THREADS`].
+const _: () = {
+    let tables = [BLOCK_REGISTER_VECTOR_THREADS, BLOCK_REGISTER_SCALAR_THREADS];
+    let mut t = 0;
+    while t < tables.len() {
+        let mut i = 0;
+        while i < tables[t].len() {
+            let threads = tables[t][i];
+            assert!(threads.is_multiple_of(WARP_SIZE) && threads <= MAX_BLOCK_THREADS);
+            i += 1;
+        }
+        t += 1;
+    }
+};
+
+/// A block-registers entry: pack width, threads per block and packs per thread. Its
+/// `Display` is the PTX entry name (`softmax_block_registers_p4_t512_n8`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct BlockRegisterKernelName {
+    pub pack: u32,
+    pub threads: u32,
+    pub packs: u32,
+}
+
+impl core::fmt::Display for BlockRegisterKernelName {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(
+            f,
+            "softmax_block_registers_p{}_t{}_n{}",
+            self.pack, self.threads, self.packs
+        )
+    }
+}
+
+/// A row-slices entry: element type and pack width (1, or 16 bytes of elements). Its
+/// `Display` is the PTX entry name: `softmax_row_slices_p4` for f32 (the softmax module),
+/// `softmax_row_slices_bf16_p8` for a 16-bit type (that type's operation module).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RowSlicesKernelName {
+    pub dtype: DType,
+    pub pack: u32,
+}
+
+impl RowSlicesKernelName {
+    /// The 16-byte and the one-element entry of `dtype`.
+    pub fn both(dtype: DType) -> [Self; 2] {
+        [dtype.vector_pack(), 1].map(|pack| RowSlicesKernelName { dtype, pack })
+    }
+}
+
+impl core::fmt::Display for RowSlicesKernelName {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self.dtype {
+            DType::F32 => write!(f, "softmax_row_slices_p{}", self.pack),
+            other => write!(f, "softmax_row_slices_{}_p{}", other.name(), self.pack),
+        }
+    }
+}
+
+/// Most threads per block with which a sliced row-slices launch chooses its slices (and most
+/// slices per row); the host then adds threads if that saves a round of loads. Measured on the
+/// H200 (docs/performance-log.md, 2026-11-30): 256 rather than 512 lets more, shorter slices stay
+/// resident; f32 32x151936 20.2 -> 18.2 us, 128x50257 23.8 -> 22.5 us.
+pub const ROW_SLICE_THREADS: u32 = 256;
+
+/// Floats a row-cluster block reserves after the reduction scratch for the statistics it
+/// publishes to its cluster (two used; four keep the slice cache after them 16-byte aligned).
+pub const CLUSTER_STATS_FLOATS: u32 = 4;
+
+/// Most blocks in a row-cluster cluster: Hopper's largest, which is above the portable 8 and
+/// so needs the function attribute that allows non-portable sizes (set when loading).
+pub const MAX_CLUSTER_BLOCKS: u32 = 16;
+
+/// Vector packs each thread loads before it uses any of them: the loads in flight per thread.
+pub const LOADS_IN_FLIGHT: u32 = 4;

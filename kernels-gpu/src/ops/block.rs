@@ -1,0 +1,160 @@
+//! The block operation kernels: a block holds a row, or one slice of it, in registers between
+//! the reduction and the writes, so each input is read once; the blocks of a sliced row
+//! exchange their statistics (one cooperative launch) or store them for a later launch. Its
+//! entries are generated at the bottom, one set per input type behind that type's feature,
+//! from the instance lists the host's tables come from ([`crate::launch::ops`]).
+
+use crate::launch::ops::{RowOpParams, mode, with_op_instances};
+use crate::primitives::device::{block_idx, dynamic_shared_f32, thread_idx};
+use crate::primitives::element::{Bf16, F16};
+use crate::primitives::row_exchange::exchange_row_stats;
+use crate::primitives::row_part::Share;
+
+use super::backward::Backward;
+use super::forward::{Forward, MaskedForward};
+use super::op_entries;
+use super::row_kernel::RowKernel;
+use super::slots::{Aligned, PeeledApart, Slots};
+use super::states::{block_merged_states, store_slice_state, store_state};
+
+/// A row, or one of `slices` slices of `slice_packs` packs of it, held by a block of
+/// `THREADS` threads with up to `PACKS` packs each.
+///
+/// # Safety
+/// The operation contract of [`op_rows`](super::rows::op_rows): its buffers, and the
+/// layout's conditions on rows ([`Aligned`]; [`PeeledApart`] as
+/// [`Peeled`](super::slots::Peeled) there) but not its bound on `cols`. Instead `slices ·
+/// slice_packs ≥ cols / PACK` (the body's packs) and `THREADS · PACKS ≥ slice_packs`; for
+/// [`PeeledApart`] rows `THREADS · (PACKS - 1) ≥ slice_packs` and `THREADS ≥ END_SLOTS` (the
+/// last slot of threads 0 and 1 holds the row's ends, in slice 0). Launch
+/// `rows · slices` blocks of `THREADS` threads with `REDUCTION_SCRATCH_FLOATS · 4` bytes of
+/// dynamic shared memory. When `slices > 1`: `partials` holds two floats per block,
+/// `barriers` two words per row zeroed when allocated and used by one launch at a time, and
+/// every block is resident at once (cooperative launch), except in mode `SLICE_STATES`,
+/// where each block only stores its slice's state, and `APPLY_STATES`. In-place operation is
+/// allowed: each thread reads its packs before it writes them, and no thread reads another's.
+#[inline(always)]
+pub unsafe fn op_block<
+    K: RowKernel<PACK>,
+    L: Slots<K, PACK>,
+    const PACK: usize,
+    const THREADS: usize,
+    const PACKS: usize,
+>(
+    p: &RowOpParams,
+) {
+    let slices = p.slices as usize;
+    let row = block_idx() as usize / slices;
+    let slice = block_idx() as usize % slices;
+    let tid = thread_idx() as usize;
+    // SAFETY: row < rows.
+    let kernel = unsafe { K::for_row(p, row) };
+    let share = Share {
+        cols: p.cols as usize,
+        slice,
+        slice_packs: p.slice_packs as usize,
+    };
+    // SAFETY: the share lies in the row, laid out per the contract.
+    let mut values = unsafe { L::load::<PACKS>(&kernel, share, THREADS, tid) };
+    let scratch = dynamic_shared_f32();
+    let (stats, mine) = if p.mode == mode::APPLY_STATES {
+        // SAFETY: the states buffer holds the row's slots (contract of that mode); uniform
+        // control flow; the launch provides the scratch.
+        (
+            unsafe { block_merged_states(p, row, scratch) },
+            kernel.partial(&mut values),
+        )
+    } else {
+        // SAFETY: uniform control flow; the launch provides the scratch.
+        let (block, mine) = unsafe { kernel.block_partial(&mut values, scratch) };
+        if p.mode == mode::SLICE_STATES {
+            if tid == 0 {
+                // SAFETY: the states buffer holds `slices` slots of `rows` states.
+                unsafe { store_slice_state(p, row, slice, block) };
+            }
+            return;
+        }
+        let row_stats = if slices > 1 {
+            // SAFETY: forwarded from the contract for sliced launches.
+            unsafe {
+                exchange_row_stats(
+                    block,
+                    scratch,
+                    p.partials as *mut f32,
+                    p.barriers as *mut u32,
+                    row,
+                    slices,
+                )
+            }
+        } else {
+            block
+        };
+        (row_stats, mine)
+    };
+    let leader = tid == 0 && slice == 0;
+    if p.mode == mode::STATES {
+        if leader {
+            // SAFETY: as above.
+            unsafe { store_state(p, row, stats) };
+        }
+        return;
+    }
+    let finished = kernel.finish(stats, mine);
+    // SAFETY: as for the loads.
+    unsafe { L::write::<PACKS>(&kernel, share, THREADS, tid, &values, finished) };
+    if leader {
+        // SAFETY: row < rows.
+        unsafe { kernel.write_row(stats) };
+    }
+}
+
+/// Every block entry of one input type, from the instance lists of [`with_op_instances`]:
+/// each layout ([`Aligned`] with 16-byte packs and with single elements, [`PeeledApart`],
+/// whose instances hold one more slot per thread for the row's ends) and its directions.
+macro_rules! block_entries_for {
+    (
+        $feature:literal, $input:ty, $name:literal, $vector:literal,
+        rows_vector $rows_vector:tt,
+        rows_scalar $rows_scalar:tt,
+        block_vector $block_vector:tt,
+        block_scalar $block_scalar:tt
+    ) => {
+        op_entries!(
+            ($feature, $input, $name),
+            op_block,
+            "block",
+            "t",
+            (Aligned, 0),
+            $vector,
+            "",
+            [("fwd", Forward), ("mfwd", MaskedForward), ("bwd", Backward)],
+            $block_vector
+        );
+        op_entries!(
+            ($feature, $input, $name),
+            op_block,
+            "block",
+            "t",
+            (Aligned, 0),
+            1,
+            "",
+            [("fwd", Forward), ("mfwd", MaskedForward), ("bwd", Backward)],
+            $block_scalar
+        );
+        op_entries!(
+            ($feature, $input, $name),
+            op_block,
+            "block",
+            "t",
+            (PeeledApart, 1),
+            $vector,
+            "peeled",
+            [("fwd", Forward), ("bwd", Backward)],
+            $block_vector
+        );
+    };
+}
+
+with_op_instances!(block_entries_for, "ops-f32", f32, "f32", 4);
+with_op_instances!(block_entries_for, "ops-bf16", Bf16, "bf16", 8);
+with_op_instances!(block_entries_for, "ops-f16", F16, "f16", 8);

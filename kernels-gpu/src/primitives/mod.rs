@@ -1,0 +1,26 @@
+//! The building blocks of every kernel, importing nothing but [`crate::launch`]: `device`
+//! (special registers, barriers and instructions, each wrapped once), `entry` (the one macro
+//! that makes a kernel entry), `memory` (loads and stores), `element` (element types and
+//! their conversions), `reduce` (lane, group and block reductions), `online` (the
+//! online-softmax statistics), `barrier_word` and `row_exchange` (the per-row barrier and the
+//! exchange of statistics between the blocks of a row), `row_part` (where a share of a row
+//! lies). No entry points; nothing here names a kernel family. `online`, `barrier_word` and
+//! `row_part` are pure arithmetic that the host compiles too (its tests check them); the rest
+//! exists only on the device.
+
+pub mod barrier_word;
+pub mod online;
+pub mod row_part;
+
+#[cfg(target_arch = "nvptx64")]
+pub(crate) mod device;
+#[cfg(target_arch = "nvptx64")]
+pub(crate) mod element;
+#[cfg(target_arch = "nvptx64")]
+pub(crate) mod entry;
+#[cfg(target_arch = "nvptx64")]
+pub(crate) mod memory;
+#[cfg(target_arch = "nvptx64")]
+pub(crate) mod reduce;
+#[cfg(target_arch = "nvptx64")]
+pub(crate) mod row_exchange;
