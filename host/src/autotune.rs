@@ -1,12 +1,20 @@
-//! The tuning cache behind `Variant::Auto`: which production variant was fastest for a device
-//! and a rounded shape, persisted to a JSON file.
+//! The tuning cache behind `Variant::Auto`: which production variant was fastest for a device,
+//! a rounded shape and a buffer layout, persisted to a JSON file.
 //!
 //! The file tolerates being missing (empty cache), corrupt or truncated (ignored with a
 //! warning, rewritten at the next save) and old: it records a checksum of the variant and
-//! kernel names, and entries made for another set of kernels are dropped.
+//! kernel names, and entries made for another set of kernels are dropped. An entry that names
+//! anything but a production variant (a seed variant, `auto`, a name this build does not know)
+//! is dropped on its own, with a warning: `Auto` may only run what it could have chosen.
+//!
+//! Memory never claims what the file lacks: an inserted entry counts once [`TuneCache::save`]
+//! has written it, and a failed save drops what was inserted since the last one (the error
+//! goes to the caller). Each save writes a temporary file of its own and renames it over the
+//! cache, so processes saving at once leave one whole file (the last rename wins).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 
@@ -15,21 +23,27 @@ use crate::plan::all_kernel_names;
 use crate::shape::Shape;
 use crate::variant::Variant;
 
-/// Format version of the file.
-const FORMAT: u32 = 1;
+/// Format version of the file (2: the key records alignment and peelability).
+const FORMAT: u32 = 2;
 
-/// A device and a rounded shape: rows to the next power of two, columns to a multiple of 64
-/// (exact up to 256), and whether 16-byte access is possible.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+/// A device, a rounded shape (rows to the next power of two, columns to a multiple of 64,
+/// exact up to 256) and the two layout facts that decide what each production kernel can run.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct TuneKey {
     pub device: String,
     pub rows_bucket: usize,
     pub cols_bucket: usize,
-    pub vector: bool,
+    /// Input and output allow 16-byte accesses (the rows-in-registers capacity depends on it).
+    pub aligned: bool,
+    /// Input and output are misaligned alike modulo 16 bytes (the kernels that peel a row's
+    /// unaligned head depend on it).
+    pub peelable: bool,
 }
 
 impl TuneKey {
-    pub fn new(device: &str, shape: Shape, vector: bool) -> Self {
+    /// The key of `shape` on `device` for buffers that allow 16-byte accesses (`aligned`) and
+    /// whose input and output are misaligned alike (`peelable`).
+    pub fn for_layout(device: &str, shape: Shape, aligned: bool, peelable: bool) -> Self {
         let cols_bucket = if shape.cols() <= 256 {
             shape.cols()
         } else {
@@ -39,9 +53,28 @@ impl TuneKey {
             device: device.to_owned(),
             rows_bucket: shape.rows().next_power_of_two(),
             cols_bucket,
-            vector,
+            aligned,
+            peelable,
         }
     }
+
+    /// [`TuneKey::for_layout`] for a caller that knows only whether the buffers are peelable:
+    /// it keys every call as unaligned.
+    pub fn new(device: &str, shape: Shape, peelable: bool) -> Self {
+        Self::for_layout(device, shape, false, peelable)
+    }
+}
+
+/// Whether a tuned choice may name `variant`: the production kernels `Variant::Auto` picks
+/// among, each a concrete kernel family.
+pub fn is_tunable(variant: Variant) -> bool {
+    matches!(
+        variant,
+        Variant::RowsInRegisters
+            | Variant::BlockRegisters
+            | Variant::RowSlices
+            | Variant::RowCluster
+    )
 }
 
 #[derive(Serialize, Deserialize)]
@@ -58,11 +91,21 @@ struct CacheFile {
     entries: Vec<Entry>,
 }
 
+/// What a file must agree on before its entries are read.
+#[derive(Deserialize)]
+struct Header {
+    format: u32,
+    catalog: String,
+}
+
 /// The tuned choices, and where they persist.
 #[derive(Debug, Default)]
 pub struct TuneCache {
     path: Option<PathBuf>,
+    /// What the file holds (for an in-memory cache: everything inserted).
     entries: HashMap<TuneKey, Variant>,
+    /// Inserted since the last save: they count once a save has written them.
+    staged: HashMap<TuneKey, Variant>,
 }
 
 /// FNV-1a of every variant and kernel name: changes whenever the set of candidates does.
@@ -92,99 +135,155 @@ pub fn default_path() -> Option<PathBuf> {
     Some(cache.join("softmax-rs").join("tune.json"))
 }
 
+/// The entries of a file and a warning for each entry dropped.
+type Loaded = (HashMap<TuneKey, Variant>, Vec<String>);
+
 impl TuneCache {
     /// Loads the cache at `path` (none: in memory only). A file that cannot be used is
-    /// ignored with a warning on stderr and replaced at the next save.
+    /// ignored, and an entry that cannot be used dropped, with a warning on stderr; the file
+    /// is rewritten at the next save.
     pub fn open(path: Option<PathBuf>) -> Self {
         let entries = match &path {
-            Some(p) => Self::read(p).unwrap_or_else(|why| {
-                eprintln!(
-                    "softmax-rs: ignoring tune cache {}: {why}; it will be rebuilt",
-                    p.display()
-                );
-                HashMap::new()
-            }),
+            Some(p) => match Self::read(p) {
+                Ok((entries, dropped)) => {
+                    for why in dropped {
+                        eprintln!("softmax-rs: tune cache {}: {why}", p.display());
+                    }
+                    entries
+                }
+                Err(why) => {
+                    eprintln!(
+                        "softmax-rs: ignoring tune cache {}: {why}; it will be rebuilt",
+                        p.display()
+                    );
+                    HashMap::new()
+                }
+            },
             None => HashMap::new(),
         };
-        TuneCache { path, entries }
+        TuneCache {
+            path,
+            entries,
+            staged: HashMap::new(),
+        }
     }
 
-    fn read(path: &Path) -> std::result::Result<HashMap<TuneKey, Variant>, String> {
+    fn read(path: &Path) -> std::result::Result<Loaded, String> {
         let text = match std::fs::read_to_string(path) {
             Ok(text) => text,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(HashMap::new()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok((HashMap::new(), Vec::new()));
+            }
             Err(e) => return Err(e.to_string()),
         };
-        let file: CacheFile =
-            serde_json::from_str(&text).map_err(|e| format!("not a tune cache ({e})"))?;
-        if file.format != FORMAT || file.catalog != catalog() {
-            return Err("made for another set of kernels".into());
+        let not_a_cache = |e: serde_json::Error| format!("not a tune cache ({e})");
+        let header: Header = serde_json::from_str(&text).map_err(not_a_cache)?;
+        if header.format != FORMAT || header.catalog != catalog() {
+            return Err("made for another set of kernels or another format".into());
         }
-        file.entries
-            .into_iter()
-            .map(|entry| {
-                let variant = entry
-                    .variant
-                    .parse()
-                    .map_err(|_| format!("unknown variant `{}`", entry.variant))?;
-                Ok((entry.key, variant))
-            })
-            .collect()
+        let file: CacheFile = serde_json::from_str(&text).map_err(not_a_cache)?;
+        let (mut entries, mut dropped) = (HashMap::new(), Vec::new());
+        for entry in file.entries {
+            match entry.variant.parse::<Variant>() {
+                Ok(variant) if is_tunable(variant) => {
+                    entries.insert(entry.key, variant);
+                }
+                Ok(_) => dropped.push(format!(
+                    "dropped the entry for {:?}: `{}` is not a production variant",
+                    entry.key, entry.variant
+                )),
+                Err(_) => dropped.push(format!(
+                    "dropped the entry for {:?}: unknown variant `{}`",
+                    entry.key, entry.variant
+                )),
+            }
+        }
+        Ok((entries, dropped))
     }
 
+    /// The tuned choice for `key`, once saved.
     pub fn get(&self, key: &TuneKey) -> Option<Variant> {
         self.entries.get(key).copied()
     }
 
+    /// Records `variant` for `key`; it counts from the next successful [`TuneCache::save`]
+    /// (at once for an in-memory cache). A variant that is not a production one (see
+    /// [`is_tunable`]) is not recorded, with a warning.
     pub fn insert(&mut self, key: TuneKey, variant: Variant) {
-        self.entries.insert(key, variant);
+        if !is_tunable(variant) {
+            eprintln!(
+                "softmax-rs: not recording `{variant}` for {key:?}: not a production variant"
+            );
+            return;
+        }
+        if self.path.is_some() {
+            self.staged.insert(key, variant);
+        } else {
+            self.entries.insert(key, variant);
+        }
     }
 
     pub fn path(&self) -> Option<&Path> {
         self.path.as_deref()
     }
 
-    /// Writes the cache to its file (through a temporary file and a rename, so a reader
-    /// never sees half a file). Nothing to do for an in-memory cache.
-    pub fn save(&self) -> Result<()> {
+    /// Writes the saved and the staged entries to the file (through a temporary file of this
+    /// save's own and a rename, so a reader never sees half a file); the staged entries count
+    /// from then on. If that fails, they are dropped and the error returned. Nothing to do for
+    /// an in-memory cache.
+    pub fn save(&mut self) -> Result<()> {
         let Some(path) = &self.path else {
             return Ok(());
         };
-        let io = |source| Error::Io {
-            what: format!("saving the tune cache {}", path.display()),
-            source,
-        };
-        let mut entries: Vec<Entry> = self
-            .entries
-            .iter()
-            .map(|(key, variant)| Entry {
-                key: key.clone(),
-                variant: variant.name(),
-            })
-            .collect();
-        entries.sort_by(|a, b| {
-            (&a.key.device, a.key.rows_bucket, a.key.cols_bucket).cmp(&(
-                &b.key.device,
-                b.key.rows_bucket,
-                b.key.cols_bucket,
-            ))
-        });
-        let file = CacheFile {
-            format: FORMAT,
-            catalog: catalog(),
-            entries,
-        };
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(io)?;
-        }
-        let temporary = path.with_extension("json.tmp");
-        std::fs::write(
-            &temporary,
-            serde_json::to_string_pretty(&file).expect("serializable"),
-        )
-        .map_err(io)?;
-        std::fs::rename(&temporary, path).map_err(io)
+        let mut all = self.entries.clone();
+        all.extend(self.staged.drain());
+        write_atomically(path, &all)?;
+        self.entries = all;
+        Ok(())
     }
+}
+
+/// Writes `entries` as the cache file at `path`.
+fn write_atomically(path: &Path, entries: &HashMap<TuneKey, Variant>) -> Result<()> {
+    let io = |source| Error::Io {
+        what: format!("saving the tune cache {}", path.display()),
+        source,
+    };
+    let mut entries: Vec<Entry> = entries
+        .iter()
+        .map(|(key, variant)| Entry {
+            key: key.clone(),
+            variant: variant.name(),
+        })
+        .collect();
+    entries.sort_by(|a, b| a.key.cmp(&b.key));
+    let file = CacheFile {
+        format: FORMAT,
+        catalog: catalog(),
+        entries,
+    };
+    let text = serde_json::to_string_pretty(&file).map_err(|e| io(std::io::Error::other(e)))?;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(io)?;
+    }
+    let temporary = temporary_path(path);
+    let written = std::fs::write(&temporary, text).and_then(|()| std::fs::rename(&temporary, path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&temporary);
+    }
+    written.map_err(io)
+}
+
+/// `<path>.<pid>.<count>.<nanos>.tmp`: no other save, in this process or another, writes it.
+fn temporary_path(path: &Path) -> PathBuf {
+    static SAVES: AtomicU64 = AtomicU64::new(0);
+    let count = SAVES.fetch_add(1, Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(format!(".{}.{count}.{nanos}.tmp", std::process::id()));
+    path.with_file_name(name)
 }
 
 #[cfg(test)]
@@ -192,7 +291,7 @@ mod tests {
     use super::*;
 
     fn key(rows: usize, cols: usize) -> TuneKey {
-        TuneKey::new("nvidia-h200", Shape::new(rows, cols).unwrap(), true)
+        TuneKey::for_layout("nvidia-h200", Shape::new(rows, cols).unwrap(), true, true)
     }
 
     fn temp_path(name: &str) -> PathBuf {
@@ -202,12 +301,58 @@ mod tests {
         dir.join("tune.json")
     }
 
+    /// A file of this build's format and catalog with one entry per variant name.
+    fn file_naming(variants: &[&str]) -> String {
+        let entries: Vec<String> = variants
+            .iter()
+            .enumerate()
+            .map(|(i, variant)| {
+                format!(
+                    r#"{{"device": "nvidia-h200", "rows_bucket": {}, "cols_bucket": 1024,
+                        "aligned": true, "peelable": true, "variant": "{variant}"}}"#,
+                    1 << i
+                )
+            })
+            .collect();
+        format!(
+            r#"{{"format": {FORMAT}, "catalog": "{}", "entries": [{}]}}"#,
+            catalog(),
+            entries.join(",")
+        )
+    }
+
     #[test]
     fn shapes_round_into_buckets() {
         assert_eq!(key(100, 1000), key(128, 1024));
         assert_ne!(key(100, 1000), key(129, 1000));
         assert_eq!(key(3, 33).cols_bucket, 33);
         assert_ne!(key(8, 128256), key(8, 128320 + 64));
+    }
+
+    #[test]
+    fn alignment_and_peelability_are_part_of_the_key() {
+        let shape = Shape::new(32, 2048).unwrap();
+        let layouts = [(true, true), (true, false), (false, true), (false, false)];
+        for (i, &(aligned, peelable)) in layouts.iter().enumerate() {
+            for &(other_aligned, other_peelable) in &layouts[i + 1..] {
+                assert_ne!(
+                    TuneKey::for_layout("h", shape, aligned, peelable),
+                    TuneKey::for_layout("h", shape, other_aligned, other_peelable)
+                );
+            }
+        }
+        let path = temp_path("layout");
+        let mut cache = TuneCache::open(Some(path.clone()));
+        cache.insert(
+            TuneKey::for_layout("h", shape, true, true),
+            Variant::RowsInRegisters,
+        );
+        cache.save().unwrap();
+        let reloaded = TuneCache::open(Some(path));
+        let aligned = TuneKey::for_layout("h", shape, true, true);
+        let unaligned = TuneKey::for_layout("h", shape, false, true);
+        assert_eq!(reloaded.get(&aligned), Some(Variant::RowsInRegisters));
+        assert_eq!(reloaded.get(&unaligned), None, "tuned on aligned buffers");
     }
 
     #[test]
@@ -231,20 +376,22 @@ mod tests {
             "missing file"
         );
         let mut cache = TuneCache::open(Some(path.clone()));
-        cache.insert(key(1, 32000), Variant::SplitRows);
+        cache.insert(key(1, 32000), Variant::RowSlices);
         cache.save().unwrap();
         let good = std::fs::read_to_string(&path).unwrap();
         let foreign = good.replace(&catalog(), "0123456789abcdef");
-        let unknown_variant = good.replace("split-rows", "warp-specialized");
+        let old_format = good.replace(&format!("\"format\": {FORMAT}"), "\"format\": 1");
+        let unknown_variant = good.replace("row-slices", "warp-specialized");
         for bad in [
             &good[..good.len() / 2],
             "\u{0}garbage",
             "{}",
             foreign.as_str(),
+            old_format.as_str(),
             unknown_variant.as_str(),
         ] {
             std::fs::write(&path, bad).unwrap();
-            let reopened = TuneCache::open(Some(path.clone()));
+            let mut reopened = TuneCache::open(Some(path.clone()));
             assert!(reopened.entries.is_empty(), "{bad:?} was accepted");
             reopened.save().unwrap();
             assert!(
@@ -252,6 +399,122 @@ mod tests {
                 "rebuilt file must load cleanly"
             );
         }
+    }
+
+    /// `auto` runs a tuned choice without planning it as `auto` again, so a choice naming
+    /// `block-smem-autotuned` (resolved only by its own tuner), `auto` itself or a seed
+    /// variant must never get into the cache.
+    #[test]
+    fn entries_naming_anything_but_a_production_variant_are_dropped_with_a_warning() {
+        let path = temp_path("not-production");
+        let mut names: Vec<&str> = Variant::NAMES.to_vec();
+        names.extend(["block-smem:256", "warp-specialized"]);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, file_naming(&names)).unwrap();
+        let (entries, dropped) = TuneCache::read(&path).unwrap();
+        let mut kept: Vec<Variant> = entries.values().copied().collect();
+        kept.sort();
+        assert_eq!(
+            kept,
+            [
+                Variant::RowsInRegisters,
+                Variant::BlockRegisters,
+                Variant::RowSlices,
+                Variant::RowCluster
+            ]
+        );
+        assert_eq!(dropped.len(), names.len() - kept.len(), "{dropped:?}");
+        for name in [
+            "block-smem-autotuned",
+            "auto",
+            "split-rows",
+            "warp-specialized",
+        ] {
+            assert!(
+                dropped.iter().any(|why| why.contains(&format!("`{name}`"))),
+                "no warning names {name}: {dropped:?}"
+            );
+        }
+        let cache = TuneCache::open(Some(path));
+        for (i, name) in names.iter().enumerate() {
+            let key = TuneKey {
+                rows_bucket: 1 << i,
+                ..key(1, 1024)
+            };
+            let variant = cache.get(&key);
+            assert!(
+                variant.is_none_or(is_tunable),
+                "{name} was kept as {variant:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn inserting_a_variant_that_is_not_production_records_nothing() {
+        let path = temp_path("insert-not-production");
+        let mut cache = TuneCache::open(Some(path.clone()));
+        cache.insert(key(64, 1024), Variant::BlockPerRowAutotuned);
+        cache.insert(key(64, 1024), Variant::Auto);
+        cache.save().unwrap();
+        assert_eq!(cache.get(&key(64, 1024)), None);
+        assert!(TuneCache::open(Some(path)).entries.is_empty());
+    }
+
+    /// The cache path blocked by a directory: the save fails, and the entry it was to persist
+    /// is not claimed; what an earlier save persisted still is.
+    #[test]
+    fn a_failed_save_leaves_no_unsaved_entry_claimed() {
+        let path = temp_path("save-fails");
+        let mut cache = TuneCache::open(Some(path.clone()));
+        cache.insert(key(32, 4096), Variant::BlockRegisters);
+        cache.save().unwrap();
+        std::fs::remove_file(&path).unwrap();
+        std::fs::create_dir_all(path.join("in-the-way")).unwrap();
+        cache.insert(key(8, 128256), Variant::RowSlices);
+        assert!(cache.save().is_err(), "saving over a directory succeeded");
+        assert_eq!(cache.get(&key(8, 128256)), None, "claims an unsaved entry");
+        assert_eq!(cache.get(&key(32, 4096)), Some(Variant::BlockRegisters));
+        let leftovers: Vec<_> = std::fs::read_dir(path.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .filter(|name| name.to_string_lossy().ends_with(".tmp"))
+            .collect();
+        assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
+    }
+
+    /// Two writers saving different entries to one file while a reader reads it: every save
+    /// succeeds and the file always parses.
+    #[test]
+    fn concurrent_saves_always_leave_a_file_that_parses() {
+        const SAVES: usize = 200;
+        let path = temp_path("concurrent");
+        let writers: Vec<_> = [Variant::RowSlices, Variant::BlockRegisters]
+            .into_iter()
+            .enumerate()
+            .map(|(writer, variant)| {
+                let path = path.clone();
+                std::thread::spawn(move || {
+                    let mut cache = TuneCache::open(Some(path));
+                    for i in 0..SAVES {
+                        cache.insert(key(1 + i, 1024 * (1 + writer)), variant);
+                        cache.save().unwrap();
+                    }
+                })
+            })
+            .collect();
+        let mut reads = 0;
+        while !writers.iter().all(|w| w.is_finished()) {
+            if let Err(why) = TuneCache::read(&path) {
+                panic!("read {reads}: the file does not parse: {why}");
+            }
+            reads += 1;
+        }
+        for writer in writers {
+            writer.join().expect("a writer failed");
+        }
+        let (entries, dropped) = TuneCache::read(&path).unwrap();
+        assert!(dropped.is_empty());
+        assert!(!entries.is_empty());
     }
 
     #[test]
