@@ -289,7 +289,10 @@ fn chart_refuses_malformed_and_truncated_reports() {
         ("empty", String::new()),
         ("impossible-shape", with_first("rows", (1u64 << 40).into())),
         ("negative-bandwidth", with_first("gbps", (-5.0).into())),
-        ("overflowing-percentage", with_first("pct_of_copy", 1.7e308.into())),
+        (
+            "overflowing-percentage",
+            with_first("pct_of_copy", 1.7e308.into()),
+        ),
     ];
     for (name, contents) in cases {
         let json = dir.join(format!("{name}.json"));

@@ -1,4 +1,9 @@
-//! Tests that need no GPU: the reference, the online statistics, shapes and variant names.
+//! Tests that need no GPU: the reference, the online statistics, shapes and variant names,
+//! and the GPU tests' own harness.
+
+mod common;
+
+use std::process::{Command, ExitCode};
 
 use kernels_gpu::barrier_word;
 use kernels_gpu::launch::RowSlicesKernelName;
@@ -667,4 +672,57 @@ proptest! {
         row_parts_cover::<4>(cols.next_multiple_of(4), 0, slices, Ends::None)?;
         row_parts_cover::<1>(cols, 0, slices, Ends::None)?;
     }
+}
+
+/// This test's name: the harness runs the tests whose name contains its first argument, and
+/// the child below gets this name as that argument.
+const HARNESS_TEST: &str = "a_missing_gpu_fails_the_gpu_tests_when_one_is_required";
+
+/// Set in the environment of the child that [`a_missing_gpu_fails_the_gpu_tests_when_one_is_required`]
+/// starts.
+const HARNESS_CHILD: &str = "SOFTMAX_HARNESS_CHILD";
+
+/// The GPU test binaries' harness on a machine without a device (`CUDA_VISIBLE_DEVICES`
+/// empty hides any GPU): with `SOFTMAX_REQUIRE_GPU=1` every test fails, with a message, and
+/// the binary exits non-zero; without it every test is skipped and the binary exits zero.
+/// The harness runs in a child (this test binary again), as it runs in a GPU test binary.
+#[test]
+fn a_missing_gpu_fails_the_gpu_tests_when_one_is_required() {
+    if std::env::var_os(HARNESS_CHILD).is_some() {
+        let code = common::run_harness(&[(HARNESS_TEST, |_, _| Ok("ran".into()))]);
+        std::process::exit(if code == ExitCode::SUCCESS { 0 } else { 1 });
+    }
+    let harness = |required: Option<&str>| {
+        let mut child = Command::new(std::env::current_exe().expect("this test binary"));
+        child
+            .args(["--exact", HARNESS_TEST, "--nocapture", "--test-threads=1"])
+            .env(HARNESS_CHILD, "1")
+            .env("CUDA_VISIBLE_DEVICES", "")
+            .env_remove(common::REQUIRE_GPU);
+        if let Some(value) = required {
+            child.env(common::REQUIRE_GPU, value);
+        }
+        let out = child.output().expect("the child runs");
+        let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+        (out.status, text(&out.stdout), text(&out.stderr))
+    };
+    let (status, stdout, stderr) = harness(Some("1"));
+    assert!(
+        !status.success(),
+        "a missing GPU passed with SOFTMAX_REQUIRE_GPU=1:\n{stdout}{stderr}"
+    );
+    assert!(
+        stdout.contains(&format!("test {HARNESS_TEST} ... FAILED: no CUDA device")),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains("SOFTMAX_REQUIRE_GPU is set but there is no CUDA device"),
+        "{stderr}"
+    );
+    let (status, stdout, stderr) = harness(None);
+    assert!(status.success(), "{stdout}{stderr}");
+    assert!(
+        stdout.contains(&format!("test {HARNESS_TEST} ... skipped: no CUDA device")),
+        "{stdout}"
+    );
 }

@@ -1,5 +1,6 @@
 //! Shared by the GPU test binaries (each uses part of it): a harness that reports skipped
-//! tests when there is no GPU, seeded random inputs, and checks against the reference.
+//! tests when there is no GPU (and fails them when one is required), seeded random inputs,
+//! and checks against the reference.
 #![allow(dead_code)]
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -11,6 +12,15 @@ use rand::{Rng, SeedableRng};
 use softmax::reference::{Deviation, deviation};
 use softmax::{Error, Shape, Softmax, Variant};
 
+/// Set (to anything but `0` or nothing) on a machine that has a GPU: there, a missing device
+/// fails every GPU test instead of skipping it, so a broken driver cannot pass as "no GPU".
+pub const REQUIRE_GPU: &str = "SOFTMAX_REQUIRE_GPU";
+
+/// Whether [`REQUIRE_GPU`] is set.
+pub fn gpu_required() -> bool {
+    std::env::var_os(REQUIRE_GPU).is_some_and(|value| !value.is_empty() && value != "0")
+}
+
 /// A test: gets the device and a seeded generator, returns a one-line summary or a failure.
 pub type Test = (
     &'static str,
@@ -18,7 +28,8 @@ pub type Test = (
 );
 
 /// Runs `tests` (those whose name contains the first argument, if any) and exits non-zero if
-/// one fails. Without a device, reports each as skipped with the reason and exits zero.
+/// one fails. Without a device, reports each as skipped with the reason and exits zero, or,
+/// when [`REQUIRE_GPU`] is set, as failed, exiting non-zero.
 pub fn run_harness(tests: &[Test]) -> ExitCode {
     let filter = std::env::args()
         .skip(1)
@@ -40,16 +51,13 @@ pub fn run_harness(tests: &[Test]) -> ExitCode {
     let mut softmax = match Softmax::new() {
         Ok(softmax) => softmax,
         Err(Error::NoDevice { reason }) => {
-            for (name, _) in &selected {
-                println!("test {name} ... skipped: no CUDA device ({reason})");
-            }
-            println!(
-                "\ntest result: 0 passed, 0 failed, {} skipped (no GPU)",
-                selected.len()
-            );
-            return ExitCode::SUCCESS;
+            let names: Vec<&str> = selected.iter().map(|(name, _)| *name).collect();
+            return without_a_device(&names, &reason, gpu_required());
         }
-        Err(error) => panic!("opening the GPU failed for another reason than its absence: {error}"),
+        Err(error) => {
+            eprintln!("opening the GPU failed for another reason than its absence: {error}");
+            return ExitCode::FAILURE;
+        }
     };
     println!(
         "device: {} (seed {seed}; replay with SOFTMAX_TEST_SEED={seed})",
@@ -87,6 +95,31 @@ pub fn run_harness(tests: &[Test]) -> ExitCode {
     } else {
         ExitCode::FAILURE
     }
+}
+
+/// The verdict without a device: every test skipped (exit 0), or, when a GPU is `required`,
+/// every test failed (exit 1) with the reason on stderr.
+fn without_a_device(names: &[&str], reason: &str, required: bool) -> ExitCode {
+    let verdict = if required { "FAILED" } else { "skipped" };
+    for name in names {
+        println!("test {name} ... {verdict}: no CUDA device ({reason})");
+    }
+    if !required {
+        println!(
+            "\ntest result: 0 passed, 0 failed, {} skipped (no GPU)",
+            names.len()
+        );
+        return ExitCode::SUCCESS;
+    }
+    println!(
+        "\ntest result: 0 passed, {} failed (no GPU, and {REQUIRE_GPU} is set)",
+        names.len()
+    );
+    eprintln!(
+        "{REQUIRE_GPU} is set but there is no CUDA device ({reason}): the GPU tests fail \
+         rather than pass without running"
+    );
+    ExitCode::FAILURE
 }
 
 /// Uniform random values in `[-magnitude, magnitude]`.
