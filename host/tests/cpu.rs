@@ -1,16 +1,18 @@
 //! Tests that need no GPU: the reference, the online statistics, shapes and variant names,
-//! and the GPU tests' own harness.
+//! and the GPU tests' own harness and checks.
 
 mod common;
 
 use std::process::{Command, ExitCode};
 
+use common::{RowValues, check_rows};
 use kernels_gpu::barrier_word;
 use kernels_gpu::launch::RowSlicesKernelName;
 use kernels_gpu::online::{CompensatedSum, Exp2, OnlineStats};
 use kernels_gpu::row_ops::OpKernelName;
 use proptest::prelude::*;
-use softmax::reference::{Scores, backward_f64, deviation, softmax_f64};
+use softmax::half::{bf16, f16};
+use softmax::reference::{Scores, backward_f64, deviation, softmax_f64, value_deviation};
 use softmax::{DType, Error, RowState, Shape, Variant, merge_row_states};
 
 enum HostExp2 {}
@@ -725,4 +727,105 @@ fn a_missing_gpu_fails_the_gpu_tests_when_one_is_required() {
         stdout.contains(&format!("test {HARNESS_TEST} ... skipped: no CUDA device")),
         "{stdout}"
     );
+}
+
+/// A bf16 softmax output as an exact kernel writes it, then with one row corrupted: its two
+/// extreme values swapped (the row still sums to 1), or every value 10% high. A relative L2
+/// norm over the whole tensor (with every row's sum) accepts both; the per-row check does not.
+#[test]
+fn the_per_row_check_rejects_one_bad_row_that_a_whole_tensor_norm_accepts() {
+    const TOLERANCE: f64 = 1.5e-2;
+    let (rows, cols) = (4096, 64);
+    let input: Vec<f32> = (0..rows * cols)
+        .map(|i| ((i * 7919) % 1000) as f32 * 0.008 - 4.0)
+        .collect();
+    let expected = softmax_f64(&input, rows, cols);
+    let written = common::as_written::<bf16>(&expected);
+    let exact: Vec<f32> = written.iter().map(|&v| v as f32).collect();
+    let check = |actual: &[f32]| {
+        check_rows(
+            actual,
+            &written,
+            cols,
+            RowValues::Probabilities,
+            DType::Bf16,
+            TOLERANCE,
+        )
+    };
+    assert!(check(&exact).is_ok());
+
+    let mut swapped = exact.clone();
+    let row = &mut swapped[1000 * cols..1001 * cols];
+    let position = |best: fn(f32, f32) -> bool| {
+        (0..cols).fold(0, |at, i| if best(row[i], row[at]) { i } else { at })
+    };
+    let (largest, smallest) = (position(|a, b| a > b), position(|a, b| a < b));
+    row.swap(largest, smallest);
+    assert!(deviation(&swapped, &expected, cols).within(TOLERANCE));
+    let why = check(&swapped).expect_err("a row with two values swapped passed");
+    assert!(why.starts_with("row 1000, column "), "{why}");
+
+    let mut scaled = exact.clone();
+    scaled[2000 * cols..2001 * cols]
+        .iter_mut()
+        .for_each(|v| *v *= 1.1);
+    assert!(value_deviation(&scaled, &expected).within(TOLERANCE));
+    let why = check(&scaled).expect_err("a row 10% high passed");
+    assert!(why.starts_with("row 2000, "), "{why}");
+}
+
+/// f16 probabilities below the smallest normal number are judged by the type's absolute
+/// spacing: a wide row of subnormals one step off (up and down in turn) passes, three steps
+/// off does not, and one step high everywhere passes element by element but not as a sum
+/// (1.2% over the reference's).
+#[test]
+fn the_per_row_check_judges_subnormal_16_bit_values_by_their_spacing() {
+    const TOLERANCE: f64 = 2e-3;
+    let cols = 200_003;
+    let written = common::as_written::<f16>(&vec![1.0 / cols as f64; cols]);
+    let step = f16::from_bits(1).to_f32();
+    let off_by = |steps: fn(usize) -> f32| -> Vec<f32> {
+        let shifted = written.iter().enumerate();
+        shifted.map(|(i, &v)| v as f32 + steps(i) * step).collect()
+    };
+    let check = |actual: &[f32]| {
+        check_rows(
+            actual,
+            &written,
+            cols,
+            RowValues::Probabilities,
+            DType::F16,
+            TOLERANCE,
+        )
+    };
+    check(&off_by(|i| if i % 2 == 0 { 1.0 } else { -1.0 })).expect("one step off in turn");
+    let why = check(&off_by(|_| 3.0)).expect_err("three steps off passed");
+    assert!(why.starts_with("row 0, column 0:"), "{why}");
+    let why = check(&off_by(|_| 1.0)).expect_err("a row summing 1.2% high passed");
+    assert!(why.starts_with("row 0 sums to "), "{why}");
+}
+
+/// Log-probabilities near 0 are judged absolutely (what is left there is the rounding of the
+/// scores), the others relative to themselves; NaN and -inf must match exactly.
+#[test]
+fn the_per_row_check_of_log_probabilities() {
+    let written = [-1e-7, -0.69, -20.0, f64::NEG_INFINITY, -3.0];
+    let close = [-1.2e-7_f32, -0.6901, -20.01, f32::NEG_INFINITY, -3.0];
+    let check = |actual: &[f32]| {
+        check_rows(
+            actual,
+            &written,
+            5,
+            RowValues::LogProbabilities,
+            DType::Bf16,
+            1.5e-2,
+        )
+    };
+    check(&close).expect("close log-probabilities");
+    for (col, wrong) in [(2, -21.0), (3, -1e30), (4, f32::NAN)] {
+        let mut actual = close;
+        actual[col] = wrong;
+        let why = check(&actual).expect_err("a wrong log-probability passed");
+        assert!(why.starts_with(&format!("row 0, column {col}:")), "{why}");
+    }
 }

@@ -9,8 +9,9 @@ use std::process::ExitCode;
 use cust::memory::{CopyDestination, DeviceBuffer};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use softmax::half::{bf16, f16};
 use softmax::reference::{Deviation, deviation};
-use softmax::{Error, Shape, Softmax, Variant};
+use softmax::{DType, Element, Error, Shape, Softmax, Variant};
 
 /// Set (to anything but `0` or nothing) on a machine that has a GPU: there, a missing device
 /// fails every GPU test instead of skipping it, so a broken driver cannot pass as "no GPU".
@@ -201,4 +202,104 @@ impl Check {
             self.passed, self.worst, self.refused
         )
     }
+}
+
+/// `expected` rounded to the output type `O`: what an exact kernel writes. Compared with the
+/// unrounded values, f16's subnormal spacing (6e-8) alone is a relative error of ~0.4% on
+/// softmax rows of 250,000 columns, whose values are ~4e-6.
+pub fn as_written<O: Element>(expected: &[f64]) -> Vec<f64> {
+    expected
+        .iter()
+        .map(|&e| {
+            if e.is_finite() {
+                f64::from(O::from_f32(e as f32).to_f32())
+            } else {
+                e
+            }
+        })
+        .collect()
+}
+
+/// What the rows of an output hold, for [`check_rows`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowValues {
+    /// Softmax probabilities: each element relative to its reference value, or, below the
+    /// output type's smallest normal number, to that number (there the type's spacing is
+    /// absolute: f16 subnormals are 6e-8 apart); and each row's sum against the sum of the
+    /// reference as written (not 1: rounded to f16, a row of 200,003 equal subnormals sums to
+    /// 1.0014). Element by element, a row of subnormals can be off by up to the tolerance
+    /// times the smallest normal number in every element; the sum catches that.
+    Probabilities,
+    /// Log-probabilities: each element relative to its reference value, or, below 1 in
+    /// magnitude, absolutely (near 0 what is left is the rounding of the scores).
+    LogProbabilities,
+}
+
+/// The smallest positive normal number of `dtype`.
+pub fn smallest_normal(dtype: DType) -> f64 {
+    match dtype {
+        DType::F32 => f64::from(f32::MIN_POSITIVE),
+        DType::Bf16 => f64::from(bf16::MIN_POSITIVE.to_f32()),
+        DType::F16 => f64::from(f16::MIN_POSITIVE.to_f32()),
+    }
+}
+
+/// Checks each row of a `cols`-wide output of type `dtype` on its own against `expected` (the
+/// reference as written in that type, see [`as_written`]), so that no row can hide in a norm
+/// over the whole tensor: every element within `tolerance` (as [`RowValues`] measures it), a
+/// non-finite reference matched exactly, and each probability row's sum within `tolerance`
+/// of the reference's. Returns the worst error as a fraction of `tolerance`.
+pub fn check_rows(
+    actual: &[f32],
+    expected: &[f64],
+    cols: usize,
+    values: RowValues,
+    dtype: DType,
+    tolerance: f64,
+) -> Result<f64, String> {
+    if actual.len() != expected.len() {
+        return Err(format!(
+            "{} values for a reference of {}",
+            actual.len(),
+            expected.len()
+        ));
+    }
+    let floor = match values {
+        RowValues::Probabilities => smallest_normal(dtype),
+        RowValues::LogProbabilities => 1.0,
+    };
+    let mut worst = 0.0_f64;
+    let rows = actual.chunks(cols.max(1)).zip(expected.chunks(cols.max(1)));
+    for (row, (actual, expected)) in rows.enumerate() {
+        for (col, (&a, &e)) in actual.iter().zip(expected).enumerate() {
+            let a = f64::from(a);
+            let error = if e.is_finite() && a.is_finite() {
+                (a - e).abs() / e.abs().max(floor)
+            } else if a == e || (a.is_nan() && e.is_nan()) {
+                0.0
+            } else {
+                f64::INFINITY
+            };
+            if error > tolerance {
+                return Err(format!(
+                    "row {row}, column {col}: {a:e} where the reference is {e:e} (error \
+                     {error:.1e} > {tolerance:.0e})"
+                ));
+            }
+            worst = worst.max(error / tolerance);
+        }
+        if values == RowValues::Probabilities && expected.iter().all(|e| e.is_finite()) {
+            let got: f64 = actual.iter().map(|&a| f64::from(a)).sum();
+            let wanted: f64 = expected.iter().sum();
+            let error = (got - wanted).abs();
+            if error.is_nan() || error > tolerance {
+                return Err(format!(
+                    "row {row} sums to {got} where the reference sums to {wanted} (error \
+                     {error:.1e} > {tolerance:.0e})"
+                ));
+            }
+            worst = worst.max(error / tolerance);
+        }
+    }
+    Ok(worst)
 }
