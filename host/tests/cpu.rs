@@ -5,7 +5,7 @@ mod common;
 
 use std::process::{Command, ExitCode};
 
-use common::{RowValues, check_rows};
+use common::{RowValues, Span, check_rows, overlapped};
 use kernels_gpu::barrier_word;
 use kernels_gpu::launch::RowSlicesKernelName;
 use kernels_gpu::online::{CompensatedSum, Exp2, OnlineStats};
@@ -828,4 +828,21 @@ fn the_per_row_check_of_log_probabilities() {
         let why = check(&actual).expect_err("a wrong log-probability passed");
         assert!(why.starts_with(&format!("row 0, column {col}:")), "{why}");
     }
+}
+
+/// The concurrency tests' verdict from event times: two streams of 1 ms each that ran one
+/// after the other, or took turns launch by launch, did not overlap; two that ran side by side
+/// did.
+#[test]
+fn overlap_is_read_from_the_streams_event_times() {
+    let alone = [1.0, 1.0];
+    let span = |first, last| Span { first, last };
+    let one_after_the_other = [span(0.02, 1.0), span(1.02, 2.0)];
+    let why = overlapped(&alone, &one_after_the_other, 0.9).expect_err("serial passed");
+    assert!(why.contains("ran one after the other"), "{why}");
+    let in_turns = [span(0.02, 1.96), span(0.04, 2.0)];
+    let why = overlapped(&alone, &in_turns, 0.9).expect_err("launches in turns passed");
+    assert!(why.contains("did not overlap"), "{why}");
+    let side_by_side = [span(0.02, 1.1), span(0.03, 1.15)];
+    overlapped(&alone, &side_by_side, 0.9).expect("streams side by side");
 }

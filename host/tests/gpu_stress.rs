@@ -1,15 +1,19 @@
-//! GPU fuzzing, concurrency and soak. Without a CUDA device each test is reported skipped.
+//! GPU fuzzing, concurrency and soak. Without a CUDA device each test is reported skipped
+//! (failed, with `SOFTMAX_REQUIRE_GPU=1`).
 //! `SOFTMAX_TEST_SEED=N` replays a run; a test name as the first argument filters.
 
 mod common;
 
+use std::sync::mpsc;
 use std::thread;
 use std::time::Duration;
 
-use common::{Check, poisoned};
+use common::{Span, poisoned};
+use cust::event::{Event, EventFlags, EventStatus};
 use cust::launch;
-use cust::memory::{CopyDestination, DeviceBuffer, DeviceCopy};
+use cust::memory::{AsyncCopyDestination, CopyDestination, DeviceBuffer, DeviceCopy, LockedBuffer};
 use cust::module::Module;
+use cust::stream::{Stream, StreamFlags, StreamWaitEventFlags};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use softmax::half::bf16;
@@ -138,85 +142,408 @@ fn fuzz(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     ))
 }
 
-/// Runs `count` random small problems on `softmax` and checks each.
-fn checked_runs(softmax: &mut Softmax, seed: u64, count: usize) -> Result<usize, String> {
-    let mut rng = StdRng::seed_from_u64(seed);
-    let mut check = Check::default();
-    for _ in 0..count {
-        let shape = Shape::new(rng.random_range(1..=256), rng.random_range(1..=20_000)).unwrap();
-        let input = random_contents(&mut rng, shape);
-        let expected = softmax_f64(&input, shape.rows(), shape.cols());
-        let variant = [
-            Variant::Auto,
-            Variant::BlockRegisters,
-            Variant::RowSlices,
-            Variant::WarpPerRowOnline,
-        ][rng.random_range(0..4)];
-        match check.variant(softmax, variant, &input, &expected, shape, TOLERANCE) {
-            Err(common::Failure::Refused(Error::Unsupported { .. })) => {}
-            Err(failure) => return Err(format!("{variant} on {shape}: {failure}")),
-            Ok(()) => {}
-        }
-    }
-    Ok(check.passed)
+/// How long the gate holds the streams back: far longer than enqueueing a workload takes.
+const GATE_NS: u64 = 200_000_000;
+
+/// Streams run together must finish within this fraction of the time they take one after the
+/// other: launches that ran in turns (serialized) take as long together as one after another.
+const OVERLAP_RATIO: f64 = 0.9;
+
+/// Problems in one stream's workload.
+const WORKLOAD_PROBLEMS: usize = 64;
+
+/// A one-thread kernel that spins until `%globaltimer` has advanced `spin_ns` nanoseconds.
+/// (`ptxas -arch=sm_90` accepts it.)
+const SPIN_PTX: &str = ".version 7.8
+.target sm_90
+.address_size 64
+
+.visible .entry spin(
+\t.param .u64 spin_spin_ns
+)
+{
+\t.reg .pred \t%p<2>;
+\t.reg .b64 \t%rd<5>;
+
+\tld.param.u64 \t%rd1, [spin_spin_ns];
+\tmov.u64 \t%rd2, %globaltimer;
+\tadd.u64 \t%rd3, %rd2, %rd1;
+$SPIN:
+\tmov.u64 \t%rd4, %globaltimer;
+\tsetp.lt.u64 \t%p1, %rd4, %rd3;
+\t@%p1 bra \t$SPIN;
+\tret;
+}
+";
+
+/// Holds streams back until the host has enqueued all their work, so the GPU runs it as
+/// fast as it can rather than as fast as the host enqueues it: a spinning kernel on a stream
+/// of its own, then `opened`, the start every stream's events are timed from.
+struct Gate {
+    module: Module,
+    stream: Stream,
+    opened: Event,
 }
 
-fn threads(_softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
-    let seeds: Vec<u64> = (0..4).map(|_| rng.random()).collect();
-    let handles: Vec<_> = seeds
-        .into_iter()
-        .map(|seed| {
-            thread::spawn(move || {
-                let mut own = Softmax::new().map_err(|e| e.to_string())?;
-                checked_runs(&mut own, seed, 150)
-            })
+impl Gate {
+    fn new() -> Result<Self, String> {
+        let text = |e: cust::error::CudaError| e.to_string();
+        Ok(Gate {
+            module: Module::from_ptx(SPIN_PTX, &[]).map_err(text)?,
+            stream: Stream::new(StreamFlags::NON_BLOCKING, None).map_err(text)?,
+            opened: Event::new(EventFlags::DEFAULT).map_err(text)?,
         })
-        .collect();
-    let mut total = 0;
-    for handle in handles {
-        total += handle
-            .join()
-            .map_err(|_| "a thread panicked".to_string())??;
     }
-    Ok(format!(
-        "4 threads, each with its own Softmax and stream: {total} checked runs correct"
-    ))
-}
 
-fn two_streams(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
-    // Two instances (two streams) from one thread, launches interleaved without waiting.
-    let mut second = Softmax::new().map_err(|e| e.to_string())?;
-    let mut pending = Vec::new();
-    for i in 0..64 {
-        let shape = Shape::new(rng.random_range(1..=64), rng.random_range(1..=50_000)).unwrap();
-        let input = random_contents(rng, shape);
-        let expected = softmax_f64(&input, shape.rows(), shape.cols());
-        let device_input = DeviceBuffer::from_slice(&input).map_err(|e| e.to_string())?;
-        let mut device_output = poisoned(shape.len())?;
-        let instance = if i % 2 == 0 {
-            &mut *softmax
-        } else {
-            &mut second
-        };
-        instance
-            .run(Variant::Auto, &device_input, &mut device_output, shape)
-            .map_err(|e| e.to_string())?;
-        pending.push((shape, expected, device_input, device_output));
+    /// Closes the gate for [`GATE_NS`], then records `opened`.
+    fn close(&self) -> Result<(), String> {
+        let (module, stream) = (&self.module, &self.stream);
+        // SAFETY: `spin` takes one u64 and touches no memory.
+        unsafe { launch!(module.spin<<<1, 1, 0, stream>>>(GATE_NS)) }
+            .map_err(|e| format!("launching the gate: {e}"))?;
+        self.opened
+            .record(stream)
+            .map_err(|e| format!("recording the gate: {e}"))
     }
-    softmax.synchronize().map_err(|e| e.to_string())?;
-    second.synchronize().map_err(|e| e.to_string())?;
-    for (shape, expected, _input, output) in &pending {
-        let mut result = vec![0.0; shape.len()];
-        output.copy_to(&mut result[..]).map_err(|e| e.to_string())?;
-        let deviation = deviation(&result, expected, shape.cols());
-        if !deviation.within(TOLERANCE) {
-            return Err(format!("{shape}: {deviation:?}"));
+
+    /// Makes `stream`'s later work wait until the gate opens.
+    fn hold(&self, stream: &Stream) -> Result<(), String> {
+        let text = |e: cust::error::CudaError| format!("holding a stream at the gate: {e}");
+        let opened = Event::new(EventFlags::DISABLE_TIMING).map_err(text)?;
+        opened.record(&self.stream).map_err(text)?;
+        stream
+            .wait_event(opened, StreamWaitEventFlags::DEFAULT)
+            .map_err(text)
+    }
+
+    /// An error if the gate opened before the host finished enqueueing: then the timings
+    /// would measure the host.
+    fn still_closed(&self) -> Result<(), String> {
+        match self.opened.query().map_err(|e| e.to_string())? {
+            EventStatus::NotReady => Ok(()),
+            EventStatus::Ready => Err(format!(
+                "enqueueing took longer than the gate's {} ms",
+                GATE_NS / 1_000_000
+            )),
         }
     }
-    Ok(format!(
-        "{} launches on two streams from one thread correct",
-        pending.len()
-    ))
+}
+
+/// One problem of a [`Workload`]: its input and output in pinned host memory and on the
+/// device, and its reference.
+struct Problem {
+    variant: Variant,
+    shape: Shape,
+    input: LockedBuffer<f32>,
+    output: LockedBuffer<f32>,
+    device_input: DeviceBuffer<f32>,
+    device_output: DeviceBuffer<f32>,
+    expected: Vec<f64>,
+}
+
+/// One stream's share of a concurrency test: small problems (so that two streams' kernels fit
+/// on the GPU side by side), each enqueued without a wait on the host: its input copied in
+/// from pinned memory, its output poisoned, the launch, the output copied back to pinned
+/// memory. Events after the first problem and after the last time the stream's work.
+struct Workload {
+    problems: Vec<Problem>,
+    first: Event,
+    last: Event,
+}
+
+impl Workload {
+    /// Random problems for `variants`, each planned and run once on `softmax` (so that the
+    /// timed runs allocate nothing); problems a variant refuses are drawn again.
+    fn new(softmax: &mut Softmax, rng: &mut StdRng, variants: &[Variant]) -> Result<Self, String> {
+        let text = |e: cust::error::CudaError| e.to_string();
+        let mut problems = Vec::new();
+        while problems.len() < WORKLOAD_PROBLEMS {
+            let shape = Shape::new(rng.random_range(1..=16), rng.random_range(1..=4096)).unwrap();
+            let variant = variants[rng.random_range(0..variants.len())];
+            let input = random_contents(rng, shape);
+            let device_input = DeviceBuffer::from_slice(&input).map_err(text)?;
+            let mut device_output = poisoned(shape.len())?;
+            match softmax.run(variant, &device_input, &mut device_output, shape) {
+                Err(Error::Unsupported { .. }) => continue,
+                other => other.map_err(|e| format!("{variant} on {shape}: {e}"))?,
+            }
+            problems.push(Problem {
+                variant,
+                shape,
+                expected: softmax_f64(&input, shape.rows(), shape.cols()),
+                input: LockedBuffer::from_slice(&input).map_err(text)?,
+                output: LockedBuffer::new(&f32::NAN, shape.len()).map_err(text)?,
+                device_input,
+                device_output,
+            });
+        }
+        softmax.synchronize().map_err(|e| e.to_string())?;
+        Ok(Workload {
+            problems,
+            first: Event::new(EventFlags::DEFAULT).map_err(text)?,
+            last: Event::new(EventFlags::DEFAULT).map_err(text)?,
+        })
+    }
+
+    /// Enqueues every problem on `softmax`'s stream behind `gate`, waiting for nothing.
+    fn enqueue(&mut self, softmax: &mut Softmax, gate: &Gate) -> Result<(), String> {
+        let text = |e: cust::error::CudaError| e.to_string();
+        gate.hold(softmax.stream())?;
+        for (i, p) in self.problems.iter_mut().enumerate() {
+            p.output.as_mut_slice().fill(f32::NAN);
+            // SAFETY: the copies and the memset are ordered on the stream with the launch, and
+            // nothing else touches these buffers until `finish` has waited for the stream.
+            unsafe {
+                p.device_input
+                    .async_copy_from(p.input.as_slice(), softmax.stream())
+                    .map_err(text)?;
+                p.device_output
+                    .set_32_async(f32::NAN.to_bits(), softmax.stream())
+                    .map_err(text)?;
+            }
+            softmax
+                .run(p.variant, &p.device_input, &mut p.device_output, p.shape)
+                .map_err(|e| format!("{} on {}: {e}", p.variant, p.shape))?;
+            // SAFETY: as above.
+            unsafe {
+                p.device_output
+                    .async_copy_to(p.output.as_mut_slice(), softmax.stream())
+                    .map_err(text)?;
+            }
+            if i == 0 {
+                self.first.record(softmax.stream()).map_err(text)?;
+            }
+        }
+        self.last.record(softmax.stream()).map_err(text)
+    }
+
+    /// Waits for the work `enqueue` left, checks every output against the reference, and
+    /// returns the span of the work from the gate's opening, and the problems checked.
+    fn finish(&self, gate: &Gate) -> Result<(Span, usize), String> {
+        let text = |e: cust::error::CudaError| e.to_string();
+        self.last.synchronize().map_err(text)?;
+        let since_the_gate = |event: &Event| {
+            event
+                .elapsed_time_f32(&gate.opened)
+                .map(f64::from)
+                .map_err(text)
+        };
+        let span = Span {
+            first: since_the_gate(&self.first)?,
+            last: since_the_gate(&self.last)?,
+        };
+        for p in &self.problems {
+            let deviation = deviation(p.output.as_slice(), &p.expected, p.shape.cols());
+            if !deviation.within(TOLERANCE) {
+                return Err(format!("{} on {}: {deviation:?}", p.variant, p.shape));
+            }
+        }
+        Ok((span, self.problems.len()))
+    }
+}
+
+/// Streams with workloads, driven by [`alone_then_together`].
+trait Streams {
+    fn count(&self) -> usize;
+    /// Starts enqueueing stream `i`'s workload behind the gate.
+    fn enqueue(&mut self, i: usize) -> Result<(), String>;
+    /// Returns once stream `i`'s workload is enqueued.
+    fn enqueued(&mut self, i: usize) -> Result<(), String>;
+    /// [`Workload::finish`] for stream `i`.
+    fn finish(&mut self, i: usize) -> Result<(Span, usize), String>;
+}
+
+/// Runs each stream's workload alone, then all of them together, each time behind the gate,
+/// checking every result; then checks from the event times that together the streams'
+/// launches overlapped.
+fn alone_then_together(gate: &Gate, streams: &mut impl Streams) -> Outcome {
+    let count = streams.count();
+    let phases = (0..count)
+        .map(|i| vec![i])
+        .chain([(0..count).collect::<Vec<_>>()]);
+    let (mut alone, mut checked) = (Vec::new(), 0);
+    for phase in phases {
+        gate.close()?;
+        for &i in &phase {
+            streams.enqueue(i)?;
+        }
+        for &i in &phase {
+            streams.enqueued(i)?;
+        }
+        gate.still_closed()?;
+        let mut spans = Vec::new();
+        for &i in &phase {
+            let (span, problems) = streams.finish(i)?;
+            spans.push(span);
+            checked += problems;
+        }
+        if phase.len() < count {
+            alone.push(spans[0].last);
+        } else {
+            let verdict = common::overlapped(&alone, &spans, OVERLAP_RATIO)?;
+            return Ok(format!(
+                "{checked} launches (alone, then together) matched the reference; {verdict}"
+            ));
+        }
+    }
+    Err("no phase ran every stream".into())
+}
+
+/// Instances of the library driven from this thread.
+struct Instances<'a> {
+    instances: Vec<(&'a mut Softmax, Workload)>,
+    gate: &'a Gate,
+}
+
+impl Streams for Instances<'_> {
+    fn count(&self) -> usize {
+        self.instances.len()
+    }
+
+    fn enqueue(&mut self, i: usize) -> Result<(), String> {
+        let (softmax, workload) = &mut self.instances[i];
+        workload.enqueue(softmax, self.gate)
+    }
+
+    fn enqueued(&mut self, _: usize) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn finish(&mut self, i: usize) -> Result<(Span, usize), String> {
+        self.instances[i].1.finish(self.gate)
+    }
+}
+
+/// What the main thread asks of a [`Threads`] worker.
+enum Command {
+    Enqueue,
+    Finish,
+}
+
+/// A worker's answer: ready or enqueued (`None`), finished (the span and the problems
+/// checked), or why not.
+type Reply = Result<Option<(Span, usize)>, String>;
+
+/// Worker threads, each with its own instance of the library (and so its own stream) and
+/// workload, each answering the main thread's commands: several threads enqueue at once.
+struct Threads {
+    commands: Vec<mpsc::Sender<Command>>,
+    replies: Vec<mpsc::Receiver<Reply>>,
+}
+
+impl Threads {
+    fn reply(&self, i: usize) -> Reply {
+        self.replies[i]
+            .recv()
+            .map_err(|_| format!("thread {i} stopped"))?
+            .map_err(|why| format!("thread {i}: {why}"))
+    }
+
+    fn command(&self, i: usize, command: Command) -> Result<(), String> {
+        self.commands[i]
+            .send(command)
+            .map_err(|_| format!("thread {i} stopped"))
+    }
+}
+
+impl Streams for Threads {
+    fn count(&self) -> usize {
+        self.commands.len()
+    }
+
+    fn enqueue(&mut self, i: usize) -> Result<(), String> {
+        self.command(i, Command::Enqueue)
+    }
+
+    fn enqueued(&mut self, i: usize) -> Result<(), String> {
+        self.reply(i).map(|_| ())
+    }
+
+    fn finish(&mut self, i: usize) -> Result<(Span, usize), String> {
+        self.command(i, Command::Finish)?;
+        self.reply(i)?
+            .ok_or_else(|| format!("thread {i} answered no span"))
+    }
+}
+
+/// A worker of [`Threads`]: opens its instance, makes its workload, says so, then answers
+/// commands until the main thread hangs up.
+fn worker(seed: u64, gate: &Gate, commands: mpsc::Receiver<Command>, replies: mpsc::Sender<Reply>) {
+    let variants = [
+        Variant::Auto,
+        Variant::BlockRegisters,
+        Variant::RowSlices,
+        Variant::WarpPerRowOnline,
+    ];
+    let ready = Softmax::new()
+        .map_err(|e| e.to_string())
+        .and_then(|mut own| {
+            let workload = Workload::new(&mut own, &mut StdRng::seed_from_u64(seed), &variants)?;
+            Ok((own, workload))
+        });
+    let (mut own, mut workload) = match ready {
+        Ok(ready) => {
+            let _ = replies.send(Ok(None));
+            ready
+        }
+        Err(why) => {
+            let _ = replies.send(Err(why));
+            return;
+        }
+    };
+    for command in commands {
+        let reply = match command {
+            Command::Enqueue => workload.enqueue(&mut own, gate).map(|()| None),
+            Command::Finish => workload.finish(gate).map(Some),
+        };
+        if replies.send(reply).is_err() {
+            return;
+        }
+    }
+}
+
+/// Four threads, each with its own instance (and stream) and pinned buffers: each alone, then
+/// all at once, enqueueing from their threads at the same time.
+fn threads(_softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
+    const THREADS: usize = 4;
+    let gate = Gate::new()?;
+    let seeds: Vec<u64> = (0..THREADS).map(|_| rng.random()).collect();
+    thread::scope(|scope| {
+        let mut threads = Threads {
+            commands: Vec::new(),
+            replies: Vec::new(),
+        };
+        for seed in seeds {
+            let (command, commands) = mpsc::channel();
+            let (reply, replies) = mpsc::channel();
+            let gate = &gate;
+            scope.spawn(move || worker(seed, gate, commands, reply));
+            threads.commands.push(command);
+            threads.replies.push(replies);
+        }
+        for i in 0..THREADS {
+            threads.reply(i)?;
+        }
+        let outcome = alone_then_together(&gate, &mut threads)?;
+        Ok(format!(
+            "{THREADS} threads, each with its own Softmax and stream: {outcome}"
+        ))
+    })
+}
+
+/// Two instances (two streams) driven from one thread: each alone, then both, their launches
+/// enqueued one instance after the other without a wait.
+fn two_streams(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
+    let gate = Gate::new()?;
+    let mut second = Softmax::new().map_err(|e| e.to_string())?;
+    let first_workload = Workload::new(softmax, rng, &[Variant::Auto])?;
+    let second_workload = Workload::new(&mut second, rng, &[Variant::Auto])?;
+    let mut instances = Instances {
+        instances: vec![(softmax, first_workload), (&mut second, second_workload)],
+        gate: &gate,
+    };
+    let outcome = alone_then_together(&gate, &mut instances)?;
+    Ok(format!("two streams from one thread: {outcome}"))
 }
 
 /// A variant on a shape for each kernel family that launches with programmatic overlap (the

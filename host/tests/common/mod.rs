@@ -303,3 +303,46 @@ pub fn check_rows(
     }
     Ok(worst)
 }
+
+/// When one stream's work in a concurrency test finished, in milliseconds after a start event
+/// common to every stream: its first launch (with its copies), and its last.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Span {
+    pub first: f64,
+    pub last: f64,
+}
+
+/// Whether streams' launches overlapped in time. `alone` holds how long each stream's work
+/// took by itself (from its start to its last event); `together`, each stream's span when all
+/// of them started at one common event. They overlapped if each stream's first launch finished
+/// before every other stream's last one (no stream waited for another to drain), and all of
+/// them finished within `ratio` of the time they take one after the other (the GPU ran them
+/// side by side, not in turns: launches taken in turns take as long as one after the other).
+pub fn overlapped(alone: &[f64], together: &[Span], ratio: f64) -> Result<String, String> {
+    for (i, a) in together.iter().enumerate() {
+        for (j, b) in together.iter().enumerate() {
+            if i != j && a.first >= b.last {
+                return Err(format!(
+                    "stream {i}'s first launch finished at {:.3} ms, after stream {j}'s last at \
+                     {:.3} ms: the streams ran one after the other",
+                    a.first, b.last
+                ));
+            }
+        }
+    }
+    let one_after_another: f64 = alone.iter().sum();
+    let all_done = together.iter().map(|s| s.last).fold(0.0, f64::max);
+    if all_done.is_nan() || all_done >= ratio * one_after_another {
+        return Err(format!(
+            "together the streams finished at {all_done:.3} ms; alone they took {alone:.3?} ms, \
+             {one_after_another:.3} ms one after the other: their launches did not overlap \
+             (wanted under {ratio} of that)"
+        ));
+    }
+    Ok(format!(
+        "{} streams together took {all_done:.2} ms, {:.0}% of the {one_after_another:.2} ms \
+         they take one after the other",
+        together.len(),
+        100.0 * all_done / one_after_another
+    ))
+}
