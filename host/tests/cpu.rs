@@ -5,7 +5,7 @@ mod common;
 
 use std::process::{Command, ExitCode};
 
-use common::{RowValues, Span, check_rows, overlapped};
+use common::{RowValues, Span, check_gradient, check_rows, overlapped, softmax_gradient_reference};
 use kernels_gpu::barrier_word;
 use kernels_gpu::launch::RowSlicesKernelName;
 use kernels_gpu::online::{CompensatedSum, Exp2, OnlineStats};
@@ -845,4 +845,44 @@ fn overlap_is_read_from_the_streams_event_times() {
     assert!(why.contains("did not overlap"), "{why}");
     let side_by_side = [span(0.02, 1.1), span(0.03, 1.15)];
     overlapped(&alone, &side_by_side, 0.9).expect("streams side by side");
+}
+
+/// The soak's check of gradient values: an f32 computation from probabilities 2e-5 off the
+/// reference passes, rows whose gradient cancels to near zero included; a value 0.1% off its
+/// terms does not, nor a NaN where the reference has a number.
+#[test]
+fn the_gradient_check_holds_each_value_to_its_terms() {
+    let cols = 50;
+    let mut x: Vec<f32> = (0..4 * cols)
+        .map(|i| ((i * 37) % 23) as f32 * 0.5)
+        .collect();
+    x[2 * cols + 7] = 80.0; // one value takes almost all of row 2: its gradient cancels
+    x[3 * cols + 9] = 12.0; // row 3: one value takes 99.9%
+    let y = softmax_f64(&x, 4, cols);
+    let dy: Vec<f32> = (0..4 * cols)
+        .map(|i| ((i * 53) % 19) as f32 / 9.0 - 1.0)
+        .collect();
+    let (expected, terms) = softmax_gradient_reference(&y, &dy, cols);
+    let kernel_y: Vec<f32> = y
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| (v * if i % 2 == 0 { 1.0 + 2e-5 } else { 1.0 - 2e-5 }) as f32)
+        .collect();
+    let kernel_dx: Vec<f32> = kernel_y
+        .chunks(cols)
+        .zip(dy.chunks(cols))
+        .flat_map(|(y, dy)| {
+            let sum: f32 = y.iter().zip(dy).map(|(y, dy)| y * dy).sum();
+            y.iter().zip(dy).map(move |(y, dy)| y * (dy - sum))
+        })
+        .collect();
+    check_gradient(&kernel_dx, &expected, &terms, 1e-4).expect("an f32 gradient");
+    let mut off = kernel_dx.clone();
+    let at = cols + 3;
+    off[at] += (1e-3 * terms[at]) as f32;
+    let why = check_gradient(&off, &expected, &terms, 1e-4).expect_err("0.1% off passed");
+    assert!(why.starts_with(&format!("element {at}:")), "{why}");
+    let mut nan = kernel_dx;
+    nan[5] = f32::NAN;
+    assert!(check_gradient(&nan, &expected, &terms, 1e-4).is_err());
 }

@@ -928,9 +928,48 @@ fn free_device_memory() -> Result<usize, String> {
     Ok(free)
 }
 
+/// Launches between two waits of the soak; every launch's window is checked at each wait.
+const SOAK_BATCH: usize = 1000;
+
+/// Elements of each launch's output the soak reads back and checks (fewer in narrower rows).
+const WINDOW: usize = 1024;
+
+/// f32 probabilities, element by element: the exponent `(x − max)·log2 e` is rounded twice
+/// (2^-23·|t|, with |t| ≤ 126 for any probability above f32's smallest normal number:
+/// 1.5e-5), plus ex2.approx and the normalization (~1e-6).
+const SOAK_F32_TOLERANCE: f64 = 4e-5;
+
+/// Gradients, against their terms ([`common::check_gradient`]): the probabilities they read
+/// are each within ~2e-5 of the reference.
+const SOAK_DX_TOLERANCE: f64 = 1e-4;
+
+/// What a launch of the soak writes.
+#[derive(Clone, Copy, Debug)]
+enum Written {
+    /// A variant's f32 softmax.
+    F32,
+    /// The forward call's bf16 softmax.
+    Bf16,
+    /// The backward call's f32 gradient.
+    Gradient,
+}
+
+/// Where a launch's output is sampled: `len` elements from `start`, within one row.
+#[derive(Clone, Copy, Debug)]
+struct Window {
+    start: usize,
+    len: usize,
+}
+
+impl Window {
+    fn range(&self) -> std::ops::Range<usize> {
+        self.start..self.start + self.len
+    }
+}
+
 /// One buffer set of the soak: an f32 input and output for the variants, a bf16 copy of
 /// the input and a bf16 output for the operation API's forward, and an incoming gradient and
-/// its result for the backward pass (from the f32 output).
+/// its result for the backward pass (from the f32 output); and the references of all three.
 struct SoakBuffers {
     shape: Shape,
     input: Vec<f32>,
@@ -941,14 +980,25 @@ struct SoakBuffers {
     gradient: Vec<f32>,
     device_gradient: DeviceBuffer<f32>,
     device_dx: DeviceBuffer<f32>,
+    /// The softmax of the input as f32 holds it, of the input rounded to bf16 as bf16 holds
+    /// it, and the gradient (with its terms) from the reference softmax.
+    expected_f32: Vec<f64>,
+    expected_bf16: Vec<f64>,
+    expected_dx: Vec<f64>,
+    dx_terms: Vec<f64>,
 }
 
 impl SoakBuffers {
     fn new(rng: &mut StdRng, shape: Shape) -> Result<Self, String> {
         let text = |e: cust::error::CudaError| e.to_string();
+        let (rows, cols) = (shape.rows(), shape.cols());
         let input = random_contents(rng, shape);
         let gradient = common::random_matrix(rng, shape, 1.0);
         let input_bf16: Vec<bf16> = input.iter().map(|&v| bf16::from_f32(v)).collect();
+        let rounded: Vec<f32> = input_bf16.iter().map(|v| v.to_f32()).collect();
+        let probabilities = softmax_f64(&input, rows, cols);
+        let (expected_dx, dx_terms) =
+            common::softmax_gradient_reference(&probabilities, &gradient, cols);
         Ok(SoakBuffers {
             shape,
             device_input: DeviceBuffer::from_slice(&input).map_err(text)?,
@@ -957,12 +1007,26 @@ impl SoakBuffers {
             output_bf16: DeviceBuffer::from_slice(&vec![bf16::NAN; shape.len()]).map_err(text)?,
             device_gradient: DeviceBuffer::from_slice(&gradient).map_err(text)?,
             device_dx: poisoned(shape.len())?,
+            expected_f32: common::as_written::<f32>(&probabilities),
+            expected_bf16: common::as_written::<bf16>(&softmax_f64(&rounded, rows, cols)),
+            expected_dx,
+            dx_terms,
             input,
             gradient,
         })
     }
 
-    /// Launch `kind`: a variant of `variants`, then the bf16 forward, then the backward.
+    /// What launch `kind` writes: a variant of `variants`, then the bf16 forward, then the
+    /// backward.
+    fn written(kind: usize, variants: &[Variant]) -> Written {
+        match kind.checked_sub(variants.len()) {
+            None => Written::F32,
+            Some(0) => Written::Bf16,
+            Some(_) => Written::Gradient,
+        }
+    }
+
+    /// Launch `kind` (see [`SoakBuffers::written`]).
     fn launch(
         &mut self,
         softmax: &mut Softmax,
@@ -970,20 +1034,20 @@ impl SoakBuffers {
         kind: usize,
     ) -> Result<(), Error> {
         let shape = self.shape;
-        match kind.checked_sub(variants.len()) {
-            None => softmax.run(
+        match Self::written(kind, variants) {
+            Written::F32 => softmax.run(
                 variants[kind],
                 &self.device_input,
                 &mut self.device_output,
                 shape,
             ),
-            Some(0) => softmax.forward(
+            Written::Bf16 => softmax.forward(
                 Operation::Softmax,
                 Rows::new(&self.input_bf16, shape)?,
                 RowsMut::new(&mut self.output_bf16, shape)?,
                 &Options::new(),
             ),
-            Some(_) => softmax.backward(
+            Written::Gradient => softmax.backward(
                 Operation::Softmax,
                 Rows::new(&self.device_output, shape)?,
                 Rows::new(&self.device_gradient, shape)?,
@@ -991,6 +1055,112 @@ impl SoakBuffers {
                 &Options::new(),
             ),
         }
+    }
+
+    /// A random window: up to [`WINDOW`] elements of a random row.
+    fn random_window(&self, rng: &mut StdRng) -> Window {
+        let cols = self.shape.cols();
+        let len = cols.min(WINDOW);
+        let row = rng.random_range(0..self.shape.rows());
+        Window {
+            start: row * cols + rng.random_range(0..=cols - len),
+            len,
+        }
+    }
+
+    /// Poisons `window` of what a launch writes, then enqueues the launch, then a copy of the
+    /// window into `staged` (f32 outputs) or `staged_bf16`, all on `softmax`'s stream.
+    fn launch_sampled(
+        &mut self,
+        softmax: &mut Softmax,
+        (variants, kind): (&[Variant], usize),
+        window: Window,
+        (staged, staged_bf16): (&mut [f32], &mut [bf16]),
+    ) -> Result<(), String> {
+        let text = |e: cust::error::CudaError| e.to_string();
+        let written = Self::written(kind, variants);
+        let nan = f32::NAN.to_bits();
+        // SAFETY: the memsets and copies are ordered on the stream with the launches, and the
+        // host reads `staged` only after waiting for the stream.
+        unsafe {
+            match written {
+                Written::F32 => self
+                    .device_output
+                    .index(window.range())
+                    .set_32_async(nan, softmax.stream()),
+                Written::Gradient => self
+                    .device_dx
+                    .index(window.range())
+                    .set_32_async(nan, softmax.stream()),
+                Written::Bf16 => self
+                    .output_bf16
+                    .index(window.range())
+                    .set_16_async(bf16::NAN.to_bits(), softmax.stream()),
+            }
+            .map_err(text)?;
+        }
+        self.launch(softmax, variants, kind)
+            .map_err(|e| e.to_string())?;
+        // SAFETY: as above.
+        unsafe {
+            match written {
+                Written::F32 => self
+                    .device_output
+                    .index(window.range())
+                    .async_copy_to(staged, softmax.stream()),
+                Written::Gradient => self
+                    .device_dx
+                    .index(window.range())
+                    .async_copy_to(staged, softmax.stream()),
+                Written::Bf16 => self
+                    .output_bf16
+                    .index(window.range())
+                    .async_copy_to(staged_bf16, softmax.stream()),
+            }
+            .map_err(text)
+        }
+    }
+
+    /// Checks the window a launch wrote (`staged`, or `staged_bf16` for the bf16 forward)
+    /// against the reference: probabilities element by element and summed, gradients each
+    /// against its terms.
+    fn check_window(
+        &self,
+        written: Written,
+        window: Window,
+        (staged, staged_bf16): (&[f32], &[bf16]),
+    ) -> Result<(), String> {
+        let (range, len) = (window.range(), window.len);
+        let probabilities = common::RowValues::Probabilities;
+        match written {
+            Written::F32 => common::check_rows(
+                staged,
+                &self.expected_f32[range],
+                len,
+                probabilities,
+                DType::F32,
+                SOAK_F32_TOLERANCE,
+            ),
+            Written::Bf16 => {
+                let widened: Vec<f32> = staged_bf16.iter().map(|v| v.to_f32()).collect();
+                let expected = &self.expected_bf16[range];
+                common::check_rows(
+                    &widened,
+                    expected,
+                    len,
+                    probabilities,
+                    DType::Bf16,
+                    BF16_TOLERANCE,
+                )
+            }
+            Written::Gradient => common::check_gradient(
+                staged,
+                &self.expected_dx[range.clone()],
+                &self.dx_terms[range],
+                SOAK_DX_TOLERANCE,
+            ),
+        }
+        .map(|_| ())
     }
 
     /// Every output against the reference after the soak.
@@ -1035,7 +1205,12 @@ impl SoakBuffers {
     }
 }
 
+/// 100,000 launches in rotation over six shapes (each variant, the bf16 forward, the
+/// backward), every one checked: a window of its output is poisoned before it, copied back
+/// after it, and compared with the reference. Device memory must not grow, and every output
+/// must be right at the end.
 fn soak(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
+    let text = |e: cust::error::CudaError| e.to_string();
     let shapes = [
         (64, 1000),
         (8, 128256),
@@ -1058,35 +1233,66 @@ fn soak(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     for (rows, cols) in shapes {
         buffers.push(SoakBuffers::new(rng, Shape::new(rows, cols).unwrap())?);
     }
-    // Launches `count` supported (kind, shape) pairs in rotation; refused pairs are skipped.
-    let mut launch_mixed = |softmax: &mut Softmax, count: usize| -> Result<(), String> {
-        let (mut launched, mut i) = (0, 0);
-        while launched < count {
-            let set = &mut buffers[i % shapes.len()];
-            let kind = (i / shapes.len()) % kinds;
-            i += 1;
-            match set.launch(softmax, &variants, kind) {
-                Err(Error::Unsupported { .. }) => continue,
-                Err(error) => {
-                    return Err(format!(
-                        "launch {launched}: kind {kind} on {}: {error}",
-                        set.shape
-                    ));
-                }
-                Ok(()) => launched += 1,
-            }
-            if launched % 1000 == 0 {
-                softmax
-                    .synchronize()
-                    .map_err(|e| format!("after launch {launched}: {e}"))?;
+    // One rotation: what each shape supports, and every plan and workspace made.
+    let mut rotation = Vec::new();
+    for kind in 0..kinds {
+        for (set, buffers) in buffers.iter_mut().enumerate() {
+            match buffers.launch(softmax, &variants, kind) {
+                Err(Error::Unsupported { .. }) => {}
+                Err(error) => return Err(format!("kind {kind} on {}: {error}", buffers.shape)),
+                Ok(()) => rotation.push((set, kind)),
             }
         }
-        softmax.synchronize().map_err(|e| e.to_string())
-    };
-    // Every plan and workspace exists after one rotation; memory must not grow after that.
-    launch_mixed(softmax, shapes.len() * kinds)?;
+    }
+    softmax.synchronize().map_err(|e| e.to_string())?;
+    let mut staged = LockedBuffer::new(&0.0f32, SOAK_BATCH * WINDOW).map_err(text)?;
+    let mut staged_bf16 = LockedBuffer::new(&bf16::ZERO, SOAK_BATCH * WINDOW).map_err(text)?;
+    let mut sampled: Vec<(usize, usize, Window)> = Vec::with_capacity(SOAK_BATCH);
     let before = free_device_memory()?;
-    launch_mixed(softmax, SOAK_LAUNCHES)?;
+    for launch in 0..SOAK_LAUNCHES {
+        let (set, kind) = rotation[launch % rotation.len()];
+        let window = buffers[set].random_window(rng);
+        let slot = sampled.len() * WINDOW..sampled.len() * WINDOW + window.len;
+        let staging = (
+            &mut staged.as_mut_slice()[slot.clone()],
+            &mut staged_bf16.as_mut_slice()[slot],
+        );
+        buffers[set]
+            .launch_sampled(softmax, (&variants, kind), window, staging)
+            .map_err(|why| {
+                format!(
+                    "launch {launch}: kind {kind} on {}: {why}",
+                    buffers[set].shape
+                )
+            })?;
+        sampled.push((set, kind, window));
+        if sampled.len() < SOAK_BATCH && launch + 1 < SOAK_LAUNCHES {
+            continue;
+        }
+        softmax
+            .synchronize()
+            .map_err(|e| format!("after launch {launch}: {e}"))?;
+        let first = launch + 1 - sampled.len();
+        for (i, &(set, kind, window)) in sampled.iter().enumerate() {
+            let slot = i * WINDOW..i * WINDOW + window.len;
+            let written = SoakBuffers::written(kind, &variants);
+            let staging = (
+                &staged.as_slice()[slot.clone()],
+                &staged_bf16.as_slice()[slot],
+            );
+            buffers[set]
+                .check_window(written, window, staging)
+                .map_err(|why| {
+                    format!(
+                        "launch {}: kind {kind} on {}, elements {:?}: {why}",
+                        first + i,
+                        buffers[set].shape,
+                        window.range()
+                    )
+                })?;
+        }
+        sampled.clear();
+    }
     let after = free_device_memory()?;
     for set in &buffers {
         set.check()?;
@@ -1098,7 +1304,8 @@ fn soak(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
         ));
     }
     Ok(format!(
-        "{SOAK_LAUNCHES} launches (variants, bf16 forward, backward), free device memory {} MiB before and {} MiB after",
+        "{SOAK_LAUNCHES} launches (variants, bf16 forward, backward), each one's output sampled \
+         and checked; free device memory {} MiB before and {} MiB after",
         before >> 20,
         after >> 20
     ))

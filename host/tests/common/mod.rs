@@ -346,3 +346,62 @@ pub fn overlapped(alone: &[f64], together: &[Span], ratio: f64) -> Result<String
         100.0 * all_done / one_after_another
     ))
 }
+
+/// The reference softmax gradient `dx = y ⊙ (dy − Σ y⊙dy)` of each `cols`-wide row, in f64
+/// from the reference probabilities `y`, and the size of each element's terms,
+/// `y·(|dy| + 2·Σ y·|dy|)`, for [`check_gradient`].
+pub fn softmax_gradient_reference(y: &[f64], dy: &[f32], cols: usize) -> (Vec<f64>, Vec<f64>) {
+    let (mut dx, mut terms) = (Vec::with_capacity(y.len()), Vec::with_capacity(y.len()));
+    for (y, dy) in y.chunks(cols.max(1)).zip(dy.chunks(cols.max(1))) {
+        let dy = dy.iter().map(|&v| f64::from(v));
+        let pairs: Vec<(f64, f64)> = y.iter().copied().zip(dy).collect();
+        let sum: f64 = pairs.iter().map(|(y, dy)| y * dy).sum();
+        let size: f64 = pairs.iter().map(|(y, dy)| y * dy.abs()).sum();
+        for (y, dy) in pairs {
+            dx.push(y * (dy - sum));
+            terms.push(y * (dy.abs() + 2.0 * size));
+        }
+    }
+    (dx, terms)
+}
+
+/// Checks gradient values against [`softmax_gradient_reference`]: each within `tolerance`
+/// times its terms (plus 1e-30: a probability below f32's smallest normal number may be
+/// flushed to zero), NaN exactly where the reference is. A kernel's probabilities differ from
+/// the reference by a relative `ε` each; that moves `dx_i` by at most `ε·y_i·(|dy_i| + 2·Σ
+/// y·|dy|)`, however much `dy_i − Σ y⊙dy` cancels. Returns the worst error as a fraction of
+/// what was allowed.
+pub fn check_gradient(
+    actual: &[f32],
+    expected: &[f64],
+    terms: &[f64],
+    tolerance: f64,
+) -> Result<f64, String> {
+    if actual.len() != expected.len() || terms.len() != expected.len() {
+        return Err(format!(
+            "{} values for a reference of {}",
+            actual.len(),
+            expected.len()
+        ));
+    }
+    let mut worst = 0.0_f64;
+    for (i, ((&a, &e), &t)) in actual.iter().zip(expected).zip(terms).enumerate() {
+        let (a, allowed) = (f64::from(a), tolerance * t + 1e-30);
+        let error = if e.is_nan() || a.is_nan() {
+            if e.is_nan() && a.is_nan() {
+                0.0
+            } else {
+                f64::INFINITY
+            }
+        } else {
+            (a - e).abs() / allowed
+        };
+        if error.is_nan() || error > 1.0 {
+            return Err(format!(
+                "element {i}: {a:e} where the reference is {e:e} (allowed error {allowed:.1e})"
+            ));
+        }
+        worst = worst.max(error);
+    }
+    Ok(worst)
+}
