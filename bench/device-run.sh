@@ -7,6 +7,8 @@
 # `cargo xtask device-bundle` packed into .gpu/ (unpacked here first). Logs go to $OUT (or
 # ./device-out).
 set -uo pipefail
+# A GPU machine: a missing device fails the GPU tests instead of skipping them.
+export SOFTMAX_REQUIRE_GPU=1
 out=${OUT:-device-out}
 mkdir -p "$out"
 export PATH=$PATH:/usr/local/cuda/bin PYTHONUNBUFFERED=1

@@ -31,6 +31,8 @@
 #   SANITIZE_RACECHECK_TIMEOUT  seconds per racecheck run (default 1800)
 #   SOFTMAX_TEST_SEED           passed through to the tests (replays their random inputs)
 set -uo pipefail
+# A GPU machine: a missing device fails the GPU tests instead of skipping them.
+export SOFTMAX_REQUIRE_GPU=1
 out=${OUT:-device-out}
 mkdir -p "$out"
 export PATH=$PATH:/usr/local/cuda/bin

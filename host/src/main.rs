@@ -64,7 +64,7 @@ struct BenchArgs {
     shapes: Vec<Shape>,
     /// Variants, comma-separated (default: all). Names: auto, unfused, thread-naive,
     /// thread-online, block-smem (or `block-smem:THREADS`), block-smem-autotuned, warp-online,
-    /// registers, block-registers, row-slices, split-rows, row-cluster.
+    /// registers, block-registers, row-slices, row-cluster.
     #[arg(long, value_delimiter = ',', value_parser = parse_variant)]
     variants: Vec<Variant>,
     /// Timed samples per measurement (the median is reported).

@@ -3,7 +3,8 @@
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 use softmax::bench::Report;
 
@@ -257,4 +258,81 @@ fn ab_script_reads_the_benchmark_table() {
         }
     }
     let _ = fs::remove_dir_all(&dir);
+}
+
+/// `host chart` on a file that is not a usable report: JSON that does not parse, a run cut
+/// short, and well-formed runs holding what no run writes (a shape no tensor has, a negative
+/// or unboundedly large timing). Each is an error message and a failing exit, never a panic
+/// or a hang.
+#[test]
+fn chart_refuses_malformed_and_truncated_reports() {
+    let saved =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/bench-run-softmax-bf16.json");
+    let good = fs::read_to_string(&saved).expect("the saved run");
+    let with_first = |field: &str, value: serde_json::Value| {
+        let mut report: serde_json::Value =
+            serde_json::from_str(&good).expect("the saved run parses");
+        let first = &mut report["measurements"][0];
+        match field {
+            "rows" => first["rows"] = value,
+            metric => first["outcome"]["timed"][metric] = value,
+        }
+        report.to_string()
+    };
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("chart-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir).unwrap();
+    let cases = [
+        ("malformed", "{\"device\": [1, 2,, }".to_owned()),
+        ("not-json", "bench results\n".to_owned()),
+        ("truncated", good[..good.len() / 2].to_owned()),
+        ("empty", String::new()),
+        ("impossible-shape", with_first("rows", (1u64 << 40).into())),
+        ("negative-bandwidth", with_first("gbps", (-5.0).into())),
+        (
+            "overflowing-percentage",
+            with_first("pct_of_copy", 1.7e308.into()),
+        ),
+    ];
+    for (name, contents) in cases {
+        let json = dir.join(format!("{name}.json"));
+        fs::write(&json, contents).unwrap();
+        let out = host_within(
+            &[
+                "chart",
+                json.to_str().unwrap(),
+                "--out",
+                dir.to_str().unwrap(),
+            ],
+            Duration::from_secs(60),
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{name}: {stderr}");
+        assert!(
+            stderr.contains("host chart: "),
+            "{name}: no error message: {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{name}: {stderr}");
+    }
+    let _ = fs::remove_dir_all(&dir);
+}
+
+/// Runs `host` with `args`, killing it (and failing) if it runs past `limit`.
+fn host_within(args: &[&str], limit: Duration) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_host"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the host binary starts");
+    let started = Instant::now();
+    while child.try_wait().expect("waiting for host").is_none() {
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("host {args:?} ran past {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().expect("host's output")
 }

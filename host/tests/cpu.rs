@@ -1,11 +1,18 @@
-//! Tests that need no GPU: the reference, the online statistics, shapes and variant names.
+//! Tests that need no GPU: the reference, the online statistics, shapes and variant names,
+//! and the GPU tests' own harness and checks.
 
+mod common;
+
+use std::process::{Command, ExitCode};
+
+use common::{RowValues, Span, check_gradient, check_rows, overlapped, softmax_gradient_reference};
 use kernels_gpu::launch::ops::OpKernelName;
 use kernels_gpu::launch::softmax::RowSlicesKernelName;
 use kernels_gpu::primitives::barrier_word;
 use kernels_gpu::primitives::online::{CompensatedSum, Exp2, OnlineStats};
 use proptest::prelude::*;
-use softmax::reference::{Scores, backward_f64, deviation, softmax_f64};
+use softmax::half::{bf16, f16};
+use softmax::reference::{Scores, backward_f64, deviation, softmax_f64, value_deviation};
 use softmax::{DType, Error, RowState, Shape, Variant, merge_row_states};
 
 enum HostExp2 {}
@@ -668,4 +675,215 @@ proptest! {
         row_parts_cover::<4>(cols.next_multiple_of(4), 0, slices, Ends::None)?;
         row_parts_cover::<1>(cols, 0, slices, Ends::None)?;
     }
+}
+
+/// This test's name: the harness runs the tests whose name contains its first argument, and
+/// the child below gets this name as that argument.
+const HARNESS_TEST: &str = "a_missing_gpu_fails_the_gpu_tests_when_one_is_required";
+
+/// Set in the environment of the child that [`a_missing_gpu_fails_the_gpu_tests_when_one_is_required`]
+/// starts.
+const HARNESS_CHILD: &str = "SOFTMAX_HARNESS_CHILD";
+
+/// The GPU test binaries' harness on a machine without a device (`CUDA_VISIBLE_DEVICES`
+/// empty hides any GPU): with `SOFTMAX_REQUIRE_GPU=1` every test fails, with a message, and
+/// the binary exits non-zero; without it every test is skipped and the binary exits zero.
+/// The harness runs in a child (this test binary again), as it runs in a GPU test binary.
+#[test]
+fn a_missing_gpu_fails_the_gpu_tests_when_one_is_required() {
+    if std::env::var_os(HARNESS_CHILD).is_some() {
+        let code = common::run_harness(&[(HARNESS_TEST, |_, _| Ok("ran".into()))]);
+        std::process::exit(if code == ExitCode::SUCCESS { 0 } else { 1 });
+    }
+    let harness = |required: Option<&str>| {
+        let mut child = Command::new(std::env::current_exe().expect("this test binary"));
+        child
+            .args(["--exact", HARNESS_TEST, "--nocapture", "--test-threads=1"])
+            .env(HARNESS_CHILD, "1")
+            .env("CUDA_VISIBLE_DEVICES", "")
+            .env_remove(common::REQUIRE_GPU);
+        if let Some(value) = required {
+            child.env(common::REQUIRE_GPU, value);
+        }
+        let out = child.output().expect("the child runs");
+        let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+        (out.status, text(&out.stdout), text(&out.stderr))
+    };
+    let (status, stdout, stderr) = harness(Some("1"));
+    assert!(
+        !status.success(),
+        "a missing GPU passed with SOFTMAX_REQUIRE_GPU=1:\n{stdout}{stderr}"
+    );
+    assert!(
+        stdout.contains(&format!("test {HARNESS_TEST} ... FAILED: no CUDA device")),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains("SOFTMAX_REQUIRE_GPU is set but there is no CUDA device"),
+        "{stderr}"
+    );
+    let (status, stdout, stderr) = harness(None);
+    assert!(status.success(), "{stdout}{stderr}");
+    assert!(
+        stdout.contains(&format!("test {HARNESS_TEST} ... skipped: no CUDA device")),
+        "{stdout}"
+    );
+}
+
+/// A bf16 softmax output as an exact kernel writes it, then with one row corrupted: its two
+/// extreme values swapped (the row still sums to 1), or every value 10% high. A relative L2
+/// norm over the whole tensor (with every row's sum) accepts both; the per-row check does not.
+#[test]
+fn the_per_row_check_rejects_one_bad_row_that_a_whole_tensor_norm_accepts() {
+    const TOLERANCE: f64 = 1.5e-2;
+    let (rows, cols) = (4096, 64);
+    let input: Vec<f32> = (0..rows * cols)
+        .map(|i| ((i * 7919) % 1000) as f32 * 0.008 - 4.0)
+        .collect();
+    let expected = softmax_f64(&input, rows, cols);
+    let written = common::as_written::<bf16>(&expected);
+    let exact: Vec<f32> = written.iter().map(|&v| v as f32).collect();
+    let check = |actual: &[f32]| {
+        check_rows(
+            actual,
+            &written,
+            cols,
+            RowValues::Probabilities,
+            DType::Bf16,
+            TOLERANCE,
+        )
+    };
+    assert!(check(&exact).is_ok());
+
+    let mut swapped = exact.clone();
+    let row = &mut swapped[1000 * cols..1001 * cols];
+    let position = |best: fn(f32, f32) -> bool| {
+        (0..cols).fold(0, |at, i| if best(row[i], row[at]) { i } else { at })
+    };
+    let (largest, smallest) = (position(|a, b| a > b), position(|a, b| a < b));
+    row.swap(largest, smallest);
+    assert!(deviation(&swapped, &expected, cols).within(TOLERANCE));
+    let why = check(&swapped).expect_err("a row with two values swapped passed");
+    assert!(why.starts_with("row 1000, column "), "{why}");
+
+    let mut scaled = exact.clone();
+    scaled[2000 * cols..2001 * cols]
+        .iter_mut()
+        .for_each(|v| *v *= 1.1);
+    assert!(value_deviation(&scaled, &expected).within(TOLERANCE));
+    let why = check(&scaled).expect_err("a row 10% high passed");
+    assert!(why.starts_with("row 2000, "), "{why}");
+}
+
+/// f16 probabilities below the smallest normal number are judged by the type's absolute
+/// spacing: a wide row of subnormals one step off (up and down in turn) passes, three steps
+/// off does not, and one step high everywhere passes element by element but not as a sum
+/// (1.2% over the reference's).
+#[test]
+fn the_per_row_check_judges_subnormal_16_bit_values_by_their_spacing() {
+    const TOLERANCE: f64 = 2e-3;
+    let cols = 200_003;
+    let written = common::as_written::<f16>(&vec![1.0 / cols as f64; cols]);
+    let step = f16::from_bits(1).to_f32();
+    let off_by = |steps: fn(usize) -> f32| -> Vec<f32> {
+        let shifted = written.iter().enumerate();
+        shifted.map(|(i, &v)| v as f32 + steps(i) * step).collect()
+    };
+    let check = |actual: &[f32]| {
+        check_rows(
+            actual,
+            &written,
+            cols,
+            RowValues::Probabilities,
+            DType::F16,
+            TOLERANCE,
+        )
+    };
+    check(&off_by(|i| if i % 2 == 0 { 1.0 } else { -1.0 })).expect("one step off in turn");
+    let why = check(&off_by(|_| 3.0)).expect_err("three steps off passed");
+    assert!(why.starts_with("row 0, column 0:"), "{why}");
+    let why = check(&off_by(|_| 1.0)).expect_err("a row summing 1.2% high passed");
+    assert!(why.starts_with("row 0 sums to "), "{why}");
+}
+
+/// Log-probabilities near 0 are judged absolutely (what is left there is the rounding of the
+/// scores), the others relative to themselves; NaN and -inf must match exactly.
+#[test]
+fn the_per_row_check_of_log_probabilities() {
+    let written = [-1e-7, -0.69, -20.0, f64::NEG_INFINITY, -3.0];
+    let close = [-1.2e-7_f32, -0.6901, -20.01, f32::NEG_INFINITY, -3.0];
+    let check = |actual: &[f32]| {
+        check_rows(
+            actual,
+            &written,
+            5,
+            RowValues::LogProbabilities,
+            DType::Bf16,
+            1.5e-2,
+        )
+    };
+    check(&close).expect("close log-probabilities");
+    for (col, wrong) in [(2, -21.0), (3, -1e30), (4, f32::NAN)] {
+        let mut actual = close;
+        actual[col] = wrong;
+        let why = check(&actual).expect_err("a wrong log-probability passed");
+        assert!(why.starts_with(&format!("row 0, column {col}:")), "{why}");
+    }
+}
+
+/// The concurrency tests' verdict from event times: two streams of 1 ms each that ran one
+/// after the other, or took turns launch by launch, did not overlap; two that ran side by side
+/// did.
+#[test]
+fn overlap_is_read_from_the_streams_event_times() {
+    let alone = [1.0, 1.0];
+    let span = |first, last| Span { first, last };
+    let one_after_the_other = [span(0.02, 1.0), span(1.02, 2.0)];
+    let why = overlapped(&alone, &one_after_the_other, 0.9).expect_err("serial passed");
+    assert!(why.contains("ran one after the other"), "{why}");
+    let in_turns = [span(0.02, 1.96), span(0.04, 2.0)];
+    let why = overlapped(&alone, &in_turns, 0.9).expect_err("launches in turns passed");
+    assert!(why.contains("did not overlap"), "{why}");
+    let side_by_side = [span(0.02, 1.1), span(0.03, 1.15)];
+    overlapped(&alone, &side_by_side, 0.9).expect("streams side by side");
+}
+
+/// The soak's check of gradient values: an f32 computation from probabilities 2e-5 off the
+/// reference passes, rows whose gradient cancels to near zero included; a value 0.1% off its
+/// terms does not, nor a NaN where the reference has a number.
+#[test]
+fn the_gradient_check_holds_each_value_to_its_terms() {
+    let cols = 50;
+    let mut x: Vec<f32> = (0..4 * cols)
+        .map(|i| ((i * 37) % 23) as f32 * 0.5)
+        .collect();
+    x[2 * cols + 7] = 80.0; // one value takes almost all of row 2: its gradient cancels
+    x[3 * cols + 9] = 12.0; // row 3: one value takes 99.9%
+    let y = softmax_f64(&x, 4, cols);
+    let dy: Vec<f32> = (0..4 * cols)
+        .map(|i| ((i * 53) % 19) as f32 / 9.0 - 1.0)
+        .collect();
+    let (expected, terms) = softmax_gradient_reference(&y, &dy, cols);
+    let kernel_y: Vec<f32> = y
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| (v * if i % 2 == 0 { 1.0 + 2e-5 } else { 1.0 - 2e-5 }) as f32)
+        .collect();
+    let kernel_dx: Vec<f32> = kernel_y
+        .chunks(cols)
+        .zip(dy.chunks(cols))
+        .flat_map(|(y, dy)| {
+            let sum: f32 = y.iter().zip(dy).map(|(y, dy)| y * dy).sum();
+            y.iter().zip(dy).map(move |(y, dy)| y * (dy - sum))
+        })
+        .collect();
+    check_gradient(&kernel_dx, &expected, &terms, 1e-4).expect("an f32 gradient");
+    let mut off = kernel_dx.clone();
+    let at = cols + 3;
+    off[at] += (1e-3 * terms[at]) as f32;
+    let why = check_gradient(&off, &expected, &terms, 1e-4).expect_err("0.1% off passed");
+    assert!(why.starts_with(&format!("element {at}:")), "{why}");
+    let mut nan = kernel_dx;
+    nan[5] = f32::NAN;
+    assert!(check_gradient(&nan, &expected, &terms, 1e-4).is_err());
 }

@@ -8,7 +8,6 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use cust::memory::{CopyDestination, DeviceBuffer, DeviceCopy};
-use cust::module::Module;
 use cust::stream::{Stream, StreamFlags};
 use cust::sys;
 use cust::{context::CurrentContext, launch};
@@ -111,30 +110,6 @@ fn check_softmax_bf16(
     Ok(())
 }
 
-/// How long the late writer spins before it writes.
-const LATE_WRITE_NS: u64 = 100_000;
-
-/// Enqueues `late_copy` of `source` into `destination` on `stream`.
-fn write_late<T: DeviceCopy>(
-    module: &Module,
-    source: &DeviceBuffer<T>,
-    destination: &DeviceBuffer<T>,
-    stream: &Stream,
-) -> Result<(), String> {
-    let words = (source.len() * size_of::<T>() / 4) as u64;
-    // SAFETY: `late_copy` reads `words` 32-bit words of `source` and writes as many of
-    // `destination`, two distinct buffers of that many bytes.
-    unsafe {
-        launch!(module.late_copy<<<132, 256, 0, stream>>>(
-            source.as_device_ptr(),
-            destination.as_device_ptr(),
-            words,
-            LATE_WRITE_NS
-        ))
-    }
-    .map_err(|e| format!("launching late_copy: {e}"))
-}
-
 /// Calls issued on the caller's stream right after a kernel of the caller's that writes their
 /// input 100 µs late (and lets the next grid start at once) read the final input: the work
 /// is ordered on that stream, not on the library's.
@@ -150,13 +125,13 @@ fn callers_stream(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
         let mut y = common::poisoned(shape.len())?;
         let raw_y = common::poisoned(shape.len())?;
         CurrentContext::synchronize().map_err(text)?;
-        write_late(&module, &source, &x, &stream)?;
+        common::kernels::write_late(&module, &stream, &source, &x)?;
         softmax
             .on(&stream)
             .run(Variant::Auto, &x, &mut y, shape)
             .map_err(text)?;
         // The raw entry point on the same stream, after another late write.
-        write_late(&module, &source, &x, &stream)?;
+        common::kernels::write_late(&module, &stream, &source, &x)?;
         let raw =
             |b: &DeviceBuffer<f32>| RawRows::new(b.as_device_ptr().as_raw(), DType::F32, shape);
         // SAFETY: both buffers hold `shape` contiguous f32 of this device and outlive the
@@ -191,7 +166,7 @@ fn callers_stream(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     let x = DeviceBuffer::from_slice(&vec![bf16::ZERO; shape.len()]).map_err(text)?;
     let mut y = DeviceBuffer::from_slice(&vec![bf16::NAN; shape.len()]).map_err(text)?;
     CurrentContext::synchronize().map_err(text)?;
-    write_late(&module, &source, &x, &stream)?;
+    common::kernels::write_late(&module, &stream, &source, &x)?;
     softmax
         .on(&stream)
         .forward(

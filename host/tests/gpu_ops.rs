@@ -4,13 +4,16 @@
 //! random shapes, types, offsets and pitches. Without a CUDA
 //! device each test is reported as skipped, with the reason, and the run passes.
 //!
-//! Tolerances (relative L2 over the finite reference values) are set by the output type:
-//! f32 1e-5, f16 2e-3, bf16 1.5e-2 (one rounding of the output: 2^-11 and 2^-8 relative at
-//! worst). Inputs are rounded to their type first and the reference reads the rounded values.
+//! Tolerances are set by the output type: f32 1e-5, f16 2e-3, bf16 1.5e-2 (one step of the
+//! output type is 2^-10 and 2^-7 relative at worst). f32 outputs are held to a relative L2
+//! over the finite reference values; 16-bit outputs row by row, each element and each softmax
+//! row's sum ([`common::check_rows`]), and 16-bit gradients row by row, so that no bad row
+//! hides in a norm over the whole tensor. Inputs are rounded to their type first and the
+//! reference reads the rounded values.
 
 mod common;
 
-use common::random_matrix;
+use common::{RowValues, as_written, check_rows, random_matrix};
 use cust::memory::{CopyDestination, DeviceBuffer};
 use rand::Rng;
 use rand::rngs::StdRng;
@@ -74,22 +77,6 @@ fn text<E: std::fmt::Display>(error: E) -> String {
     error.to_string()
 }
 
-/// `expected` rounded to the output type `O`: what an exact kernel writes. Compared with the
-/// unrounded values, f16's subnormal spacing (6e-8) alone is a relative error of ~0.4% on
-/// softmax rows of 250,000 columns, whose values are ~4e-6.
-fn as_written<O: Element>(expected: &[f64]) -> Vec<f64> {
-    expected
-        .iter()
-        .map(|&e| {
-            if e.is_finite() {
-                f64::from(O::from_f32(e as f32).to_f32())
-            } else {
-                e
-            }
-        })
-        .collect()
-}
-
 /// `values` rounded to `T` and back: what the kernels read.
 fn rounded<T: Element>(values: &[f32]) -> Vec<f32> {
     values.iter().map(|&v| T::from_f32(v).to_f32()).collect()
@@ -128,6 +115,14 @@ impl Tally {
         Ok(())
     }
 
+    /// Records the outcome of [`check_rows`] (the worst error as a fraction of the tolerance).
+    fn record_rows(&mut self, what: &str, checked: Result<f64, String>) -> Result<(), String> {
+        let worst = checked.map_err(|why| format!("{what}: {why}"))?;
+        self.runs += 1;
+        self.worst = self.worst.max(worst);
+        Ok(())
+    }
+
     fn summary(&self) -> String {
         format!(
             "{} runs matched the reference (worst error {:.2} of its tolerance)",
@@ -147,12 +142,32 @@ fn check_forward<I: Element, O: Element>(
     options: &Options<'_>,
 ) -> Result<(), String> {
     let (what, actual) = run_forward::<I, O>(softmax, op, x, shape, options)?;
-    // Element by element: rows masked everywhere may rightly sum to 0.
-    tally.record(
-        &what,
-        value_deviation(&actual, &as_written::<O>(expected)),
-        tolerance(O::DTYPE),
-    )
+    let tolerance = tolerance(O::DTYPE);
+    record_forward::<O>(tally, &what, op, &actual, expected, shape.cols(), tolerance)
+}
+
+/// Records a forward result written as `O` against the reference `expected` (unrounded): a
+/// 16-bit output row by row ([`check_rows`]), an f32 one element by element over the tensor
+/// (rows masked everywhere may rightly sum to 0).
+fn record_forward<O: Element>(
+    tally: &mut Tally,
+    what: &str,
+    op: Operation,
+    actual: &[f32],
+    expected: &[f64],
+    cols: usize,
+    tolerance: f64,
+) -> Result<(), String> {
+    let written = as_written::<O>(expected);
+    if O::DTYPE == DType::F32 {
+        return tally.record(what, value_deviation(actual, &written), tolerance);
+    }
+    let values = match op {
+        Operation::Softmax => RowValues::Probabilities,
+        Operation::LogSoftmax => RowValues::LogProbabilities,
+    };
+    let checked = check_rows(actual, &written, cols, values, O::DTYPE, tolerance);
+    tally.record_rows(what, checked)
 }
 
 /// Runs a forward operation from `I` to `O` into a poisoned output: what ran, and the output.
@@ -203,8 +218,43 @@ fn check_backward<T: Element, O: Element>(
         )
         .map_err(|e| format!("{what}: {e}"))?;
     softmax.synchronize().map_err(text)?;
-    let deviation = backward_deviation(op, y, dy, &download(&dx)?, expected);
-    tally.record(&what, deviation, tolerance(O::DTYPE) * 4.0)
+    let cols = shape.cols();
+    record_gradient::<O>(tally, &what, op, (y, dy), &download(&dx)?, expected, cols)
+}
+
+/// Records a gradient written as `O` against the reference `expected`, as
+/// [`backward_deviation`] measures it, at 4 times the output type's tolerance: an f32 one over
+/// the whole tensor, a 16-bit one each row on its own (a gradient cancels towards zero, so no
+/// element can be held to an error relative to itself; a row is held to its own terms).
+fn record_gradient<O: Element>(
+    tally: &mut Tally,
+    what: &str,
+    op: Operation,
+    (y, dy): (&[f32], &[f32]),
+    actual: &[f32],
+    expected: &[f64],
+    cols: usize,
+) -> Result<(), String> {
+    let tolerance = tolerance(O::DTYPE) * 4.0;
+    if O::DTYPE == DType::F32 {
+        let deviation = backward_deviation(op, y, dy, actual, expected);
+        return tally.record(what, deviation, tolerance);
+    }
+    let rows = y
+        .chunks(cols)
+        .zip(dy.chunks(cols))
+        .zip(actual.chunks(cols).zip(expected.chunks(cols)));
+    let mut worst = 0.0_f64;
+    for (row, ((y, dy), (actual, expected))) in rows.enumerate() {
+        let deviation = backward_deviation(op, y, dy, actual, expected);
+        if !deviation.within(tolerance) {
+            return Err(format!(
+                "{what}, row {row}: {deviation:?} (tolerance {tolerance:.0e})"
+            ));
+        }
+        worst = worst.max(deviation.relative_l2 / tolerance);
+    }
+    tally.record_rows(what, Ok(worst))
 }
 
 /// [`value_deviation`] of a gradient, relative to the size of the terms (`y·dy` for softmax,
@@ -402,34 +452,36 @@ fn special_values_for<I: Element>(
             let (rows, cols) = (shape.rows(), shape.cols());
             let expected = scores.forward(op == Operation::LogSoftmax, &x, rows, cols);
             let (what, actual) = run_forward::<I, f32>(softmax, op, &x, shape, options)?;
-            record_rows::<f32>(tally, &what, &actual, &expected, shape)?;
+            record_rows(tally, &what, &actual, &expected, shape)?;
             let (what, actual) = run_forward::<I, bf16>(softmax, op, &x, shape, options)?;
-            record_rows::<bf16>(tally, &what, &actual, &expected, shape)?;
+            let tolerance = tolerance(DType::Bf16);
+            record_forward::<bf16>(tally, &what, op, &actual, &expected, cols, tolerance)?;
         }
         let lse = scores.log_sum_exp(&x, shape.rows(), shape.cols());
         let (what, actual) = run_log_sum_exp::<I>(softmax, &x, shape, options)?;
         let one_per_row = Shape::new(shape.rows(), 1).unwrap();
-        record_rows::<f32>(tally, &what, &actual, &lse, one_per_row)?;
+        record_rows(tally, &what, &actual, &lse, one_per_row)?;
     }
     Ok(())
 }
 
-/// Records each row's deviation from `expected` as written in `O`, on its own, so that rows
-/// of ±3e38 log-probabilities do not drown the errors of the others in one norm.
-fn record_rows<O: Element>(
+/// Records each row's deviation of an f32 output from `expected` (as written in f32), on its
+/// own, so that rows of ±3e38 log-probabilities do not drown the errors of the others in one
+/// norm.
+fn record_rows(
     tally: &mut Tally,
     what: &str,
     actual: &[f32],
     expected: &[f64],
     shape: Shape,
 ) -> Result<(), String> {
-    let (expected, cols) = (as_written::<O>(expected), shape.cols());
+    let (expected, cols) = (as_written::<f32>(expected), shape.cols());
     for (row, (actual, expected)) in actual.chunks(cols).zip(expected.chunks(cols)).enumerate() {
         let deviation = value_deviation(actual, expected);
         tally.record(
             &format!("{what}, row {row}"),
             deviation,
-            tolerance(O::DTYPE),
+            tolerance(DType::F32),
         )?;
     }
     Ok(())
@@ -591,7 +643,17 @@ fn wide_16_bit_softmax<T: Element>(
         )
         .map_err(|e| format!("{what}: {e}"))?;
     softmax.synchronize().map_err(text)?;
-    record_rows::<T>(tally, &what, &download(&output)?, &expected, shape)
+    let (actual, cols) = (download(&output)?, shape.cols());
+    let op = Operation::Softmax;
+    record_forward::<T>(
+        tally,
+        &what,
+        op,
+        &actual,
+        &expected,
+        cols,
+        tolerance(T::DTYPE),
+    )
 }
 
 /// Scales, per-row scales, both masks (one row for all, and per row), causal blocks and
@@ -1236,6 +1298,21 @@ fn fuzz_forward<I: Element, O: Element>(
         ..Scores::default()
     }
     .forward(op == Operation::LogSoftmax, &x, shape.rows(), shape.cols());
+    if O::DTYPE != DType::F32 {
+        let tolerance = match op {
+            Operation::Softmax => forward_tolerance(O::DTYPE, magnitude * scale),
+            Operation::LogSoftmax => tolerance(O::DTYPE),
+        };
+        return record_forward::<O>(
+            tally,
+            &what,
+            op,
+            &actual,
+            &expected,
+            shape.cols(),
+            tolerance,
+        );
+    }
     let deviation = value_deviation(&actual, &as_written::<O>(&expected));
     let (deviation, tolerance) = if op == Operation::LogSoftmax {
         // `k·x − max − ln Σ` cancels to near zero in rows of one or a few columns: what is left
@@ -1285,8 +1362,15 @@ fn fuzz_backward<T: Element, O: Element>(
         softmax.backward(op, y_rows, dy_rows, dx, &Options::new())
     })?;
     let expected = backward_f64(log, &y, &dy, shape.cols(), &vec![1.0; shape.rows()]);
-    let deviation = backward_deviation(op, &y, &dy, &actual, &expected);
-    tally.record(&what, deviation, tolerance(O::DTYPE) * 4.0)
+    record_gradient::<O>(
+        tally,
+        &what,
+        op,
+        (&y, &dy),
+        &actual,
+        &expected,
+        shape.cols(),
+    )
 }
 
 /// One case with input type `I`: forward or backward, into a random output type.

@@ -1,20 +1,24 @@
-//! GPU fuzzing, concurrency and soak. Without a CUDA device each test is reported skipped.
+//! GPU fuzzing, concurrency and soak. Without a CUDA device each test is reported skipped
+//! (failed, with `SOFTMAX_REQUIRE_GPU=1`).
 //! `SOFTMAX_TEST_SEED=N` replays a run; a test name as the first argument filters.
 
 mod common;
 
+use std::sync::mpsc;
 use std::thread;
 use std::time::Duration;
 
-use common::{Check, poisoned};
+use common::{Span, poisoned};
+use cust::event::{Event, EventFlags, EventStatus};
 use cust::launch;
-use cust::memory::{CopyDestination, DeviceBuffer, DeviceCopy};
+use cust::memory::{AsyncCopyDestination, CopyDestination, DeviceBuffer, LockedBuffer};
 use cust::module::Module;
+use cust::stream::{Stream, StreamFlags, StreamWaitEventFlags};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use softmax::half::bf16;
 use softmax::reference::{backward_f64, deviation, softmax_f64, value_deviation};
-use softmax::{Error, Operation, Options, Rows, RowsMut, Shape, Softmax, Variant};
+use softmax::{DType, Error, Operation, Options, Rows, RowsMut, Shape, Softmax, Variant};
 
 type Outcome = Result<String, String>;
 
@@ -44,7 +48,8 @@ const TESTS: &[common::Test] = &[
 ];
 
 const TOLERANCE: f64 = 1e-5;
-/// bf16 outputs: one rounding to 8 bits of mantissa (as gpu_ops states).
+/// bf16 outputs, each element and each row's sum: one step of 8 bits of mantissa is 2^-7
+/// relative at worst (as gpu_ops states).
 const BF16_TOLERANCE: f64 = 1.5e-2;
 const FUZZ_CASES: usize = 10_000;
 const SOAK_LAUNCHES: usize = 100_000;
@@ -137,85 +142,384 @@ fn fuzz(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     ))
 }
 
-/// Runs `count` random small problems on `softmax` and checks each.
-fn checked_runs(softmax: &mut Softmax, seed: u64, count: usize) -> Result<usize, String> {
-    let mut rng = StdRng::seed_from_u64(seed);
-    let mut check = Check::default();
-    for _ in 0..count {
-        let shape = Shape::new(rng.random_range(1..=256), rng.random_range(1..=20_000)).unwrap();
-        let input = random_contents(&mut rng, shape);
-        let expected = softmax_f64(&input, shape.rows(), shape.cols());
-        let variant = [
-            Variant::Auto,
-            Variant::BlockRegisters,
-            Variant::RowSlices,
-            Variant::WarpPerRowOnline,
-        ][rng.random_range(0..4)];
-        match check.variant(softmax, variant, &input, &expected, shape, TOLERANCE) {
-            Err(common::Failure::Refused(Error::Unsupported { .. })) => {}
-            Err(failure) => return Err(format!("{variant} on {shape}: {failure}")),
-            Ok(()) => {}
-        }
-    }
-    Ok(check.passed)
+/// How long the gate holds the streams back: far longer than enqueueing a workload takes.
+const GATE_NS: u64 = 200_000_000;
+
+/// Streams run together must finish within this fraction of the time they take one after the
+/// other: launches that ran in turns (serialized) take as long together as one after another.
+const OVERLAP_RATIO: f64 = 0.9;
+
+/// Problems in one stream's workload.
+const WORKLOAD_PROBLEMS: usize = 64;
+
+/// Holds streams back until the host has enqueued all their work, so the GPU runs it as
+/// fast as it can rather than as fast as the host enqueues it: a spinning kernel on a stream
+/// of its own, then `opened`, the start every stream's events are timed from.
+struct Gate {
+    module: Module,
+    stream: Stream,
+    opened: Event,
 }
 
-fn threads(_softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
-    let seeds: Vec<u64> = (0..4).map(|_| rng.random()).collect();
-    let handles: Vec<_> = seeds
-        .into_iter()
-        .map(|seed| {
-            thread::spawn(move || {
-                let mut own = Softmax::new().map_err(|e| e.to_string())?;
-                checked_runs(&mut own, seed, 150)
-            })
+impl Gate {
+    fn new() -> Result<Self, String> {
+        let text = |e: cust::error::CudaError| e.to_string();
+        Ok(Gate {
+            module: common::kernels::load(0)?,
+            stream: Stream::new(StreamFlags::NON_BLOCKING, None).map_err(text)?,
+            opened: Event::new(EventFlags::DEFAULT).map_err(text)?,
         })
-        .collect();
-    let mut total = 0;
-    for handle in handles {
-        total += handle
-            .join()
-            .map_err(|_| "a thread panicked".to_string())??;
     }
-    Ok(format!(
-        "4 threads, each with its own Softmax and stream: {total} checked runs correct"
-    ))
-}
 
-fn two_streams(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
-    // Two instances (two streams) from one thread, launches interleaved without waiting.
-    let mut second = Softmax::new().map_err(|e| e.to_string())?;
-    let mut pending = Vec::new();
-    for i in 0..64 {
-        let shape = Shape::new(rng.random_range(1..=64), rng.random_range(1..=50_000)).unwrap();
-        let input = random_contents(rng, shape);
-        let expected = softmax_f64(&input, shape.rows(), shape.cols());
-        let device_input = DeviceBuffer::from_slice(&input).map_err(|e| e.to_string())?;
-        let mut device_output = poisoned(shape.len())?;
-        let instance = if i % 2 == 0 {
-            &mut *softmax
-        } else {
-            &mut second
-        };
-        instance
-            .run(Variant::Auto, &device_input, &mut device_output, shape)
-            .map_err(|e| e.to_string())?;
-        pending.push((shape, expected, device_input, device_output));
+    /// Closes the gate for [`GATE_NS`], then records `opened`.
+    fn close(&self) -> Result<(), String> {
+        let (module, stream) = (&self.module, &self.stream);
+        // SAFETY: `spin` takes one u64 and touches no memory.
+        unsafe { launch!(module.spin<<<1, 1, 0, stream>>>(GATE_NS)) }
+            .map_err(|e| format!("launching the gate: {e}"))?;
+        self.opened
+            .record(stream)
+            .map_err(|e| format!("recording the gate: {e}"))
     }
-    softmax.synchronize().map_err(|e| e.to_string())?;
-    second.synchronize().map_err(|e| e.to_string())?;
-    for (shape, expected, _input, output) in &pending {
-        let mut result = vec![0.0; shape.len()];
-        output.copy_to(&mut result[..]).map_err(|e| e.to_string())?;
-        let deviation = deviation(&result, expected, shape.cols());
-        if !deviation.within(TOLERANCE) {
-            return Err(format!("{shape}: {deviation:?}"));
+
+    /// Makes `stream`'s later work wait until the gate opens.
+    fn hold(&self, stream: &Stream) -> Result<(), String> {
+        let text = |e: cust::error::CudaError| format!("holding a stream at the gate: {e}");
+        let opened = Event::new(EventFlags::DISABLE_TIMING).map_err(text)?;
+        opened.record(&self.stream).map_err(text)?;
+        stream
+            .wait_event(opened, StreamWaitEventFlags::DEFAULT)
+            .map_err(text)
+    }
+
+    /// An error if the gate opened before the host finished enqueueing: then the timings
+    /// would measure the host.
+    fn still_closed(&self) -> Result<(), String> {
+        match self.opened.query().map_err(|e| e.to_string())? {
+            EventStatus::NotReady => Ok(()),
+            EventStatus::Ready => Err(format!(
+                "enqueueing took longer than the gate's {} ms",
+                GATE_NS / 1_000_000
+            )),
         }
     }
-    Ok(format!(
-        "{} launches on two streams from one thread correct",
-        pending.len()
-    ))
+}
+
+/// One problem of a [`Workload`]: its input and output in pinned host memory and on the
+/// device, and its reference.
+struct Problem {
+    variant: Variant,
+    shape: Shape,
+    input: LockedBuffer<f32>,
+    output: LockedBuffer<f32>,
+    device_input: DeviceBuffer<f32>,
+    device_output: DeviceBuffer<f32>,
+    expected: Vec<f64>,
+}
+
+/// One stream's share of a concurrency test: small problems (so that two streams' kernels fit
+/// on the GPU side by side), each enqueued without a wait on the host: its input copied in
+/// from pinned memory, its output poisoned, the launch, the output copied back to pinned
+/// memory. Events after the first problem and after the last time the stream's work.
+struct Workload {
+    problems: Vec<Problem>,
+    first: Event,
+    last: Event,
+}
+
+impl Workload {
+    /// Random problems for `variants`, each planned and run once on `softmax` (so that the
+    /// timed runs allocate nothing); problems a variant refuses are drawn again.
+    fn new(softmax: &mut Softmax, rng: &mut StdRng, variants: &[Variant]) -> Result<Self, String> {
+        let text = |e: cust::error::CudaError| e.to_string();
+        let mut problems = Vec::new();
+        while problems.len() < WORKLOAD_PROBLEMS {
+            let shape = Shape::new(rng.random_range(1..=16), rng.random_range(1..=4096)).unwrap();
+            let variant = variants[rng.random_range(0..variants.len())];
+            let input = random_contents(rng, shape);
+            let device_input = DeviceBuffer::from_slice(&input).map_err(text)?;
+            let mut device_output = poisoned(shape.len())?;
+            match softmax.run(variant, &device_input, &mut device_output, shape) {
+                Err(Error::Unsupported { .. }) => continue,
+                other => other.map_err(|e| format!("{variant} on {shape}: {e}"))?,
+            }
+            problems.push(Problem {
+                variant,
+                shape,
+                expected: softmax_f64(&input, shape.rows(), shape.cols()),
+                input: LockedBuffer::from_slice(&input).map_err(text)?,
+                output: LockedBuffer::new(&f32::NAN, shape.len()).map_err(text)?,
+                device_input,
+                device_output,
+            });
+        }
+        softmax.synchronize().map_err(|e| e.to_string())?;
+        Ok(Workload {
+            problems,
+            first: Event::new(EventFlags::DEFAULT).map_err(text)?,
+            last: Event::new(EventFlags::DEFAULT).map_err(text)?,
+        })
+    }
+
+    /// Enqueues every problem on `softmax`'s stream behind `gate`, waiting for nothing.
+    fn enqueue(&mut self, softmax: &mut Softmax, gate: &Gate) -> Result<(), String> {
+        let text = |e: cust::error::CudaError| e.to_string();
+        gate.hold(softmax.stream())?;
+        for (i, p) in self.problems.iter_mut().enumerate() {
+            p.output.as_mut_slice().fill(f32::NAN);
+            // SAFETY: the copies and the memset are ordered on the stream with the launch, and
+            // nothing else touches these buffers until `finish` has waited for the stream.
+            unsafe {
+                p.device_input
+                    .async_copy_from(p.input.as_slice(), softmax.stream())
+                    .map_err(text)?;
+                p.device_output
+                    .set_32_async(f32::NAN.to_bits(), softmax.stream())
+                    .map_err(text)?;
+            }
+            softmax
+                .run(p.variant, &p.device_input, &mut p.device_output, p.shape)
+                .map_err(|e| format!("{} on {}: {e}", p.variant, p.shape))?;
+            // SAFETY: as above.
+            unsafe {
+                p.device_output
+                    .async_copy_to(p.output.as_mut_slice(), softmax.stream())
+                    .map_err(text)?;
+            }
+            if i == 0 {
+                self.first.record(softmax.stream()).map_err(text)?;
+            }
+        }
+        self.last.record(softmax.stream()).map_err(text)
+    }
+
+    /// Waits for the work `enqueue` left, checks every output against the reference, and
+    /// returns the span of the work from the gate's opening, and the problems checked.
+    fn finish(&self, gate: &Gate) -> Result<(Span, usize), String> {
+        let text = |e: cust::error::CudaError| e.to_string();
+        self.last.synchronize().map_err(text)?;
+        let since_the_gate = |event: &Event| {
+            event
+                .elapsed_time_f32(&gate.opened)
+                .map(f64::from)
+                .map_err(text)
+        };
+        let span = Span {
+            first: since_the_gate(&self.first)?,
+            last: since_the_gate(&self.last)?,
+        };
+        for p in &self.problems {
+            let deviation = deviation(p.output.as_slice(), &p.expected, p.shape.cols());
+            if !deviation.within(TOLERANCE) {
+                return Err(format!("{} on {}: {deviation:?}", p.variant, p.shape));
+            }
+        }
+        Ok((span, self.problems.len()))
+    }
+}
+
+/// Streams with workloads, driven by [`alone_then_together`].
+trait Streams {
+    fn count(&self) -> usize;
+    /// Starts enqueueing stream `i`'s workload behind the gate.
+    fn enqueue(&mut self, i: usize) -> Result<(), String>;
+    /// Returns once stream `i`'s workload is enqueued.
+    fn enqueued(&mut self, i: usize) -> Result<(), String>;
+    /// [`Workload::finish`] for stream `i`.
+    fn finish(&mut self, i: usize) -> Result<(Span, usize), String>;
+}
+
+/// Runs each stream's workload alone, then all of them together, each time behind the gate,
+/// checking every result; then checks from the event times that together the streams'
+/// launches overlapped.
+fn alone_then_together(gate: &Gate, streams: &mut impl Streams) -> Outcome {
+    let count = streams.count();
+    let phases = (0..count)
+        .map(|i| vec![i])
+        .chain([(0..count).collect::<Vec<_>>()]);
+    let (mut alone, mut checked) = (Vec::new(), 0);
+    for phase in phases {
+        gate.close()?;
+        for &i in &phase {
+            streams.enqueue(i)?;
+        }
+        for &i in &phase {
+            streams.enqueued(i)?;
+        }
+        gate.still_closed()?;
+        let mut spans = Vec::new();
+        for &i in &phase {
+            let (span, problems) = streams.finish(i)?;
+            spans.push(span);
+            checked += problems;
+        }
+        if phase.len() < count {
+            alone.push(spans[0].last);
+        } else {
+            let verdict = common::overlapped(&alone, &spans, OVERLAP_RATIO)?;
+            return Ok(format!(
+                "{checked} launches (alone, then together) matched the reference; {verdict}"
+            ));
+        }
+    }
+    Err("no phase ran every stream".into())
+}
+
+/// Instances of the library driven from this thread.
+struct Instances<'a> {
+    instances: Vec<(&'a mut Softmax, Workload)>,
+    gate: &'a Gate,
+}
+
+impl Streams for Instances<'_> {
+    fn count(&self) -> usize {
+        self.instances.len()
+    }
+
+    fn enqueue(&mut self, i: usize) -> Result<(), String> {
+        let (softmax, workload) = &mut self.instances[i];
+        workload.enqueue(softmax, self.gate)
+    }
+
+    fn enqueued(&mut self, _: usize) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn finish(&mut self, i: usize) -> Result<(Span, usize), String> {
+        self.instances[i].1.finish(self.gate)
+    }
+}
+
+/// What the main thread asks of a [`Threads`] worker.
+enum Command {
+    Enqueue,
+    Finish,
+}
+
+/// A worker's answer: ready or enqueued (`None`), finished (the span and the problems
+/// checked), or why not.
+type Reply = Result<Option<(Span, usize)>, String>;
+
+/// Worker threads, each with its own instance of the library (and so its own stream) and
+/// workload, each answering the main thread's commands: several threads enqueue at once.
+struct Threads {
+    commands: Vec<mpsc::Sender<Command>>,
+    replies: Vec<mpsc::Receiver<Reply>>,
+}
+
+impl Threads {
+    fn reply(&self, i: usize) -> Reply {
+        self.replies[i]
+            .recv()
+            .map_err(|_| format!("thread {i} stopped"))?
+            .map_err(|why| format!("thread {i}: {why}"))
+    }
+
+    fn command(&self, i: usize, command: Command) -> Result<(), String> {
+        self.commands[i]
+            .send(command)
+            .map_err(|_| format!("thread {i} stopped"))
+    }
+}
+
+impl Streams for Threads {
+    fn count(&self) -> usize {
+        self.commands.len()
+    }
+
+    fn enqueue(&mut self, i: usize) -> Result<(), String> {
+        self.command(i, Command::Enqueue)
+    }
+
+    fn enqueued(&mut self, i: usize) -> Result<(), String> {
+        self.reply(i).map(|_| ())
+    }
+
+    fn finish(&mut self, i: usize) -> Result<(Span, usize), String> {
+        self.command(i, Command::Finish)?;
+        self.reply(i)?
+            .ok_or_else(|| format!("thread {i} answered no span"))
+    }
+}
+
+/// A worker of [`Threads`]: opens its instance, makes its workload, says so, then answers
+/// commands until the main thread hangs up.
+fn worker(seed: u64, gate: &Gate, commands: mpsc::Receiver<Command>, replies: mpsc::Sender<Reply>) {
+    let variants = [
+        Variant::Auto,
+        Variant::BlockRegisters,
+        Variant::RowSlices,
+        Variant::WarpPerRowOnline,
+    ];
+    let ready = Softmax::new()
+        .map_err(|e| e.to_string())
+        .and_then(|mut own| {
+            let workload = Workload::new(&mut own, &mut StdRng::seed_from_u64(seed), &variants)?;
+            Ok((own, workload))
+        });
+    let (mut own, mut workload) = match ready {
+        Ok(ready) => {
+            let _ = replies.send(Ok(None));
+            ready
+        }
+        Err(why) => {
+            let _ = replies.send(Err(why));
+            return;
+        }
+    };
+    for command in commands {
+        let reply = match command {
+            Command::Enqueue => workload.enqueue(&mut own, gate).map(|()| None),
+            Command::Finish => workload.finish(gate).map(Some),
+        };
+        if replies.send(reply).is_err() {
+            return;
+        }
+    }
+}
+
+/// Four threads, each with its own instance (and stream) and pinned buffers: each alone, then
+/// all at once, enqueueing from their threads at the same time.
+fn threads(_softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
+    const THREADS: usize = 4;
+    let gate = Gate::new()?;
+    let seeds: Vec<u64> = (0..THREADS).map(|_| rng.random()).collect();
+    thread::scope(|scope| {
+        let mut threads = Threads {
+            commands: Vec::new(),
+            replies: Vec::new(),
+        };
+        for seed in seeds {
+            let (command, commands) = mpsc::channel();
+            let (reply, replies) = mpsc::channel();
+            let gate = &gate;
+            scope.spawn(move || worker(seed, gate, commands, reply));
+            threads.commands.push(command);
+            threads.replies.push(replies);
+        }
+        for i in 0..THREADS {
+            threads.reply(i)?;
+        }
+        let outcome = alone_then_together(&gate, &mut threads)?;
+        Ok(format!(
+            "{THREADS} threads, each with its own Softmax and stream: {outcome}"
+        ))
+    })
+}
+
+/// Two instances (two streams) driven from one thread: each alone, then both, their launches
+/// enqueued one instance after the other without a wait.
+fn two_streams(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
+    let gate = Gate::new()?;
+    let mut second = Softmax::new().map_err(|e| e.to_string())?;
+    let first_workload = Workload::new(softmax, rng, &[Variant::Auto])?;
+    let second_workload = Workload::new(&mut second, rng, &[Variant::Auto])?;
+    let mut instances = Instances {
+        instances: vec![(softmax, first_workload), (&mut second, second_workload)],
+        gate: &gate,
+    };
+    let outcome = alone_then_together(&gate, &mut instances)?;
+    Ok(format!("two streams from one thread: {outcome}"))
 }
 
 /// A variant on a shape for each kernel family that launches with programmatic overlap (the
@@ -332,13 +636,9 @@ fn chained_launches(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
             .collect();
         for stage in 0..2 {
             let expected = softmax_f64(&widened[stage], shape.rows(), shape.cols());
-            let deviation = deviation(&widened[stage + 1], &expected, shape.cols());
-            if !deviation.within(BF16_TOLERANCE) {
-                return Err(format!(
-                    "bf16 on {shape}, launch {} of a chain: {deviation:?}",
-                    stage + 1
-                ));
-            }
+            check_bf16_rows(&widened[stage + 1], &expected, shape.cols()).map_err(|why| {
+                format!("bf16 on {shape}, launch {} of a chain: {why}", stage + 1)
+            })?;
         }
         checked += 1;
     }
@@ -403,11 +703,16 @@ fn forward_bf16_checked(
     y.copy_to(&mut output[..]).map_err(|e| e.to_string())?;
     let widened = |v: &[bf16]| v.iter().map(|e| e.to_f32()).collect::<Vec<_>>();
     let expected = softmax_f64(&widened(values), shape.rows(), shape.cols());
-    let deviation = deviation(&widened(&output), &expected, shape.cols());
-    if !deviation.within(BF16_TOLERANCE) {
-        return Err(format!("bf16 on {shape} {what}: {deviation:?}"));
-    }
-    Ok(())
+    check_bf16_rows(&widened(&output), &expected, shape.cols())
+        .map_err(|why| format!("bf16 on {shape} {what}: {why}"))
+}
+
+/// Checks a bf16 softmax output (widened) row by row against the f64 reference of its input
+/// as bf16 holds it: each element and each row's sum ([`common::check_rows`]).
+fn check_bf16_rows(output: &[f32], expected: &[f64], cols: usize) -> Result<(), String> {
+    let written = common::as_written::<bf16>(expected);
+    let values = common::RowValues::Probabilities;
+    common::check_rows(output, &written, cols, values, DType::Bf16, BF16_TOLERANCE).map(|_| ())
 }
 
 /// A bf16 buffer of `len` NaN.
@@ -423,91 +728,12 @@ fn random_bf16(rng: &mut StdRng, shape: Shape) -> Vec<bf16> {
         .collect()
 }
 
-/// A kernel that lets the next grid in its stream start at once
-/// (`griddepcontrol.launch_dependents`), spins for `spin_ns` nanoseconds, then copies `words`
-/// 32-bit words from `src` to `dst` (grid-stride). `ptxas -arch=sm_90` accepts it.
-const LATE_COPY_PTX: &str = ".version 7.8
-.target sm_90
-.address_size 64
-
-.visible .entry late_copy(
-\t.param .u64 late_copy_src,
-\t.param .u64 late_copy_dst,
-\t.param .u64 late_copy_words,
-\t.param .u64 late_copy_spin_ns
-)
-{
-\t.reg .pred \t%p<3>;
-\t.reg .b32 \t%r<6>;
-\t.reg .b64 \t%rd<16>;
-
-\tgriddepcontrol.launch_dependents;
-\tld.param.u64 \t%rd1, [late_copy_src];
-\tld.param.u64 \t%rd2, [late_copy_dst];
-\tld.param.u64 \t%rd3, [late_copy_words];
-\tld.param.u64 \t%rd4, [late_copy_spin_ns];
-\tcvta.to.global.u64 \t%rd1, %rd1;
-\tcvta.to.global.u64 \t%rd2, %rd2;
-\tmov.u64 \t%rd5, %globaltimer;
-\tadd.u64 \t%rd6, %rd5, %rd4;
-$SPIN:
-\tmov.u64 \t%rd7, %globaltimer;
-\tsetp.lt.u64 \t%p1, %rd7, %rd6;
-\t@%p1 bra \t$SPIN;
-\tmov.u32 \t%r1, %ctaid.x;
-\tmov.u32 \t%r2, %ntid.x;
-\tmov.u32 \t%r3, %tid.x;
-\tmov.u32 \t%r4, %nctaid.x;
-\tmul.wide.u32 \t%rd8, %r1, %r2;
-\tcvt.u64.u32 \t%rd9, %r3;
-\tadd.u64 \t%rd8, %rd8, %rd9;
-\tmul.wide.u32 \t%rd10, %r4, %r2;
-$COPY:
-\tsetp.ge.u64 \t%p2, %rd8, %rd3;
-\t@%p2 bra \t$DONE;
-\tshl.b64 \t%rd11, %rd8, 2;
-\tadd.u64 \t%rd12, %rd1, %rd11;
-\tld.global.b32 \t%r5, [%rd12];
-\tadd.u64 \t%rd13, %rd2, %rd11;
-\tst.global.b32 \t[%rd13], %r5;
-\tadd.u64 \t%rd8, %rd8, %rd10;
-\tbra.uni \t$COPY;
-$DONE:
-\tret;
-}
-";
-
-/// How long the late writer spins before it writes.
-const LATE_WRITE_NS: u64 = 100_000;
-
-/// Enqueues the late writer copying `source` into `destination` on the library's stream.
-fn write_late<T: DeviceCopy>(
-    softmax: &Softmax,
-    module: &Module,
-    source: &DeviceBuffer<T>,
-    destination: &DeviceBuffer<T>,
-) -> Result<(), String> {
-    let words = (source.len() * size_of::<T>() / 4) as u64;
-    let stream = softmax.stream();
-    // SAFETY: `late_copy` reads `words` 32-bit words of `source` and writes as many of
-    // `destination`, two distinct buffers of that many bytes.
-    unsafe {
-        launch!(module.late_copy<<<132, 256, 0, stream>>>(
-            source.as_device_ptr(),
-            destination.as_device_ptr(),
-            words,
-            LATE_WRITE_NS
-        ))
-    }
-    .map_err(|e| format!("launching late_copy: {e}"))
-}
-
 /// Each kernel family launched right after a kernel that lets it start at once but writes the
 /// family's input only 100 µs later: a kernel that read its input before its
 /// `griddepcontrol.wait` (or a launch that skipped the wait's guarantee) would read the NaN
 /// poison the input starts with.
 fn late_writer(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
-    let module = Module::from_ptx(LATE_COPY_PTX, &[]).map_err(|e| e.to_string())?;
+    let module = common::kernels::load(0)?;
     let cuda = |e: cust::error::CudaError| e.to_string();
     let (mut checked, mut refused) = (0, Vec::new());
     for (variant, rows, cols) in DEPENDENT_CASES {
@@ -515,7 +741,7 @@ fn late_writer(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
         let values = common::random_matrix(rng, shape, 8.0);
         let source = DeviceBuffer::from_slice(&values).map_err(cuda)?;
         let (x, mut y) = (poisoned(shape.len())?, poisoned(shape.len())?);
-        write_late(softmax, &module, &source, &x)?;
+        common::kernels::write_late(&module, softmax.stream(), &source, &x)?;
         let what = "after a late writer";
         if run_f32_checked(softmax, variant, (&x, &mut y), &values, shape, what)? {
             checked += 1;
@@ -529,7 +755,7 @@ fn late_writer(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
         // Whole 32-bit words: every shape here has an even number of elements.
         let source = DeviceBuffer::from_slice(&values).map_err(cuda)?;
         let (x, mut y) = (poisoned_bf16(shape.len())?, poisoned_bf16(shape.len())?);
-        write_late(softmax, &module, &source, &x)?;
+        common::kernels::write_late(&module, softmax.stream(), &source, &x)?;
         forward_bf16_checked(softmax, (&x, &mut y), &values, shape, "after a late writer")?;
         checked += 1;
     }
@@ -599,12 +825,51 @@ fn free_device_memory() -> Result<usize, String> {
     Ok(free)
 }
 
+/// Launches between two waits of the soak; every launch's window is checked at each wait.
+const SOAK_BATCH: usize = 1000;
+
+/// Elements of each launch's output the soak reads back and checks (fewer in narrower rows).
+const WINDOW: usize = 1024;
+
+/// f32 probabilities, element by element: the exponent `t = (x − max)·log2 e` is rounded
+/// (2.5·2^-24·|t|, with |t| ≤ 126 for any probability above f32's smallest normal number: a
+/// relative error of 1.3e-5 once raised), plus ex2.approx and the normalization (a few 1e-6),
+/// with a margin of 2.
+const SOAK_F32_TOLERANCE: f64 = 4e-5;
+
+/// Gradients, against their terms ([`common::check_gradient`]): the probabilities they read
+/// are each within ~2e-5 of the reference.
+const SOAK_DX_TOLERANCE: f64 = 1e-4;
+
+/// What a launch of the soak writes.
+#[derive(Clone, Copy, Debug)]
+enum Written {
+    /// A variant's f32 softmax.
+    F32,
+    /// The forward call's bf16 softmax.
+    Bf16,
+    /// The backward call's f32 gradient.
+    Gradient,
+}
+
+/// Where a launch's output is sampled: `len` elements from `start`, within one row.
+#[derive(Clone, Copy, Debug)]
+struct Window {
+    start: usize,
+    len: usize,
+}
+
+impl Window {
+    fn range(&self) -> std::ops::Range<usize> {
+        self.start..self.start + self.len
+    }
+}
+
 /// One buffer set of the soak: an f32 input and output for the variants, a bf16 copy of
 /// the input and a bf16 output for the operation API's forward, and an incoming gradient and
-/// its result for the backward pass (from the f32 output).
+/// its result for the backward pass (from the f32 output); and the references of all three.
 struct SoakBuffers {
     shape: Shape,
-    input: Vec<f32>,
     device_input: DeviceBuffer<f32>,
     device_output: DeviceBuffer<f32>,
     input_bf16: DeviceBuffer<bf16>,
@@ -612,14 +877,25 @@ struct SoakBuffers {
     gradient: Vec<f32>,
     device_gradient: DeviceBuffer<f32>,
     device_dx: DeviceBuffer<f32>,
+    /// The softmax of the input as f32 holds it, that of the input rounded to bf16 as bf16
+    /// holds it, and the gradient (with its terms) from the reference softmax.
+    expected_f32: Vec<f64>,
+    expected_bf16: Vec<f64>,
+    expected_dx: Vec<f64>,
+    dx_terms: Vec<f64>,
 }
 
 impl SoakBuffers {
     fn new(rng: &mut StdRng, shape: Shape) -> Result<Self, String> {
         let text = |e: cust::error::CudaError| e.to_string();
+        let (rows, cols) = (shape.rows(), shape.cols());
         let input = random_contents(rng, shape);
         let gradient = common::random_matrix(rng, shape, 1.0);
         let input_bf16: Vec<bf16> = input.iter().map(|&v| bf16::from_f32(v)).collect();
+        let rounded: Vec<f32> = input_bf16.iter().map(|v| v.to_f32()).collect();
+        let probabilities = softmax_f64(&input, rows, cols);
+        let (expected_dx, dx_terms) =
+            common::softmax_gradient_reference(&probabilities, &gradient, cols);
         Ok(SoakBuffers {
             shape,
             device_input: DeviceBuffer::from_slice(&input).map_err(text)?,
@@ -628,12 +904,25 @@ impl SoakBuffers {
             output_bf16: DeviceBuffer::from_slice(&vec![bf16::NAN; shape.len()]).map_err(text)?,
             device_gradient: DeviceBuffer::from_slice(&gradient).map_err(text)?,
             device_dx: poisoned(shape.len())?,
-            input,
+            expected_f32: common::as_written::<f32>(&probabilities),
+            expected_bf16: common::as_written::<bf16>(&softmax_f64(&rounded, rows, cols)),
+            expected_dx,
+            dx_terms,
             gradient,
         })
     }
 
-    /// Launch `kind`: a variant of `variants`, then the bf16 forward, then the backward.
+    /// What launch `kind` writes: a variant of `variants`, then the bf16 forward, then the
+    /// backward.
+    fn written(kind: usize, variants: &[Variant]) -> Written {
+        match kind.checked_sub(variants.len()) {
+            None => Written::F32,
+            Some(0) => Written::Bf16,
+            Some(_) => Written::Gradient,
+        }
+    }
+
+    /// Launch `kind` (see [`SoakBuffers::written`]).
     fn launch(
         &mut self,
         softmax: &mut Softmax,
@@ -641,20 +930,20 @@ impl SoakBuffers {
         kind: usize,
     ) -> Result<(), Error> {
         let shape = self.shape;
-        match kind.checked_sub(variants.len()) {
-            None => softmax.run(
+        match Self::written(kind, variants) {
+            Written::F32 => softmax.run(
                 variants[kind],
                 &self.device_input,
                 &mut self.device_output,
                 shape,
             ),
-            Some(0) => softmax.forward(
+            Written::Bf16 => softmax.forward(
                 Operation::Softmax,
                 Rows::new(&self.input_bf16, shape)?,
                 RowsMut::new(&mut self.output_bf16, shape)?,
                 &Options::new(),
             ),
-            Some(_) => softmax.backward(
+            Written::Gradient => softmax.backward(
                 Operation::Softmax,
                 Rows::new(&self.device_output, shape)?,
                 Rows::new(&self.device_gradient, shape)?,
@@ -664,10 +953,115 @@ impl SoakBuffers {
         }
     }
 
+    /// A random window: up to [`WINDOW`] elements of a random row.
+    fn random_window(&self, rng: &mut StdRng) -> Window {
+        let cols = self.shape.cols();
+        let len = cols.min(WINDOW);
+        let row = rng.random_range(0..self.shape.rows());
+        Window {
+            start: row * cols + rng.random_range(0..=cols - len),
+            len,
+        }
+    }
+
+    /// Poisons `window` of what a launch writes, then enqueues the launch, then a copy of the
+    /// window into `staged` (f32 outputs) or `staged_bf16`, all on `softmax`'s stream.
+    fn launch_sampled(
+        &mut self,
+        softmax: &mut Softmax,
+        (variants, kind): (&[Variant], usize),
+        window: Window,
+        (staged, staged_bf16): (&mut [f32], &mut [bf16]),
+    ) -> Result<(), String> {
+        let text = |e: cust::error::CudaError| e.to_string();
+        let written = Self::written(kind, variants);
+        let nan = f32::NAN.to_bits();
+        // SAFETY: the memsets and copies are ordered on the stream with the launches, and the
+        // host reads `staged` only after waiting for the stream.
+        unsafe {
+            match written {
+                Written::F32 => self
+                    .device_output
+                    .index(window.range())
+                    .set_32_async(nan, softmax.stream()),
+                Written::Gradient => self
+                    .device_dx
+                    .index(window.range())
+                    .set_32_async(nan, softmax.stream()),
+                Written::Bf16 => self
+                    .output_bf16
+                    .index(window.range())
+                    .set_16_async(bf16::NAN.to_bits(), softmax.stream()),
+            }
+            .map_err(text)?;
+        }
+        self.launch(softmax, variants, kind)
+            .map_err(|e| e.to_string())?;
+        // SAFETY: as above.
+        unsafe {
+            match written {
+                Written::F32 => self
+                    .device_output
+                    .index(window.range())
+                    .async_copy_to(staged, softmax.stream()),
+                Written::Gradient => self
+                    .device_dx
+                    .index(window.range())
+                    .async_copy_to(staged, softmax.stream()),
+                Written::Bf16 => self
+                    .output_bf16
+                    .index(window.range())
+                    .async_copy_to(staged_bf16, softmax.stream()),
+            }
+            .map_err(text)
+        }
+    }
+
+    /// Checks the window a launch wrote (`staged`, or `staged_bf16` for the bf16 forward)
+    /// against the reference: probabilities element by element and summed, gradients each
+    /// against its terms.
+    fn check_window(
+        &self,
+        written: Written,
+        window: Window,
+        (staged, staged_bf16): (&[f32], &[bf16]),
+    ) -> Result<(), String> {
+        let (range, len) = (window.range(), window.len);
+        let probabilities = common::RowValues::Probabilities;
+        match written {
+            Written::F32 => common::check_rows(
+                staged,
+                &self.expected_f32[range],
+                len,
+                probabilities,
+                DType::F32,
+                SOAK_F32_TOLERANCE,
+            ),
+            Written::Bf16 => {
+                let widened: Vec<f32> = staged_bf16.iter().map(|v| v.to_f32()).collect();
+                let expected = &self.expected_bf16[range];
+                common::check_rows(
+                    &widened,
+                    expected,
+                    len,
+                    probabilities,
+                    DType::Bf16,
+                    BF16_TOLERANCE,
+                )
+            }
+            Written::Gradient => common::check_gradient(
+                staged,
+                &self.expected_dx[range.clone()],
+                &self.dx_terms[range],
+                SOAK_DX_TOLERANCE,
+            ),
+        }
+        .map(|_| ())
+    }
+
     /// Every output against the reference after the soak.
     fn check(&self) -> Result<(), String> {
         let (shape, text) = (self.shape, |e: cust::error::CudaError| e.to_string());
-        let expected = softmax_f64(&self.input, shape.rows(), shape.cols());
         let mut output = vec![0.0; shape.len()];
         self.device_output.copy_to(&mut output[..]).map_err(text)?;
         let mut output_bf16 = vec![bf16::ZERO; shape.len()];
@@ -675,12 +1069,6 @@ impl SoakBuffers {
             .copy_to(&mut output_bf16[..])
             .map_err(text)?;
         let output_bf16: Vec<f32> = output_bf16.into_iter().map(bf16::to_f32).collect();
-        let rounded: Vec<f32> = self
-            .input
-            .iter()
-            .map(|&v| bf16::from_f32(v).to_f32())
-            .collect();
-        let expected_bf16 = softmax_f64(&rounded, shape.rows(), shape.cols());
         let mut dx = vec![0.0; shape.len()];
         self.device_dx.copy_to(&mut dx[..]).map_err(text)?;
         let expected_dx = backward_f64(
@@ -690,15 +1078,22 @@ impl SoakBuffers {
             shape.cols(),
             &vec![1.0; shape.rows()],
         );
-        for (what, actual, expected, tolerance) in [
-            ("f32 softmax", &output, &expected, TOLERANCE),
-            ("bf16 softmax", &output_bf16, &expected_bf16, BF16_TOLERANCE),
-        ] {
-            let deviation = deviation(actual, expected, shape.cols());
-            if !deviation.within(tolerance) {
-                return Err(format!("{what} on {shape} after the soak: {deviation:?}"));
-            }
+        let deviation = deviation(&output, &self.expected_f32, shape.cols());
+        if !deviation.within(TOLERANCE) {
+            return Err(format!(
+                "f32 softmax on {shape} after the soak: {deviation:?}"
+            ));
         }
+        let (cols, probabilities) = (shape.cols(), common::RowValues::Probabilities);
+        common::check_rows(
+            &output_bf16,
+            &self.expected_bf16,
+            cols,
+            probabilities,
+            DType::Bf16,
+            BF16_TOLERANCE,
+        )
+        .map_err(|why| format!("bf16 softmax on {shape} after the soak: {why}"))?;
         let deviation = value_deviation(&dx, &expected_dx);
         if !deviation.within(4e-5) {
             return Err(format!("backward on {shape} after the soak: {deviation:?}"));
@@ -707,7 +1102,12 @@ impl SoakBuffers {
     }
 }
 
+/// 100,000 launches in rotation over six shapes (each variant, the bf16 forward, the
+/// backward), after one rotation that finds what each shape supports, every one checked: a
+/// window of its output is poisoned before it, copied back after it, and compared with the
+/// reference. Device memory must not grow, and every output must be right at the end.
 fn soak(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
+    let text = |e: cust::error::CudaError| e.to_string();
     let shapes = [
         (64, 1000),
         (8, 128256),
@@ -729,35 +1129,66 @@ fn soak(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     for (rows, cols) in shapes {
         buffers.push(SoakBuffers::new(rng, Shape::new(rows, cols).unwrap())?);
     }
-    // Launches `count` supported (kind, shape) pairs in rotation; refused pairs are skipped.
-    let mut launch_mixed = |softmax: &mut Softmax, count: usize| -> Result<(), String> {
-        let (mut launched, mut i) = (0, 0);
-        while launched < count {
-            let set = &mut buffers[i % shapes.len()];
-            let kind = (i / shapes.len()) % kinds;
-            i += 1;
-            match set.launch(softmax, &variants, kind) {
-                Err(Error::Unsupported { .. }) => continue,
-                Err(error) => {
-                    return Err(format!(
-                        "launch {launched}: kind {kind} on {}: {error}",
-                        set.shape
-                    ));
-                }
-                Ok(()) => launched += 1,
-            }
-            if launched % 1000 == 0 {
-                softmax
-                    .synchronize()
-                    .map_err(|e| format!("after launch {launched}: {e}"))?;
+    // One rotation: what each shape supports, and every plan and workspace made.
+    let mut rotation = Vec::new();
+    for kind in 0..kinds {
+        for (set, buffers) in buffers.iter_mut().enumerate() {
+            match buffers.launch(softmax, &variants, kind) {
+                Err(Error::Unsupported { .. }) => {}
+                Err(error) => return Err(format!("kind {kind} on {}: {error}", buffers.shape)),
+                Ok(()) => rotation.push((set, kind)),
             }
         }
-        softmax.synchronize().map_err(|e| e.to_string())
-    };
-    // Every plan and workspace exists after one rotation; memory must not grow after that.
-    launch_mixed(softmax, shapes.len() * kinds)?;
+    }
+    softmax.synchronize().map_err(|e| e.to_string())?;
+    let mut staged = LockedBuffer::new(&0.0f32, SOAK_BATCH * WINDOW).map_err(text)?;
+    let mut staged_bf16 = LockedBuffer::new(&bf16::ZERO, SOAK_BATCH * WINDOW).map_err(text)?;
+    let mut sampled: Vec<(usize, usize, Window)> = Vec::with_capacity(SOAK_BATCH);
     let before = free_device_memory()?;
-    launch_mixed(softmax, SOAK_LAUNCHES)?;
+    for launch in 0..SOAK_LAUNCHES {
+        let (set, kind) = rotation[launch % rotation.len()];
+        let window = buffers[set].random_window(rng);
+        let slot = sampled.len() * WINDOW..sampled.len() * WINDOW + window.len;
+        let staging = (
+            &mut staged.as_mut_slice()[slot.clone()],
+            &mut staged_bf16.as_mut_slice()[slot],
+        );
+        buffers[set]
+            .launch_sampled(softmax, (&variants, kind), window, staging)
+            .map_err(|why| {
+                format!(
+                    "launch {launch}: kind {kind} on {}: {why}",
+                    buffers[set].shape
+                )
+            })?;
+        sampled.push((set, kind, window));
+        if sampled.len() < SOAK_BATCH && launch + 1 < SOAK_LAUNCHES {
+            continue;
+        }
+        softmax
+            .synchronize()
+            .map_err(|e| format!("after launch {launch}: {e}"))?;
+        let first = launch + 1 - sampled.len();
+        for (i, &(set, kind, window)) in sampled.iter().enumerate() {
+            let slot = i * WINDOW..i * WINDOW + window.len;
+            let written = SoakBuffers::written(kind, &variants);
+            let staging = (
+                &staged.as_slice()[slot.clone()],
+                &staged_bf16.as_slice()[slot],
+            );
+            buffers[set]
+                .check_window(written, window, staging)
+                .map_err(|why| {
+                    format!(
+                        "launch {}: kind {kind} on {}, elements {:?}: {why}",
+                        first + i,
+                        buffers[set].shape,
+                        window.range()
+                    )
+                })?;
+        }
+        sampled.clear();
+    }
     let after = free_device_memory()?;
     for set in &buffers {
         set.check()?;
@@ -769,7 +1200,8 @@ fn soak(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
         ));
     }
     Ok(format!(
-        "{SOAK_LAUNCHES} launches (variants, bf16 forward, backward), free device memory {} MiB before and {} MiB after",
+        "{SOAK_LAUNCHES} launches (variants, bf16 forward, backward), each one's output sampled \
+         and checked; free device memory {} MiB before and {} MiB after",
         before >> 20,
         after >> 20
     ))

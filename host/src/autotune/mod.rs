@@ -57,24 +57,12 @@ impl TuneKey {
             peelable,
         }
     }
-
-    /// [`TuneKey::for_layout`] for a caller that knows only whether the buffers are peelable:
-    /// it keys every call as unaligned.
-    pub fn new(device: &str, shape: Shape, peelable: bool) -> Self {
-        Self::for_layout(device, shape, false, peelable)
-    }
 }
 
 /// Whether a tuned choice may name `variant`: the production kernels `Variant::Auto` picks
 /// among, each a concrete kernel family.
 pub fn is_tunable(variant: Variant) -> bool {
-    matches!(
-        variant,
-        Variant::RowsInRegisters
-            | Variant::BlockRegisters
-            | Variant::RowSlices
-            | Variant::RowCluster
-    )
+    Variant::PRODUCTION.contains(&variant)
 }
 
 /// The tuned choices, and where they persist.

@@ -131,7 +131,7 @@ fn series(report: &Report, spec: &ChartSpec, variant: &str) -> Vec<(f64, f64)> {
             let m = report
                 .measurements
                 .iter()
-                .find(|m| m.variant == variant && m.shape() == *shape)?;
+                .find(|m| m.variant == variant && m.shape().ok() == Some(*shape))?;
             match (m.outcome.clone(), spec.metric) {
                 (Outcome::Timed { gbps, .. }, Metric::GigabytesPerSecond) => Some((*x, gbps)),
                 (Outcome::Timed { pct_of_copy, .. }, Metric::PercentOfCopy) => {
@@ -158,7 +158,11 @@ fn plot<DB: DrawingBackend>(
         }
     }
     let all: Vec<Vec<(f64, f64)>> = variants.iter().map(|v| series(report, spec, v)).collect();
-    let y_max = all.iter().flatten().map(|p| p.1).fold(100.0, f64::max) * 1.06;
+    let largest = all.iter().flatten().map(|p| p.1).fold(100.0, f64::max);
+    let y_max = largest * 1.06;
+    if !y_max.is_finite() {
+        return Err(format!("a value of {largest:e} does not fit a chart"));
+    }
     let x_min = spec
         .points
         .iter()

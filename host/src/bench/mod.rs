@@ -219,8 +219,33 @@ pub enum Outcome {
 }
 
 impl Measurement {
-    pub fn shape(&self) -> Shape {
-        shape(self.rows, self.cols)
+    /// The shape measured; an error for a saved report whose rows and columns no shape has.
+    pub fn shape(&self) -> Result<Shape> {
+        Shape::new(self.rows, self.cols)
+    }
+
+    /// Why this measurement cannot be shown: a shape that does not exist, or a timing that is
+    /// not a finite, non-negative number (neither comes out of a run; both can be in a file).
+    fn defect(&self) -> Option<String> {
+        if let Err(error) = self.shape() {
+            return Some(error.to_string());
+        }
+        let Outcome::Timed {
+            median_ms,
+            gbps,
+            pct_of_copy,
+        } = self.outcome
+        else {
+            return None;
+        };
+        [
+            ("median_ms", median_ms),
+            ("gbps", gbps),
+            ("pct_of_copy", pct_of_copy),
+        ]
+        .into_iter()
+        .find(|(_, value)| !(value.is_finite() && *value >= 0.0))
+        .map(|(name, value)| format!("{name} is {value}, not a finite non-negative number"))
     }
 
     pub fn median_ms(&self) -> Option<f64> {

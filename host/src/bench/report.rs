@@ -90,9 +90,9 @@ impl Report {
     /// Shapes in the order they were measured.
     pub fn shapes(&self) -> Vec<Shape> {
         let mut shapes: Vec<Shape> = Vec::new();
-        for m in &self.measurements {
-            if !shapes.contains(&m.shape()) {
-                shapes.push(m.shape());
+        for shape in self.measurements.iter().filter_map(|m| m.shape().ok()) {
+            if !shapes.contains(&shape) {
+                shapes.push(shape);
             }
         }
         shapes
@@ -105,7 +105,7 @@ impl Report {
             let rows: Vec<&Measurement> = self
                 .measurements
                 .iter()
-                .filter(|m| m.shape() == shape)
+                .filter(|m| m.shape().ok() == Some(shape))
                 .collect();
             let slowest = rows
                 .iter()
@@ -168,14 +168,27 @@ impl Report {
         text
     }
 
-    /// Reads a report written by [`Report::write`] (its `.json`).
+    /// Reads a report written by [`Report::write`] (its `.json`), refusing one whose
+    /// measurements name a shape that does not exist or a timing that is not a finite,
+    /// non-negative number.
     pub fn load(json: &Path) -> Result<Self> {
         let io = |e: std::io::Error| Error::Io {
             what: format!("reading {}", json.display()),
             source: e,
         };
         let text = std::fs::read_to_string(json).map_err(io)?;
-        serde_json::from_str(&text).map_err(|e| io(std::io::Error::other(e)))
+        let report: Report =
+            serde_json::from_str(&text).map_err(|e| io(std::io::Error::other(e)))?;
+        for (i, m) in report.measurements.iter().enumerate() {
+            if let Some(defect) = m.defect() {
+                let what = format!(
+                    "measurement {i} ({} {}x{}): {defect}",
+                    m.variant, m.rows, m.cols
+                );
+                return Err(io(std::io::Error::other(what)));
+            }
+        }
+        Ok(report)
     }
 
     /// Draws the charts of this report into `dir` (PNG and SVG).
@@ -192,7 +205,7 @@ impl Report {
         std::fs::create_dir_all(dir).map_err(io)?;
         let stem = dir.join(self.file_stem());
         std::fs::write(stem.with_extension("csv"), self.csv()).map_err(io)?;
-        let json = serde_json::to_string_pretty(self).expect("the report serializes");
+        let json = serde_json::to_string_pretty(self).map_err(|e| io(std::io::Error::other(e)))?;
         std::fs::write(stem.with_extension("json"), json).map_err(io)?;
         chart::draw_all(self, dir)
     }

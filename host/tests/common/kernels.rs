@@ -1,7 +1,10 @@
 //! Hand-written PTX kernels the GPU tests launch beside the library's: a late writer, and a
 //! holder that occupies multiprocessors until a release kernel (or a timeout) lets it go.
 
+use cust::launch;
+use cust::memory::{DeviceBuffer, DeviceCopy};
 use cust::module::Module;
+use cust::stream::Stream;
 use cust::sys;
 
 /// `late_copy(src, dst, words, spin_ns)`: lets the next grid in its stream start at once
@@ -13,6 +16,8 @@ use cust::sys;
 /// and whether it timed out (`record` holds three u64 per block: start, end, timed out).
 ///
 /// `release(flag, when)`: records the time at `when`, then sets the u32 at `flag` to 1.
+///
+/// `spin(spin_ns)`: one thread spins until `%globaltimer` has advanced `spin_ns` nanoseconds.
 pub const TEST_KERNELS_PTX: &str = ".version 7.8
 .target sm_90
 .address_size 64
@@ -141,4 +146,29 @@ pub fn load(hold_shared_bytes: u32) -> Result<Module, String> {
         return Err(format!("raising hold's shared-memory limit: {status:?}"));
     }
     Ok(module)
+}
+
+/// How long `late_copy` spins before it writes.
+pub const LATE_WRITE_NS: u64 = 100_000;
+
+/// Enqueues `late_copy` of `source` into `destination` on `stream`: it lets the next grid
+/// start at once and writes [`LATE_WRITE_NS`] later.
+pub fn write_late<T: DeviceCopy>(
+    module: &Module,
+    stream: &Stream,
+    source: &DeviceBuffer<T>,
+    destination: &DeviceBuffer<T>,
+) -> Result<(), String> {
+    let words = (source.len() * size_of::<T>() / 4) as u64;
+    // SAFETY: `late_copy` reads `words` 32-bit words of `source` and writes as many of
+    // `destination`, two distinct buffers of that many bytes.
+    unsafe {
+        launch!(module.late_copy<<<132, 256, 0, stream>>>(
+            source.as_device_ptr(),
+            destination.as_device_ptr(),
+            words,
+            LATE_WRITE_NS
+        ))
+    }
+    .map_err(|e| format!("launching late_copy: {e}"))
 }

@@ -1,5 +1,6 @@
 //! Shared by the GPU test binaries (each uses part of it): a harness that reports skipped
-//! tests when there is no GPU, seeded random inputs, and checks against the reference.
+//! tests when there is no GPU (and fails them when one is required), seeded random inputs,
+//! and checks against the reference.
 #![allow(dead_code)]
 
 pub mod kernels;
@@ -10,8 +11,18 @@ use std::process::ExitCode;
 use cust::memory::{CopyDestination, DeviceBuffer};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use softmax::half::{bf16, f16};
 use softmax::reference::{Deviation, deviation};
-use softmax::{Error, Shape, Softmax, Variant};
+use softmax::{DType, Element, Error, Shape, Softmax, Variant};
+
+/// Set (to anything but `0` or nothing) on a machine that has a GPU: there, a missing device
+/// fails every GPU test instead of skipping it, so a broken driver cannot pass as "no GPU".
+pub const REQUIRE_GPU: &str = "SOFTMAX_REQUIRE_GPU";
+
+/// Whether [`REQUIRE_GPU`] is set.
+pub fn gpu_required() -> bool {
+    std::env::var_os(REQUIRE_GPU).is_some_and(|value| !value.is_empty() && value != "0")
+}
 
 /// A test: gets the device and a seeded generator, returns a one-line summary or a failure.
 pub type Test = (
@@ -20,7 +31,8 @@ pub type Test = (
 );
 
 /// Runs `tests` (those whose name contains the first argument, if any) and exits non-zero if
-/// one fails. Without a device, reports each as skipped with the reason and exits zero.
+/// one fails. Without a device, reports each as skipped with the reason and exits zero, or,
+/// when [`REQUIRE_GPU`] is set, as failed, exiting non-zero.
 pub fn run_harness(tests: &[Test]) -> ExitCode {
     let filter = std::env::args()
         .skip(1)
@@ -42,16 +54,13 @@ pub fn run_harness(tests: &[Test]) -> ExitCode {
     let mut softmax = match Softmax::new() {
         Ok(softmax) => softmax,
         Err(Error::NoDevice { reason }) => {
-            for (name, _) in &selected {
-                println!("test {name} ... skipped: no CUDA device ({reason})");
-            }
-            println!(
-                "\ntest result: 0 passed, 0 failed, {} skipped (no GPU)",
-                selected.len()
-            );
-            return ExitCode::SUCCESS;
+            let names: Vec<&str> = selected.iter().map(|(name, _)| *name).collect();
+            return without_a_device(&names, &reason, gpu_required());
         }
-        Err(error) => panic!("opening the GPU failed for another reason than its absence: {error}"),
+        Err(error) => {
+            eprintln!("opening the GPU failed for another reason than its absence: {error}");
+            return ExitCode::FAILURE;
+        }
     };
     println!(
         "device: {} (seed {seed}; replay with SOFTMAX_TEST_SEED={seed})",
@@ -89,6 +98,31 @@ pub fn run_harness(tests: &[Test]) -> ExitCode {
     } else {
         ExitCode::FAILURE
     }
+}
+
+/// The verdict without a device: every test skipped (exit 0), or, when a GPU is `required`,
+/// every test failed (exit 1) with the reason on stderr.
+fn without_a_device(names: &[&str], reason: &str, required: bool) -> ExitCode {
+    let verdict = if required { "FAILED" } else { "skipped" };
+    for name in names {
+        println!("test {name} ... {verdict}: no CUDA device ({reason})");
+    }
+    if !required {
+        println!(
+            "\ntest result: 0 passed, 0 failed, {} skipped (no GPU)",
+            names.len()
+        );
+        return ExitCode::SUCCESS;
+    }
+    println!(
+        "\ntest result: 0 passed, {} failed (no GPU, and {REQUIRE_GPU} is set)",
+        names.len()
+    );
+    eprintln!(
+        "{REQUIRE_GPU} is set but there is no CUDA device ({reason}): the GPU tests fail \
+         rather than pass without running"
+    );
+    ExitCode::FAILURE
 }
 
 /// Uniform random values in `[-magnitude, magnitude]`.
@@ -170,4 +204,206 @@ impl Check {
             self.passed, self.worst, self.refused
         )
     }
+}
+
+/// `expected` rounded to the output type `O`: what an exact kernel writes. Compared with the
+/// unrounded values, f16's subnormal spacing (6e-8) alone is a relative error of ~0.4% on
+/// softmax rows of 250,000 columns, whose values are ~4e-6.
+pub fn as_written<O: Element>(expected: &[f64]) -> Vec<f64> {
+    expected
+        .iter()
+        .map(|&e| {
+            if e.is_finite() {
+                f64::from(O::from_f32(e as f32).to_f32())
+            } else {
+                e
+            }
+        })
+        .collect()
+}
+
+/// What the rows of an output hold, for [`check_rows`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowValues {
+    /// Softmax probabilities: each element relative to its reference value, or, below the
+    /// output type's smallest normal number, to that number (there the type's spacing is
+    /// absolute: f16 subnormals are 6e-8 apart); and each row's sum against the sum of the
+    /// reference as written (not 1: rounded to f16, a row of 200,003 equal subnormals sums to
+    /// 1.0014). Element by element, a row of subnormals can be off by up to the tolerance
+    /// times the smallest normal number in every element; the sum catches that.
+    Probabilities,
+    /// Log-probabilities: each element relative to its reference value, or, below 1 in
+    /// magnitude, absolutely (near 0 what is left is the rounding of the scores).
+    LogProbabilities,
+}
+
+/// The smallest positive normal number of `dtype`.
+pub fn smallest_normal(dtype: DType) -> f64 {
+    match dtype {
+        DType::F32 => f64::from(f32::MIN_POSITIVE),
+        DType::Bf16 => f64::from(bf16::MIN_POSITIVE.to_f32()),
+        DType::F16 => f64::from(f16::MIN_POSITIVE.to_f32()),
+    }
+}
+
+/// Checks each row of a `cols`-wide output of type `dtype` on its own against `expected` (the
+/// reference as written in that type, see [`as_written`]), so that no row can hide in a norm
+/// over the whole tensor: every element within `tolerance` (as [`RowValues`] measures it), a
+/// non-finite reference matched exactly, and each probability row's sum within `tolerance`
+/// of the reference's. Returns the worst error as a fraction of `tolerance`.
+pub fn check_rows(
+    actual: &[f32],
+    expected: &[f64],
+    cols: usize,
+    values: RowValues,
+    dtype: DType,
+    tolerance: f64,
+) -> Result<f64, String> {
+    if actual.len() != expected.len() {
+        return Err(format!(
+            "{} values for a reference of {}",
+            actual.len(),
+            expected.len()
+        ));
+    }
+    let floor = match values {
+        RowValues::Probabilities => smallest_normal(dtype),
+        RowValues::LogProbabilities => 1.0,
+    };
+    let mut worst = 0.0_f64;
+    let rows = actual.chunks(cols.max(1)).zip(expected.chunks(cols.max(1)));
+    for (row, (actual, expected)) in rows.enumerate() {
+        for (col, (&a, &e)) in actual.iter().zip(expected).enumerate() {
+            let a = f64::from(a);
+            let error = if e.is_finite() && a.is_finite() {
+                (a - e).abs() / e.abs().max(floor)
+            } else if a == e || (a.is_nan() && e.is_nan()) {
+                0.0
+            } else {
+                f64::INFINITY
+            };
+            if error > tolerance {
+                return Err(format!(
+                    "row {row}, column {col}: {a:e} where the reference is {e:e} (error \
+                     {error:.1e} > {tolerance:.0e})"
+                ));
+            }
+            worst = worst.max(error / tolerance);
+        }
+        if values == RowValues::Probabilities && expected.iter().all(|e| e.is_finite()) {
+            let got: f64 = actual.iter().map(|&a| f64::from(a)).sum();
+            let wanted: f64 = expected.iter().sum();
+            let error = (got - wanted).abs();
+            if error.is_nan() || error > tolerance {
+                return Err(format!(
+                    "row {row} sums to {got} where the reference sums to {wanted} (error \
+                     {error:.1e} > {tolerance:.0e})"
+                ));
+            }
+            worst = worst.max(error / tolerance);
+        }
+    }
+    Ok(worst)
+}
+
+/// When one stream's work in a concurrency test finished, in milliseconds after a start event
+/// common to every stream: its first launch (with its copies), and its last.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Span {
+    pub first: f64,
+    pub last: f64,
+}
+
+/// Whether streams' launches overlapped in time. `alone` holds how long each stream's work
+/// took by itself (from its start to its last event); `together`, each stream's span when all
+/// of them started at one common event. They overlapped if each stream's first launch finished
+/// before every other stream's last one (no stream waited for another to drain), and all of
+/// them finished within `ratio` of the time they take one after the other (the GPU ran them
+/// side by side, not in turns: launches taken in turns take as long as one after the other).
+pub fn overlapped(alone: &[f64], together: &[Span], ratio: f64) -> Result<String, String> {
+    for (i, a) in together.iter().enumerate() {
+        for (j, b) in together.iter().enumerate() {
+            if i != j && a.first >= b.last {
+                return Err(format!(
+                    "stream {i}'s first launch finished at {:.3} ms, after stream {j}'s last at \
+                     {:.3} ms: the streams ran one after the other",
+                    a.first, b.last
+                ));
+            }
+        }
+    }
+    let one_after_another: f64 = alone.iter().sum();
+    let all_done = together.iter().map(|s| s.last).fold(0.0, f64::max);
+    if all_done.is_nan() || all_done >= ratio * one_after_another {
+        return Err(format!(
+            "together the streams finished at {all_done:.3} ms; alone they took {alone:.3?} ms, \
+             {one_after_another:.3} ms one after the other: their launches did not overlap \
+             (wanted under {ratio} of that)"
+        ));
+    }
+    Ok(format!(
+        "{} streams together took {all_done:.2} ms, {:.0}% of the {one_after_another:.2} ms \
+         they take one after the other",
+        together.len(),
+        100.0 * all_done / one_after_another
+    ))
+}
+
+/// The reference softmax gradient `dx = y ⊙ (dy − Σ y⊙dy)` of each `cols`-wide row, in f64
+/// from the reference probabilities `y`, and the size of each element's terms,
+/// `y·(|dy| + 2·Σ y·|dy|)`, for [`check_gradient`].
+pub fn softmax_gradient_reference(y: &[f64], dy: &[f32], cols: usize) -> (Vec<f64>, Vec<f64>) {
+    let (mut dx, mut terms) = (Vec::with_capacity(y.len()), Vec::with_capacity(y.len()));
+    for (y, dy) in y.chunks(cols.max(1)).zip(dy.chunks(cols.max(1))) {
+        let dy = dy.iter().map(|&v| f64::from(v));
+        let pairs: Vec<(f64, f64)> = y.iter().copied().zip(dy).collect();
+        let sum: f64 = pairs.iter().map(|(y, dy)| y * dy).sum();
+        let size: f64 = pairs.iter().map(|(y, dy)| y * dy.abs()).sum();
+        for (y, dy) in pairs {
+            dx.push(y * (dy - sum));
+            terms.push(y * (dy.abs() + 2.0 * size));
+        }
+    }
+    (dx, terms)
+}
+
+/// Checks gradient values against [`softmax_gradient_reference`]: each within `tolerance`
+/// times its terms (plus 1e-30: a probability below f32's smallest normal number may be
+/// flushed to zero), NaN exactly where the reference is. A kernel's probabilities differ from
+/// the reference by a relative `ε` each; that moves `dx_i` by at most `ε·y_i·(|dy_i| + 2·Σ
+/// y·|dy|)`, however much `dy_i − Σ y⊙dy` cancels. Returns the worst error as a fraction of
+/// what was allowed.
+pub fn check_gradient(
+    actual: &[f32],
+    expected: &[f64],
+    terms: &[f64],
+    tolerance: f64,
+) -> Result<f64, String> {
+    if actual.len() != expected.len() || terms.len() != expected.len() {
+        return Err(format!(
+            "{} values for a reference of {}",
+            actual.len(),
+            expected.len()
+        ));
+    }
+    let mut worst = 0.0_f64;
+    for (i, ((&a, &e), &t)) in actual.iter().zip(expected).zip(terms).enumerate() {
+        let (a, allowed) = (f64::from(a), tolerance * t + 1e-30);
+        let error = if e.is_nan() || a.is_nan() {
+            if e.is_nan() && a.is_nan() {
+                0.0
+            } else {
+                f64::INFINITY
+            }
+        } else {
+            (a - e).abs() / allowed
+        };
+        if error.is_nan() || error > 1.0 {
+            return Err(format!(
+                "element {i}: {a:e} where the reference is {e:e} (allowed error {allowed:.1e})"
+            ));
+        }
+        worst = worst.max(error);
+    }
+    Ok(worst)
 }
