@@ -65,22 +65,6 @@ pub(crate) fn open(ordinal: u32) -> Result<(Context, Device, DeviceInfo)> {
     Ok((context, device, info))
 }
 
-/// Resets device `ordinal`'s primary context after a device fault, freeing everything that
-/// lived in it. A fault (an illegal address, a trap) spoils the context for good, and the
-/// driver may keep it spoiled even once every user has released it; after the reset the next
-/// [`crate::Softmax::new`] gets a working one.
-///
-/// # Safety
-/// Nothing in the process may use the device's primary context any more: every `Softmax`,
-/// buffer, stream, module and event made in it (by this library, cust, cudarc or anything else
-/// sharing the primary context) is dropped first.
-pub unsafe fn reset_device(ordinal: u32) -> Result<()> {
-    cust::init(cust::CudaFlags::empty()).map_err(|e| no_device(e, "cuInit failed"))?;
-    let device = Device::get_device(ordinal).during("opening the device")?;
-    // SAFETY: forwarded from this function's contract.
-    unsafe { Context::reset(&device) }.during("resetting the device's primary context")
-}
-
 fn no_device(error: CudaError, what: &str) -> Error {
     Error::NoDevice {
         reason: format!("{what}: {error}"),

@@ -38,7 +38,7 @@ mod workspace;
 
 #[cfg(feature = "cudarc")]
 pub use cudarc_adapter::CudarcElement;
-pub use device::{DeviceInfo, reset_device};
+pub use device::DeviceInfo;
 pub use error::{Error, Result};
 pub use module::{PTX, op_ptx};
 pub use shape::Shape;

@@ -477,16 +477,85 @@ fn tuned_fallback(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
 /// blocks of a row wait for places other kernels hold, and leave.
 const FREE_MULTIPROCESSORS: u32 = 3;
 
+/// What one crowded run saw: holders that timed out, when the last holder started, when the
+/// release ran, when the first holder ended (globaltimer ns), and how long `between` and the
+/// release took on the host.
+struct Crowding {
+    timed_out: usize,
+    last_start: u64,
+    released_at: u64,
+    first_end: u64,
+    elapsed: Duration,
+}
+
+/// Launches `holders` blocks of `hold` on `holder_stream`, each taking a multiprocessor, then
+/// `between` (work on `stream`), then `release` on `stream`, which lets the holders go.
+fn hold_and_release(
+    module: &cust::module::Module,
+    (holder_stream, stream): (&Stream, &Stream),
+    (holders, shared_bytes): (u32, u32),
+    between: impl FnOnce(&Stream) -> Result<(), String>,
+) -> Result<Crowding, String> {
+    let flag = DeviceBuffer::from_slice(&[0u32]).map_err(text)?;
+    let record = DeviceBuffer::from_slice(&vec![0u64; 3 * holders as usize]).map_err(text)?;
+    let released_at = DeviceBuffer::from_slice(&[0u64]).map_err(text)?;
+    CurrentContext::synchronize().map_err(text)?;
+    let timeout_ns: u64 = 5_000_000_000;
+    // SAFETY: `hold` reads `flag` and writes three words per block of `record`, which holds
+    // as many; its dynamic shared memory was allowed when the module was loaded.
+    unsafe {
+        launch!(module.hold<<<holders, 32, shared_bytes, holder_stream>>>(
+            flag.as_device_ptr(),
+            record.as_device_ptr(),
+            timeout_ns
+        ))
+    }
+    .map_err(|e| format!("launching the holders: {e}"))?;
+    // Let the holders take their places first.
+    std::thread::sleep(Duration::from_millis(20));
+    let started = Instant::now();
+    between(stream)?;
+    // SAFETY: `release` writes one word of `released_at` and one of `flag`.
+    unsafe {
+        launch!(module.release<<<1, 1, 0, stream>>>(
+            flag.as_device_ptr(),
+            released_at.as_device_ptr()
+        ))
+    }
+    .map_err(|e| format!("launching the release: {e}"))?;
+    stream.synchronize().map_err(text)?;
+    let elapsed = started.elapsed();
+    holder_stream.synchronize().map_err(text)?;
+    let record = to_host(&record)?;
+    Ok(Crowding {
+        timed_out: record.chunks(3).filter(|r| r[2] != 0).count(),
+        last_start: record.chunks(3).map(|r| r[0]).max().unwrap_or(0),
+        released_at: to_host(&released_at)?[0],
+        first_end: record.chunks(3).map(|r| r[1]).min().unwrap_or(0),
+        elapsed,
+    })
+}
+
 /// Sliced rows launched while kernels on another stream hold all but three multiprocessors
 /// until a kernel after the sliced launch releases them: the launch finishes (its blocks
 /// leave their slices to each row's last block) and is exact, and the holders were released,
-/// not timed out, so it ran beside them.
+/// not timed out, so it ran beside them. A first run without the library checks that two
+/// streams' kernels run at once on this machine at all.
 fn crowded_gpu(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     let info = softmax.device().clone();
     let module = common::kernels::load(info.max_shared_per_block)?;
     let holders = info.multiprocessors - FREE_MULTIPROCESSORS;
-    let holder_stream = non_blocking_stream()?;
-    let stream = non_blocking_stream()?;
+    let streams = (&non_blocking_stream()?, &non_blocking_stream()?);
+    let crowd = (holders, info.max_shared_per_block);
+    let probe = hold_and_release(&module, streams, crowd, |_| Ok(()))?;
+    if probe.timed_out > 0 {
+        return Err(format!(
+            "no crowded case here: a one-thread kernel on another stream never ran beside \
+             {holders} holders ({} timed out), so two streams' kernels do not run at once on \
+             this machine",
+            probe.timed_out
+        ));
+    }
     let mut summaries = Vec::new();
     for dtype in [DType::F32, DType::Bf16] {
         let shape = Shape::new(32, 151936).map_err(text)?;
@@ -505,57 +574,32 @@ fn crowded_gpu(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
         };
         // Everything that could wait for the device happens before the holders start.
         softmax.reserve(&[(kind, shape)]).map_err(text)?;
-        let flag = DeviceBuffer::from_slice(&[0u32]).map_err(text)?;
-        let record = DeviceBuffer::from_slice(&vec![0u64; 3 * holders as usize]).map_err(text)?;
-        let released_at = DeviceBuffer::from_slice(&[0u64]).map_err(text)?;
-        CurrentContext::synchronize().map_err(text)?;
-        let timeout_ns: u64 = 5_000_000_000;
-        // SAFETY: `hold` reads `flag` and writes three words per block of `record`, which
-        // holds as many; its dynamic shared memory was allowed when the module was loaded.
-        unsafe {
-            launch!(module.hold<<<holders, 32, info.max_shared_per_block, holder_stream>>>(
-                flag.as_device_ptr(),
-                record.as_device_ptr(),
-                timeout_ns
-            ))
-        }
-        .map_err(|e| format!("launching the holders: {e}"))?;
-        // Let the holders take their places first.
-        std::thread::sleep(Duration::from_millis(20));
-        let started = Instant::now();
-        let mut on = softmax.on(&stream);
-        match dtype {
-            DType::F32 => on.run(Variant::Auto, &x32, &mut y32, shape),
-            _ => on.forward(
-                Operation::Softmax,
-                Rows::new(&x16, shape).map_err(text)?,
-                RowsMut::new(&mut y16, shape).map_err(text)?,
-                &Options::new(),
-            ),
-        }
-        .map_err(text)?;
-        // SAFETY: `release` writes one word of `released_at` and one of `flag`.
-        unsafe {
-            launch!(module.release<<<1, 1, 0, stream>>>(
-                flag.as_device_ptr(),
-                released_at.as_device_ptr()
-            ))
-        }
-        .map_err(|e| format!("launching the release: {e}"))?;
-        stream.synchronize().map_err(text)?;
-        let elapsed = started.elapsed();
-        holder_stream.synchronize().map_err(text)?;
-        let record = to_host(&record)?;
-        let released_at = to_host(&released_at)?[0];
-        let timed_out = record.chunks(3).filter(|r| r[2] != 0).count();
-        let last_start = record.chunks(3).map(|r| r[0]).max().unwrap_or(0);
-        let first_end = record.chunks(3).map(|r| r[1]).min().unwrap_or(0);
-        if timed_out > 0 {
+        let crowding = hold_and_release(&module, streams, crowd, |stream| {
+            let mut on = softmax.on(stream);
+            match dtype {
+                DType::F32 => on.run(Variant::Auto, &x32, &mut y32, shape),
+                _ => on.forward(
+                    Operation::Softmax,
+                    Rows::new(&x16, shape).map_err(text)?,
+                    RowsMut::new(&mut y16, shape).map_err(text)?,
+                    &Options::new(),
+                ),
+            }
+            .map_err(text)
+        })?;
+        if crowding.timed_out > 0 {
             return Err(format!(
-                "{dtype:?}: {timed_out} of {holders} holders timed out: the sliced launch did \
-                 not finish beside them"
+                "{dtype:?}: {} of {holders} holders timed out: the sliced launch did not finish \
+                 beside them (the run without the library did)",
+                crowding.timed_out
             ));
         }
+        let Crowding {
+            last_start,
+            released_at,
+            first_end,
+            ..
+        } = crowding;
         if !(last_start < released_at && released_at <= first_end) {
             return Err(format!(
                 "{dtype:?}: the holders were not all resident while the sliced launch ran \
@@ -566,10 +610,8 @@ fn crowded_gpu(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
             DType::F32 => check_softmax(&to_host(&y32)?, &values, shape, "crowded f32")?,
             _ => check_softmax_bf16(&to_host(&y16)?, &halves, shape, "crowded bf16")?,
         }
-        summaries.push(format!(
-            "{dtype:?} {shape} in {:.1} ms",
-            elapsed.as_secs_f64() * 1e3
-        ));
+        let ms = crowding.elapsed.as_secs_f64() * 1e3;
+        summaries.push(format!("{dtype:?} {shape} in {ms:.1} ms"));
     }
     Ok(format!(
         "beside {holders} multiprocessors held by another stream's kernel: {}, exact",
@@ -578,10 +620,11 @@ fn crowded_gpu(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
 }
 
 /// A library launch that faults (the raw entry point given a view whose second row lies far
-/// outside its buffer) comes back as `Error::Cuda` from the next synchronize; once every
-/// `Softmax` is dropped, a new one works. Runs in a child process, since the fault spoils the
-/// context for everything else in the process.
-fn library_fault(_: &mut Softmax, _: &mut StdRng) -> Outcome {
+/// outside its buffer) comes back as `Error::Cuda` from the next synchronize; later calls in
+/// that process return errors, never numbers, and nothing panics; a new process (this one,
+/// after the faulting child exits) computes normally. Runs in a child process, since the
+/// fault spoils the device for the rest of the process.
+fn library_fault(softmax: &mut Softmax, _: &mut StdRng) -> Outcome {
     let exe = std::env::current_exe().map_err(text)?;
     let output = std::process::Command::new(exe)
         .env(FAULT_CHILD, "1")
@@ -595,12 +638,26 @@ fn library_fault(_: &mut Softmax, _: &mut StdRng) -> Outcome {
             String::from_utf8_lossy(&output.stderr)
         ));
     }
-    Ok(stdout.trim().to_owned())
+    let shape = Shape::new(4, 1000).map_err(text)?;
+    let values: Vec<f32> = (0..shape.len()).map(|i| (i % 17) as f32 * 0.25).collect();
+    let result = softmax
+        .run_host(Variant::Auto, &values, shape)
+        .map_err(|e| format!("this process after the child's fault: {e}"))?;
+    check_softmax(
+        &result,
+        &values,
+        shape,
+        "this process after the child's fault",
+    )?;
+    Ok(format!(
+        "{}; this process, apart from it, then computed {shape} exactly",
+        stdout.trim()
+    ))
 }
 
 /// The child of `library_fault`.
 fn fault_child() -> ExitCode {
-    match fault_and_recover() {
+    match fault() {
         Ok(summary) => {
             println!("{summary}");
             ExitCode::SUCCESS
@@ -612,59 +669,46 @@ fn fault_child() -> ExitCode {
     }
 }
 
-fn fault_and_recover() -> Result<String, String> {
-    let reported = {
-        let mut softmax = Softmax::new().map_err(text)?;
-        // The output first, so that it lies below the input: the input view reaches upward
-        // from its buffer, and an output inside that reach would be refused as an overlap.
-        let output = DeviceBuffer::from_slice(&[0.0f32; 2048]).map_err(text)?;
-        let buffer = DeviceBuffer::from_slice(&[0.5f32; 1024]).map_err(text)?;
-        let shape = Shape::new(2, 1024).map_err(text)?;
-        let wild = RawRows {
-            address: buffer.as_device_ptr().as_raw(),
-            dtype: DType::F32,
-            shape,
-            stride: 1 << 40,
-        };
-        let out = RawRows::new(output.as_device_ptr().as_raw(), DType::F32, shape);
-        // SAFETY: deliberately broken: the input view's second row lies 4 TiB past its
-        // buffer, which is what this test wants the device to fault on.
-        unsafe {
-            softmax.forward_raw(
-                Operation::Softmax,
-                wild,
-                out,
-                &Options::new(),
-                softmax.stream().as_inner(),
-            )
-        }
+fn fault() -> Result<String, String> {
+    let mut softmax = Softmax::new().map_err(text)?;
+    // The output first, so that it lies below the input: the input view reaches upward from
+    // its buffer, and an output inside that reach would be refused as an overlap.
+    let output = DeviceBuffer::from_slice(&[0.0f32; 2048]).map_err(text)?;
+    let buffer = DeviceBuffer::from_slice(&[0.5f32; 1024]).map_err(text)?;
+    let shape = Shape::new(2, 1024).map_err(text)?;
+    let wild = RawRows {
+        address: buffer.as_device_ptr().as_raw(),
+        dtype: DType::F32,
+        shape,
+        stride: 1 << 40,
+    };
+    let out = RawRows::new(output.as_device_ptr().as_raw(), DType::F32, shape);
+    let stream = softmax.stream().as_inner();
+    // SAFETY: deliberately broken: the input view's second row lies 4 TiB past its buffer,
+    // which is what this test wants the device to fault on.
+    unsafe { softmax.forward_raw(Operation::Softmax, wild, out, &Options::new(), stream) }
         .map_err(|e| format!("the faulting call was refused before launch: {e}"))?;
-        let reported = match softmax.synchronize() {
-            Err(error @ Error::Cuda { .. }) => error.to_string(),
-            other => return Err(format!("the fault was reported as {other:?}")),
-        };
-        let _ = DeviceBuffer::drop(buffer);
-        let _ = DeviceBuffer::drop(output);
-        reported
+    let reported = match softmax.synchronize() {
+        Err(error @ Error::Cuda { .. }) => error.to_string(),
+        other => return Err(format!("the fault was reported as {other:?}")),
     };
-    // Every instance and buffer is dropped. The driver may keep the spoiled primary context
-    // even so: the documented recovery resets it before opening a new instance.
+    let values = [0.5f32; 1000];
+    let later = match softmax.run_host(Variant::Auto, &values, Shape::new(1, 1000).map_err(text)?) {
+        Err(error) => error.to_string(),
+        Ok(numbers) => {
+            return Err(format!(
+                "a call after the fault returned numbers: {:?}",
+                &numbers[..3]
+            ));
+        }
+    };
+    drop((buffer, output, softmax));
     let reopened = match Softmax::new() {
-        Ok(_) => "no reset needed".to_owned(),
-        Err(error) => format!("reopening before a reset gave `{error}`"),
+        Err(error) => format!("a new instance in the same process is refused (`{error}`)"),
+        Ok(_) => "a new instance in the same process opens".to_owned(),
     };
-    // SAFETY: nothing of this process uses the device's primary context any more.
-    unsafe { softmax::reset_device(0) }.map_err(|e| format!("resetting the device: {e}"))?;
-    let mut softmax = Softmax::new().map_err(|e| format!("reopening after the reset: {e}"))?;
-    let shape = Shape::new(4, 1000).map_err(text)?;
-    let values: Vec<f32> = (0..shape.len()).map(|i| (i % 17) as f32 * 0.25).collect();
-    let output = softmax
-        .run_host(Variant::Auto, &values, shape)
-        .map_err(|e| format!("the new instance failed: {e}"))?;
-    check_softmax(&output, &values, shape, "after recovery")?;
     Ok(format!(
-        "the faulting launch was reported as `{reported}`; {reopened}; after dropping the \
-         instance and resetting the device, a new one computed {shape} exactly"
+        "the faulting launch was reported as `{reported}`; a later call as `{later}`; {reopened}"
     ))
 }
 

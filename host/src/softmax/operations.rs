@@ -303,11 +303,7 @@ impl Softmax {
         if shape.is_empty() {
             return Ok(());
         }
-        let mut reads = option_spans(options);
-        reads.push(x);
-        self.check_spans_on_device(&reads)?;
-        self.check_spans_on_device(&[y])?;
-        check_output(&y, &reads, Some(&x))?;
+        self.check_buffers(&y, [x], Some(&x), options)?;
         let in_place = y.same_view(&x);
         let contiguous = x.stride == shape.cols() && y.stride == shape.cols();
         let plain = options.row_scale.is_none()
@@ -422,11 +418,7 @@ impl Softmax {
         if shape.is_empty() {
             return Ok(());
         }
-        let mut reads = option_spans(options);
-        reads.extend([y, dy]);
-        self.check_spans_on_device(&reads)?;
-        self.check_spans_on_device(&[dx])?;
-        check_output(&dx, &reads, Some(&dy))?;
+        self.check_buffers(&dx, [y, dy], Some(&dy), options)?;
         let mut call = Call::reading(Direction::Backward, &y, input, options)
             .operation(op)
             .writing(&dx, output);
@@ -503,11 +495,7 @@ impl Softmax {
         if shape.is_empty() {
             return Ok(());
         }
-        let mut reads = option_spans(options);
-        reads.extend([x, states]);
-        self.check_spans_on_device(&reads)?;
-        self.check_spans_on_device(&[y])?;
-        check_output(&y, &reads, Some(&x))?;
+        self.check_buffers(&y, [x, states], Some(&x), options)?;
         let mut call = Call::reading(Direction::Forward, &x, input, options)
             .operation(op)
             .writing(&y, output);
@@ -532,11 +520,7 @@ impl Softmax {
         if shape.rows() == 0 {
             return Ok(());
         }
-        let mut reads = option_spans(options);
-        reads.push(x);
-        self.check_spans_on_device(&reads)?;
-        self.check_spans_on_device(&[output])?;
-        check_output(&output, &reads, None)?;
+        self.check_buffers(&output, [x], None, options)?;
         let words = match what {
             RowOutput::LogSumExp => 1,
             RowOutput::States => 2,
@@ -578,6 +562,23 @@ impl Softmax {
             status
         };
         crate::device::check(status, "writing identity states")
+    }
+
+    /// Refuses an `output` or any of `inputs` (and the options' buffers) that is not device
+    /// memory of this device, and an `output` that overlaps what the call reads (other than
+    /// exactly `in_place`).
+    fn check_buffers<const N: usize>(
+        &self,
+        output: &Span,
+        inputs: [Span; N],
+        in_place: Option<&Span>,
+        options: &Options<'_>,
+    ) -> Result<()> {
+        let mut reads = option_spans(options);
+        reads.extend(inputs);
+        self.check_spans_on_device(&reads)?;
+        self.check_spans_on_device(std::slice::from_ref(output))?;
+        check_output(output, &reads, in_place)
     }
 
     /// Refuses any buffer that is not device memory of this instance's device.

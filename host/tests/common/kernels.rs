@@ -127,6 +127,23 @@ $HOLD_DONE:
 \tst.volatile.global.u32 \t[%rd1], %r1;
 \tret;
 }
+
+.visible .entry spin(
+\t.param .u64 spin_spin_ns
+)
+{
+\t.reg .pred \t%p<2>;
+\t.reg .b64 \t%rd<5>;
+
+\tld.param.u64 \t%rd1, [spin_spin_ns];
+\tmov.u64 \t%rd2, %globaltimer;
+\tadd.u64 \t%rd3, %rd2, %rd1;
+$SPIN_WAIT:
+\tmov.u64 \t%rd4, %globaltimer;
+\tsetp.lt.u64 \t%p1, %rd4, %rd3;
+\t@%p1 bra \t$SPIN_WAIT;
+\tret;
+}
 ";
 
 /// Loads [`TEST_KERNELS_PTX`] and lets `hold` take `hold_shared_bytes` of dynamic shared
