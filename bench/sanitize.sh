@@ -13,6 +13,11 @@
 #   16384, 65537} x rows {1, 3, 1000}.
 # - `gpu_ops` (the operation kernels): `ops_special`, `ops_every` (every operation and type
 #   pair on the same shape list), `ops_peeled`, `ops_partial`, `ops_strides`, `ops_bad`.
+# - `gpu_stress`: `launches_wait` (every family right after a late writer),
+#   `sliced_rows_are_exact` (blocks leaving their slices).
+# - `gpu_integration`: `callers_stream` (calls and raw calls on the caller's stream),
+#   `overlapping`, `tuned_choice`, `cudarc`.
+# (gpu_fault faults on purpose, so it is not run under the tools.)
 #
 # Writes the full log to $OUT/sanitizer.txt and one line per (binary, tool, filter) to
 # $OUT/sanitizer-summary.txt (OUT defaults to ./device-out): the tool's error count (its
@@ -21,10 +26,10 @@
 # or a run timed out.
 #
 # Every run has a timeout. racecheck and initcheck are much slower than the uninstrumented
-# run (racecheck most), so racecheck gets its own, longer one. All of it takes about six
+# run (racecheck most), so racecheck gets its own, longer one. gpu and gpu_ops take about six
 # minutes on an H200. Environment:
-#   SANITIZE_BINARY             test binaries (default "gpu gpu_ops"; one of them to split the
-#                               work over two shorter runs)
+#   SANITIZE_BINARY             test binaries (default "gpu gpu_ops gpu_stress gpu_integration";
+#                               fewer to split the work over shorter runs)
 #   SANITIZE_TOOLS              tools to run (default "memcheck racecheck initcheck synccheck")
 #   SANITIZE_FILTERS            every binary's default filters replaced (space-separated)
 #   SANITIZE_TIMEOUT            seconds per run for memcheck, initcheck, synccheck (default 600)
@@ -40,7 +45,7 @@ log="$out/sanitizer.txt"
 summary="$out/sanitizer-summary.txt"
 
 read -ra tools <<< "${SANITIZE_TOOLS:-memcheck racecheck initcheck synccheck}"
-read -ra binaries <<< "${SANITIZE_BINARY:-gpu gpu_ops}"
+read -ra binaries <<< "${SANITIZE_BINARY:-gpu gpu_ops gpu_stress gpu_integration}"
 timeout_default=${SANITIZE_TIMEOUT:-600}
 timeout_racecheck=${SANITIZE_RACECHECK_TIMEOUT:-1800}
 
@@ -49,6 +54,8 @@ default_filters() {
     case $1 in
         gpu) echo "every_variant special misaligned llm" ;;
         gpu_ops) echo "ops_special ops_every ops_peeled ops_partial ops_strides ops_bad" ;;
+        gpu_stress) echo "launches_wait sliced_rows_are_exact" ;;
+        gpu_integration) echo "callers_stream overlapping tuned_choice cudarc" ;;
         *) echo "" ;;
     esac
 }
