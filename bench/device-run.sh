@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One run on a GPU machine that has no Rust toolchain (it takes a while: split it where
-# needed): GPU tests (the f32 variants, the operation API, the CUDA-fault
-# test), the full benchmark with the peers, the bf16 and backward benchmarks, the
-# dispatch-boundary sweep, compute-sanitizer over both test binaries (bench/sanitize.sh),
+# needed): GPU tests (the f32 variants, the operation API, stress, integration, the CUDA-fault
+# test), the outside consumer crates, the full benchmark with the peers, the bf16 and backward benchmarks, the
+# dispatch-boundary sweep, compute-sanitizer over the test binaries (bench/sanitize.sh),
 # ptxas and a short criterion run, from the bundle
 # `cargo xtask device-bundle` packed into .gpu/ (unpacked here first). Logs go to $OUT (or
 # ./device-out).
@@ -17,19 +17,22 @@ gpu_tests=$(ls .gpu/tests/gpu-* | grep -v stress | head -n1)
 stress_tests=$(ls .gpu/tests/gpu_stress-* | head -n1)
 fault_tests=$(ls .gpu/tests/gpu_fault-* | head -n1)
 ops_tests=$(ls .gpu/tests/gpu_ops-* | head -n1)
+integration_tests=$(ls .gpu/tests/gpu_integration-* | head -n1)
 
 for ptx in .gpu/ptx/*.ptx; do echo "== $ptx"; ptxas -arch=sm_90 -v "$ptx" -o /dev/null; done > "$out/ptxas.txt" 2>&1
 "$gpu_tests" 2>&1 | tee "$out/gpu-tests.txt"
 "$stress_tests" 2>&1 | tee "$out/gpu-stress.txt"
 timeout 180 "$fault_tests" 2>&1 | tee "$out/gpu-fault.txt"
 "$ops_tests" 2>&1 | tee "$out/gpu-ops-tests.txt"
+"$integration_tests" 2>&1 | tee "$out/gpu-integration-tests.txt"
+for consumer in .gpu/consumers/*; do "$consumer"; done 2>&1 | tee "$out/consumers.txt"
 timeout 360 .gpu/host bench --peers --out bench/results > "$out/bench.txt" 2>&1
 for run in "--dtype bf16" "--op backward" "--op backward --dtype bf16"; do
     # shellcheck disable=SC2086
     timeout 180 .gpu/host bench $run --peers --out bench/results > "$out/bench-${run//[- ]/}.txt" 2>&1
 done
 timeout 120 .gpu/host bench --boundaries --variants auto,registers,block-registers --out bench/results/boundaries > "$out/boundaries.txt" 2>&1
-# memcheck, racecheck, initcheck, synccheck over both test binaries' default filters:
+# memcheck, racecheck, initcheck, synccheck over the test binaries' default filters:
 # $out/sanitizer.txt and $out/sanitizer-summary.txt (the summary is printed too); then the
 # operation tests the defaults leave out (scales and masks, the two largest tensors).
 OUT="$out" bash bench/sanitize.sh
