@@ -50,8 +50,9 @@ impl DeviceInfo {
 }
 
 /// Initializes the driver and retains the primary context of device `ordinal`, making it
-/// current on this thread. A machine without a GPU or driver gives [`Error::NoDevice`].
-pub(crate) fn open(ordinal: u32) -> Result<(Context, Device, DeviceInfo)> {
+/// current on this thread; also says how many devices the machine has. A machine without a GPU
+/// or driver gives [`Error::NoDevice`].
+pub(crate) fn open(ordinal: u32) -> Result<(Context, DeviceInfo, u32)> {
     cust::init(cust::CudaFlags::empty()).map_err(|e| no_device(e, "cuInit failed"))?;
     let count = Device::num_devices().map_err(|e| no_device(e, "cannot count devices"))?;
     if ordinal >= count {
@@ -62,7 +63,7 @@ pub(crate) fn open(ordinal: u32) -> Result<(Context, Device, DeviceInfo)> {
     let device = Device::get_device(ordinal).during("opening the device")?;
     let context = Context::new(device).during("creating the device context")?;
     let info = read_info(ordinal, device)?;
-    Ok((context, device, info))
+    Ok((context, info, count))
 }
 
 fn no_device(error: CudaError, what: &str) -> Error {

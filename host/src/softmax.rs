@@ -69,6 +69,8 @@ pub struct Softmax {
     /// [`ROW_BARRIER_PATIENCE`], unless a test changed it.
     patience_ns: u64,
     stream: Stream,
+    /// Whether the machine has other devices, whose buffers calls must refuse.
+    several_devices: bool,
     /// The caller's stream for the call in progress ([`Softmax::on`], the raw calls), else
     /// `stream`.
     caller_stream: Option<sys::CUstream>,
@@ -211,7 +213,7 @@ impl Softmax {
     /// environment variable [`TUNE_CACHE_ENV`] names a tune cache file or
     /// [`Softmax::with_tune_cache`] gives one.
     pub fn on_device(ordinal: u32) -> Result<Self> {
-        let (context, _device, info) = device::open(ordinal)?;
+        let (context, info, devices) = device::open(ordinal)?;
         let clusters = info.has_thread_block_clusters();
         let softmax = LoadedModule::load(ModuleId::Softmax, info.max_shared_per_block, clusters)?;
         // A blocking stream: its work waits for what came before it on the legacy default
@@ -235,6 +237,7 @@ impl Softmax {
             tune_cache,
             patience_ns: ROW_BARRIER_PATIENCE.as_nanos() as u64,
             stream,
+            several_devices: devices > 1,
             caller_stream: None,
             info,
             context,
@@ -544,7 +547,13 @@ impl Softmax {
     }
 
     /// Refuses any address that is not device memory of this instance's device.
+    ///
+    /// On a machine with one device every device buffer is this device's, and the check (a
+    /// driver query per buffer, a sizeable part of a call's host time) is skipped.
     fn check_on_device(&self, buffers: &[(&'static str, u64)]) -> Result<()> {
+        if !self.several_devices {
+            return Ok(());
+        }
         for &(what, address) in buffers {
             let ordinal = device::pointer_device(address)
                 .map_err(|_| Error::NotDeviceMemory { what, address })?;

@@ -148,8 +148,18 @@ $SPIN_WAIT:
 
 /// Loads [`TEST_KERNELS_PTX`] and lets `hold` take `hold_shared_bytes` of dynamic shared
 /// memory (enough to keep other kernels' blocks off a multiprocessor it holds).
+///
+/// Every function is looked up here, once. With the driver's lazy loading (the default), a
+/// function is loaded into the context the first time it is looked up, and that load waits
+/// for the kernels running on the device: a `release` first looked up while the holders spin
+/// would wait for them, and they for it.
 pub fn load(hold_shared_bytes: u32) -> Result<Module, String> {
     let module = Module::from_ptx(TEST_KERNELS_PTX, &[]).map_err(|e| e.to_string())?;
+    for name in ["late_copy", "release", "spin"] {
+        module
+            .get_function(name)
+            .map_err(|e| format!("{name}: {e}"))?;
+    }
     let hold = module.get_function("hold").map_err(|e| e.to_string())?;
     // SAFETY: a valid function handle; the attribute takes an int.
     let status = unsafe {
