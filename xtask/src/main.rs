@@ -9,10 +9,10 @@
 //!   CUDA (no GPU needed).
 //! - `test [ARGS]`: fetch the driver library if linking needs it, then `cargo test --workspace`.
 //! - `device-bundle [--base REV]`: build the release `host` binary, the GPU test binaries, the
-//!   criterion benches, the examples and the PTX modules, to run on a GPU machine that has no Rust toolchain,
-//!   and pack them into `.gpu/bundle.tar.gz` (the device tool carries at most 64 MiB; unpacked,
-//!   the bundle is larger). With `--base REV`, the bundle also holds `host-base`, the `host`
-//!   binary of revision `REV`, for A/B runs in one device call.
+//!   criterion benches, the examples, the outside consumer crates and the PTX modules, to run on
+//!   a GPU machine that has no Rust toolchain, and pack them into `.gpu/bundle.tar.gz`
+//!   (compressed: the binaries are large). With `--base REV`, the bundle also holds
+//!   `host-base`, the `host` binary of revision `REV`, for A/B runs of two builds side by side.
 
 use std::env;
 use std::fs;
@@ -377,10 +377,6 @@ fn count_before(result: &str, word: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// Builds what a GPU machine without Rust needs and packs it into `.gpu/bundle.tar.gz`
-/// (ignored by git; name `.gpu` in the device tool's `carry`): the release `host` binary, the
-/// `gpu*` test binaries, the criterion benches, the examples, the PTX modules, and with `base`
-/// the `host` binary of that revision as `host-base`.
 /// The outside consumer crates (`examples/consumer*`), built as a user's crates are, into
 /// `dest`.
 fn bundle_consumers(workspace: &Path, dest: &Path) -> Result<()> {
@@ -402,6 +398,10 @@ fn bundle_consumers(workspace: &Path, dest: &Path) -> Result<()> {
 /// The crates outside the workspace that use the library as its users do.
 const CONSUMERS: [&str; 2] = ["consumer", "consumer-cudarc"];
 
+/// Builds what a GPU machine without Rust needs and packs it into `.gpu/bundle.tar.gz`
+/// (ignored by git; copy `.gpu/` to the GPU machine): the release `host` binary, the `gpu*`
+/// test binaries, the criterion benches, the examples, the consumers, the PTX modules, and with
+/// `base` the `host` binary of that revision as `host-base`.
 fn device_bundle(base: Option<&str>) -> Result<()> {
     let workspace = workspace();
     let staging = workspace.join("target").join("gpu-bundle");
