@@ -887,3 +887,24 @@ fn the_gradient_check_holds_each_value_to_its_terms() {
     nan[5] = f32::NAN;
     assert!(check_gradient(&nan, &expected, &terms, 1e-4).is_err());
 }
+
+/// The kernels flush results below f32's smallest normal to zero: the per-row check accepts a
+/// zero where the reference is at most that small (also once rounded up to it), and nothing
+/// larger.
+#[test]
+fn the_per_row_check_accepts_flushed_results_and_nothing_larger() {
+    let tiny = f64::from(f32::MIN_POSITIVE);
+    let check = |expected: f64| {
+        check_rows(
+            &[0.0, 1.0],
+            &[expected, 1.0],
+            2,
+            RowValues::Probabilities,
+            DType::Bf16,
+            1e-2,
+        )
+    };
+    assert!(check(3.6e-42).is_ok());
+    assert!(check(tiny).is_ok());
+    assert!(check(1e-30).is_err());
+}
