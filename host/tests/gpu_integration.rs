@@ -31,6 +31,10 @@ const TESTS: &[common::Test] = &[
     ),
     ("overlapping_buffers_are_refused", overlap_refused),
     (
+        "rows_without_columns_give_the_identity_state",
+        zero_width_rows,
+    ),
+    (
         "a_tuned_choice_that_cannot_run_a_shape_falls_back",
         tuned_fallback,
     ),
@@ -439,6 +443,52 @@ fn overlap_refused(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
         "5 overlapping calls refused with nothing written; an exact in-place forward is right"
             .into(),
     )
+}
+
+/// Row states and log-sum-exp of rows with no columns: the identity state (max `-inf`, sum 0)
+/// and `-inf`, written into poisoned buffers; merged with another slice's state, the identity
+/// changes nothing.
+fn zero_width_rows(softmax: &mut Softmax, _: &mut StdRng) -> Outcome {
+    use softmax::RowState;
+    let rows = 5;
+    let empty = Shape::new(rows, 0).map_err(text)?;
+    let no_columns = DeviceBuffer::from_slice(&[0.0f32]).map_err(text)?;
+    let poison = RowState {
+        max: f32::NAN,
+        sum: f32::NAN,
+    };
+    let mut states = DeviceBuffer::from_slice(&vec![poison; rows]).map_err(text)?;
+    let mut lse = common::poisoned(rows)?;
+    let view = Rows::strided(&no_columns, empty, 1).map_err(text)?;
+    softmax
+        .row_states(view, &mut states, &Options::new())
+        .map_err(text)?;
+    let view = Rows::strided(&no_columns, empty, 1).map_err(text)?;
+    softmax
+        .log_sum_exp(view, &mut lse, &Options::new())
+        .map_err(text)?;
+    softmax.synchronize().map_err(text)?;
+    let states = to_host(&states)?;
+    if let Some(bad) = states
+        .iter()
+        .find(|s| !(s.max == f32::NEG_INFINITY && s.sum == 0.0))
+    {
+        return Err(format!("a row without columns has the state {bad:?}"));
+    }
+    let lse = to_host(&lse)?;
+    if let Some(bad) = lse.iter().find(|&&v| v != f32::NEG_INFINITY) {
+        return Err(format!("a row without columns has the log-sum-exp {bad}"));
+    }
+    let other = RowState { max: 2.0, sum: 3.0 };
+    let merged = softmax::merge_row_states(states[0], other);
+    if merged != other {
+        return Err(format!(
+            "merging the identity changed {other:?} into {merged:?}"
+        ));
+    }
+    Ok(format!(
+        "{rows} rows without columns: identity states and -inf log-sum-exp written"
+    ))
 }
 
 /// A tune cache naming `registers` for a bucket whose shape registers cannot hold makes `Auto`
