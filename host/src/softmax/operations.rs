@@ -49,9 +49,9 @@ impl Span {
         shape: Shape,
         stride: usize,
     ) -> Self {
-        let elements = match (shape.rows(), shape.cols()) {
-            (0, _) | (_, 0) => 0,
-            (rows, cols) => (rows as u64 - 1) * stride as u64 + cols as u64,
+        let elements = match shape.rows() {
+            0 => 0,
+            rows => (rows as u64 - 1) * stride as u64 + shape.cols() as u64,
         };
         Span {
             what,
