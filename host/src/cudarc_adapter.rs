@@ -65,6 +65,19 @@ impl Softmax {
         Ok(())
     }
 
+    /// Reports an error cudarc recorded while ordering `stream` after its buffers' earlier
+    /// writes (it records such errors on the context rather than returning them).
+    fn check_cudarc_waits(stream: &CudaStream) -> Result<()> {
+        stream
+            .context()
+            .check_err()
+            .map_err(|error| Error::CudaStatus {
+                during: "ordering the stream after cudarc's earlier writes",
+                code: error.0 as u32,
+                name: format!("{error:?}"),
+            })
+    }
+
     /// [`Softmax::forward`] of contiguous rows (`shape`) held in cudarc buffers (a
     /// `CudaSlice`, `CudaView` or `CudaViewMut`), enqueued on `stream`.
     pub fn forward_cudarc<I: CudarcElement, O: CudarcElement>(
@@ -82,6 +95,7 @@ impl Softmax {
         // The guards record this use on `stream` when dropped, after the launches.
         let (x, _x_read) = input.device_ptr(stream);
         let (y, _y_written) = output.device_ptr_mut(stream);
+        Self::check_cudarc_waits(stream)?;
         // SAFETY: cudarc's buffers hold `shape.len()` elements of their types (checked) and
         // stay allocated while borrowed, which outlasts the call; cudarc made `stream` wait
         // for their earlier writes, and its guards order later uses after this work; the
@@ -117,6 +131,7 @@ impl Softmax {
         let (y, _y_read) = y.device_ptr(stream);
         let (dy, _dy_read) = dy.device_ptr(stream);
         let (dx, _dx_written) = dx.device_ptr_mut(stream);
+        Self::check_cudarc_waits(stream)?;
         // SAFETY: as in `forward_cudarc`, for the three buffers.
         unsafe {
             self.backward_raw(
@@ -152,6 +167,7 @@ impl Softmax {
         }
         let (x, _x_read) = input.device_ptr(stream);
         let (lse, _lse_written) = lse.device_ptr_mut(stream);
+        Self::check_cudarc_waits(stream)?;
         // SAFETY: as in `forward_cudarc`; `lse` holds one f32 per row (checked).
         unsafe {
             self.log_sum_exp_raw(

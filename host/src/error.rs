@@ -84,6 +84,14 @@ pub enum Error {
         actual: kernels_gpu::launch::ops::DType,
     },
 
+    /// A raw view's address is not aligned for its element type.
+    #[error("{what} (address {address:#x}) is not aligned to its elements' {align} bytes")]
+    Misaligned {
+        what: &'static str,
+        address: u64,
+        align: u64,
+    },
+
     /// A strided view's stride is below its width.
     #[error("{what} stride {stride} is smaller than the row width {cols}")]
     Stride {

@@ -14,7 +14,7 @@ pub use raw::RawRows;
 pub use reserve::CallKind;
 
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -65,6 +65,8 @@ pub struct Softmax {
     plans: HashMap<PlanKey, Rc<Prepared>>,
     /// Threads per block the autotuned block-per-row variant chose, per shape.
     autotuned: HashMap<Shape, u32>,
+    /// Shapes and layouts whose tuned choice cannot run them: `Auto` uses the built-in rule.
+    untunable: HashSet<(Shape, Layout)>,
     tune_cache: TuneCache,
     /// [`ROW_BARRIER_PATIENCE`], unless a test changed it.
     patience_ns: u64,
@@ -87,8 +89,12 @@ unsafe impl Send for Softmax {}
 
 impl Drop for Softmax {
     fn drop(&mut self) {
-        // The modules and buffers dropped after this free themselves in the current context.
-        let _ = CurrentContext::set_current(&self.context);
+        // The modules and buffers dropped after this free themselves in the current context,
+        // once the work that may still use them (on this instance's stream or the caller's)
+        // has finished.
+        if CurrentContext::set_current(&self.context).is_ok() {
+            let _ = CurrentContext::synchronize();
+        }
     }
 }
 
@@ -218,9 +224,8 @@ impl Softmax {
         let softmax = LoadedModule::load(ModuleId::Softmax, info.max_shared_per_block, clusters)?;
         // A blocking stream: its work waits for what came before it on the legacy default
         // stream, where cust's synchronous calls run. A pageable host-to-device copy
-        // (`DeviceBuffer::from_slice`, `copy_from`) may return before its DMA lands, and
-        // `DeviceBuffer::zeroed` below only enqueues its memset; a non-blocking stream would
-        // let a launch read inputs half copied, or a barrier word the memset then clears.
+        // (`DeviceBuffer::from_slice`, `copy_from`) may return before its DMA lands; a
+        // non-blocking stream would let a launch read inputs half copied.
         let stream = Stream::new(StreamFlags::DEFAULT, None).during("creating a stream")?;
         let workspace = Workspace::new(info.multiprocessors)?;
         let tune_cache = TuneCache::open(std::env::var_os(TUNE_CACHE_ENV).map(Into::into));
@@ -234,6 +239,7 @@ impl Softmax {
             workspace,
             plans: HashMap::new(),
             autotuned: HashMap::new(),
+            untunable: HashSet::new(),
             tune_cache,
             patience_ns: ROW_BARRIER_PATIENCE.as_nanos() as u64,
             stream,
@@ -308,7 +314,8 @@ impl Softmax {
         }
     }
 
-    /// Waits for everything enqueued so far; reports errors raised while kernels ran.
+    /// Waits for everything enqueued so far on this instance's own stream (work issued on the
+    /// caller's stream is the caller's to wait for); reports errors raised while kernels ran.
     pub fn synchronize(&self) -> Result<()> {
         self.enter()?;
         self.stream.synchronize().during("waiting for the stream")
@@ -372,10 +379,18 @@ impl Softmax {
         layout: Layout,
     ) -> Result<Rc<Prepared>> {
         if variant == Variant::Auto
+            && !self.untunable.contains(&(shape, layout))
             && let Some(tuned) = self.tune_cache.get(&self.tune_key(shape, layout))
-            && let Ok(prepared) = self.prepared(Request::Variant(tuned), shape, layout)
         {
-            return Ok(prepared);
+            match self.prepared(Request::Variant(tuned), shape, layout) {
+                Ok(prepared) => return Ok(prepared),
+                // The tuned choice cannot run this shape of its bucket: the built-in rule,
+                // from now on.
+                Err(Error::Unsupported { .. }) => {
+                    self.untunable.insert((shape, layout));
+                }
+                Err(other) => return Err(other),
+            }
         }
         self.prepared(Request::Variant(variant), shape, layout)
     }
@@ -535,15 +550,14 @@ impl Softmax {
         Ok(())
     }
 
-    /// Grows the workspace to `needs`, once every stream of the context is done with it.
+    /// Grows the workspace to `needs`, zeroed on the stream the call targets (nothing waits:
+    /// the buffers it replaces stay allocated for the work and graphs that use them).
     fn grow_workspace(&mut self, needs: WorkspaceNeeds) -> Result<()> {
         if self.workspace.fits(needs) {
             return Ok(());
         }
         self.refuse_while_capturing("growing the workspace")?;
-        CurrentContext::synchronize()
-            .during("waiting for the device before growing the workspace")?;
-        self.workspace.grow(needs)
+        self.workspace.grow(needs, self.target_stream())
     }
 
     /// Refuses any address that is not device memory of this instance's device.
@@ -574,11 +588,24 @@ impl Softmax {
         if let Some(&threads) = self.autotuned.get(&shape) {
             return Ok(threads);
         }
+        self.refuse_while_capturing("tuning the block size")?;
         let timed = BLOCK_SMEM_AUTOTUNE_CANDIDATES.map(|threads_per_block| {
             let variant = Variant::BlockPerRowSmem { threads_per_block };
             (variant, threads_per_block)
         });
-        let threads = self.fastest(&timed, shape, input, output)?;
+        // Timing waits for its own results anyway: it runs on this instance's stream (where
+        // its events are), after everything the caller's stream holds.
+        let caller = self.caller_stream.take();
+        let waited = caller.map_or(Ok(()), |stream| {
+            // SAFETY: the caller's stream, valid for the call.
+            device::check(
+                unsafe { sys::cuStreamSynchronize(stream) },
+                "waiting for the stream",
+            )
+        });
+        let threads = waited.and_then(|()| self.fastest(&timed, shape, input, output));
+        self.caller_stream = caller;
+        let threads = threads?;
         self.autotuned.insert(shape, threads);
         Ok(threads)
     }

@@ -309,6 +309,13 @@ fn register_launch(instance: RegisterKernelName, rows: u32, cols: u32) -> Launch
 /// up to 1.3 MB (1×128256, 3×100003, 1×32000), about even at 1.6 MB; the cut is at 1.5 MiB.
 const SLICED_ROW_SLICES_FROM_BYTES: u64 = 3 << 19;
 
+/// Bytes of shared memory that cache `slice_packs` packs of `pack` elements of `element_bytes`
+/// each, saturating: a slice past 4 GiB cannot be cached, and must not look small.
+fn cache_bytes(slice_packs: u32, pack: u32, element_bytes: u32) -> u32 {
+    let bytes = u64::from(slice_packs) * u64::from(pack) * u64::from(element_bytes);
+    u32::try_from(bytes).unwrap_or(u32::MAX)
+}
+
 /// Threads for a block that walks `packs` packs: enough for about two rounds of
 /// [`LOADS_IN_FLIGHT`] loads each, within `128..=max`.
 fn slice_threads(packs: usize, max: u32) -> u32 {
@@ -346,8 +353,8 @@ pub(crate) fn row_slices_launch(
     let configure = |slices: u32, max_threads: u32| {
         let slice_packs = row_packs.div_ceil(slices);
         let threads = slice_threads(slice_packs as usize, max_threads);
-        let cache_bytes = slice_packs * pack * dtype.bytes();
-        let cached = scratch_bytes + cache_bytes <= device.max_shared_per_block();
+        let cache_bytes = cache_bytes(slice_packs, pack, dtype.bytes());
+        let cached = scratch_bytes.saturating_add(cache_bytes) <= device.max_shared_per_block();
         (
             slice_packs,
             threads,
@@ -477,7 +484,7 @@ fn row_cluster_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) -
             bytes <= device.max_shared_per_block()
                 && device.active_clusters(entry, threads, bytes, slices) > 0
         };
-        let cached_bytes = fixed_bytes + slice_packs * pack * 4;
+        let cached_bytes = fixed_bytes.saturating_add(cache_bytes(slice_packs, pack, 4));
         let cached = schedulable(cached_bytes);
         let shared_bytes = if cached { cached_bytes } else { fixed_bytes };
         (
@@ -915,6 +922,27 @@ mod tests {
             }
         }
         assert!(block_registers_launch(shape(2000, 1 << 20), ALIGNED, &FakeH200).is_none());
+    }
+
+    /// A row of 2^30 + 1000 floats: its one-slice cache would be 4 GiB plus 4000 bytes, which
+    /// in 32 bits wraps to a few kilobytes and looked cacheable.
+    #[test]
+    fn rows_past_four_gigabytes_are_never_cached() {
+        let cols = (1 << 30) + 1000;
+        let (slices, cached) = row_slices_launch(shape(1, cols), DType::F32, true, &FakeH200);
+        assert!(!cached || slices.shared_bytes <= FakeH200.max_shared_per_block());
+        for layout in [ALIGNED, UNALIGNED] {
+            let (launch, cached) = row_cluster_launch(shape(1, cols), layout, &FakeH200);
+            let Params::RowCluster { slicing, .. } = launch.params else {
+                panic!("unexpected arguments {:?}", launch.params)
+            };
+            let pack = peeled_pack(layout) as u64;
+            let cache = u64::from(slicing.slice_packs) * pack * 4;
+            assert!(
+                !cached || cache < u64::from(FakeH200.max_shared_per_block()),
+                "{cols} columns: {cache} bytes per slice claimed cached"
+            );
+        }
     }
 
     #[test]

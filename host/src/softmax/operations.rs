@@ -49,18 +49,22 @@ impl Span {
         shape: Shape,
         stride: usize,
     ) -> Self {
+        // Saturating: an absurd stride makes a span that meets everything, which is refused,
+        // rather than one that wraps.
         let elements = match shape.rows() {
             0 => 0,
-            rows => (rows as u64 - 1) * stride as u64 + shape.cols() as u64,
+            rows => (rows as u64 - 1)
+                .saturating_mul(stride as u64)
+                .saturating_add(shape.cols() as u64),
         };
         Span {
             what,
             operand: Operand {
                 address,
-                stride_bytes: stride as u64 * u64::from(element_bytes),
+                stride_bytes: (stride as u64).saturating_mul(u64::from(element_bytes)),
                 element_bytes,
             },
-            bytes: elements * u64::from(element_bytes),
+            bytes: elements.saturating_mul(u64::from(element_bytes)),
             shape,
             stride,
         }
@@ -69,7 +73,7 @@ impl Span {
     /// A per-row buffer of `rows` elements from this span's address.
     pub(super) fn covering(self, rows: usize) -> Self {
         Span {
-            bytes: rows as u64 * u64::from(self.operand.element_bytes),
+            bytes: (rows as u64).saturating_mul(u64::from(self.operand.element_bytes)),
             ..self
         }
     }

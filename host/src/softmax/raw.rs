@@ -32,8 +32,16 @@ impl RawRows {
         }
     }
 
-    /// The view's span, once its stride is checked.
+    /// The view's span, once its stride and the alignment of its address are checked.
     fn span(&self, what: &'static str) -> Result<Span> {
+        let align = u64::from(self.dtype.bytes());
+        if !self.address.is_multiple_of(align) {
+            return Err(Error::Misaligned {
+                what,
+                address: self.address,
+                align,
+            });
+        }
         if self.stride < self.shape.cols() {
             return Err(Error::Stride {
                 what,
@@ -59,8 +67,9 @@ fn per_row(what: &'static str, address: u64, element_bytes: u32, rows: usize) ->
 
 /// # Safety (every function here)
 ///
-/// The library checks what it can see: shapes, strides, element types, that every address
-/// is device memory of this instance's device, and that outputs do not overlap inputs. The
+/// The library checks what it can see: shapes, strides, element types, that every view's
+/// address is aligned for its type, that every address is device memory of this instance's
+/// device (on a machine with several devices), and that outputs do not overlap inputs. The
 /// caller guarantees the rest:
 /// - each view's buffer holds its elements, `(rows − 1) · stride + cols` of its type from its
 ///   address (per-row buffers: one element per row), and stays allocated until the work

@@ -22,8 +22,17 @@ pub enum CallKind {
     Forward { input: DType, masked: bool },
     /// [`Softmax::backward`] and [`Softmax::backward_in_place`] on this input type.
     Backward { input: DType },
-    /// [`Softmax::row_states`] on this input type.
-    RowStates { input: DType },
+    /// [`Softmax::row_states`] on this input type; `masked`: with a mask or the causal option.
+    RowStates { input: DType, masked: bool },
+}
+
+/// The forward kernels' direction, with or without masks.
+fn forward_direction(masked: bool) -> Direction {
+    if masked {
+        Direction::MaskedForward
+    } else {
+        Direction::Forward
+    }
 }
 
 const LAYOUTS: [Layout; 3] = [Layout::Aligned, Layout::Peeled, Layout::Elements];
@@ -39,11 +48,7 @@ impl CallKind {
         let requests: Vec<Request> = match self {
             CallKind::Run(variant) => vec![Request::Variant(variant)],
             CallKind::Forward { input, masked } => {
-                let direction = if masked {
-                    Direction::MaskedForward
-                } else {
-                    Direction::Forward
-                };
+                let direction = forward_direction(masked);
                 let mut requests = vec![
                     operation(direction, input, OperationMode::Full),
                     operation(direction, input, OperationMode::ApplyStates),
@@ -68,8 +73,9 @@ impl CallKind {
             CallKind::Backward { input } => {
                 vec![operation(Direction::Backward, input, OperationMode::Full)]
             }
-            CallKind::RowStates { input } => {
-                vec![operation(Direction::Forward, input, OperationMode::States)]
+            CallKind::RowStates { input, masked } => {
+                let direction = forward_direction(masked);
+                vec![operation(direction, input, OperationMode::States)]
             }
         };
         requests
