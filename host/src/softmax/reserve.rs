@@ -97,7 +97,8 @@ impl Softmax {
     /// while its stream is capturing returns [`crate::Error::NotReserved`] instead.
     ///
     /// A variant that cannot run a shape, or a row-states call on rows too wide to reduce in
-    /// one launch, is an error here as it would be in the call.
+    /// one launch, is an error here as it would be in the call. It waits for the instance's
+    /// stream before it returns.
     pub fn reserve(&mut self, calls: &[(CallKind, Shape)]) -> Result<()> {
         self.enter()?;
         let mut needs = WorkspaceNeeds::default();
@@ -135,6 +136,9 @@ impl Softmax {
                 return Err(error);
             }
         }
-        self.grow_workspace(needs)
+        self.grow_workspace(needs)?;
+        // The growth zeroed the workspace on this instance's stream; the reserved calls may be
+        // issued on another.
+        self.synchronize()
     }
 }
