@@ -51,11 +51,11 @@ impl Span {
     ) -> Self {
         // Saturating: an absurd stride makes a span that meets everything, which is refused,
         // rather than one that wraps.
-        let elements = match shape.rows() {
-            0 => 0,
-            rows => (rows as u64 - 1)
+        let elements = match (shape.rows(), shape.cols()) {
+            (0, _) | (_, 0) => 0,
+            (rows, cols) => (rows as u64 - 1)
                 .saturating_mul(stride as u64)
-                .saturating_add(shape.cols() as u64),
+                .saturating_add(cols as u64),
         };
         Span {
             what,
@@ -261,8 +261,10 @@ impl Softmax {
     ///
     /// Input and output element types are independent (bf16 in, f32 out included); both may
     /// be strided. Every buffer is checked before anything is launched; empty shapes launch
-    /// nothing. An output that is exactly the input (same buffer, stride and type) is computed
-    /// in place; one that overlaps it otherwise is refused. f32 softmax without options on
+    /// nothing. An output that is exactly the input (same address, stride and element size) is
+    /// computed in place; one that overlaps it otherwise is refused. (The check compares the
+    /// ranges of bytes the views reach, so two disjoint views interleaved in one buffer, such
+    /// as column halves of a matrix at the same stride, are refused too.) f32 softmax without options on
     /// contiguous rows runs [`Variant::Auto`].
     pub fn forward<I: Element, O: Element>(
         &mut self,
