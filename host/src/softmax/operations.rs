@@ -264,8 +264,8 @@ impl Softmax {
     /// nothing. An output that is exactly the input (same address, stride and element size) is
     /// computed in place; one that overlaps it otherwise is refused. (The check compares the
     /// ranges of bytes the views reach, so two disjoint views interleaved in one buffer, such
-    /// as column halves of a matrix at the same stride, are refused too.) f32 softmax without options on
-    /// contiguous rows runs [`Variant::Auto`].
+    /// as column halves of a matrix at the same stride, are refused too.) f32 softmax without
+    /// options on contiguous rows runs [`Variant::Auto`].
     pub fn forward<I: Element, O: Element>(
         &mut self,
         op: Operation,
