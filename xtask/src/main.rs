@@ -1,7 +1,8 @@
 //! `cargo xtask <command>`: project chores that need no GPU and no CUDA.
 //!
 //! - `build-ptx`: build every PTX module into `target/ptx-modules/`, list its entries and,
-//!   where `ptxas` is installed, its registers, shared memory and spills per kernel.
+//!   where `ptxas` is installed, its registers, shared memory and spills per kernel; end with
+//!   the entries and bytes of each module (what the driver compiles when it loads it).
 //! - `fetch-driver`: unpack Debian's `libcuda1` under `target/cuda-driver` so machines without
 //!   CUDA can link cust (it reports "no device" at run time).
 //! - `fetch-ptxas`: unpack `ptxas` from NVIDIA's `nvidia-cuda-nvcc-cu12` wheel (through pip)
@@ -75,9 +76,11 @@ fn build_ptx() -> Result<()> {
     let workspace = workspace();
     let modules = ptx_modules_dir(&workspace);
     ptx_builder::build_all_ptx(&cargo(), &workspace, &modules)?;
+    let mut sizes = Vec::new();
     for module in ptx_builder::PTX_MODULES {
         let path = modules.join(format!("{module}.ptx"));
         let ptx = fs::read_to_string(&path).map_err(|e| e.to_string())?;
+        sizes.push((module, entry_names(&ptx).len(), ptx.len()));
         println!(
             "PTX module `{module}` ({}): {}",
             ptx_builder::GPU_ARCH,
@@ -95,6 +98,15 @@ fn build_ptx() -> Result<()> {
         }
         print_ptxas_report(&path)?;
     }
+    // What the driver compiles when it loads each module: the cold-start cost.
+    println!("\nmodule      entries        bytes");
+    for (module, entries, bytes) in &sizes {
+        println!("{module:<10} {entries:>8} {bytes:>12}");
+    }
+    let (entries, bytes) = sizes.iter().fold((0, 0), |(e, b), (_, entries, bytes)| {
+        (e + entries, b + bytes)
+    });
+    println!("{:<10} {entries:>8} {bytes:>12}", "total");
     Ok(())
 }
 
