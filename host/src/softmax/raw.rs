@@ -60,9 +60,18 @@ impl RawRows {
     }
 }
 
-/// A per-row buffer (log-sum-exp, row states) of `rows` elements of `element_bytes` each.
-fn per_row(what: &'static str, address: u64, element_bytes: u32, rows: usize) -> Span {
-    Span::raw(what, address, element_bytes, Shape::EMPTY, 0).covering(rows)
+/// A per-row buffer (log-sum-exp, row states) of `rows` elements of `element_bytes` each,
+/// once its address is checked to be aligned for them.
+fn per_row(what: &'static str, address: u64, element_bytes: u32, rows: usize) -> Result<Span> {
+    let align = u64::from(element_bytes);
+    if !address.is_multiple_of(align) {
+        return Err(Error::Misaligned {
+            what,
+            address,
+            align,
+        });
+    }
+    Ok(Span::raw(what, address, element_bytes, Shape::EMPTY, 0).covering(rows))
 }
 
 /// # Safety (every function here)
@@ -147,7 +156,7 @@ impl Softmax {
     ) -> Result<()> {
         self.enter()?;
         let x = input.span("input")?;
-        let lse = per_row("log-sum-exp output", lse, 4, input.shape.rows());
+        let lse = per_row("log-sum-exp output", lse, 4, input.shape.rows())?;
         self.with_stream(stream, |s| {
             s.per_row_spans(x, input.dtype, lse, RowOutput::LogSumExp, options)
         })
@@ -167,7 +176,7 @@ impl Softmax {
         self.enter()?;
         let x = input.span("input")?;
         let size = size_of::<RowState>() as u32;
-        let states = per_row("row states", states, size, input.shape.rows());
+        let states = per_row("row states", states, size, input.shape.rows())?;
         self.with_stream(stream, |s| {
             s.per_row_spans(x, input.dtype, states, RowOutput::States, options)
         })
@@ -195,7 +204,7 @@ impl Softmax {
         let y = output.span("output")?;
         let rows = input.shape.rows();
         let size = size_of::<RowState>() as u32;
-        let states = per_row("row states", states, size, rows.saturating_mul(slots));
+        let states = per_row("row states", states, size, rows.saturating_mul(slots))?;
         self.with_stream(stream, |s| {
             s.normalize_spans(op, (x, input.dtype), states, (y, output.dtype), options)
         })
@@ -218,4 +227,36 @@ fn check_same_shape(input: Shape, other: Shape, what: &'static str) -> Result<()
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn raw_views_must_be_aligned_and_cover_their_rows() {
+        let shape = Shape::new(2, 8).unwrap();
+        let view = |address, dtype, stride| RawRows {
+            address,
+            dtype,
+            shape,
+            stride,
+        };
+        assert!(view(256, DType::F32, 8).span("input").is_ok());
+        assert!(view(258, DType::Bf16, 8).span("input").is_ok());
+        assert!(matches!(
+            view(258, DType::F32, 8).span("input"),
+            Err(Error::Misaligned { align: 4, .. })
+        ));
+        assert!(matches!(
+            view(257, DType::F16, 8).span("input"),
+            Err(Error::Misaligned { align: 2, .. })
+        ));
+        assert!(matches!(
+            view(256, DType::F32, 7).span("input"),
+            Err(Error::Stride { .. })
+        ));
+        assert!(per_row("row states", 260, 8, 2).is_err());
+        assert!(per_row("log-sum-exp output", 260, 4, 2).is_ok());
+    }
 }
