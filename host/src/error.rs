@@ -177,6 +177,20 @@ pub enum Error {
     )]
     NotReserved { what: &'static str },
 
+    /// A device the kernels do not run on: below compute capability 8.0, or a kernel build
+    /// the device cannot run (the sm_90 build below 9.0).
+    #[error("{device} (compute capability {major}.{minor}) is not supported: {why}")]
+    UnsupportedDevice {
+        device: String,
+        major: u32,
+        minor: u32,
+        why: String,
+    },
+
+    /// `SOFTMAX_KERNEL_BUILD` names no kernel build.
+    #[error("{variable}={value:?} names no kernel build (known: sm_80, sm_90)")]
+    UnknownKernelBuild { variable: &'static str, value: String },
+
     /// A variant name that the command line or `Variant::from_str` does not know.
     #[error("unknown variant `{0}` (known: {known})", known = crate::Variant::NAMES.join(", "))]
     UnknownVariant(String),

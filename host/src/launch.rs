@@ -32,6 +32,9 @@ pub(crate) struct Bindings<'a> {
     pub workspace: WorkspaceAddresses,
     /// How long a row-slices block waits for its row before leaving its slice, in ns.
     pub patience_ns: u64,
+    /// Whether the loaded kernels wait for the previous grid first (the sm_90 build), so an
+    /// ordinary launch may overlap that grid's tail. The sm_80 build has no such wait.
+    pub programmatic_overlap: bool,
 }
 
 /// Enqueues `launch` of `function` (its entry's handle) on `stream`.
@@ -128,7 +131,15 @@ pub(crate) unsafe fn enqueue(
     // SAFETY: the caller vouches for the launch, its buffers and `function`; the arguments
     // are laid out in the entry's parameter order above and outlive the call, which copies
     // them.
-    unsafe { launch_raw(function, launch, pointers.as_mut_ptr(), stream) }
+    unsafe {
+        launch_raw(
+            function,
+            launch,
+            pointers.as_mut_ptr(),
+            stream,
+            b.programmatic_overlap,
+        )
+    }
 }
 
 /// Most parameters an entry takes.
@@ -192,16 +203,19 @@ impl KernelArgs {
     }
 }
 
-/// The driver launch of `launch`'s grid with `params`.
+/// The driver launch of `launch`'s grid with `params`, allowed to overlap the previous grid's
+/// tail where `overlap` says the entry waits for it.
 ///
 /// # Safety
 /// `params` points to the entry's argument values in parameter order, each satisfying its
-/// `# Safety` contract for this grid; `function` and `stream` belong to the current context.
+/// `# Safety` contract for this grid; `function` and `stream` belong to the current context;
+/// `overlap` only where `function` starts with `griddepcontrol.wait`.
 unsafe fn launch_raw(
     function: sys::CUfunction,
     launch: &Launch,
     params: *mut *mut c_void,
     stream: sys::CUstream,
+    overlap: bool,
 ) -> Result<()> {
     // SAFETY: forwarded from this function's contract; the configuration and its attribute
     // array outlive the launch call, during which the driver reads them.
@@ -222,25 +236,26 @@ unsafe fn launch_raw(
                 stream,
                 params,
             ) as c_int,
-            // Every entry starts with `griddepcontrol.wait` (kernels-gpu's contract), so the
-            // grid may start once every block of the previous kernel in the stream has
-            // exited, before that kernel's completion is signalled.
+            // Every entry of the sm_90 build starts with `griddepcontrol.wait` (kernels-gpu's
+            // contract), so the grid may start once every block of the previous kernel in the
+            // stream has exited, before that kernel's completion is signalled.
             Scheduling::Ordinary | Scheduling::Clusters(_) => {
                 let cluster = match launch.scheduling {
                     Scheduling::Clusters(blocks) => blocks,
                     _ => 1,
                 };
                 let mut attributes = [
-                    launch_attribute(LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, &[1]),
                     launch_attribute(LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, &[cluster, 1, 1]),
+                    launch_attribute(LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, &[1]),
                 ];
-                let count = if cluster > 1 { 2 } else { 1 };
+                let first = if cluster > 1 { 0 } else { 1 };
+                let last = if overlap { 2 } else { 1 };
                 let config = LaunchConfig::new(
                     launch.grid,
                     launch.block,
                     launch.shared_bytes,
                     stream,
-                    &mut attributes[..count],
+                    &mut attributes[first..last.max(first)],
                 );
                 cuLaunchKernelEx(&config, function, params, std::ptr::null_mut())
             }

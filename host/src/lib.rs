@@ -40,7 +40,7 @@ mod workspace;
 pub use cudarc_adapter::CudarcElement;
 pub use device::DeviceInfo;
 pub use error::{Error, Result};
-pub use module::{PTX, op_ptx};
+pub use module::{KERNEL_BUILD_ENV, KernelBuild, KernelImage};
 pub use shape::Shape;
 pub use softmax::{CallKind, OnStream, RawRows, Softmax, TUNE_CACHE_ENV};
 pub use variant::Variant;

@@ -1,5 +1,6 @@
-//! The embedded PTX modules (one enum names them all) and, for a loaded module, a handle for
-//! each of its entries, looked up once, and the occupancy queries the planner asks of them.
+//! The embedded kernel modules (one enum names them all), which build and image of them a
+//! device loads, and, for a loaded module, a handle for each of its entries, looked up once,
+//! and the occupancy queries the planner asks of them.
 
 use std::collections::HashMap;
 use std::ffi::c_int;
@@ -8,24 +9,137 @@ use cust::module::Module;
 use cust::sys;
 use kernels_gpu::launch::ops::DType;
 
-use crate::device::{check, check_code};
+use crate::device::{DeviceInfo, check, check_code};
 use crate::error::{CudaContext, Error, Result};
 use crate::launch::{LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, LaunchConfig, launch_attribute};
 use crate::plan::{self, Entry};
 
-/// The f32 softmax variants' PTX, built from `kernels-gpu` by `build.rs`.
-pub const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/softmax.ptx"));
+/// The code embedded for one module: the PTX of both kernel builds, and the cubins `ptxas`
+/// compiled from them at build time (none where the build found no `ptxas`).
+#[derive(Debug)]
+pub(crate) struct ModuleImages {
+    pub sm_90_ptx: &'static str,
+    pub sm_80_ptx: &'static str,
+    /// `(architecture, cubin)`: `("sm_90", …)` from the sm_90 PTX, `("sm_80", …)` and
+    /// `("sm_89", …)` from the sm_80 PTX.
+    pub cubins: &'static [(&'static str, &'static [u8])],
+}
 
-/// The operation kernels' PTX for one input type.
-pub fn op_ptx(input: DType) -> &'static str {
-    match input {
-        DType::F32 => include_str!(concat!(env!("OUT_DIR"), "/ops-f32.ptx")),
-        DType::Bf16 => include_str!(concat!(env!("OUT_DIR"), "/ops-bf16.ptx")),
-        DType::F16 => include_str!(concat!(env!("OUT_DIR"), "/ops-f16.ptx")),
+// `SOFTMAX`, `OPS_F32`, `OPS_BF16`, `OPS_F16`: written by build.rs.
+include!(concat!(env!("OUT_DIR"), "/images.rs"));
+
+/// The environment variable that chooses the kernel build ([`KernelBuild::from_name`]), as
+/// [`crate::Softmax::new`] reads it: `sm_80` runs the Ampere build on any GPU from 8.0 on.
+pub const KERNEL_BUILD_ENV: &str = "SOFTMAX_KERNEL_BUILD";
+
+/// Which build of the kernels an instance loads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum KernelBuild {
+    /// For compute capability 9.0 and later: kernels may overlap the previous grid's tail
+    /// (programmatic dependent launch), and few wide rows may take a thread-block cluster each.
+    Sm90,
+    /// For every GPU from compute capability 8.0 (Ampere, Ada) on: neither of those.
+    Sm80,
+}
+
+impl KernelBuild {
+    /// The build a device runs by default: [`KernelBuild::Sm90`] from 9.0 on, else
+    /// [`KernelBuild::Sm80`]; below 8.0, [`Error::UnsupportedDevice`].
+    pub fn native_for(device: &DeviceInfo) -> Result<KernelBuild> {
+        match device.compute_capability {
+            (major, _) if major >= 9 => Ok(KernelBuild::Sm90),
+            (8, _) => Ok(KernelBuild::Sm80),
+            _ => Err(unsupported(
+                device,
+                "the kernels need compute capability 8.0 (Ampere) or later",
+            )),
+        }
+    }
+
+    /// `sm_80` or `sm_90`.
+    pub fn from_name(name: &str) -> Option<KernelBuild> {
+        match name {
+            "sm_80" => Some(KernelBuild::Sm80),
+            "sm_90" => Some(KernelBuild::Sm90),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            KernelBuild::Sm80 => "sm_80",
+            KernelBuild::Sm90 => "sm_90",
+        }
+    }
+
+    /// The build [`KERNEL_BUILD_ENV`] asks for, if set (and not empty).
+    pub(crate) fn from_env() -> Result<Option<KernelBuild>> {
+        match std::env::var(KERNEL_BUILD_ENV) {
+            Ok(value) if !value.is_empty() => KernelBuild::from_name(&value)
+                .map(Some)
+                .ok_or(Error::UnknownKernelBuild {
+                    variable: KERNEL_BUILD_ENV,
+                    value,
+                }),
+            _ => Ok(None),
+        }
+    }
+
+    /// `self` if `device` can run it ([`KernelBuild::Sm90`] needs 9.0, every build 8.0).
+    pub(crate) fn checked_for(self, device: &DeviceInfo) -> Result<KernelBuild> {
+        let native = KernelBuild::native_for(device)?;
+        if self == KernelBuild::Sm90 && native != KernelBuild::Sm90 {
+            return Err(unsupported(
+                device,
+                "the sm_90 kernel build needs compute capability 9.0 or later",
+            ));
+        }
+        Ok(self)
+    }
+
+    /// Whether launches may overlap the previous grid's tail and use thread-block clusters.
+    pub(crate) fn hopper_features(self) -> bool {
+        self == KernelBuild::Sm90
     }
 }
 
-/// One PTX module the library embeds: `kernels-gpu` built with one feature.
+impl std::fmt::Display for KernelBuild {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+fn unsupported(device: &DeviceInfo, why: &str) -> Error {
+    let (major, minor) = device.compute_capability;
+    Error::UnsupportedDevice {
+        device: device.name.clone(),
+        major,
+        minor,
+        why: why.into(),
+    }
+}
+
+/// What a module loads as: native code for one architecture, or PTX the driver compiles.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelImage {
+    /// A cubin `ptxas` made at build time for this architecture (`sm_90`, say).
+    Native(&'static str),
+    /// PTX of this build, compiled by the driver when the module loads (its JIT cache keeps
+    /// the result between processes unless disabled).
+    Ptx(KernelBuild),
+}
+
+impl std::fmt::Display for KernelImage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KernelImage::Native(arch) => write!(f, "{arch} cubin"),
+            KernelImage::Ptx(build) => write!(f, "{build} PTX (compiled by the driver)"),
+        }
+    }
+}
+
+/// One module the library embeds: `kernels-gpu` built with one feature.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum ModuleId {
     /// The f32 softmax variants (the seeds and the production kernels).
@@ -36,17 +150,49 @@ pub(crate) enum ModuleId {
 }
 
 impl ModuleId {
-    pub fn ptx(self) -> &'static str {
+    #[cfg(test)]
+    pub const ALL: [ModuleId; 4] = [
+        ModuleId::Softmax,
+        ModuleId::Operations(DType::F32),
+        ModuleId::Operations(DType::Bf16),
+        ModuleId::Operations(DType::F16),
+    ];
+
+    pub fn images(self) -> &'static ModuleImages {
         match self {
-            ModuleId::Softmax => PTX,
-            ModuleId::Operations(input) => op_ptx(input),
+            ModuleId::Softmax => &SOFTMAX,
+            ModuleId::Operations(DType::F32) => &OPS_F32,
+            ModuleId::Operations(DType::Bf16) => &OPS_BF16,
+            ModuleId::Operations(DType::F16) => &OPS_F16,
         }
     }
 
-    /// Every entry a plan can name in this module.
-    pub fn entries(self) -> Vec<Entry> {
+    /// The PTX of `build`.
+    pub fn ptx(self, build: KernelBuild) -> &'static str {
+        match build {
+            KernelBuild::Sm90 => self.images().sm_90_ptx,
+            KernelBuild::Sm80 => self.images().sm_80_ptx,
+        }
+    }
+
+    /// The image of `build` that a device of compute capability `(major, minor)` loads: the
+    /// cubin made for it where there is one (an sm_80 cubin also runs on 8.6 and 8.7), else
+    /// the build's PTX.
+    pub fn image_for(self, build: KernelBuild, (major, minor): (u32, u32)) -> KernelImage {
+        let arch = match (build, major, minor) {
+            (KernelBuild::Sm90, 9, 0) => Some("sm_90"),
+            (KernelBuild::Sm80, 8, 9) => Some("sm_89"),
+            (KernelBuild::Sm80, 8, _) => Some("sm_80"),
+            _ => None,
+        };
+        arch.and_then(|arch| self.images().cubins.iter().find(|(a, _)| *a == arch))
+            .map_or(KernelImage::Ptx(build), |(arch, _)| KernelImage::Native(arch))
+    }
+
+    /// Every entry a plan can name in this module's `build`.
+    pub fn entries(self, build: KernelBuild) -> Vec<Entry> {
         match self {
-            ModuleId::Softmax => plan::softmax_module_entries(),
+            ModuleId::Softmax => plan::softmax_module_entries(build.hopper_features()),
             ModuleId::Operations(input) => plan::operation_module_entries(input),
         }
     }
@@ -77,17 +223,41 @@ pub(crate) struct LoadedModule {
 }
 
 impl LoadedModule {
-    /// Loads `id` (the driver compiles its PTX for the current context's device), resolves
-    /// every entry (a missing one is an error now rather than at the first launch) and lets
-    /// the entries that need it use `max_shared_per_block` bytes of dynamic shared memory
-    /// and, where the device has them, clusters above the portable 8 blocks.
-    pub fn load(id: ModuleId, max_shared_per_block: u32, clusters: bool) -> Result<Self> {
-        let module = Module::from_ptx(id.ptx(), &[]).during("loading a PTX module")?;
+    /// Loads `id`'s `image` of `build` (from PTX, the driver compiles it for the current
+    /// context's device), resolves every entry (a missing one is an error now rather than at
+    /// the first launch) and lets the entries that need it use `max_shared_per_block` bytes of
+    /// dynamic shared memory and, with clusters, clusters above the portable 8 blocks.
+    pub fn load(
+        id: ModuleId,
+        build: KernelBuild,
+        image: KernelImage,
+        max_shared_per_block: u32,
+    ) -> Result<Self> {
+        let module = match image {
+            KernelImage::Native(arch) => {
+                let (_, cubin) = id
+                    .images()
+                    .cubins
+                    .iter()
+                    .find(|(a, _)| *a == arch)
+                    .ok_or_else(|| Error::Unsupported {
+                        variant: format!("{arch} cubin"),
+                        rows: 0,
+                        cols: 0,
+                        why: "not embedded in this build".into(),
+                    })?;
+                Module::from_cubin(cubin, &[]).during("loading a cubin module")?
+            }
+            KernelImage::Ptx(ptx_build) => {
+                Module::from_ptx(id.ptx(ptx_build), &[]).during("loading a PTX module")?
+            }
+        };
+        let clusters = build.hopper_features();
         let mut functions = HashMap::new();
-        for entry in id.entries() {
+        for entry in id.entries(build) {
             let function = module
                 .get_function(entry.to_string())
-                .during("looking up a kernel entry in the PTX module")?;
+                .during("looking up a kernel entry in the module")?;
             functions.insert(entry, function.to_raw());
         }
         let loaded = LoadedModule {
@@ -308,12 +478,11 @@ mod tests {
 
     #[test]
     fn every_entry_belongs_to_the_module_that_lists_it() {
-        for module in [ModuleId::Softmax]
-            .into_iter()
-            .chain(DType::ALL.map(ModuleId::Operations))
-        {
-            for entry in module.entries() {
-                assert_eq!(entry.module(), module, "{entry}");
+        for module in ModuleId::ALL {
+            for build in [KernelBuild::Sm90, KernelBuild::Sm80] {
+                for entry in module.entries(build) {
+                    assert_eq!(entry.module(), module, "{entry}");
+                }
             }
         }
     }
@@ -324,19 +493,113 @@ mod tests {
         // kernel in the stream; that is only sound if each kernel waits before it reads or
         // writes memory. So every entry the host loads must execute the wait unconditionally,
         // in its first block, before any branch or memory access.
-        let modules = [ModuleId::Softmax]
-            .into_iter()
-            .chain(DType::ALL.map(ModuleId::Operations));
-        for module in modules {
-            let (names, faults) = entries_and_faults(module.ptx());
-            let loaded: Vec<String> = module.entries().iter().map(Entry::to_string).collect();
+        for module in ModuleId::ALL {
+            let (names, faults) = entries_and_faults(module.ptx(KernelBuild::Sm90));
             assert!(faults.is_empty(), "{faults:#?}");
-            for name in &loaded {
-                assert!(
-                    names.contains(name),
-                    "{name} is loaded but not in its module"
-                );
+            for entry in module.entries(KernelBuild::Sm90) {
+                let name = entry.to_string();
+                assert!(names.contains(&name), "{name} is loaded but not in its module");
             }
         }
+    }
+
+    #[test]
+    fn the_sm_80_build_has_every_entry_it_lists_and_no_hopper_instruction() {
+        for module in ModuleId::ALL {
+            let ptx = module.ptx(KernelBuild::Sm80);
+            assert!(ptx.contains("\n.target sm_80"), "{module:?}");
+            for hopper in ["griddepcontrol", "barrier.cluster", "mapa", "%cluster_"] {
+                assert!(!ptx.contains(hopper), "{module:?} holds {hopper}");
+            }
+            let (names, _) = entries_and_faults(ptx);
+            for entry in module.entries(KernelBuild::Sm80) {
+                let name = entry.to_string();
+                assert!(names.contains(&name), "{name} is loaded but not in its module");
+            }
+            let clusters = module
+                .entries(KernelBuild::Sm80)
+                .into_iter()
+                .any(|entry| matches!(entry, Entry::RowCluster { .. }));
+            assert!(!clusters, "the sm_80 build lists row-cluster entries");
+        }
+    }
+
+    #[test]
+    fn each_device_loads_the_image_made_for_it() {
+        let with_cubins = !ModuleId::Softmax.images().cubins.is_empty();
+        let native = |arch| {
+            if with_cubins {
+                KernelImage::Native(arch)
+            } else {
+                KernelImage::Ptx(if arch == "sm_90" {
+                    KernelBuild::Sm90
+                } else {
+                    KernelBuild::Sm80
+                })
+            }
+        };
+        let image = |build, capability| ModuleId::Softmax.image_for(build, capability);
+        assert_eq!(image(KernelBuild::Sm90, (9, 0)), native("sm_90"));
+        assert_eq!(image(KernelBuild::Sm80, (8, 0)), native("sm_80"));
+        assert_eq!(image(KernelBuild::Sm80, (8, 6)), native("sm_80"));
+        assert_eq!(image(KernelBuild::Sm80, (8, 9)), native("sm_89"));
+        // No cubin runs there: the driver compiles the build's PTX.
+        assert_eq!(
+            image(KernelBuild::Sm90, (10, 0)),
+            KernelImage::Ptx(KernelBuild::Sm90)
+        );
+        assert_eq!(
+            image(KernelBuild::Sm80, (9, 0)),
+            KernelImage::Ptx(KernelBuild::Sm80)
+        );
+        // Every module carries the same images.
+        for module in ModuleId::ALL {
+            let archs: Vec<&str> = module.images().cubins.iter().map(|(a, _)| *a).collect();
+            let expected: &[&str] = if with_cubins {
+                &["sm_90", "sm_80", "sm_89"]
+            } else {
+                &[]
+            };
+            assert_eq!(archs, expected, "{module:?}");
+        }
+    }
+
+    fn device(capability: (u32, u32)) -> DeviceInfo {
+        DeviceInfo {
+            ordinal: 0,
+            name: "a GPU".into(),
+            compute_capability: capability,
+            multiprocessors: 1,
+            max_shared_per_block: 0,
+            l2_bytes: 0,
+            total_memory_bytes: 0,
+            sm_clock_mhz: 0,
+            memory_clock_mhz: 0,
+            driver_version: 0,
+            supports_cooperative_launch: false,
+        }
+    }
+
+    #[test]
+    fn devices_choose_their_build_and_older_ones_are_refused_by_name() {
+        let native = |capability| KernelBuild::native_for(&device(capability));
+        assert_eq!(native((9, 0)).unwrap(), KernelBuild::Sm90);
+        assert_eq!(native((12, 0)).unwrap(), KernelBuild::Sm90);
+        assert_eq!(native((8, 9)).unwrap(), KernelBuild::Sm80);
+        assert_eq!(native((8, 0)).unwrap(), KernelBuild::Sm80);
+        match native((7, 5)) {
+            Err(error @ Error::UnsupportedDevice { major: 7, minor: 5, .. }) => {
+                assert!(error.to_string().contains("compute capability 7.5"), "{error}");
+            }
+            other => panic!("7.5 gave {other:?}"),
+        }
+        assert!(KernelBuild::Sm80.checked_for(&device((9, 0))).is_ok());
+        assert!(matches!(
+            KernelBuild::Sm90.checked_for(&device((8, 6))),
+            Err(Error::UnsupportedDevice { major: 8, minor: 6, .. })
+        ));
+        assert_eq!(KernelBuild::from_name("sm_80"), Some(KernelBuild::Sm80));
+        assert_eq!(KernelBuild::from_name("sm_90"), Some(KernelBuild::Sm90));
+        assert_eq!(KernelBuild::from_name("sm_86"), None);
     }
 }

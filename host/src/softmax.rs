@@ -30,7 +30,7 @@ use crate::autotune::{TuneCache, TuneKey};
 use crate::device::{self, DeviceInfo};
 use crate::error::{CudaContext, Error, Result};
 use crate::launch::{self, Bindings};
-use crate::module::{LoadedModule, ModuleId};
+use crate::module::{KernelBuild, KernelImage, LoadedModule, ModuleId};
 use crate::plan::{self, DeviceLimits, Entry, Launch, Layout, Request, WorkspaceNeeds};
 use crate::shape::Shape;
 use crate::variant::Variant;
@@ -108,14 +108,15 @@ struct Prepared {
     needs: WorkspaceNeeds,
 }
 
-/// The PTX modules, the softmax module loaded with the instance and each operation module
-/// (by input type) on first use.
+/// The kernel modules of one build, the softmax module loaded with the instance and each
+/// operation module (by input type) on first use.
 #[derive(Debug)]
 struct Modules {
     softmax: LoadedModule,
     operations: [Option<LoadedModule>; 3],
     max_shared_per_block: u32,
-    clusters: bool,
+    build: KernelBuild,
+    compute_capability: (u32, u32),
 }
 
 impl Modules {
@@ -126,12 +127,28 @@ impl Modules {
         }
     }
 
+    /// Loads `id` of `build` as the image a device of `compute_capability` takes.
+    fn load_one(
+        id: ModuleId,
+        build: KernelBuild,
+        compute_capability: (u32, u32),
+        max_shared_per_block: u32,
+    ) -> Result<LoadedModule> {
+        let image = id.image_for(build, compute_capability);
+        LoadedModule::load(id, build, image, max_shared_per_block)
+    }
+
     /// Loads `id` unless it is loaded (the context must be current).
     fn load(&mut self, id: ModuleId) -> Result<()> {
         if let ModuleId::Operations(input) = id
             && self.operations[input as usize].is_none()
         {
-            let loaded = LoadedModule::load(id, self.max_shared_per_block, self.clusters)?;
+            let loaded = Self::load_one(
+                id,
+                self.build,
+                self.compute_capability,
+                self.max_shared_per_block,
+            )?;
             self.operations[input as usize] = Some(loaded);
         }
         Ok(())
@@ -188,7 +205,7 @@ impl DeviceLimits for Limits<'_> {
     }
 
     fn thread_block_clusters(&self) -> bool {
-        self.info.has_thread_block_clusters()
+        self.modules.build.hopper_features()
     }
 
     fn active_clusters(&self, entry: Entry, threads: u32, shared_bytes: u32, cluster: u32) -> u32 {
@@ -218,10 +235,29 @@ impl Softmax {
     /// `Variant::Auto` uses the built-in dispatch, the same on every machine, unless the
     /// environment variable [`TUNE_CACHE_ENV`] names a tune cache file or
     /// [`Softmax::with_tune_cache`] gives one.
+    ///
+    /// The kernel build is the device's native one ([`KernelBuild::native_for`]) unless the
+    /// environment variable [`KERNEL_BUILD_ENV`](crate::KERNEL_BUILD_ENV) names another (`sm_80` on a Hopper GPU runs
+    /// the Ampere build there); see [`Softmax::with_kernel_build`].
     pub fn on_device(ordinal: u32) -> Result<Self> {
+        Self::with_kernel_build(ordinal, KernelBuild::from_env()?)
+    }
+
+    /// [`Softmax::on_device`] with the kernel build chosen: `None` is the device's native
+    /// build. A device below compute capability 8.0, or [`KernelBuild::Sm90`] below 9.0, is
+    /// [`Error::UnsupportedDevice`].
+    pub fn with_kernel_build(ordinal: u32, build: Option<KernelBuild>) -> Result<Self> {
         let (context, info, devices) = device::open(ordinal)?;
-        let clusters = info.has_thread_block_clusters();
-        let softmax = LoadedModule::load(ModuleId::Softmax, info.max_shared_per_block, clusters)?;
+        let build = match build {
+            Some(build) => build.checked_for(&info)?,
+            None => KernelBuild::native_for(&info)?,
+        };
+        let softmax = Modules::load_one(
+            ModuleId::Softmax,
+            build,
+            info.compute_capability,
+            info.max_shared_per_block,
+        )?;
         // A blocking stream: its work waits for what came before it on the legacy default
         // stream, where cust's synchronous calls run. A pageable host-to-device copy
         // (`DeviceBuffer::from_slice`, `copy_from`) may return before its DMA lands; a
@@ -234,7 +270,8 @@ impl Softmax {
                 softmax,
                 operations: [None, None, None],
                 max_shared_per_block: info.max_shared_per_block,
-                clusters,
+                build,
+                compute_capability: info.compute_capability,
             },
             workspace,
             plans: HashMap::new(),
@@ -253,6 +290,17 @@ impl Softmax {
     /// The device this instance runs on.
     pub fn device(&self) -> &DeviceInfo {
         &self.info
+    }
+
+    /// The kernel build this instance runs.
+    pub fn kernel_build(&self) -> KernelBuild {
+        self.modules.build
+    }
+
+    /// What the softmax module loaded as on this device (a cubin, or PTX the driver
+    /// compiled); the operation modules load the same kind of image.
+    pub fn kernel_image(&self) -> KernelImage {
+        ModuleId::Softmax.image_for(self.modules.build, self.info.compute_capability)
     }
 
     /// Testing hook: how long a block of a row cut into slices waits for the row's other
@@ -539,6 +587,7 @@ impl Softmax {
             operation: &buffers.operation,
             workspace: self.workspace.addresses(),
             patience_ns: self.patience_ns,
+            programmatic_overlap: self.modules.build.hopper_features(),
         };
         for (launch, &function) in prepared.launches.iter().zip(&prepared.functions) {
             // SAFETY: forwarded from this function's contract; `reserve` sized the workspace

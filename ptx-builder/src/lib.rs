@@ -1,54 +1,115 @@
-//! Builds `kernels-gpu` to PTX: the one build step that `host/build.rs` (which embeds the
-//! result) and `cargo xtask build-ptx` (which prints it) share, so the flags exist once.
-//! Like Rust-CUDA's `cuda_builder`, a build script makes one call:
+//! Builds `kernels-gpu` into the code the host embeds: the one build step that `host/build.rs`
+//! and `cargo xtask` share, so the flags exist once. Like Rust-CUDA's `cuda_builder`, a build
+//! script makes one call per step:
 //!
 //! ```no_run
-//! # let (cargo, workspace, out_dir) = (std::path::Path::new("cargo"), std::path::Path::new("."), std::path::Path::new("out"));
+//! # use std::path::Path;
+//! # let (cargo, workspace, out_dir) = (Path::new("cargo"), Path::new("."), Path::new("out"));
 //! ptx_builder::build_all_ptx(cargo, workspace, out_dir).unwrap();
+//! if let Some(ptxas) = ptx_builder::find_ptxas(workspace) {
+//!     ptx_builder::compile_cubins(&ptxas, workspace, out_dir).unwrap();
+//! }
 //! ```
+//!
+//! Each module is built twice: for sm_90 (Hopper: programmatic dependent launch, thread-block
+//! clusters) and for sm_80 (every GPU from Ampere on: without those instructions). With
+//! `ptxas`, each build is also compiled to native code for the architectures it serves, so a
+//! matching GPU loads it without the driver's JIT compiler.
 
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
-use std::process::Command;
-
-/// The GPU architecture the PTX targets (`.target sm_90`: Hopper).
-pub const GPU_ARCH: &str = "sm_90";
-
-/// Where the nested build puts its artifacts, apart from the host build's own target dir so
-/// the two never wait on each other's lock.
-fn ptx_target_dir(workspace: &Path) -> PathBuf {
-    workspace.join("target").join("ptx")
-}
+use std::process::{Child, Command};
 
 /// The PTX modules: each is `kernels-gpu` built with the feature of that name. `softmax` holds
 /// the f32 softmax variants, `ops-<type>` the operation kernels for one input type; the host
 /// loads a module the first time it needs one of its kernels.
 pub const PTX_MODULES: [&str; 4] = ["softmax", "ops-f32", "ops-bf16", "ops-f16"];
 
-/// Builds every module of [`PTX_MODULES`] into `dest_dir/<module>.ptx`.
+/// One build of the kernels: the PTX target and the native architectures compiled from it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KernelBuild {
+    /// `.target sm_90`, with Hopper's instructions; native code for sm_90.
+    Sm90,
+    /// `.target sm_80` (`--cfg kernels_sm80`: no `griddepcontrol`, no clusters); native code
+    /// for sm_80 (which also runs on sm_86 and sm_87) and sm_89.
+    Sm80,
+}
+
+impl KernelBuild {
+    pub const ALL: [KernelBuild; 2] = [KernelBuild::Sm90, KernelBuild::Sm80];
+
+    /// The PTX target, as `ptxas` and rustc spell it.
+    pub const fn arch(self) -> &'static str {
+        match self {
+            KernelBuild::Sm90 => "sm_90",
+            KernelBuild::Sm80 => "sm_80",
+        }
+    }
+
+    /// The architectures `ptxas` compiles this build's PTX for.
+    pub const fn native_archs(self) -> &'static [&'static str] {
+        match self {
+            KernelBuild::Sm90 => &["sm_90"],
+            KernelBuild::Sm80 => &["sm_80", "sm_89"],
+        }
+    }
+
+    /// `<module>.<arch>.ptx`, the file name [`build_all_ptx`] gives a module's PTX.
+    pub fn ptx_file(self, module: &str) -> String {
+        format!("{module}.{}.ptx", self.arch())
+    }
+}
+
+/// `<module>.<arch>.cubin`, the file name [`compile_cubins`] gives a module's native code.
+pub fn cubin_file(module: &str, arch: &str) -> String {
+    format!("{module}.{arch}.cubin")
+}
+
+/// Where the nested builds put their artifacts, apart from the host build's own target dir
+/// so the two never wait on each other's lock.
+fn ptx_target_dir(workspace: &Path) -> PathBuf {
+    workspace.join("target").join("ptx")
+}
+
+/// Builds every module of [`PTX_MODULES`] for every [`KernelBuild`] into
+/// `dest_dir/<module>.<arch>.ptx`.
 pub fn build_all_ptx(cargo: &Path, workspace: &Path, dest_dir: &Path) -> Result<(), String> {
     std::fs::create_dir_all(dest_dir)
         .map_err(|e| format!("creating {}: {e}", dest_dir.display()))?;
-    for module in PTX_MODULES {
-        let built = build_kernels_ptx(cargo, workspace, module)?;
-        let dest = dest_dir.join(format!("{module}.ptx"));
-        std::fs::copy(&built, &dest).map_err(|e| format!("copying {}: {e}", built.display()))?;
+    for build in KernelBuild::ALL {
+        for module in PTX_MODULES {
+            let built = build_kernels_ptx(cargo, workspace, module, build)?;
+            let dest = dest_dir.join(build.ptx_file(module));
+            std::fs::copy(&built, &dest)
+                .map_err(|e| format!("copying {}: {e}", built.display()))?;
+        }
     }
     Ok(())
 }
 
 /// Runs `cargo rustc -p kernels-gpu --features <feature>` for `nvptx64-nvidia-cuda` with
-/// `cargo` and returns the path of the PTX it wrote. Each module has a target dir of its own:
-/// builds running at once (a `cargo build` beside a `cargo xtask`) then never overwrite each
-/// other's `kernels_gpu.ptx` between a build and its copy.
-fn build_kernels_ptx(cargo: &Path, workspace: &Path, feature: &str) -> Result<PathBuf, String> {
-    let target_dir = ptx_target_dir(workspace).join(feature);
+/// `cargo` and returns the path of the PTX it wrote. Each module and build has a target dir
+/// of its own: builds running at once (a `cargo build` beside a `cargo xtask`) then never
+/// overwrite each other's `kernels_gpu.ptx` between a build and its copy.
+fn build_kernels_ptx(
+    cargo: &Path,
+    workspace: &Path,
+    feature: &str,
+    build: KernelBuild,
+) -> Result<PathBuf, String> {
+    let target_dir = ptx_target_dir(workspace)
+        .join(build.arch())
+        .join(feature);
     // Unrolling must be allowed to finish the constant-trip loops of the widest register
     // kernels, or their row arrays go to local memory.
-    let rustflags = [
-        format!("-Ctarget-cpu={GPU_ARCH}"),
+    let mut rustflags = vec![
+        format!("-Ctarget-cpu={}", build.arch()),
         "-Cllvm-args=-unroll-threshold=2000".to_owned(),
-    ]
-    .join("\x1f");
+    ];
+    if build == KernelBuild::Sm80 {
+        rustflags.extend(["--cfg".to_owned(), "kernels_sm80".to_owned()]);
+    }
     let status = Command::new(cargo)
         .current_dir(workspace)
         .args([
@@ -68,7 +129,7 @@ fn build_kernels_ptx(cargo: &Path, workspace: &Path, feature: &str) -> Result<Pa
             "--target-dir",
         ])
         .arg(&target_dir)
-        .env("CARGO_ENCODED_RUSTFLAGS", rustflags)
+        .env("CARGO_ENCODED_RUSTFLAGS", rustflags.join("\x1f"))
         // Settings of an outer build (clippy's wrapper, a host target dir, host rustflags)
         // must not leak into the device build.
         .env_remove("RUSTFLAGS")
@@ -80,11 +141,100 @@ fn build_kernels_ptx(cargo: &Path, workspace: &Path, feature: &str) -> Result<Pa
         .map_err(|e| format!("could not run {}: {e}", cargo.display()))?;
     if !status.success() {
         return Err(format!(
-            "building kernels-gpu ({feature}) for nvptx64 failed ({status})"
+            "building kernels-gpu ({feature}, {}) for nvptx64 failed ({status})",
+            build.arch()
         ));
     }
     Ok(target_dir
         .join("nvptx64-nvidia-cuda")
         .join("release")
         .join("kernels_gpu.ptx"))
+}
+
+/// Where `cargo xtask fetch-ptxas` unpacks `ptxas`.
+pub fn fetched_ptxas(workspace: &Path) -> PathBuf {
+    workspace
+        .join("target")
+        .join("ptxas")
+        .join("bin")
+        .join("ptxas")
+}
+
+/// The `ptxas` to compile native code with: `$PTXAS`, then `$CUDA_HOME/bin` (or
+/// `$CUDA_PATH/bin`), `PATH`, `/usr/local/cuda/bin`, and last the one `cargo xtask
+/// fetch-ptxas` brings. `None` when there is none (`PTXAS=` set empty also means none).
+pub fn find_ptxas(workspace: &Path) -> Option<PathBuf> {
+    if let Some(chosen) = std::env::var_os("PTXAS") {
+        return (!chosen.is_empty()).then(|| PathBuf::from(chosen));
+    }
+    let toolkits = ["CUDA_HOME", "CUDA_PATH"]
+        .into_iter()
+        .filter_map(std::env::var_os)
+        .map(|home| PathBuf::from(home).join("bin").join("ptxas"));
+    let on_path = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|paths| std::env::split_paths(&paths).collect::<Vec<_>>())
+        .map(|dir| dir.join("ptxas"));
+    toolkits
+        .chain(on_path)
+        .chain([
+            PathBuf::from("/usr/local/cuda/bin/ptxas"),
+            fetched_ptxas(workspace),
+        ])
+        .find(|p| p.is_file())
+}
+
+/// Compiles every `<module>.<arch>.ptx` of `dest_dir` (from [`build_all_ptx`]) with `ptxas`
+/// for the architectures its build serves, into `dest_dir/<module>.<arch>.cubin`. Results are
+/// kept in `target/cubins`, named by a hash of the PTX and the `ptxas` binary, so an unchanged
+/// module is not compiled again. The compilations run at once.
+pub fn compile_cubins(ptxas: &Path, workspace: &Path, dest_dir: &Path) -> Result<(), String> {
+    let cache = workspace.join("target").join("cubins");
+    std::fs::create_dir_all(&cache).map_err(|e| format!("creating {}: {e}", cache.display()))?;
+    let ptxas_identity = std::fs::metadata(ptxas)
+        .map(|m| (m.len(), m.modified().ok()))
+        .map_err(|e| format!("{}: {e}", ptxas.display()))?;
+    let mut running: Vec<(Child, PathBuf, PathBuf, String)> = Vec::new();
+    let mut copies = Vec::new();
+    for build in KernelBuild::ALL {
+        for module in PTX_MODULES {
+            let ptx_path = dest_dir.join(build.ptx_file(module));
+            let ptx = std::fs::read(&ptx_path)
+                .map_err(|e| format!("reading {}: {e}", ptx_path.display()))?;
+            for &arch in build.native_archs() {
+                let mut hasher = DefaultHasher::new();
+                (&ptx, arch, &ptxas_identity).hash(&mut hasher);
+                let cached = cache.join(format!("{:016x}.cubin", hasher.finish()));
+                let dest = dest_dir.join(cubin_file(module, arch));
+                if !cached.is_file() {
+                    let partial = cached.with_extension("partial");
+                    let child = Command::new(ptxas)
+                        .args(["-arch", arch, "-o"])
+                        .arg(&partial)
+                        .arg(&ptx_path)
+                        .spawn()
+                        .map_err(|e| format!("could not run {}: {e}", ptxas.display()))?;
+                    running.push((child, partial, cached.clone(), format!("{module} {arch}")));
+                }
+                copies.push((cached, dest));
+            }
+        }
+    }
+    let mut failures = Vec::new();
+    for (mut child, partial, cached, what) in running {
+        match child.wait() {
+            Ok(status) if status.success() => {
+                std::fs::rename(&partial, &cached).map_err(|e| format!("{what}: {e}"))?;
+            }
+            Ok(status) => failures.push(format!("ptxas failed on {what} ({status})")),
+            Err(e) => failures.push(format!("ptxas on {what}: {e}")),
+        }
+    }
+    if !failures.is_empty() {
+        return Err(failures.join("; "));
+    }
+    for (cached, dest) in copies {
+        std::fs::copy(&cached, &dest).map_err(|e| format!("copying {}: {e}", cached.display()))?;
+    }
+    Ok(())
 }

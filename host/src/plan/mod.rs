@@ -320,7 +320,10 @@ pub(crate) fn plan(
 }
 
 /// Every entry a plan of the softmax module can name: the module must hold them all.
-pub(crate) fn softmax_module_entries() -> Vec<Entry> {
+/// Every entry of the softmax module; `with_clusters` for the sm_90 build, which alone has the
+/// row-cluster entries.
+pub(crate) fn softmax_module_entries(with_clusters: bool) -> Vec<Entry> {
+    let clusters = [Entry::RowCluster { pack: 4 }, Entry::RowCluster { pack: 1 }];
     let fixed = [
         Entry::UnfusedRowMax,
         Entry::UnfusedSubtract,
@@ -331,12 +334,11 @@ pub(crate) fn softmax_module_entries() -> Vec<Entry> {
         Entry::ThreadPerRowOnline,
         Entry::BlockPerRowSmem,
         Entry::WarpPerRowOnline,
-        Entry::RowCluster { pack: 4 },
-        Entry::RowCluster { pack: 1 },
     ];
     let row_slices = RowSlicesKernelName::both(DType::F32).map(Entry::RowSlices);
     fixed
         .into_iter()
+        .chain(clusters.into_iter().filter(|_| with_clusters))
         .chain(row_slices)
         .chain(variants::register_instances().map(Entry::RowsInRegisters))
         .chain(variants::block_register_instances().map(Entry::BlockRegisters))
@@ -346,7 +348,7 @@ pub(crate) fn softmax_module_entries() -> Vec<Entry> {
 /// The names of every entry of the softmax module (the tune cache's catalogue hashes them).
 #[cfg(feature = "tune-cache")]
 pub(crate) fn all_kernel_names() -> Vec<String> {
-    softmax_module_entries()
+    softmax_module_entries(true)
         .iter()
         .map(Entry::to_string)
         .collect()

@@ -209,6 +209,7 @@ pub fn sleep_briefly() {
 }
 
 /// Blocks in this block's thread-block cluster (`%cluster_nctarank`; 1 outside clusters).
+#[cfg(not(kernels_sm80))]
 #[inline(always)]
 pub fn cluster_blocks() -> u32 {
     let blocks: u32;
@@ -223,6 +224,7 @@ pub fn cluster_blocks() -> u32 {
 /// semantics (its earlier writes, shared memory included, are visible to the cluster's
 /// threads once they pass [`cluster_wait`]). Every thread of every block of the cluster
 /// arrives once per phase, from warp-uniform control flow.
+#[cfg(not(kernels_sm80))]
 #[inline(always)]
 pub fn cluster_arrive() {
     // SAFETY: the callers' contracts make every thread of the cluster arrive once per phase.
@@ -231,6 +233,7 @@ pub fn cluster_arrive() {
 
 /// `barrier.cluster.wait`: waits until every thread of the cluster has arrived in this
 /// phase, with acquire semantics. Warp-uniform, after this thread's [`cluster_arrive`].
+#[cfg(not(kernels_sm80))]
 #[inline(always)]
 pub fn cluster_wait() {
     // SAFETY: as for `cluster_arrive`.
@@ -239,6 +242,7 @@ pub fn cluster_wait() {
 
 /// The address of the same shared-memory location as `local` in block `rank` of this
 /// block's cluster (`mapa` on a generic address), readable with ordinary loads.
+#[cfg(not(kernels_sm80))]
 #[inline(always)]
 pub fn cluster_shared_of(local: *const f32, rank: u32) -> *const f32 {
     let remote: u64;
@@ -262,10 +266,14 @@ pub fn cluster_shared_of(local: *const f32, rank: u32) -> *const f32 {
 /// of the previous kernel in the stream has exited, before that kernel's completion is
 /// signalled. No entry lets its dependents start earlier (`griddepcontrol.launch_dependents`):
 /// that cost up to 20 points on grids of many small blocks (docs/performance-log.md,
-/// 2026-11-30).
+/// 2026-11-30). The sm_80 build has no such instruction and the host never allows overlap
+/// with it, so there the wait is nothing.
 #[inline(always)]
 pub fn await_previous_grid() {
     // SAFETY: no operands; it only orders this grid after its predecessor in the stream. Not
     // `nomem`: no memory access may move above the wait.
-    unsafe { asm!("griddepcontrol.wait;", options(nostack)) };
+    #[cfg(not(kernels_sm80))]
+    unsafe {
+        asm!("griddepcontrol.wait;", options(nostack))
+    };
 }

@@ -6,7 +6,9 @@
 
 #[cfg(feature = "softmax")]
 mod block_registers;
-#[cfg(feature = "softmax")]
+// Thread-block clusters and distributed shared memory exist from sm_90 on; the sm_80 build
+// (`kernels_sm80`, set by ptx-builder) leaves the family out and the host never plans it there.
+#[cfg(all(feature = "softmax", not(kernels_sm80)))]
 mod row_cluster;
 mod row_slices;
 #[cfg(feature = "softmax")]
