@@ -19,7 +19,7 @@ fault_tests=$(ls .gpu/tests/gpu_fault-* | head -n1)
 ops_tests=$(ls .gpu/tests/gpu_ops-* | head -n1)
 integration_tests=$(ls .gpu/tests/gpu_integration-* | head -n1)
 
-for ptx in .gpu/ptx/*.ptx; do echo "== $ptx"; ptxas -arch=sm_90 -v "$ptx" -o /dev/null; done > "$out/ptxas.txt" 2>&1
+for ptx in .gpu/images/*.sm_90.ptx; do echo "== $ptx"; ptxas -arch=sm_90 -v "$ptx" -o /dev/null; done > "$out/ptxas.txt" 2>&1
 "$gpu_tests" 2>&1 | tee "$out/gpu-tests.txt"
 "$stress_tests" 2>&1 | tee "$out/gpu-stress.txt"
 timeout 180 "$fault_tests" 2>&1 | tee "$out/gpu-fault.txt"

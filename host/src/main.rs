@@ -47,6 +47,14 @@ enum Command {
         #[arg(long, default_value = "bench/results")]
         out: PathBuf,
     },
+    /// Plan every production call kind over a dense sweep of shapes and print the kernel
+    /// entries the plans use on this device, for `auto` and for any production variant (what
+    /// the instance tables must keep).
+    Entries {
+        /// CUDA device ordinal.
+        #[arg(long, default_value_t = 0)]
+        device: u32,
+    },
     /// Redraw the charts of a saved benchmark run (its .json) without a GPU.
     Chart {
         /// The run's JSON, e.g. bench/results/nvidia-h200.json.
@@ -129,6 +137,13 @@ fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {
                 eprintln!("host coldstart: {error}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Entries { device } => match entries(device) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("host entries: {error}");
                 ExitCode::FAILURE
             }
         },
@@ -242,5 +257,58 @@ fn tune(shapes: &[Shape], cache: Option<PathBuf>, device: u32) -> softmax::Resul
         let chosen = softmax.tune(&input, &mut output, shape)?;
         println!("{shape}: auto runs {chosen}");
     }
+    Ok(())
+}
+
+/// `host entries`: the entries `auto` (and the other production variants) plan over rows
+/// 1..65536 and widths 1..2^21 (geometric steps of 6%, each with residues 0, 1, 3, 5 and 7),
+/// one name a line after `auto` or `variants`.
+fn entries(device: u32) -> softmax::Result<()> {
+    use softmax::CallKind;
+    use std::collections::BTreeSet;
+
+    let mut softmax = softmax::Softmax::on_device(device)?;
+    let mut auto_kinds = vec![CallKind::Run(Variant::Auto)];
+    for input in DType::ALL {
+        for masked in [false, true] {
+            auto_kinds.push(CallKind::Forward { input, masked });
+            auto_kinds.push(CallKind::RowStates { input, masked });
+        }
+        auto_kinds.push(CallKind::Backward { input });
+    }
+    let variant_kinds = Variant::PRODUCTION.map(CallKind::Run);
+    let mut widths = BTreeSet::new();
+    let mut width = 1.0f64;
+    while width <= f64::from(1u32 << 21) {
+        let base = width as usize;
+        widths.extend([0, 1, 3, 5, 7].map(|residue| base + residue));
+        width *= 1.06;
+    }
+    let rows = [1usize, 2, 3, 8, 16, 32, 64, 128, 256, 1024, 8192, 65536];
+    let (mut auto, mut variants) = (BTreeSet::new(), BTreeSet::new());
+    for &r in &rows {
+        for &c in &widths {
+            let Ok(shape) = Shape::new(r, c) else {
+                continue;
+            };
+            for &kind in &auto_kinds {
+                auto.extend(softmax.planned_entries(kind, shape)?);
+            }
+            for &kind in &variant_kinds {
+                variants.extend(softmax.planned_entries(kind, shape)?);
+            }
+        }
+    }
+    for name in &auto {
+        println!("auto {name}");
+    }
+    for name in variants.difference(&auto) {
+        println!("variants {name}");
+    }
+    eprintln!(
+        "{} entries planned by auto, {} more by the other production variants",
+        auto.len(),
+        variants.difference(&auto).count()
+    );
     Ok(())
 }

@@ -602,4 +602,44 @@ mod tests {
         assert_eq!(KernelBuild::from_name("sm_90"), Some(KernelBuild::Sm90));
         assert_eq!(KernelBuild::from_name("sm_86"), None);
     }
+
+    #[test]
+    fn both_builds_target_their_architecture_without_local_memory() {
+        for module in ModuleId::ALL {
+            for build in [KernelBuild::Sm90, KernelBuild::Sm80] {
+                let ptx = module.ptx(build);
+                assert!(ptx.contains(&format!(".target {build}")), "{module:?} {build}");
+                assert!(
+                    !ptx.contains("__local_depot"),
+                    "{module:?} {build}: a kernel keeps an array in local memory"
+                );
+                assert!(
+                    ptx.contains("ld.global.v4"),
+                    "{module:?} {build}: the vector kernels must use 16-byte loads"
+                );
+            }
+        }
+    }
+
+    /// The instance tables (which the host plans from) and the entries the kernel crate
+    /// generates (from its own lists) name the same kernels, in both builds: no entry is
+    /// missing, none is extra.
+    #[test]
+    fn each_module_holds_exactly_the_entries_the_planner_names() {
+        for module in ModuleId::ALL {
+            for build in [KernelBuild::Sm90, KernelBuild::Sm80] {
+                let ptx = module.ptx(build);
+                let names: Vec<String> =
+                    module.entries(build).iter().map(Entry::to_string).collect();
+                for name in &names {
+                    assert!(ptx.contains(&format!(".entry {name}(")), "{name} missing");
+                }
+                assert_eq!(
+                    ptx.matches(".entry ").count(),
+                    names.len(),
+                    "{module:?} {build}: extra entries"
+                );
+            }
+        }
+    }
 }

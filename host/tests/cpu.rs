@@ -6,8 +6,6 @@ mod common;
 use std::process::{Command, ExitCode};
 
 use common::{RowValues, Span, check_gradient, check_rows, overlapped, softmax_gradient_reference};
-use kernels_gpu::launch::ops::OpKernelName;
-use kernels_gpu::launch::softmax::RowSlicesKernelName;
 use kernels_gpu::primitives::barrier_word;
 use kernels_gpu::primitives::online::{CompensatedSum, Exp2, OnlineStats};
 use proptest::prelude::*;
@@ -254,50 +252,6 @@ fn threads_per_block_must_be_a_power_of_two_in_range() {
             }
             .validate()
             .is_ok()
-        );
-    }
-}
-
-#[test]
-fn embedded_ptx_targets_hopper_without_local_memory() {
-    let modules = [softmax::PTX]
-        .into_iter()
-        .chain(DType::ALL.map(softmax::op_ptx));
-    for ptx in modules {
-        assert!(ptx.contains(".target sm_90"));
-        assert!(
-            !ptx.contains("__local_depot"),
-            "a kernel keeps an array in local memory"
-        );
-        assert!(
-            ptx.contains("ld.global.v4"),
-            "the vector kernels must use 16-byte loads"
-        );
-    }
-}
-
-/// The operation kernels' instance tables (which the host plans from) and the entries the
-/// kernel crate generates (from its own literal lists) name the same kernels; a 16-bit
-/// type's module also holds that type's row-slices entries.
-#[test]
-fn every_planned_operation_kernel_is_in_its_module() {
-    for dtype in DType::ALL {
-        let ptx = softmax::op_ptx(dtype);
-        let row_slices = match dtype {
-            DType::F32 => Vec::new(),
-            _ => RowSlicesKernelName::both(dtype).to_vec(),
-        };
-        let names: Vec<String> = OpKernelName::all_for(dtype)
-            .map(|k| k.to_string())
-            .chain(row_slices.iter().map(|k| k.to_string()))
-            .collect();
-        for name in &names {
-            assert!(ptx.contains(&format!(".entry {name}(")), "{name} missing");
-        }
-        assert_eq!(
-            ptx.matches(".entry ").count(),
-            names.len(),
-            "{dtype:?}: extra entries"
         );
     }
 }

@@ -1,19 +1,21 @@
 //! `cargo xtask <command>`: project chores that need no GPU and no CUDA.
 //!
-//! - `build-ptx`: build every PTX module into `target/ptx-modules/`, list its entries and,
-//!   where `ptxas` is installed, its registers, shared memory and spills per kernel; end with
-//!   the entries and bytes of each module (what the driver compiles when it loads it).
+//! - `build-ptx`: build every PTX module of both kernel builds (sm_90, sm_80) into
+//!   `target/ptx-modules/`, list its entries and, where `ptxas` is found, its registers, shared
+//!   memory and spills per kernel; end with the entries and bytes of each module (what the
+//!   driver compiles when it loads it as PTX).
 //! - `fetch-driver`: unpack Debian's `libcuda1` under `target/cuda-driver` so machines without
 //!   CUDA can link cust (it reports "no device" at run time).
 //! - `fetch-ptxas`: unpack `ptxas` from NVIDIA's `nvidia-cuda-nvcc-cu12` wheel (through pip)
-//!   under `target/ptxas`, so `build-ptx` reports registers and spills on machines without
-//!   CUDA (no GPU needed).
+//!   under `target/ptxas`, where builds find it: the library then embeds cubins (native code
+//!   that loads in milliseconds) beside the PTX, and `build-ptx` reports registers and spills.
 //! - `test [ARGS]`: fetch the driver library if linking needs it, then `cargo test --workspace`.
 //! - `device-bundle [--base REV]`: build the release `host` binary, the GPU test binaries, the
-//!   criterion benches, the examples, the outside consumer crates and the PTX modules, to run on
-//!   a GPU machine that has no Rust toolchain, and pack them into `.gpu/bundle.tar.gz`
-//!   (compressed: the binaries are large). With `--base REV`, the bundle also holds
-//!   `host-base`, the `host` binary of revision `REV`, for A/B runs of two builds side by side.
+//!   criterion benches, the examples and the outside consumer crates, with cubins (fetching
+//!   `ptxas` if none is found), to run on a GPU machine that has no Rust toolchain, and pack them
+//!   into `.gpu/bundle.tar.gz` with the kernel images they embed kept once. With `--base REV`,
+//!   the bundle also holds `host-base`, the `host` binary of revision `REV`, for A/B runs of two
+//!   builds side by side.
 
 use std::env;
 use std::fs;
@@ -77,36 +79,36 @@ fn build_ptx() -> Result<()> {
     let modules = ptx_modules_dir(&workspace);
     ptx_builder::build_all_ptx(&cargo(), &workspace, &modules)?;
     let mut sizes = Vec::new();
-    for module in ptx_builder::PTX_MODULES {
-        let path = modules.join(format!("{module}.ptx"));
-        let ptx = fs::read_to_string(&path).map_err(|e| e.to_string())?;
-        sizes.push((module, entry_names(&ptx).len(), ptx.len()));
-        println!(
-            "PTX module `{module}` ({}): {}",
-            ptx_builder::GPU_ARCH,
-            path.display()
-        );
-        let entries = entry_names(&ptx);
-        println!("{} kernel entries:", entries.len());
-        for entry in &entries {
-            let local = if local_memory_in(&ptx, entry) {
-                "  LOCAL MEMORY"
-            } else {
-                ""
-            };
-            println!("  {entry}{local}");
+    for build in ptx_builder::KernelBuild::ALL {
+        for module in ptx_builder::PTX_MODULES {
+            let path = modules.join(build.ptx_file(module));
+            let ptx = fs::read_to_string(&path).map_err(|e| e.to_string())?;
+            let entries = entry_names(&ptx);
+            sizes.push((module, build.arch(), entries.len(), ptx.len()));
+            println!("PTX module `{module}` ({}): {}", build.arch(), path.display());
+            println!("{} kernel entries:", entries.len());
+            for entry in &entries {
+                let local = if local_memory_in(&ptx, entry) {
+                    "  LOCAL MEMORY"
+                } else {
+                    ""
+                };
+                println!("  {entry}{local}");
+            }
+            print_ptxas_report(&path, build.arch())?;
         }
-        print_ptxas_report(&path)?;
     }
-    // What the driver compiles when it loads each module: the cold-start cost.
-    println!("\nmodule      entries        bytes");
-    for (module, entries, bytes) in &sizes {
-        println!("{module:<10} {entries:>8} {bytes:>12}");
+    // What the driver compiles when it loads each module from PTX: the cold-start cost where
+    // no cubin matches the GPU.
+    println!("\nmodule     build   entries        bytes");
+    for build in ptx_builder::KernelBuild::ALL {
+        let mut total = (0, 0);
+        for (module, arch, entries, bytes) in sizes.iter().filter(|s| s.1 == build.arch()) {
+            println!("{module:<10} {arch:<6} {entries:>8} {bytes:>12}");
+            total = (total.0 + entries, total.1 + bytes);
+        }
+        println!("{:<10} {:<6} {:>8} {:>12}", "total", build.arch(), total.0, total.1);
     }
-    let (entries, bytes) = sizes.iter().fold((0, 0), |(e, b), (_, entries, bytes)| {
-        (e + entries, b + bytes)
-    });
-    println!("{:<10} {entries:>8} {bytes:>12}", "total");
     Ok(())
 }
 
@@ -134,35 +136,14 @@ fn local_memory_in(ptx: &str, entry: &str) -> bool {
     body[..end].contains("__local_depot")
 }
 
-/// Where `fetch-ptxas` puts `ptxas`.
-fn fetched_ptxas(workspace: &Path) -> PathBuf {
-    workspace
-        .join("target")
-        .join("ptxas")
-        .join("bin")
-        .join("ptxas")
-}
-
 /// The `nvidia-cuda-nvcc-cu12` wheel `fetch-ptxas` takes `ptxas` from. Its register counts
 /// matched the H200's CUDA 13.0 `ptxas` on all 478 entries of the four modules (2026-11-30).
 const PTXAS_WHEEL: &str = "nvidia-cuda-nvcc-cu12==12.9.86";
 
-fn find_ptxas() -> Option<PathBuf> {
-    let on_path = env::var_os("PATH")
-        .into_iter()
-        .flat_map(|paths| env::split_paths(&paths).collect::<Vec<_>>())
-        .map(|dir| dir.join("ptxas"));
-    on_path
-        .chain([
-            PathBuf::from("/usr/local/cuda/bin/ptxas"),
-            fetched_ptxas(&workspace()),
-        ])
-        .find(|p| p.is_file())
-}
-
-/// Downloads NVIDIA's nvcc wheel with pip and unpacks its `ptxas` to [`fetched_ptxas`].
+/// Downloads NVIDIA's nvcc wheel with pip and unpacks its `ptxas` to
+/// [`ptx_builder::fetched_ptxas`].
 fn fetch_ptxas() -> Result<PathBuf> {
-    let ptxas = fetched_ptxas(&workspace());
+    let ptxas = ptx_builder::fetched_ptxas(&workspace());
     if ptxas.is_file() {
         return Ok(ptxas);
     }
@@ -201,8 +182,8 @@ fn fetch_ptxas() -> Result<PathBuf> {
 }
 
 /// Registers and spills of every entry of `ptx`, one line each, from `ptxas -v`.
-fn print_ptxas_report(ptx: &Path) -> Result<()> {
-    let Some(ptxas) = find_ptxas() else {
+fn print_ptxas_report(ptx: &Path, arch: &str) -> Result<()> {
+    let Some(ptxas) = ptx_builder::find_ptxas(&workspace()) else {
         println!(
             "ptxas not found (no CUDA toolkit here; `cargo xtask fetch-ptxas` gets one): \
              registers, shared memory and spills not reported"
@@ -210,7 +191,7 @@ fn print_ptxas_report(ptx: &Path) -> Result<()> {
         return Ok(());
     };
     let output = Command::new(&ptxas)
-        .args(["-arch", ptx_builder::GPU_ARCH, "-v", "-o", "/dev/null"])
+        .args(["-arch", arch, "-v", "-o", "/dev/null"])
         .arg(ptx)
         .output()
         .map_err(|e| format!("running {}: {e}", ptxas.display()))?;
@@ -422,6 +403,11 @@ fn device_bundle(base: Option<&str>) -> Result<()> {
     if !driver_linkable() {
         fetch_driver()?;
     }
+    // The GPU machine runs native code, as users with a CUDA toolkit at build time do.
+    let ptxas = match ptx_builder::find_ptxas(&workspace) {
+        Some(ptxas) => ptxas,
+        None => fetch_ptxas()?,
+    };
     run(Command::new(cargo())
         .current_dir(&workspace)
         .args(["build", "--release", "-p", "host"]))?;
@@ -474,11 +460,20 @@ fn device_bundle(base: Option<&str>) -> Result<()> {
         }
         println!("bundled {folder}: {}", names.join(" "));
     }
-    ptx_builder::build_all_ptx(&cargo(), &workspace, &staging.join("ptx"))?;
     bundle_consumers(&workspace, &staging.join("consumers"))?;
     if let Some(revision) = base {
         build_base_host(&workspace, revision, &staging.join("host-base"))?;
     }
+    // The images every binary embeds, kept once: the binaries get them back on the GPU
+    // machine (bench/unpack-bundle.sh).
+    let images = staging.join("images");
+    ptx_builder::build_all_ptx(&cargo(), &workspace, &images)?;
+    ptx_builder::compile_cubins(&ptxas, &workspace, &images)?;
+    run(Command::new("python3")
+        .arg(workspace.join("bench").join("bundle_images.py"))
+        .arg("pack")
+        .arg(&staging)
+        .arg(&images))?;
     let bundle = workspace.join(".gpu");
     let _ = fs::remove_dir_all(&bundle);
     fs::create_dir_all(&bundle).map_err(|e| e.to_string())?;

@@ -141,4 +141,20 @@ impl Softmax {
         // issued on another.
         self.synchronize()
     }
+
+    /// The entries the plans of `call` on `shape` launch, over every layout (what
+    /// [`Softmax::reserve`] prepares): which instances the planner uses on this device, for
+    /// pruning the instance tables (`host entries`). Plans that fail are left out.
+    #[cfg(feature = "bench")]
+    #[doc(hidden)]
+    pub fn planned_entries(&mut self, call: CallKind, shape: Shape) -> Result<Vec<String>> {
+        self.enter()?;
+        let mut entries = Vec::new();
+        for (request, layout) in call.requests() {
+            if let Ok(prepared) = self.prepared(request, shape, layout) {
+                entries.extend(prepared.launches.iter().map(|l| l.entry.to_string()));
+            }
+        }
+        Ok(entries)
+    }
 }
