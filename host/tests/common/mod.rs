@@ -63,8 +63,9 @@ pub fn run_harness(tests: &[Test]) -> ExitCode {
         }
     };
     println!(
-        "device: {} (seed {seed}; replay with SOFTMAX_TEST_SEED={seed})",
-        softmax.device().name
+        "device: {}, kernels: {} (seed {seed}; replay with SOFTMAX_TEST_SEED={seed})",
+        softmax.device().name,
+        softmax.kernel_image()
     );
     let (mut passed, mut failed) = (0, 0);
     for (name, test) in selected {
