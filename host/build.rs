@@ -81,7 +81,6 @@ fn write_image_table(out_dir: &Path, native: bool) {
     std::fs::write(out_dir.join("images.rs"), table).expect("writing images.rs");
 }
 
-
 /// `SOFTMAX_GIT_COMMIT`: the commit benchmark results are stamped with ("unknown" outside git).
 fn embed_git_commit(workspace: &Path) {
     let commit = Command::new("git")

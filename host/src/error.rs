@@ -189,7 +189,10 @@ pub enum Error {
 
     /// `SOFTMAX_KERNEL_BUILD` names no kernel build.
     #[error("{variable}={value:?} names no kernel build (known: sm_80, sm_90)")]
-    UnknownKernelBuild { variable: &'static str, value: String },
+    UnknownKernelBuild {
+        variable: &'static str,
+        value: String,
+    },
 
     /// A variant name that the command line or `Variant::from_str` does not know.
     #[error("unknown variant `{0}` (known: {known})", known = crate::Variant::NAMES.join(", "))]

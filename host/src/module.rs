@@ -76,12 +76,14 @@ impl KernelBuild {
     /// The build [`KERNEL_BUILD_ENV`] asks for, if set (and not empty).
     pub(crate) fn from_env() -> Result<Option<KernelBuild>> {
         match std::env::var(KERNEL_BUILD_ENV) {
-            Ok(value) if !value.is_empty() => KernelBuild::from_name(&value)
-                .map(Some)
-                .ok_or(Error::UnknownKernelBuild {
-                    variable: KERNEL_BUILD_ENV,
-                    value,
-                }),
+            Ok(value) if !value.is_empty() => {
+                KernelBuild::from_name(&value)
+                    .map(Some)
+                    .ok_or(Error::UnknownKernelBuild {
+                        variable: KERNEL_BUILD_ENV,
+                        value,
+                    })
+            }
             _ => Ok(None),
         }
     }
@@ -186,7 +188,9 @@ impl ModuleId {
             _ => None,
         };
         arch.and_then(|arch| self.images().cubins.iter().find(|(a, _)| *a == arch))
-            .map_or(KernelImage::Ptx(build), |(arch, _)| KernelImage::Native(arch))
+            .map_or(KernelImage::Ptx(build), |(arch, _)| {
+                KernelImage::Native(arch)
+            })
     }
 
     /// Every entry a plan can name in this module's `build`.
@@ -498,7 +502,10 @@ mod tests {
             assert!(faults.is_empty(), "{faults:#?}");
             for entry in module.entries(KernelBuild::Sm90) {
                 let name = entry.to_string();
-                assert!(names.contains(&name), "{name} is loaded but not in its module");
+                assert!(
+                    names.contains(&name),
+                    "{name} is loaded but not in its module"
+                );
             }
         }
     }
@@ -514,7 +521,10 @@ mod tests {
             let (names, _) = entries_and_faults(ptx);
             for entry in module.entries(KernelBuild::Sm80) {
                 let name = entry.to_string();
-                assert!(names.contains(&name), "{name} is loaded but not in its module");
+                assert!(
+                    names.contains(&name),
+                    "{name} is loaded but not in its module"
+                );
             }
             let clusters = module
                 .entries(KernelBuild::Sm80)
@@ -588,15 +598,26 @@ mod tests {
         assert_eq!(native((8, 9)).unwrap(), KernelBuild::Sm80);
         assert_eq!(native((8, 0)).unwrap(), KernelBuild::Sm80);
         match native((7, 5)) {
-            Err(error @ Error::UnsupportedDevice { major: 7, minor: 5, .. }) => {
-                assert!(error.to_string().contains("compute capability 7.5"), "{error}");
+            Err(
+                error @ Error::UnsupportedDevice {
+                    major: 7, minor: 5, ..
+                },
+            ) => {
+                assert!(
+                    error.to_string().contains("compute capability 7.5"),
+                    "{error}"
+                );
             }
             other => panic!("7.5 gave {other:?}"),
         }
         assert!(KernelBuild::Sm80.checked_for(&device((9, 0))).is_ok());
         assert!(matches!(
             KernelBuild::Sm90.checked_for(&device((8, 6))),
-            Err(Error::UnsupportedDevice { major: 8, minor: 6, .. })
+            Err(Error::UnsupportedDevice {
+                major: 8,
+                minor: 6,
+                ..
+            })
         ));
         assert_eq!(KernelBuild::from_name("sm_80"), Some(KernelBuild::Sm80));
         assert_eq!(KernelBuild::from_name("sm_90"), Some(KernelBuild::Sm90));
@@ -608,7 +629,10 @@ mod tests {
         for module in ModuleId::ALL {
             for build in [KernelBuild::Sm90, KernelBuild::Sm80] {
                 let ptx = module.ptx(build);
-                assert!(ptx.contains(&format!(".target {build}")), "{module:?} {build}");
+                assert!(
+                    ptx.contains(&format!(".target {build}")),
+                    "{module:?} {build}"
+                );
                 assert!(
                     !ptx.contains("__local_depot"),
                     "{module:?} {build}: a kernel keeps an array in local memory"

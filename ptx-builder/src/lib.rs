@@ -98,9 +98,7 @@ fn build_kernels_ptx(
     feature: &str,
     build: KernelBuild,
 ) -> Result<PathBuf, String> {
-    let target_dir = ptx_target_dir(workspace)
-        .join(build.arch())
-        .join(feature);
+    let target_dir = ptx_target_dir(workspace).join(build.arch()).join(feature);
     // Unrolling must be allowed to finish the constant-trip loops of the widest register
     // kernels, or their row arrays go to local memory.
     let mut rustflags = vec![

@@ -85,7 +85,11 @@ fn build_ptx() -> Result<()> {
             let ptx = fs::read_to_string(&path).map_err(|e| e.to_string())?;
             let entries = entry_names(&ptx);
             sizes.push((module, build.arch(), entries.len(), ptx.len()));
-            println!("PTX module `{module}` ({}): {}", build.arch(), path.display());
+            println!(
+                "PTX module `{module}` ({}): {}",
+                build.arch(),
+                path.display()
+            );
             println!("{} kernel entries:", entries.len());
             for entry in &entries {
                 let local = if local_memory_in(&ptx, entry) {
@@ -107,7 +111,13 @@ fn build_ptx() -> Result<()> {
             println!("{module:<10} {arch:<6} {entries:>8} {bytes:>12}");
             total = (total.0 + entries, total.1 + bytes);
         }
-        println!("{:<10} {:<6} {:>8} {:>12}", "total", build.arch(), total.0, total.1);
+        println!(
+            "{:<10} {:<6} {:>8} {:>12}",
+            "total",
+            build.arch(),
+            total.0,
+            total.1
+        );
     }
     Ok(())
 }
