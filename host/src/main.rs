@@ -47,6 +47,13 @@ enum Command {
         #[arg(long, default_value = "bench/results")]
         out: PathBuf,
     },
+    /// CPU time per call with plans cached (argument checks, plan lookup, enqueue) for f32
+    /// `run`, bf16 `forward` and an f32 operation with options.
+    Overhead {
+        /// CUDA device ordinal.
+        #[arg(long, default_value_t = 0)]
+        device: u32,
+    },
     /// Plan every production call kind over a dense sweep of shapes and print the kernel
     /// entries the plans use on this device, for `auto` and for any production variant (what
     /// the instance tables must keep).
@@ -137,6 +144,18 @@ fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {
                 eprintln!("host coldstart: {error}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Overhead { device } => match bench::overhead::measure(device) {
+            Ok(results) => {
+                for (what, microseconds) in results {
+                    println!("{microseconds:>6.2} µs per call: {what}");
+                }
+                ExitCode::SUCCESS
+            }
+            Err(error) => {
+                eprintln!("host overhead: {error}");
                 ExitCode::FAILURE
             }
         },

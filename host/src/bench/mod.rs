@@ -11,6 +11,7 @@
 mod chart;
 pub mod coldstart;
 mod operation;
+pub mod overhead;
 mod peers;
 mod report;
 mod timing;
