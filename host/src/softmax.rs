@@ -15,6 +15,7 @@ pub use reserve::CallKind;
 
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -62,7 +63,7 @@ pub const TUNE_CACHE_ENV: &str = "SOFTMAX_TUNE_CACHE";
 pub struct Softmax {
     modules: Modules,
     workspace: Workspace,
-    plans: HashMap<PlanKey, Rc<Prepared>>,
+    plans: HashMap<PlanKey, Rc<Prepared>, BuildHasherDefault<KeyHasher>>,
     /// Threads per block the autotuned block-per-row variant chose, per shape.
     autotuned: HashMap<Shape, u32>,
     /// Shapes and layouts whose tuned choice cannot run them: `Auto` uses the built-in rule.
@@ -99,6 +100,48 @@ impl Drop for Softmax {
 }
 
 type PlanKey = (Request, Shape, Layout);
+
+/// The plan cache's hasher. Every call looks its plan up, and a key is a handful of small
+/// integers from the library itself, so SipHash's resistance to chosen keys buys nothing:
+/// each word is folded in with a rotate, an xor and a multiply by an odd constant.
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl KeyHasher {
+    fn add(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.add(u64::from_le_bytes(word));
+        }
+    }
+
+    fn write_u8(&mut self, value: u8) {
+        self.add(value.into());
+    }
+
+    fn write_u32(&mut self, value: u32) {
+        self.add(value.into());
+    }
+
+    fn write_u64(&mut self, value: u64) {
+        self.add(value);
+    }
+
+    fn write_usize(&mut self, value: usize) {
+        self.add(value as u64);
+    }
+}
 
 /// A plan made once: its launches, each entry's handle, and what they need of the workspace.
 #[derive(Debug)]
@@ -274,7 +317,7 @@ impl Softmax {
                 compute_capability: info.compute_capability,
             },
             workspace,
-            plans: HashMap::new(),
+            plans: HashMap::default(),
             autotuned: HashMap::new(),
             untunable: HashSet::new(),
             tune_cache,
@@ -427,6 +470,7 @@ impl Softmax {
         layout: Layout,
     ) -> Result<Rc<Prepared>> {
         if variant == Variant::Auto
+            && !self.tune_cache.is_empty()
             && !self.untunable.contains(&(shape, layout))
             && let Some(tuned) = self.tune_cache.get(&self.tune_key(shape, layout))
         {

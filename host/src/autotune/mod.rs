@@ -131,6 +131,11 @@ impl TuneCache {
     }
 
     /// The tuned choice for `key`, once saved.
+    /// Whether no choice is recorded: `Auto` then skips building a key on every call.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
     pub fn get(&self, key: &TuneKey) -> Option<Variant> {
         self.entries.get(key).copied()
     }

@@ -145,8 +145,34 @@ struct Call {
     input: DType,
     shape: Shape,
     /// Every buffer the kernels touch: the layout is the one all of them allow.
-    operands: Vec<Operand>,
+    operands: Operands,
     params: RowOpParams,
+}
+
+/// The buffers of one call (at most four: input, mask or gradient, output), kept inline so
+/// that a call allocates nothing.
+#[derive(Clone, Copy)]
+struct Operands {
+    items: [Operand; 4],
+    len: usize,
+}
+
+impl Operands {
+    fn of(first: Operand) -> Self {
+        Operands {
+            items: [first; 4],
+            len: 1,
+        }
+    }
+
+    fn push(&mut self, operand: Operand) {
+        self.items[self.len] = operand;
+        self.len += 1;
+    }
+
+    fn as_slice(&self) -> &[Operand] {
+        &self.items[..self.len]
+    }
 }
 
 impl Call {
@@ -172,7 +198,7 @@ impl Call {
             slices: 1,
             ..RowOpParams::default()
         };
-        let mut operands = vec![input.operand];
+        let mut operands = Operands::of(input.operand);
         if let Some(mask) = options.mask {
             params.mask_rows = (mask.len() / shape.cols()) as u32;
             let operand = match mask {
@@ -229,7 +255,7 @@ impl Call {
             self.input,
             self.direction,
             self.shape.cols(),
-            &self.operands,
+            self.operands.as_slice(),
         )
     }
 
