@@ -5,7 +5,8 @@
 #
 # runs `host bench BENCH_ARGS` with .gpu/host-base (`cargo xtask device-bundle --base REV`) and
 # .gpu/host, alternately, ROUNDS times each; every run times the copy beside auto. Prints one
-# line per shape and build: auto's % of copy in each round, then the kernels auto launched.
+# line per shape, timing mode and build: auto's % of copy in each round, then the kernels auto
+# launched. A table without timing sections (a build from before them) is back-to-back.
 # Full output in $OUT/ab-raw.txt (OUT defaults to ./device-out).
 set -uo pipefail
 if [ $# -lt 1 ] || ! [ "$1" -ge 1 ] 2>/dev/null; then
@@ -31,12 +32,13 @@ for round in $(seq "$rounds"); do
         "$binary" bench "$@" --out "$out/ab-$build" >> "$raw" 2>&1
     done
 done
-# Per (shape, build): the % of copy of each round, and auto's kernels.
+# Per (shape, timing mode, build): the % of copy of each round, and auto's kernels.
 awk '
     /^### / { build = $2 }
-    / per tensor\)/ { shape = $1 }
+    / per tensor\)/ { shape = $1; mode = "back-to-back" }
+    /^  (isolated|back-to-back): / { mode = substr($1, 1, length($1) - 1) }
     /^  auto / {
-        key = shape " " build
+        key = shape " " mode " " build
         if (!(key in pct)) { order[++n] = key }
         pct[key] = pct[key] sprintf(" %6s", $4)
         kernels[key] = $0
@@ -46,7 +48,7 @@ awk '
     END {
         for (i = 1; i <= n; i++) {
             split(order[i], parts, " ")
-            printf "%-14s %-4s%s  %s\n", parts[1], parts[2], pct[order[i]], kernels[order[i]]
+            printf "%-14s %-12s %-4s%s  %s\n", parts[1], parts[2], parts[3], pct[order[i]], kernels[order[i]]
         }
     }
-' "$raw" | sort -s -k1,1
+' "$raw" | sort -s -k1,2

@@ -6,11 +6,15 @@ five separate PyTorch ops) and `triton` (a fused Triton kernel, one row per prog
 row in one block). With `--op` / `--dtype`: `torch` only, in that dtype: torch.softmax,
 torch.log_softmax, or for `backward` PyTorch's fused softmax backward kernel
 (torch._softmax_backward_data(dy, y, 1, dtype), from y = a softmax of random logits and a
-random dy). The timing method is the Rust benchmark's: inputs rotate over enough buffers to
-keep the working set at 4x the L2 cache, each sample times ~0.5 ms of back-to-back launches
-with CUDA events, and the median sample is reported. Bytes: input read once + output written
-once (backward: y and dy read once + dx written once); % of copy is GB/s over the GB/s of a
-device-to-device copy of the input tensor.
+random dy). The timing is the Rust benchmark's, in the modes `--timing` names (isolated,
+back-to-back or both). Isolated: before each launch a memset of a buffer twice the L2 cache
+evicts it, and the one launch sits alone between two CUDA events. Back-to-back: inputs rotate
+over enough buffers to keep the working set at 4x the L2 cache, and each sample times ~0.5 ms
+of consecutive launches between two CUDA events. Either way the contenders (the copy
+included) are timed in interleaved rounds and the median sample is reported. Bytes: input
+read once + output written once (backward: y and dy read once + dx written once); % of copy
+is GB/s over the GB/s of a device-to-device copy of the input tensor timed in the same mode.
+The CSV's last column names the mode of each row.
 
 Exit status 3 means PyTorch is missing (the benchmark then goes on without peers).
 """
@@ -18,6 +22,7 @@ Exit status 3 means PyTorch is missing (the benchmark then goes on without peers
 import argparse
 import math
 import sys
+import time
 
 try:
     import torch
@@ -37,6 +42,12 @@ WARMUP_MS = 30.0
 MAX_WARMUP_LAUNCHES = 5000
 MEASUREMENT_BUDGET_MS = 1500.0
 MIN_SAMPLES = 3
+SLOW_LAUNCH_MS = 20.0
+FLUSH_OVER_L2 = 2
+FLUSH_MIN_BYTES = 16 << 20
+TIMINGS = {"isolated": ("isolated",), "back-to-back": ("back-to-back",),
+           "both": ("back-to-back", "isolated")}
+CSV_HEADER = "variant,dtype,rows,cols,median_ms,gbps,pct_of_copy,timing"
 TRITON_MAX_BLOCK = 1 << 20
 OPS = ("softmax", "log-softmax", "backward")
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
@@ -90,8 +101,9 @@ def variants(cols, op="softmax", dtype="f32"):
         yield "triton", triton_softmax
 
 
-def measure_interleaved(launches, slots, iters, warmup):
-    """Median ms per launch of each launcher: warm-up, then rounds of one sample each."""
+def measure_back_to_back(launches, slots, iters, warmup):
+    """Median ms per launch of each launcher: warm-up, then rounds of one sample each, a
+    sample being ~SAMPLE_MS of consecutive launches between two events."""
     start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     counter = [0]
 
@@ -119,6 +131,52 @@ def measure_interleaved(launches, slots, iters, warmup):
             per_sample, samples = plans[i]
             if round_index < samples:
                 times[i].append(timed(launch, per_sample))
+    return [sorted(t)[len(t) // 2] for t in times]
+
+
+def measure_isolated(launches, slots, iters, warmup, flush):
+    """Median ms of one launch of each launcher, each alone on a flushed L2: a sample
+    enqueues the flush (a memset of `flush`), an event, the launch and another event. Each
+    launcher is warmed up (at least `warmup` samples and a share of WARMUP_MS, unless a launch
+    takes SLOW_LAUNCH_MS), then all are timed in rounds, a round enqueued before it is read."""
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in launches]
+    counter = [0]
+
+    def enqueue(i):
+        flush.zero_()
+        start, stop = events[i]
+        start.record()
+        launches[i](*slots[counter[0] % len(slots)])
+        counter[0] += 1
+        stop.record()
+
+    def elapsed(i):
+        start, stop = events[i]
+        stop.synchronize()
+        return start.elapsed_time(stop)
+
+    share_s = WARMUP_MS * 1e-3 / len(launches)
+    samples = []
+    for i in range(len(launches)):
+        enqueue(i)
+        estimate = elapsed(i)
+        if estimate < SLOW_LAUNCH_MS:
+            started, count = time.perf_counter(), 0
+            while count < MAX_WARMUP_LAUNCHES and (
+                    count < warmup or time.perf_counter() - started < share_s):
+                enqueue(i)
+                estimate = elapsed(i)
+                count += 1
+        affordable = int(MEASUREMENT_BUDGET_MS / max(estimate, 1e-4))
+        samples.append(max(min(iters, affordable), MIN_SAMPLES))
+    times = [[] for _ in launches]
+    for round_index in range(max(samples)):
+        taking = [i for i in range(len(launches)) if round_index < samples[i]]
+        for i in taking:
+            enqueue(i)
+        for i in taking:
+            times[i].append(elapsed(i))
     return [sorted(t)[len(t) // 2] for t in times]
 
 
@@ -172,6 +230,8 @@ def main():
                         help="softmax, log-softmax or backward (softmax gradient)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="f32",
                         help="element type of every tensor")
+    parser.add_argument("--timing", choices=list(TIMINGS), default="both",
+                        help="isolated (L2 flushed, one launch per sample), back-to-back, or both")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("peers.py: PyTorch sees no CUDA device", file=sys.stderr)
@@ -183,7 +243,12 @@ def main():
         print("peers.py: Triton is not installed; timing PyTorch only", file=sys.stderr)
     element = torch.tensor([], dtype=DTYPES[args.dtype]).element_size()
     tensors = 3 if args.op == "backward" else 2
-    lines = ["variant,dtype,rows,cols,median_ms,gbps,pct_of_copy"]
+    timings = TIMINGS[args.timing]
+    flush = None
+    if "isolated" in timings:
+        flush_bytes = max(FLUSH_OVER_L2 * l2, FLUSH_MIN_BYTES)
+        flush = torch.empty(flush_bytes // 4, dtype=torch.int32, device="cuda")
+    lines = [CSV_HEADER]
     for text in args.shapes.split(","):
         rows, cols = (int(v) for v in text.lower().split("x"))
         numel = rows * cols
@@ -201,12 +266,19 @@ def main():
             else:
                 print(f"peers.py: {name} on {text} FAILED the reference check ({relative:.2e}); not timed", file=sys.stderr)
         copy = lambda *slot: slot[-1].copy_(slot[0])
-        medians = measure_interleaved([copy] + [launch for _, launch in checked], slots, args.iters, args.warmup)
-        copy_gbps = copy_traffic / medians[0] / 1e6
-        for (name, _), ms in zip(checked, medians[1:]):
-            gbps = traffic / ms / 1e6
-            lines.append(f"{name},{args.dtype},{rows},{cols},{ms:.6f},{gbps:.2f},{100 * gbps / copy_gbps:.2f}")
-            print(f"peers.py: {text:>14} {args.op} {args.dtype} {name:<14} {ms:9.4f} ms {gbps:8.0f} GB/s", file=sys.stderr)
+        launches = [copy] + [launch for _, launch in checked]
+        for timing in timings:
+            if timing == "isolated":
+                medians = measure_isolated(launches, slots, args.iters, args.warmup, flush)
+            else:
+                medians = measure_back_to_back(launches, slots, args.iters, args.warmup)
+            copy_gbps = copy_traffic / medians[0] / 1e6
+            for (name, _), ms in zip(checked, medians[1:]):
+                gbps = traffic / ms / 1e6
+                lines.append(f"{name},{args.dtype},{rows},{cols},{ms:.6f},{gbps:.2f},"
+                             f"{100 * gbps / copy_gbps:.2f},{timing}")
+                print(f"peers.py: {text:>14} {args.op} {args.dtype} {timing:<12} {name:<14} "
+                      f"{ms:9.4f} ms {gbps:8.0f} GB/s", file=sys.stderr)
         del slots
         torch.cuda.empty_cache()
     with open(args.out, "w") as out:

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use softmax::bench::{self, BenchConfig, BenchOp};
+use softmax::bench::{self, BenchConfig, BenchOp, TimingModes};
 use softmax::{DType, Shape, Variant};
 
 #[derive(Parser, Debug)]
@@ -112,6 +112,11 @@ struct BenchArgs {
     /// sweep keeps about 200 MB per input tensor of that type.
     #[arg(long, default_value = "f32", value_parser = bench::parse_dtype)]
     dtype: DType,
+    /// How samples are timed: isolated (the L2 flushed before each launch, each launch alone
+    /// between two events; also times the floor, an empty launch plus one device-memory round
+    /// trip), back-to-back (about 0.5 ms of consecutive launches per sample), or both.
+    #[arg(long, default_value = "both", value_parser = parse_timing)]
+    timing: TimingModes,
 }
 
 fn parse_shape(text: &str) -> Result<Shape, String> {
@@ -119,6 +124,10 @@ fn parse_shape(text: &str) -> Result<Shape, String> {
 }
 
 fn parse_op(text: &str) -> Result<BenchOp, String> {
+    text.parse()
+}
+
+fn parse_timing(text: &str) -> Result<TimingModes, String> {
     text.parse()
 }
 
@@ -218,6 +227,7 @@ fn bench(args: BenchArgs) -> ExitCode {
         peers: args.peers,
         op: args.op,
         dtype: args.dtype,
+        timing: args.timing,
     };
     match bench::run(&config) {
         Ok(report) => {

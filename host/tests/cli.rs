@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use softmax::bench::Report;
+use softmax::bench::{Outcome, Report, Timing};
 
 fn host(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_host"))
@@ -56,6 +56,7 @@ fn help_lists_every_option() {
         "--peers",
         "--op",
         "--dtype",
+        "--timing",
     ] {
         assert!(help.contains(option), "--help does not mention {option}");
     }
@@ -68,6 +69,7 @@ fn help_lists_every_option() {
     for name in softmax::bench::BenchOp::NAMES
         .into_iter()
         .chain(["f32", "bf16", "f16"])
+        .chain(softmax::bench::TimingModes::NAMES)
     {
         assert!(help.contains(name), "--help does not name {name}");
     }
@@ -90,6 +92,12 @@ fn bad_ops_and_dtypes_are_refused_with_a_clear_message() {
         ),
         ("--dtype", "f64", "unknown dtype `f64`"),
         ("--dtype", "BF16", "unknown dtype `BF16`"),
+        (
+            "--timing",
+            "cold",
+            "unknown timing `cold`: expected isolated, back-to-back or both",
+        ),
+        ("--timing", "", "unknown timing"),
     ] {
         let out = host(&["bench", flag, bad]);
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -117,10 +125,10 @@ fn ops_and_dtypes_parse() {
         assert_eq!(parsed.name(), op);
     }
     // Every valid value gets past parsing: the run then stops only for want of a GPU.
-    for (op, dtype) in [
-        ("softmax", "f32"),
-        ("log-softmax", "f16"),
-        ("backward", "bf16"),
+    for (op, dtype, timing) in [
+        ("softmax", "f32", "both"),
+        ("log-softmax", "f16", "isolated"),
+        ("backward", "bf16", "back-to-back"),
     ] {
         let out = host(&[
             "bench",
@@ -128,6 +136,8 @@ fn ops_and_dtypes_parse() {
             op,
             "--dtype",
             dtype,
+            "--timing",
+            timing,
             "--shapes",
             "4x4",
             "--out",
@@ -136,7 +146,7 @@ fn ops_and_dtypes_parse() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(
             out.status.success() || stderr.contains("no CUDA device"),
-            "--op {op} --dtype {dtype}: {stderr}"
+            "--op {op} --dtype {dtype} --timing {timing}: {stderr}"
         );
     }
 }
@@ -187,20 +197,35 @@ fn without_a_gpu_bench_names_the_cause() {
 }
 
 /// `bench/ab.sh` (the A/B of two builds on the GPU machine) reads the benchmark's own table:
-/// given two builds whose `bench` prints a saved run's table, it reports auto's % of copy for
-/// every shape, build and round.
+/// given two builds whose `bench` prints a run's table, it reports auto's % of copy for every
+/// shape, timing mode, build and round. The run is a saved (back-to-back) run with each
+/// measurement repeated as isolated, one point higher.
 #[test]
 fn ab_script_reads_the_benchmark_table() {
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("host/ sits in the workspace");
     let saved = workspace.join("host/tests/fixtures/bench-run-softmax-bf16.json");
-    let table = Report::load(&saved).expect("a saved run").table();
+    let mut report = Report::load(&saved).expect("a saved run");
+    let isolated: Vec<_> = report
+        .measurements
+        .iter()
+        .cloned()
+        .map(|mut m| {
+            m.timing = Timing::Isolated;
+            if let Outcome::Timed { pct_of_copy, .. } = &mut m.outcome {
+                *pct_of_copy += 1.0;
+            }
+            m
+        })
+        .collect();
+    report.measurements.extend(isolated);
+    let table = report.table();
     let dir = std::env::temp_dir().join(format!("softmax-ab-{}", std::process::id()));
     let _ = fs::remove_dir_all(&dir);
     fs::create_dir_all(dir.join(".gpu/staging")).unwrap();
     fs::create_dir_all(dir.join("bench")).unwrap();
-    for script in ["ab.sh", "unpack-bundle.sh"] {
+    for script in ["ab.sh", "unpack-bundle.sh", "bundle_images.py"] {
         fs::copy(
             workspace.join("bench").join(script),
             dir.join("bench").join(script),
@@ -231,27 +256,33 @@ fn ab_script_reads_the_benchmark_table() {
         "{stdout}{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    // Every auto line of the table, as `shape pct`: each must come back twice per build.
-    let mut shape = "";
+    // Every auto line of the table, as `shape mode pct`: each must come back twice per build.
+    let (mut shape, mut mode) = ("", "");
     let mut expected = Vec::new();
     for line in table.lines() {
         if line.contains(" per tensor)") {
             shape = line.split_whitespace().next().unwrap();
+        } else if let Some(name) = ["isolated", "back-to-back"]
+            .into_iter()
+            .find(|name| line.starts_with(&format!("  {name}: ")))
+        {
+            mode = name;
         } else if line.starts_with("  auto ") {
-            expected.push((shape, line.split_whitespace().nth(3).unwrap().to_owned()));
+            let pct = line.split_whitespace().nth(3).unwrap().to_owned();
+            expected.push((shape, mode, pct));
         }
     }
     assert!(
-        expected.len() >= 10,
-        "the saved run has its shapes: {table}"
+        expected.len() >= 20 && expected.iter().any(|e| e.1 == "isolated"),
+        "the run has its shapes in both modes: {table}"
     );
-    for (shape, pct) in expected {
+    for (shape, mode, pct) in expected {
         for build in ["base", "new"] {
-            let wanted: Vec<&str> = vec![shape, build, &pct, &pct];
+            let wanted: Vec<&str> = vec![shape, mode, build, &pct, &pct];
             assert!(
                 stdout
                     .lines()
-                    .any(|l| l.split_whitespace().take(4).eq(wanted.iter().copied())),
+                    .any(|l| l.split_whitespace().take(5).eq(wanted.iter().copied())),
                 "no `{}` line in:\n{stdout}",
                 wanted.join(" ")
             );

@@ -1,6 +1,10 @@
 //! Roofline-style charts (PNG and SVG): one for the seeds' width sweep (GB/s, with the copy
 //! drawn across) and one for the LLM and odd shapes (% of the copy of the same tensor, since
 //! their copies run at very different speeds). The legend sits beside the plot.
+//!
+//! Charts show one timing mode, the report's headline ([`Report::headline_timing`]): isolated
+//! where it was measured, else back-to-back. The floor is left out (its GB/s on large tensors
+//! would dwarf every line); it is in the table and the CSV.
 
 use std::path::Path;
 use std::sync::Once;
@@ -8,7 +12,7 @@ use std::sync::Once;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-use super::{BenchOp, Outcome, Report, seed_sweep_shapes_for};
+use super::{BenchOp, FLOOR_VARIANT, Outcome, Report, Timing, seed_sweep_shapes_for};
 use crate::error::{Error, Result};
 use crate::shape::Shape;
 
@@ -123,15 +127,14 @@ fn chart_error(error: impl std::fmt::Display) -> Error {
     }
 }
 
-/// The metric of `variant` at each of the spec's points where it was timed.
-fn series(report: &Report, spec: &ChartSpec, variant: &str) -> Vec<(f64, f64)> {
+/// The metric of `variant` at each of the spec's points where it was timed in `timing`.
+fn series(report: &Report, spec: &ChartSpec, variant: &str, timing: Timing) -> Vec<(f64, f64)> {
     spec.points
         .iter()
         .filter_map(|(shape, x, _)| {
-            let m = report
-                .measurements
-                .iter()
-                .find(|m| m.variant == variant && m.shape().ok() == Some(*shape))?;
+            let m = report.measurements.iter().find(|m| {
+                m.variant == variant && m.timing == timing && m.shape().ok() == Some(*shape)
+            })?;
             match (m.outcome.clone(), spec.metric) {
                 (Outcome::Timed { gbps, .. }, Metric::GigabytesPerSecond) => Some((*x, gbps)),
                 (Outcome::Timed { pct_of_copy, .. }, Metric::PercentOfCopy) => {
@@ -151,13 +154,20 @@ fn plot<DB: DrawingBackend>(
     let error = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
     root.fill(&WHITE).map_err(error)?;
     let (plot_area, legend_area) = root.split_horizontally(SIZE.0 - LEGEND_WIDTH);
+    let timing = report.headline_timing();
     let mut variants: Vec<&str> = vec!["copy"];
     for m in &report.measurements {
-        if !variants.contains(&m.variant.as_str()) {
+        if m.timing == timing
+            && m.variant != FLOOR_VARIANT
+            && !variants.contains(&m.variant.as_str())
+        {
             variants.push(&m.variant);
         }
     }
-    let all: Vec<Vec<(f64, f64)>> = variants.iter().map(|v| series(report, spec, v)).collect();
+    let all: Vec<Vec<(f64, f64)>> = variants
+        .iter()
+        .map(|v| series(report, spec, v, timing))
+        .collect();
     let largest = all.iter().flatten().map(|p| p.1).fold(100.0, f64::max);
     let y_max = largest * 1.06;
     if !y_max.is_finite() {
@@ -238,6 +248,13 @@ fn plot<DB: DrawingBackend>(
             )
             .map_err(error)?;
     }
+    let timing_label = match timing {
+        Timing::Isolated => "isolated launches (L2 flushed)",
+        Timing::BackToBack => "back-to-back launches",
+    };
+    legend_area
+        .draw(&Text::new(timing_label, (10, 30), ("sans-serif", 16)))
+        .map_err(error)?;
     for (i, variant) in variants.iter().enumerate() {
         let y = 70 + 24 * i as i32;
         let label = if i == 0 { "copy (roofline)" } else { variant };
@@ -256,4 +273,82 @@ fn plot<DB: DrawingBackend>(
             .map_err(error)?;
     }
     root.present().map_err(error)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::{Measurement, seed_sweep_shapes};
+    use crate::device::DeviceInfo;
+    use crate::views::DType;
+
+    fn measurement(variant: &str, shape: Shape, gbps: f64, timing: Timing) -> Measurement {
+        Measurement {
+            variant: variant.into(),
+            dtype: "f32".into(),
+            rows: shape.rows(),
+            cols: shape.cols(),
+            kernels: Vec::new(),
+            outcome: Outcome::Timed {
+                median_ms: 1.0,
+                gbps,
+                pct_of_copy: 100.0,
+            },
+            timing,
+        }
+    }
+
+    fn report(measurements: Vec<Measurement>) -> Report {
+        let device = DeviceInfo {
+            ordinal: 0,
+            name: "NVIDIA H200".into(),
+            compute_capability: (9, 0),
+            multiprocessors: 132,
+            max_shared_per_block: 232_448,
+            l2_bytes: 60 << 20,
+            total_memory_bytes: 140 << 30,
+            sm_clock_mhz: 1980,
+            memory_clock_mhz: 3201,
+            driver_version: 13000,
+            supports_cooperative_launch: true,
+        };
+        Report::new(device, BenchOp::Softmax, DType::F32, measurements)
+    }
+
+    #[test]
+    fn charts_use_isolated_measurements_when_there_are_any() {
+        let shape = seed_sweep_shapes()[0];
+        let spec = ChartSpec {
+            title: String::new(),
+            x_label: "",
+            metric: Metric::GigabytesPerSecond,
+            points: vec![(shape, 5.0, String::new())],
+        };
+        let back_to_back = vec![
+            measurement("copy", shape, 4000.0, Timing::BackToBack),
+            measurement("auto", shape, 3900.0, Timing::BackToBack),
+        ];
+        let old = report(back_to_back.clone());
+        assert_eq!(
+            series(&old, &spec, "auto", old.headline_timing()),
+            [(5.0, 3900.0)]
+        );
+        let mut both = back_to_back;
+        both.extend([
+            measurement("copy", shape, 3000.0, Timing::Isolated),
+            measurement(FLOOR_VARIANT, shape, 90_000.0, Timing::Isolated),
+            measurement("auto", shape, 2900.0, Timing::Isolated),
+        ]);
+        let new = report(both);
+        assert_eq!(new.headline_timing(), Timing::Isolated);
+        assert_eq!(
+            series(&new, &spec, "auto", new.headline_timing()),
+            [(5.0, 2900.0)]
+        );
+        let dir = std::env::temp_dir().join(format!("softmax-charts-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        draw_all(&new, &dir).expect("charts of a run with both modes and the floor");
+        assert!(dir.join("nvidia-h200-seed-sweep.svg").is_file());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

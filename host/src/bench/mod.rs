@@ -7,6 +7,11 @@
 //! operation API ([`Softmax::forward`], [`Softmax::backward`]) beside the copy and the peers;
 //! backward moves `3 · rows · cols · bytes` (reads y and dy, writes dx), and its % of copy is
 //! its GB/s over the copy's (copy-equivalent bandwidth).
+//!
+//! Two timing modes ([`Timing`]): *isolated* flushes the L2 before each launch and times that
+//! launch alone; *back-to-back* times about 0.5 ms of consecutive launches. Each contender's
+//! % of copy is taken against the copy timed in the same mode. Isolated runs also time the
+//! floor: a one-thread kernel that loads one word and stores it, the least any launch costs.
 
 mod chart;
 pub mod coldstart;
@@ -91,6 +96,111 @@ impl std::str::FromStr for BenchOp {
         }
     }
 }
+
+/// How a sample is timed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Timing {
+    /// The L2 flushed before each launch, and that one launch alone between two events: what
+    /// a call costs when its input comes from device memory and nothing overlaps it.
+    Isolated,
+    /// About 0.5 ms of consecutive launches between two events, inputs rotating over buffers
+    /// of 4× the L2: throughput, with the gaps between launches included.
+    BackToBack,
+}
+
+impl Timing {
+    /// Both modes, in the order tables show them.
+    pub const ALL: [Timing; 2] = [Timing::Isolated, Timing::BackToBack];
+
+    /// The name on the command line, in CSV files and in JSON reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Timing::Isolated => "isolated",
+            Timing::BackToBack => "back-to-back",
+        }
+    }
+}
+
+impl std::fmt::Display for Timing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Timing {
+    type Err = String;
+
+    fn from_str(text: &str) -> std::result::Result<Self, String> {
+        Timing::ALL
+            .into_iter()
+            .find(|t| t.name() == text.trim())
+            .ok_or_else(|| format!("unknown timing `{text}`: expected isolated or back-to-back"))
+    }
+}
+
+/// The timing of measurements saved before there were two modes: back-to-back.
+fn timing_of_older_reports() -> Timing {
+    Timing::BackToBack
+}
+
+/// Which timing modes a run measures (`--timing`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum TimingModes {
+    /// Isolated only.
+    Isolated,
+    /// Back-to-back only.
+    BackToBack,
+    /// Both, each contender in each mode.
+    #[default]
+    Both,
+}
+
+impl TimingModes {
+    pub const NAMES: [&str; 3] = ["isolated", "back-to-back", "both"];
+
+    /// The command-line name.
+    pub fn name(self) -> &'static str {
+        match self {
+            TimingModes::Isolated => "isolated",
+            TimingModes::BackToBack => "back-to-back",
+            TimingModes::Both => "both",
+        }
+    }
+
+    /// The modes measured, in the order they run.
+    pub fn timings(self) -> &'static [Timing] {
+        match self {
+            TimingModes::Isolated => &[Timing::Isolated],
+            TimingModes::BackToBack => &[Timing::BackToBack],
+            TimingModes::Both => &[Timing::BackToBack, Timing::Isolated],
+        }
+    }
+}
+
+impl std::fmt::Display for TimingModes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for TimingModes {
+    type Err = String;
+
+    fn from_str(text: &str) -> std::result::Result<Self, String> {
+        match text.trim() {
+            "isolated" => Ok(TimingModes::Isolated),
+            "back-to-back" => Ok(TimingModes::BackToBack),
+            "both" => Ok(TimingModes::Both),
+            _ => Err(format!(
+                "unknown timing `{text}`: expected isolated, back-to-back or both"
+            )),
+        }
+    }
+}
+
+/// The variant name of the floor's measurements.
+pub const FLOOR_VARIANT: &str = "floor";
 
 /// Parses an element type as the command line spells it: `f32`, `bf16` or `f16`.
 pub fn parse_dtype(text: &str) -> std::result::Result<DType, String> {
@@ -191,6 +301,8 @@ pub struct BenchConfig {
     pub op: BenchOp,
     /// Element type of every tensor (input and output alike).
     pub dtype: DType,
+    /// The timing modes measured.
+    pub timing: TimingModes,
 }
 
 /// The result of one variant on one shape.
@@ -203,6 +315,9 @@ pub struct Measurement {
     /// The kernels that ran (for `auto`, what it chose).
     pub kernels: Vec<String>,
     pub outcome: Outcome,
+    /// How the samples were timed (absent in older reports: back-to-back).
+    #[serde(default = "timing_of_older_reports")]
+    pub timing: Timing,
 }
 
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
@@ -297,6 +412,7 @@ pub fn run(config: &BenchConfig) -> Result<Report> {
         ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}").expect("valid template"),
     );
     let mut rng = SmallRng::seed_from_u64(0x5eed);
+    let mut timer = timing::Timer::default();
     let mut measurements = Vec::new();
     for &shape in &config.shapes {
         let mut pools = timing::Pools::new(shape, device.l2_bytes as usize, &mut rng)?;
@@ -304,51 +420,63 @@ pub fn run(config: &BenchConfig) -> Result<Report> {
         let mut verdicts = Vec::new();
         for &variant in &config.variants {
             progress.set_message(format!("{shape}: checking {variant}"));
-            verdicts.push((variant, pools.verify(&mut softmax, variant, &mut rng)));
+            let verdict = pools.verify(&mut softmax, variant, &mut rng);
+            let kernels = softmax.kernels_for(variant, shape).unwrap_or_default();
+            verdicts.push((variant, verdict, kernels));
         }
         let contenders: Vec<Contender> = std::iter::once(Contender::Copy)
             .chain(
                 verdicts
                     .iter()
-                    .filter(|(_, v)| v.is_ok())
-                    .map(|&(variant, _)| Contender::Variant(variant)),
+                    .filter(|(_, verdict, _)| verdict.is_ok())
+                    .map(|&(variant, _, _)| Contender::Variant(variant)),
             )
             .collect();
-        progress.set_message(format!("{shape}: timing {} contenders", contenders.len()));
-        let medians = timing::time_interleaved(&mut pools, &mut softmax, &contenders, config)?;
-        let copy_ms = medians[0];
-        let timed = |ms: f64| Outcome::Timed {
-            median_ms: ms,
-            gbps: gigabytes_per_second(shape, ms),
-            pct_of_copy: 100.0 * copy_ms / ms,
-        };
-        measurements.push(Measurement {
-            variant: "copy".into(),
-            dtype: "f32".into(),
-            rows: shape.rows(),
-            cols: shape.cols(),
-            kernels: vec!["cuMemcpyDtoDAsync".into()],
-            outcome: timed(copy_ms),
-        });
-        let mut timed_medians = medians[1..].iter();
-        for (variant, verdict) in verdicts {
-            let outcome = match verdict {
-                Ok(()) => timed(
-                    *timed_medians
-                        .next()
-                        .expect("one median per verified variant"),
-                ),
-                Err(outcome) => outcome,
+        for &timing in config.timing.timings() {
+            progress.set_message(format!(
+                "{shape}: timing {} contenders, {timing}",
+                contenders.len()
+            ));
+            let medians = timer.measure(timing, &mut pools, &mut softmax, &contenders, config)?;
+            let copy_ms = medians.contenders[0];
+            let timed = |ms: f64| Outcome::Timed {
+                median_ms: ms,
+                gbps: gigabytes_per_second(shape, ms),
+                pct_of_copy: 100.0 * copy_ms / ms,
             };
-            let kernels = softmax.kernels_for(variant, shape).unwrap_or_default();
-            measurements.push(Measurement {
-                variant: variant.name(),
+            let measurement = |variant: String, kernels: Vec<String>, outcome| Measurement {
+                variant,
                 dtype: "f32".into(),
                 rows: shape.rows(),
                 cols: shape.cols(),
                 kernels,
                 outcome,
-            });
+                timing,
+            };
+            measurements.push(measurement(
+                "copy".into(),
+                vec!["cuMemcpyDtoDAsync".into()],
+                timed(copy_ms),
+            ));
+            if let Some(floor_ms) = medians.floor {
+                measurements.push(measurement(
+                    FLOOR_VARIANT.into(),
+                    vec![timing::FLOOR_ENTRY.into()],
+                    timed(floor_ms),
+                ));
+            }
+            let mut timed_medians = medians.contenders[1..].iter();
+            for (variant, verdict, kernels) in &verdicts {
+                let outcome = match verdict {
+                    Ok(()) => timed(
+                        *timed_medians
+                            .next()
+                            .expect("one median per verified variant"),
+                    ),
+                    Err(outcome) => outcome.clone(),
+                };
+                measurements.push(measurement(variant.name(), kernels.clone(), outcome));
+            }
         }
         progress.inc(1);
     }

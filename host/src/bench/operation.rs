@@ -13,7 +13,9 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use super::timing::{self, Launcher, WORKING_SET_OVER_L2};
-use super::{BenchConfig, BenchOp, Measurement, Outcome, timed_outcome, traffic_bytes};
+use super::{
+    BenchConfig, BenchOp, FLOOR_VARIANT, Measurement, Outcome, timed_outcome, traffic_bytes,
+};
 use crate::error::{CudaContext, Error, Result};
 use crate::views::{DType, Element, Operation, Options, Rows, RowsMut};
 
@@ -360,6 +362,7 @@ pub(super) fn run<T: Bench>(config: &BenchConfig) -> Result<super::Report> {
         ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}").expect("valid template"),
     );
     let mut rng = SmallRng::seed_from_u64(0x5eed);
+    let mut timer = timing::Timer::default();
     let mut measurements = Vec::new();
     for &shape in &config.shapes {
         let mut pools = OpPools::<T>::new(op, shape, device.l2_bytes as usize, &mut rng)?;
@@ -370,33 +373,46 @@ pub(super) fn run<T: Bench>(config: &BenchConfig) -> Result<super::Report> {
         } else {
             &[OpContender::Copy]
         };
-        progress.set_message(format!("{shape} {op} {}: timing", dtype.name()));
-        let medians = timing::time_interleaved(&mut pools, &mut softmax, contenders, config)?;
-        let copy_bytes = traffic_bytes(BenchOp::Softmax, dtype, shape);
-        let copy_ms = medians[0];
-        let copy_gbps = copy_bytes as f64 / (copy_ms * 1e-3) / 1e9;
-        let measurement = |variant: &str, kernels: String, outcome| Measurement {
-            variant: variant.into(),
-            dtype: dtype.name().into(),
-            rows: shape.rows(),
-            cols: shape.cols(),
-            kernels: vec![kernels],
-            outcome,
-        };
-        measurements.push(measurement(
-            "copy",
-            "cuMemcpyDtoDAsync".into(),
-            timed_outcome(copy_bytes, copy_ms, copy_gbps),
-        ));
-        let outcome = match verdict {
-            Ok(()) => timed_outcome(traffic_bytes(op, dtype, shape), medians[1], copy_gbps),
-            Err(outcome) => outcome,
-        };
         // The plan is only a label here: not having one does not stop the run.
         let plan =
             planned_kernel(&mut softmax, op, &pools).unwrap_or_else(|e| format!("(no plan: {e})"));
         let kernels = format!("{}: {plan}", api_call(op, dtype));
-        measurements.push(measurement("auto", kernels, outcome));
+        let copy_bytes = traffic_bytes(BenchOp::Softmax, dtype, shape);
+        let op_bytes = traffic_bytes(op, dtype, shape);
+        for &timing in config.timing.timings() {
+            progress.set_message(format!("{shape} {op} {}: timing, {timing}", dtype.name()));
+            let medians = timer.measure(timing, &mut pools, &mut softmax, contenders, config)?;
+            let copy_ms = medians.contenders[0];
+            let copy_gbps = copy_bytes as f64 / (copy_ms * 1e-3) / 1e9;
+            let measurement = |variant: &str, kernels: String, outcome| Measurement {
+                variant: variant.into(),
+                dtype: dtype.name().into(),
+                rows: shape.rows(),
+                cols: shape.cols(),
+                kernels: vec![kernels],
+                outcome,
+                timing,
+            };
+            measurements.push(measurement(
+                "copy",
+                "cuMemcpyDtoDAsync".into(),
+                timed_outcome(copy_bytes, copy_ms, copy_gbps),
+            ));
+            // The floor counts the operation's bytes: its % of copy is the most a call of
+            // this shape could show.
+            if let Some(floor_ms) = medians.floor {
+                measurements.push(measurement(
+                    FLOOR_VARIANT,
+                    timing::FLOOR_ENTRY.into(),
+                    timed_outcome(op_bytes, floor_ms, copy_gbps),
+                ));
+            }
+            let outcome = match &verdict {
+                Ok(()) => timed_outcome(op_bytes, medians.contenders[1], copy_gbps),
+                Err(outcome) => outcome.clone(),
+            };
+            measurements.push(measurement("auto", kernels.clone(), outcome));
+        }
         progress.inc(1);
     }
     progress.finish_and_clear();

@@ -5,7 +5,9 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::{BenchOp, Measurement, Outcome, chart, is_default_run, parse_dtype};
+use super::{
+    BenchOp, FLOOR_VARIANT, Measurement, Outcome, Timing, chart, is_default_run, parse_dtype,
+};
 use crate::device::DeviceInfo;
 use crate::error::{Error, Result};
 use crate::shape::Shape;
@@ -98,59 +100,51 @@ impl Report {
         shapes
     }
 
-    /// One table per shape: variant, kernels, ms, GB/s, % of copy, speed-up over the slowest.
+    /// The timing mode that headlines this report (charts, quoted numbers): isolated where it
+    /// was measured, else back-to-back (all that older reports hold).
+    pub fn headline_timing(&self) -> Timing {
+        if self
+            .measurements
+            .iter()
+            .any(|m| m.timing == Timing::Isolated)
+        {
+            Timing::Isolated
+        } else {
+            Timing::BackToBack
+        }
+    }
+
+    /// One table per shape, a section per timing mode measured (isolated first), each with
+    /// variant, ms, GB/s, % of copy, speed-up over the slowest of its section and kernels.
+    /// The floor has no speed-up.
     pub fn table(&self) -> String {
         let mut text = String::new();
         for shape in self.shapes() {
-            let rows: Vec<&Measurement> = self
-                .measurements
-                .iter()
-                .filter(|m| m.shape().ok() == Some(shape))
-                .collect();
-            let slowest = rows
-                .iter()
-                .filter_map(|m| m.median_ms())
-                .fold(0.0, f64::max);
             let _ = writeln!(
                 text,
                 "\n{shape} {} ({:.1} MB per tensor)",
                 self.what(),
                 shape.len() as f64 * f64::from(self.bench_dtype().bytes()) * 1e-6
             );
-            let _ = writeln!(
-                text,
-                "  {:<22} {:>10} {:>9} {:>8} {:>9}  kernels",
-                "variant", "ms", "GB/s", "% copy", "speed-up"
-            );
-            for m in rows {
-                let kernels = m.kernels.join(" + ");
-                let _ = match &m.outcome {
-                    Outcome::Timed {
-                        median_ms,
-                        gbps,
-                        pct_of_copy,
-                    } => writeln!(
-                        text,
-                        "  {:<22} {:>10.4} {:>9.0} {:>7.1}% {:>8.1}x  {kernels}",
-                        m.variant,
-                        median_ms,
-                        gbps,
-                        pct_of_copy,
-                        slowest / median_ms
-                    ),
-                    Outcome::Failed(why) => {
-                        writeln!(text, "  {:<22} FAILED (not timed): {why}", m.variant)
-                    }
-                    Outcome::Unsupported(why) => writeln!(text, "  {:<22} n/a: {why}", m.variant),
-                };
+            for timing in Timing::ALL {
+                let rows: Vec<&Measurement> = self
+                    .measurements
+                    .iter()
+                    .filter(|m| m.timing == timing && m.shape().ok() == Some(shape))
+                    .collect();
+                if rows.is_empty() {
+                    continue;
+                }
+                write_section(&mut text, timing, &rows);
             }
         }
         text
     }
 
-    /// `variant,dtype,rows,cols,median_ms,gbps,pct_of_copy`, one line per timed measurement.
+    /// `variant,dtype,rows,cols,median_ms,gbps,pct_of_copy,timing`, one line per timed
+    /// measurement.
     pub fn csv(&self) -> String {
-        let mut text = String::from("variant,dtype,rows,cols,median_ms,gbps,pct_of_copy\n");
+        let mut text = String::from("variant,dtype,rows,cols,median_ms,gbps,pct_of_copy,timing\n");
         for m in &self.measurements {
             if let Outcome::Timed {
                 median_ms,
@@ -160,8 +154,8 @@ impl Report {
             {
                 let _ = writeln!(
                     text,
-                    "{},{},{},{},{median_ms:.6},{gbps:.2},{pct_of_copy:.2}",
-                    m.variant, m.dtype, m.rows, m.cols
+                    "{},{},{},{},{median_ms:.6},{gbps:.2},{pct_of_copy:.2},{}",
+                    m.variant, m.dtype, m.rows, m.cols, m.timing
                 );
             }
         }
@@ -208,6 +202,51 @@ impl Report {
         let json = serde_json::to_string_pretty(self).map_err(|e| io(std::io::Error::other(e)))?;
         std::fs::write(stem.with_extension("json"), json).map_err(io)?;
         chart::draw_all(self, dir)
+    }
+}
+
+/// One timing mode's part of a shape's table: a line naming the mode, a header, and a line
+/// per measurement.
+fn write_section(text: &mut String, timing: Timing, rows: &[&Measurement]) {
+    let how = match timing {
+        Timing::Isolated => "the L2 flushed before each launch, one launch per sample",
+        Timing::BackToBack => "about 0.5 ms of consecutive launches per sample",
+    };
+    let _ = writeln!(text, "  {timing}: {how}");
+    let slowest = rows
+        .iter()
+        .filter(|m| m.variant != FLOOR_VARIANT)
+        .filter_map(|m| m.median_ms())
+        .fold(0.0, f64::max);
+    let _ = writeln!(
+        text,
+        "  {:<22} {:>10} {:>9} {:>8} {:>9}  kernels",
+        "variant", "ms", "GB/s", "% copy", "speed-up"
+    );
+    for m in rows {
+        let kernels = m.kernels.join(" + ");
+        let _ = match &m.outcome {
+            Outcome::Timed {
+                median_ms,
+                gbps,
+                pct_of_copy,
+            } => {
+                let speed_up = if m.variant == FLOOR_VARIANT {
+                    format!("{:>9}", "-")
+                } else {
+                    format!("{:>8.1}x", slowest / median_ms)
+                };
+                writeln!(
+                    text,
+                    "  {:<22} {:>10.4} {:>9.0} {:>7.1}% {speed_up}  {kernels}",
+                    m.variant, median_ms, gbps, pct_of_copy,
+                )
+            }
+            Outcome::Failed(why) => {
+                writeln!(text, "  {:<22} FAILED (not timed): {why}", m.variant)
+            }
+            Outcome::Unsupported(why) => writeln!(text, "  {:<22} n/a: {why}", m.variant),
+        };
     }
 }
 
@@ -304,30 +343,144 @@ mod tests {
         assert_eq!(old.file_stem(), "nvidia-h200");
     }
 
+    /// A timed measurement of 2×3 `bf16` data.
+    fn timed(variant: &str, median_ms: f64, pct_of_copy: f64, timing: Timing) -> Measurement {
+        Measurement {
+            variant: variant.into(),
+            dtype: "bf16".into(),
+            rows: 2,
+            cols: 3,
+            kernels: vec![format!("{variant}_kernel")],
+            outcome: Outcome::Timed {
+                median_ms,
+                gbps: 1.0,
+                pct_of_copy,
+            },
+            timing,
+        }
+    }
+
     #[test]
-    fn csv_header_and_dtype_column() {
+    fn csv_header_and_dtype_and_timing_columns() {
         let report = Report::new(
             device(),
             BenchOp::Backward,
             DType::Bf16,
-            vec![Measurement {
-                variant: "auto".into(),
-                dtype: "bf16".into(),
-                rows: 2,
-                cols: 3,
-                kernels: Vec::new(),
-                outcome: Outcome::Timed {
-                    median_ms: 0.5,
-                    gbps: 1.0,
-                    pct_of_copy: 90.0,
-                },
-            }],
+            vec![
+                timed("auto", 0.5, 90.0, Timing::Isolated),
+                timed("auto", 0.25, 95.0, Timing::BackToBack),
+            ],
         );
         assert_eq!(
             report.csv(),
-            "variant,dtype,rows,cols,median_ms,gbps,pct_of_copy\n\
-             auto,bf16,2,3,0.500000,1.00,90.00\n"
+            "variant,dtype,rows,cols,median_ms,gbps,pct_of_copy,timing\n\
+             auto,bf16,2,3,0.500000,1.00,90.00,isolated\n\
+             auto,bf16,2,3,0.250000,1.00,95.00,back-to-back\n"
         );
+    }
+
+    #[test]
+    fn timing_names_round_trip_through_json_and_text() {
+        for timing in Timing::ALL {
+            let json = serde_json::to_value(timing).unwrap();
+            assert_eq!(json, timing.name());
+            assert_eq!(serde_json::from_value::<Timing>(json).unwrap(), timing);
+            assert_eq!(timing.name().parse::<Timing>(), Ok(timing));
+        }
+        assert!("both".parse::<Timing>().is_err());
+        assert!(serde_json::from_value::<Timing>("sideways".into()).is_err());
+    }
+
+    #[test]
+    fn timing_modes_parse_and_list_their_timings() {
+        use crate::bench::TimingModes;
+        assert_eq!(TimingModes::default(), TimingModes::Both);
+        for name in TimingModes::NAMES {
+            let modes: TimingModes = name.parse().unwrap();
+            assert_eq!(modes.name(), name);
+        }
+        assert_eq!(TimingModes::Isolated.timings(), [Timing::Isolated]);
+        assert_eq!(TimingModes::BackToBack.timings(), [Timing::BackToBack]);
+        let both = TimingModes::Both.timings();
+        assert_eq!(both.len(), 2);
+        assert!(both.contains(&Timing::Isolated) && both.contains(&Timing::BackToBack));
+        let refused = "isolate".parse::<TimingModes>().unwrap_err();
+        assert!(
+            refused.contains("expected isolated, back-to-back or both"),
+            "{refused}"
+        );
+    }
+
+    #[test]
+    fn measurements_without_timing_are_back_to_back() {
+        let report = Report::new(
+            device(),
+            BenchOp::Softmax,
+            DType::Bf16,
+            vec![timed("auto", 0.5, 90.0, Timing::Isolated)],
+        );
+        let mut json = serde_json::to_value(&report).unwrap();
+        let first = &mut json["measurements"][0];
+        assert_eq!(first["timing"], "isolated");
+        first.as_object_mut().unwrap().remove("timing");
+        let old: Report = serde_json::from_value(json).unwrap();
+        assert_eq!(old.measurements[0].timing, Timing::BackToBack);
+        assert_eq!(old.headline_timing(), Timing::BackToBack);
+        assert_eq!(report.headline_timing(), Timing::Isolated);
+    }
+
+    #[test]
+    fn saved_runs_from_before_the_timing_modes_load_as_back_to_back() {
+        let saved = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/bench-run-softmax-bf16.json");
+        let report = Report::load(&saved).expect("the saved run loads");
+        assert!(!report.measurements.is_empty());
+        assert!(
+            report
+                .measurements
+                .iter()
+                .all(|m| m.timing == Timing::BackToBack)
+        );
+        let table = report.table();
+        assert!(table.contains("  back-to-back: "), "{table}");
+        assert!(!table.contains("  isolated: "), "{table}");
+    }
+
+    #[test]
+    fn the_table_has_a_section_per_mode_and_the_floor() {
+        let report = Report::new(
+            device(),
+            BenchOp::Softmax,
+            DType::Bf16,
+            vec![
+                timed("copy", 0.01, 100.0, Timing::BackToBack),
+                timed("auto", 0.02, 50.0, Timing::BackToBack),
+                timed("copy", 0.02, 100.0, Timing::Isolated),
+                timed(FLOOR_VARIANT, 0.005, 400.0, Timing::Isolated),
+                timed("auto", 0.04, 50.0, Timing::Isolated),
+            ],
+        );
+        let table = report.table();
+        let isolated = table.find("  isolated: ").expect("an isolated section");
+        let back_to_back = table
+            .find("  back-to-back: ")
+            .expect("a back-to-back section");
+        assert!(isolated < back_to_back, "isolated comes first:\n{table}");
+        let line = |start: &str| {
+            table
+                .lines()
+                .find(|l| l.starts_with(start))
+                .unwrap_or_else(|| panic!("no `{start}` line in:\n{table}"))
+        };
+        let floor = line("  floor ");
+        assert!(floor.contains("400.0%"), "{floor}");
+        assert!(floor.contains("floor_kernel"), "{floor}");
+        assert!(!floor.contains('x'), "the floor has no speed-up: {floor}");
+        // The speed-up is over the slowest of the same mode, not counting the floor.
+        let autos: Vec<&str> = table.lines().filter(|l| l.starts_with("  auto ")).collect();
+        assert_eq!(autos.len(), 2, "{table}");
+        assert!(autos.iter().all(|l| l.contains(" 1.0x ")), "{table}");
+        assert_eq!(table.matches("  variant ").count(), 2, "{table}");
     }
 
     #[test]

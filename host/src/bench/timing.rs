@@ -1,15 +1,22 @@
-//! Buffers, correctness check and event timing for one shape.
+//! Buffers, correctness check and event timing for one shape, in both timing modes.
 //!
-//! When the tensor is small next to the L2 cache, launches rotate over several input/output
-//! pairs so that every measurement reads device memory, not the cache; `bench/peers.py`
-//! times the peers the same way.
+//! Back-to-back: when the tensor is small next to the L2 cache, launches rotate over several
+//! input/output pairs so that every measurement reads device memory, not the cache.
+//! Isolated: a memset of a buffer twice the L2 evicts everything before each launch, which
+//! then runs alone between two events; the floor kernel ([`FLOOR_PTX`]) is timed the same way.
+//! `bench/peers.py` times the peers the same way in both modes.
+
+use std::time::{Duration, Instant};
 
 use cust::event::{Event, EventFlags};
+use cust::launch;
 use cust::memory::{AsyncCopyDestination, CopyDestination, DeviceBuffer, DeviceSlice};
+use cust::module::Module;
+use cust::stream::Stream;
 use rand::Rng;
 use rand::rngs::SmallRng;
 
-use super::{BenchConfig, Outcome, random_values};
+use super::{BenchConfig, Outcome, Timing, random_values};
 use crate::error::{CudaContext, Error, Result};
 use crate::reference::{deviation, softmax_f64};
 use crate::shape::Shape;
@@ -40,7 +47,7 @@ pub(super) fn launched(result: Result<()>) -> std::result::Result<(), Outcome> {
 }
 /// The tolerance of the GPU tests: relative L2 error and row-sum error.
 const TOLERANCE: f64 = 1e-5;
-/// Each timed sample runs back-to-back launches for about this long.
+/// Each back-to-back sample runs consecutive launches for about this long.
 const SAMPLE_MS: f64 = 0.5;
 /// Time one measurement may take before it is cut to fewer samples.
 const MEASUREMENT_BUDGET_MS: f64 = 1500.0;
@@ -157,11 +164,242 @@ pub(super) trait Launcher {
     ) -> Result<()>;
 }
 
+/// The floor kernel's entry: the name the report gives as the floor's kernel.
+pub(super) const FLOOR_ENTRY: &str = "floor_load_store";
+
+/// `floor_load_store(source, target)`: one thread loads the 32-bit word at `source` (past
+/// L1, from L2 or device memory) and stores it at `target`. Launched on one thread after an
+/// L2 flush, it costs what any launch costs at least: the launch itself and one round trip
+/// to device memory. PTX ISA 7.0 for sm_80, the oldest target the library runs on.
+pub(super) const FLOOR_PTX: &str = ".version 7.0
+.target sm_80
+.address_size 64
+
+.visible .entry floor_load_store(
+\t.param .u64 floor_load_store_source,
+\t.param .u64 floor_load_store_target
+)
+{
+\t.reg .b32 \t%r<2>;
+\t.reg .b64 \t%rd<5>;
+
+\tld.param.u64 \t%rd1, [floor_load_store_source];
+\tld.param.u64 \t%rd2, [floor_load_store_target];
+\tcvta.to.global.u64 \t%rd3, %rd1;
+\tcvta.to.global.u64 \t%rd4, %rd2;
+\tld.global.cg.u32 \t%r1, [%rd3];
+\tst.global.u32 \t[%rd4], %r1;
+\tret;
+}
+";
+
+/// The flush buffer holds this many times the L2 ...
+const FLUSH_OVER_L2: usize = 2;
+/// ... and at least this many bytes (for a device that reports a tiny or no L2).
+const FLUSH_MIN_BYTES: usize = 16 << 20;
+/// Bytes between the floor kernel's source and target words (separate cache lines).
+const FLOOR_WORD_GAP_BYTES: usize = 256;
+
+/// What isolated timing needs for a whole run: the buffer whose memset evicts the L2 before
+/// each launch, and the floor kernel with the words it reads and writes.
+pub(super) struct Isolation {
+    flush: DeviceBuffer<u32>,
+    floor_module: Module,
+    /// The floor's source word at index 0 and its target word [`FLOOR_WORD_GAP_BYTES`] on.
+    floor_words: DeviceBuffer<u32>,
+}
+
+impl Isolation {
+    /// Allocates a flush buffer of [`FLUSH_OVER_L2`] times `l2_bytes` and loads the floor
+    /// kernel, in the current context.
+    pub fn new(l2_bytes: usize) -> Result<Self> {
+        let flush_words = (FLUSH_OVER_L2 * l2_bytes).max(FLUSH_MIN_BYTES) / 4;
+        // SAFETY: u32 accepts any bits; the buffer is only ever written (by the flush).
+        let flush = unsafe { DeviceBuffer::uninitialized(flush_words) }
+            .during("allocating the L2 flush buffer")?;
+        let floor_words = DeviceBuffer::from_slice(&[0u32; 2 * FLOOR_WORD_GAP_BYTES / 4])
+            .during("allocating the floor kernel's words")?;
+        let floor_module =
+            Module::from_ptx(FLOOR_PTX, &[]).during("loading the floor kernel's PTX")?;
+        // Looked up once here, so that no later launch waits for a lazy load.
+        floor_module
+            .get_function(FLOOR_ENTRY)
+            .during("looking up the floor kernel")?;
+        Ok(Isolation {
+            flush,
+            floor_module,
+            floor_words,
+        })
+    }
+
+    /// Enqueues the memset that evicts the L2: it writes twice the cache's size, so what the
+    /// cache held before (inputs, outputs, the floor's words) is gone from it afterwards.
+    fn flush_l2(&mut self, stream: &Stream) -> Result<()> {
+        // SAFETY: a live buffer of u32, so 4-byte aligned and a whole number of words; nothing
+        // reads it.
+        unsafe { self.flush.set_32_async(0, stream) }.during("flushing the L2")
+    }
+
+    /// Enqueues the floor kernel on one thread.
+    fn launch_floor(&self, stream: &Stream) -> Result<()> {
+        let source = self.floor_words.as_device_ptr();
+        let target = self
+            .floor_words
+            .index(FLOOR_WORD_GAP_BYTES / 4..)
+            .as_device_ptr();
+        let module = &self.floor_module;
+        // SAFETY: the kernel reads the word at `source` and writes the word at `target`, two
+        // distinct words of a live buffer.
+        unsafe { launch!(module.floor_load_store<<<1, 1, 0, stream>>>(source, target)) }
+            .during("launching the floor kernel")
+    }
+}
+
+/// The medians of one timing mode: one per contender, in order, and the floor's (isolated
+/// timing only).
+pub(super) struct Medians {
+    pub contenders: Vec<f64>,
+    pub floor: Option<f64>,
+}
+
+/// Times contenders in either mode; holds what isolated timing needs, set up on its first use
+/// and kept for the rest of the run.
+#[derive(Default)]
+pub(super) struct Timer {
+    isolation: Option<Isolation>,
+}
+
+impl Timer {
+    /// Median milliseconds per launch of each contender in `timing` (see [`time_isolated`]
+    /// and [`time_back_to_back`]); isolated timing also times the floor.
+    pub fn measure<L: Launcher>(
+        &mut self,
+        timing: Timing,
+        pools: &mut L,
+        softmax: &mut Softmax,
+        contenders: &[L::Contender],
+        config: &BenchConfig,
+    ) -> Result<Medians> {
+        match timing {
+            Timing::BackToBack => Ok(Medians {
+                contenders: time_back_to_back(pools, softmax, contenders, config)?,
+                floor: None,
+            }),
+            Timing::Isolated => {
+                let isolation = match &mut self.isolation {
+                    Some(isolation) => isolation,
+                    empty => empty.insert(Isolation::new(softmax.device().l2_bytes as usize)?),
+                };
+                let mut medians = time_isolated(pools, softmax, contenders, isolation, config)?;
+                let floor = medians.pop();
+                Ok(Medians {
+                    contenders: medians,
+                    floor,
+                })
+            }
+        }
+    }
+}
+
+/// What an isolated sample launches: a contender on the pools, or the floor kernel.
+#[derive(Clone, Copy)]
+enum Alone<C> {
+    Contender(C),
+    Floor,
+}
+
+/// Median milliseconds of one launch of each contender, then of the floor kernel (last),
+/// each launched alone on a flushed L2: a sample enqueues the flush, an event, the one launch
+/// and another event, and is the time between the events. Each is warmed up the same way
+/// (at least `warmup` samples and a share of [`WARMUP_MS`], unless a launch takes
+/// [`SLOW_LAUNCH_MS`]), then all are timed in interleaved rounds, `iters` samples each (fewer
+/// for slow launches, at least [`MIN_SAMPLES`]), a round enqueued before it is waited for.
+fn time_isolated<L: Launcher>(
+    pools: &mut L,
+    softmax: &mut Softmax,
+    contenders: &[L::Contender],
+    isolation: &mut Isolation,
+    config: &BenchConfig,
+) -> Result<Vec<f64>> {
+    let launches: Vec<Alone<L::Contender>> = contenders
+        .iter()
+        .map(|&c| Alone::Contender(c))
+        .chain(std::iter::once(Alone::Floor))
+        .collect();
+    let new_event = || Event::new(EventFlags::DEFAULT).during("creating an event");
+    let mut events = Vec::with_capacity(launches.len());
+    for _ in &launches {
+        events.push((new_event()?, new_event()?));
+    }
+    let mut next = 0;
+    // Enqueues one sample of launch `i`: flush, start event, the launch, stop event.
+    let mut enqueue = |pools: &mut L, softmax: &mut Softmax, i: usize| -> Result<()> {
+        isolation.flush_l2(softmax.stream())?;
+        let (start, stop) = &events[i];
+        start
+            .record(softmax.stream())
+            .during("recording an event")?;
+        match launches[i] {
+            Alone::Contender(contender) => pools.launch(softmax, contender, next)?,
+            Alone::Floor => isolation.launch_floor(softmax.stream())?,
+        }
+        next += 1;
+        stop.record(softmax.stream()).during("recording an event")
+    };
+    let elapsed = |i: usize| -> Result<f64> {
+        let (start, stop) = &events[i];
+        stop.synchronize().during("waiting for a timed launch")?;
+        Ok(f64::from(
+            stop.elapsed_time_f32(start).during("reading events")?,
+        ))
+    };
+    let warmup_share = Duration::from_secs_f64(WARMUP_MS * 1e-3 / launches.len() as f64);
+    let mut samples = Vec::with_capacity(launches.len());
+    for i in 0..launches.len() {
+        enqueue(pools, softmax, i)?;
+        let mut estimate = elapsed(i)?;
+        if estimate < SLOW_LAUNCH_MS {
+            let started = Instant::now();
+            let mut count = 0;
+            while count < MAX_WARMUP_LAUNCHES
+                && (count < config.warmup || started.elapsed() < warmup_share)
+            {
+                enqueue(pools, softmax, i)?;
+                estimate = elapsed(i)?;
+                count += 1;
+            }
+        }
+        let affordable = (MEASUREMENT_BUDGET_MS / estimate.max(1e-4)) as usize;
+        samples.push(config.iters.min(affordable).max(MIN_SAMPLES));
+    }
+    let rounds = samples.iter().copied().max().unwrap_or(0);
+    let mut times = vec![Vec::new(); launches.len()];
+    for round in 0..rounds {
+        let taking: Vec<usize> = (0..launches.len())
+            .filter(|&i| round < samples[i])
+            .collect();
+        // Each launch has its own events, so a whole round is enqueued before it is read.
+        for &i in &taking {
+            enqueue(pools, softmax, i)?;
+        }
+        for &i in &taking {
+            times[i].push(elapsed(i)?);
+        }
+    }
+    Ok(times.into_iter().map(median).collect())
+}
+
+/// The median of samples (the upper one of an even count); NaN for none.
+fn median(mut samples: Vec<f64>) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    samples.get(samples.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
 /// Median milliseconds per launch of each contender. All are warmed up, then timed in
 /// rounds, one sample of each per round, so that clock and cache conditions are shared
 /// instead of favouring whoever runs last. A sample is the mean of back-to-back launches
 /// (about [`SAMPLE_MS`]); slow contenders take fewer samples (at least [`MIN_SAMPLES`]).
-pub(super) fn time_interleaved<L: Launcher>(
+fn time_back_to_back<L: Launcher>(
     pools: &mut L,
     softmax: &mut Softmax,
     contenders: &[L::Contender],
@@ -216,11 +454,5 @@ pub(super) fn time_interleaved<L: Launcher>(
             }
         }
     }
-    Ok(times
-        .into_iter()
-        .map(|mut t| {
-            t.sort_by(f64::total_cmp);
-            t[t.len() / 2]
-        })
-        .collect())
+    Ok(times.into_iter().map(median).collect())
 }
