@@ -3,7 +3,10 @@
 
 Variants for f32 softmax (the default): `torch` (torch.softmax), `torch_unfused` (the seed's
 five separate PyTorch ops) and `triton` (a fused Triton kernel, one row per program, the whole
-row in one block). With `--op` / `--dtype`: `torch` only, in that dtype: torch.softmax,
+row in one block). Where installed, `quack` (QuACK's softmax forward and backward, any dtype)
+and `flashinfer` (FlashInfer's sampling softmax, forward; it writes f32 probabilities, counted
+at the input's element size like everyone else) are timed too; a missing one is named on
+stderr with the reason. With `--op` / `--dtype`: `torch` only, in that dtype: torch.softmax,
 torch.log_softmax, or for `backward` PyTorch's fused softmax backward kernel
 (torch._softmax_backward_data(dy, y, 1, dtype), from y = a softmax of random logits and a
 random dy). The timing is the Rust benchmark's, in the modes `--timing` names (isolated,
@@ -35,6 +38,21 @@ try:
     import triton.language as tl
 except ImportError:
     triton = None
+
+# QuACK (CuTe-DSL kernels, the fastest published Hopper softmax) and FlashInfer's sampling
+# softmax, where installed: each is timed where its API covers the operation, and the run
+# says why one is missing.
+try:
+    from quack import softmax as quack_softmax
+except Exception as error:  # an import error, or a CUDA library the package cannot load
+    quack_softmax = None
+    QUACK_MISSING = f"{type(error).__name__}: {error}"
+
+try:
+    import flashinfer.sampling as flashinfer_sampling
+except Exception as error:
+    flashinfer_sampling = None
+    FLASHINFER_MISSING = f"{type(error).__name__}: {error}"
 
 WORKING_SET_OVER_L2 = 4
 SAMPLE_MS = 0.5
@@ -85,6 +103,16 @@ if triton is not None:
         return out
 
 
+def quack_forward(x, out):
+    quack_softmax._softmax_fwd(x, out)
+    return out
+
+
+def quack_backward(y, dy, dx):
+    quack_softmax._softmax_backward(dy, y, dx)
+    return dx
+
+
 def variants(cols, op="softmax", dtype="f32"):
     """(name, launch) pairs; a launch takes one slot's tensors and returns the result."""
     if op == "softmax":
@@ -94,6 +122,13 @@ def variants(cols, op="softmax", dtype="f32"):
     else:
         torch_dtype = DTYPES[dtype]
         yield "torch", lambda y, dy, out: torch._softmax_backward_data(dy, y, 1, torch_dtype)
+    if quack_softmax is not None and op == "softmax":
+        yield "quack", quack_forward
+    if quack_softmax is not None and op == "backward":
+        yield "quack", quack_backward
+    # FlashInfer's softmax allocates its output (probabilities in f32).
+    if flashinfer_sampling is not None and op == "softmax":
+        yield "flashinfer", lambda x, out: flashinfer_sampling.softmax(x)
     if op != "softmax" or dtype != "f32":
         return
     yield "torch_unfused", lambda x, out: unfused_softmax(x)
@@ -241,6 +276,11 @@ def main():
     default_run = args.op == "softmax" and args.dtype == "f32"
     if triton is None and default_run:
         print("peers.py: Triton is not installed; timing PyTorch only", file=sys.stderr)
+    if quack_softmax is None:
+        print(f"peers.py: QuACK (quack-kernels) not timed: {QUACK_MISSING}", file=sys.stderr)
+    if flashinfer_sampling is None:
+        print(f"peers.py: FlashInfer (flashinfer-python) not timed: {FLASHINFER_MISSING}",
+              file=sys.stderr)
     element = torch.tensor([], dtype=DTYPES[args.dtype]).element_size()
     tensors = 3 if args.op == "backward" else 2
     timings = TIMINGS[args.timing]
@@ -260,7 +300,13 @@ def main():
         for name, launch in variants(cols, args.op, args.dtype):
             slot = slots[0]
             slot[-1].fill_(float("nan"))
-            ok, relative = correct(launch(*slot), slot, args.op, args.dtype)
+            try:
+                result = launch(*slot)
+            except Exception as error:  # a peer that refuses the shape or type
+                print(f"peers.py: {name} on {text} {args.dtype} cannot run: "
+                      f"{type(error).__name__}: {str(error)[:200]}", file=sys.stderr)
+                continue
+            ok, relative = correct(result, slot, args.op, args.dtype)
             if ok:
                 checked.append((name, launch))
             else:
