@@ -43,7 +43,9 @@ except ImportError:
 # softmax, where installed: each is timed where its API covers the operation, and the run
 # says why one is missing.
 try:
-    from quack import softmax as quack_softmax
+    # `quack.softmax` the module: the package's own `softmax` attribute is a function.
+    import quack.softmax
+    quack_softmax = sys.modules["quack.softmax"]
 except Exception as error:  # an import error, or a CUDA library the package cannot load
     quack_softmax = None
     QUACK_MISSING = f"{type(error).__name__}: {error}"
