@@ -345,5 +345,6 @@ fn tuning_auto(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     {
         summary.push("(tuned choice equals the heuristic for 32x151936)".into());
     }
+    let _ = std::fs::remove_file(&cache);
     Ok(summary.join("; "))
 }

@@ -189,11 +189,22 @@ mod tests {
         TuneKey::for_layout("nvidia-h200", Shape::new(rows, cols).unwrap(), true, true)
     }
 
-    fn temp_path(name: &str) -> PathBuf {
+    /// A folder of this test's own, removed when the guard drops (the test passed or not).
+    struct ScratchDir(PathBuf);
+
+    impl Drop for ScratchDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// A cache file path in a fresh scratch folder (not created yet), and the folder's guard.
+    fn temp_path(name: &str) -> (ScratchDir, PathBuf) {
         let dir =
             std::env::temp_dir().join(format!("softmax-rs-tune-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        dir.join("tune.json")
+        let path = dir.join("tune.json");
+        (ScratchDir(dir), path)
     }
 
     /// A file of this build's format and catalog with one entry per variant name.
@@ -236,7 +247,7 @@ mod tests {
                 );
             }
         }
-        let path = temp_path("layout");
+        let (_scratch, path) = temp_path("layout");
         let mut cache = TuneCache::open(Some(path.clone()));
         cache.insert(
             TuneKey::for_layout("h", shape, true, true),
@@ -252,7 +263,7 @@ mod tests {
 
     #[test]
     fn entries_survive_a_save_and_reload() {
-        let path = temp_path("roundtrip");
+        let (_scratch, path) = temp_path("roundtrip");
         let mut cache = TuneCache::open(Some(path.clone()));
         cache.insert(key(32, 151936), Variant::RowSlices);
         cache.insert(key(8, 128256), Variant::BlockRegisters);
@@ -265,7 +276,7 @@ mod tests {
 
     #[test]
     fn missing_corrupt_truncated_and_foreign_files_give_an_empty_cache() {
-        let path = temp_path("bad");
+        let (_scratch, path) = temp_path("bad");
         assert!(
             TuneCache::open(Some(path.clone())).entries.is_empty(),
             "missing file"
@@ -301,7 +312,7 @@ mod tests {
     /// variant must never get into the cache.
     #[test]
     fn entries_naming_anything_but_a_production_variant_are_dropped_with_a_warning() {
-        let path = temp_path("not-production");
+        let (_scratch, path) = temp_path("not-production");
         let mut names: Vec<&str> = Variant::NAMES.to_vec();
         names.extend(["block-smem:256", "split-rows", "warp-specialized"]);
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
@@ -346,7 +357,7 @@ mod tests {
 
     #[test]
     fn inserting_a_variant_that_is_not_production_records_nothing() {
-        let path = temp_path("insert-not-production");
+        let (_scratch, path) = temp_path("insert-not-production");
         let mut cache = TuneCache::open(Some(path.clone()));
         cache.insert(key(64, 1024), Variant::BlockPerRowAutotuned);
         cache.insert(key(64, 1024), Variant::Auto);
@@ -359,7 +370,7 @@ mod tests {
     /// is not claimed; what an earlier save persisted still is.
     #[test]
     fn a_failed_save_leaves_no_unsaved_entry_claimed() {
-        let path = temp_path("save-fails");
+        let (_scratch, path) = temp_path("save-fails");
         let mut cache = TuneCache::open(Some(path.clone()));
         cache.insert(key(32, 4096), Variant::BlockRegisters);
         cache.save().unwrap();
@@ -382,7 +393,7 @@ mod tests {
     #[test]
     fn concurrent_saves_always_leave_a_file_that_parses() {
         const SAVES: usize = 200;
-        let path = temp_path("concurrent");
+        let (_scratch, path) = temp_path("concurrent");
         let writers: Vec<_> = [Variant::RowSlices, Variant::BlockRegisters]
             .into_iter()
             .enumerate()
