@@ -278,41 +278,15 @@ fn plot<DB: DrawingBackend>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::{Measurement, seed_sweep_shapes};
-    use crate::device::DeviceInfo;
+    use crate::bench::{Measurement, fixtures, seed_sweep_shapes};
     use crate::views::DType;
 
     fn measurement(variant: &str, shape: Shape, gbps: f64, timing: Timing) -> Measurement {
-        Measurement {
-            variant: variant.into(),
-            dtype: "f32".into(),
-            rows: shape.rows(),
-            cols: shape.cols(),
-            kernels: Vec::new(),
-            outcome: Outcome::Timed {
-                median_ms: 1.0,
-                gbps,
-                pct_of_copy: 100.0,
-            },
-            timing,
-        }
+        fixtures::timed(variant, shape.rows(), shape.cols(), gbps, timing)
     }
 
     fn report(measurements: Vec<Measurement>) -> Report {
-        let device = DeviceInfo {
-            ordinal: 0,
-            name: "NVIDIA H200".into(),
-            compute_capability: (9, 0),
-            multiprocessors: 132,
-            max_shared_per_block: 232_448,
-            l2_bytes: 60 << 20,
-            total_memory_bytes: 140 << 30,
-            sm_clock_mhz: 1980,
-            memory_clock_mhz: 3201,
-            driver_version: 13000,
-            supports_cooperative_launch: true,
-        };
-        Report::new(device, BenchOp::Softmax, DType::F32, measurements)
+        Report::new(fixtures::h200(), BenchOp::Softmax, DType::F32, measurements)
     }
 
     #[test]

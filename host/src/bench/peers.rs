@@ -88,24 +88,22 @@ pub(super) fn run(
 fn parse_row(line: &str, ours: &[Measurement]) -> Option<Measurement> {
     let fields: Vec<&str> = line.trim_end().split(',').collect();
     let (variant, dtype, rows, cols, median_ms, gbps, timing) = match fields[..] {
-        [variant, dtype, rows, cols, median_ms, gbps, _pct, timing] => (
+        [
             variant,
             dtype,
             rows,
             cols,
             median_ms,
             gbps,
-            timing.parse().ok()?,
-        ),
-        [variant, dtype, rows, cols, median_ms, gbps, _pct] => (
-            variant,
-            dtype,
-            rows,
-            cols,
-            median_ms,
-            gbps,
-            Timing::BackToBack,
-        ),
+            _pct,
+            ref rest @ ..,
+        ] if rest.len() <= 1 => {
+            let timing = match rest {
+                [timing] => timing.parse().ok()?,
+                _ => Timing::BackToBack,
+            };
+            (variant, dtype, rows, cols, median_ms, gbps, timing)
+        }
         _ => return None,
     };
     let (rows, cols): (usize, usize) = (rows.parse().ok()?, cols.parse().ok()?);
@@ -145,19 +143,7 @@ mod tests {
 
     /// A timed copy of `rows × cols` at `gbps` in `timing`.
     fn copy(rows: usize, cols: usize, gbps: f64, timing: Timing) -> Measurement {
-        Measurement {
-            variant: "copy".into(),
-            dtype: "f32".into(),
-            rows,
-            cols,
-            kernels: Vec::new(),
-            outcome: Outcome::Timed {
-                median_ms: 1.0,
-                gbps,
-                pct_of_copy: 100.0,
-            },
-            timing,
-        }
+        crate::bench::fixtures::timed("copy", rows, cols, gbps, timing)
     }
 
     fn pct(m: &Measurement) -> f64 {

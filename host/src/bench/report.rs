@@ -288,19 +288,7 @@ mod tests {
     use super::*;
 
     fn device() -> DeviceInfo {
-        DeviceInfo {
-            ordinal: 0,
-            name: "NVIDIA H200".into(),
-            compute_capability: (9, 0),
-            multiprocessors: 132,
-            max_shared_per_block: 232_448,
-            l2_bytes: 60 << 20,
-            total_memory_bytes: 140 << 30,
-            sm_clock_mhz: 1980,
-            memory_clock_mhz: 3201,
-            driver_version: 13000,
-            supports_cooperative_launch: true,
-        }
+        crate::bench::fixtures::h200()
     }
 
     #[test]
