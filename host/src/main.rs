@@ -232,10 +232,11 @@ fn bench(args: BenchArgs) -> ExitCode {
     match bench::run(&config) {
         Ok(report) => {
             println!(
-                "{} ({} SMs, driver {}), commit {}, {}",
+                "{} ({} SMs, driver {}), kernels: {}, commit {}, {}",
                 report.device.name,
                 report.device.multiprocessors,
                 report.device.driver_version,
+                report.kernels,
                 report.git_commit,
                 report.date
             );

@@ -75,17 +75,17 @@ impl KernelBuild {
 
     /// The build [`KERNEL_BUILD_ENV`] asks for, if set (and not empty).
     pub(crate) fn from_env() -> Result<Option<KernelBuild>> {
-        match std::env::var(KERNEL_BUILD_ENV) {
-            Ok(value) if !value.is_empty() => {
-                KernelBuild::from_name(&value)
-                    .map(Some)
-                    .ok_or(Error::UnknownKernelBuild {
-                        variable: KERNEL_BUILD_ENV,
-                        value,
-                    })
-            }
-            _ => Ok(None),
-        }
+        let Some(value) = std::env::var_os(KERNEL_BUILD_ENV).filter(|v| !v.is_empty()) else {
+            return Ok(None);
+        };
+        value
+            .to_str()
+            .and_then(KernelBuild::from_name)
+            .map(Some)
+            .ok_or_else(|| Error::UnknownKernelBuild {
+                variable: KERNEL_BUILD_ENV,
+                value: value.to_string_lossy().into_owned(),
+            })
     }
 
     /// `self` if `device` can run it ([`KernelBuild::Sm90`] needs 9.0, every build 8.0).

@@ -489,12 +489,15 @@ impl Softmax {
 
     fn tune_key(&self, shape: Shape, layout: Layout) -> TuneKey {
         let aligned = layout == Layout::Aligned;
-        TuneKey::for_layout(
-            &self.info.slug(),
-            shape,
-            aligned,
-            layout != Layout::Elements,
-        )
+        // Choices tuned with one kernel build are not the other's: a build other than the
+        // device's own keys its choices apart (`nvidia-h200-sm_80`).
+        let native = KernelBuild::native_for(&self.info).ok() == Some(self.modules.build);
+        let device = if native {
+            self.info.slug()
+        } else {
+            format!("{}-{}", self.info.slug(), self.modules.build)
+        };
+        TuneKey::for_layout(&device, shape, aligned, layout != Layout::Elements)
     }
 
     /// Convenience over host memory: copies `input` to the device, runs, waits, copies back.

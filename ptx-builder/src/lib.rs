@@ -158,23 +158,36 @@ pub fn fetched_ptxas(workspace: &Path) -> PathBuf {
         .join("ptxas")
 }
 
-/// The `ptxas` to compile native code with: `$PTXAS`, then `$CUDA_HOME/bin` (or
-/// `$CUDA_PATH/bin`), `PATH`, `/usr/local/cuda/bin`, and last the one `cargo xtask
-/// fetch-ptxas` brings. `None` when there is none (`PTXAS=` set empty also means none).
+/// The `ptxas` to compile native code with: `$PTXAS` (a path, or a name looked up on `PATH`),
+/// then `$CUDA_HOME/bin` (or `$CUDA_PATH/bin`), `PATH`, `/usr/local/cuda/bin`, and last the one
+/// `cargo xtask fetch-ptxas` brings. `None` when there is none (`PTXAS=` set empty also means
+/// none).
 pub fn find_ptxas(workspace: &Path) -> Option<PathBuf> {
+    let on_path = |name: &std::ffi::OsStr| {
+        std::env::var_os("PATH")
+            .into_iter()
+            .flat_map(|paths| std::env::split_paths(&paths).collect::<Vec<_>>())
+            .map(|dir| dir.join(name))
+            .find(|p| p.is_file())
+    };
     if let Some(chosen) = std::env::var_os("PTXAS") {
-        return (!chosen.is_empty()).then(|| PathBuf::from(chosen));
+        if chosen.is_empty() {
+            return None;
+        }
+        let path = PathBuf::from(&chosen);
+        let bare_name = path.components().count() == 1 && !path.is_file();
+        return Some(if bare_name {
+            on_path(&chosen).unwrap_or(path)
+        } else {
+            path
+        });
     }
     let toolkits = ["CUDA_HOME", "CUDA_PATH"]
         .into_iter()
         .filter_map(std::env::var_os)
         .map(|home| PathBuf::from(home).join("bin").join("ptxas"));
-    let on_path = std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|paths| std::env::split_paths(&paths).collect::<Vec<_>>())
-        .map(|dir| dir.join("ptxas"));
     toolkits
-        .chain(on_path)
+        .chain(on_path("ptxas".as_ref()))
         .chain([
             PathBuf::from("/usr/local/cuda/bin/ptxas"),
             fetched_ptxas(workspace),
@@ -184,14 +197,23 @@ pub fn find_ptxas(workspace: &Path) -> Option<PathBuf> {
 
 /// Compiles every `<module>.<arch>.ptx` of `dest_dir` (from [`build_all_ptx`]) with `ptxas`
 /// for the architectures its build serves, into `dest_dir/<module>.<arch>.cubin`. Results are
-/// kept in `target/cubins`, named by a hash of the PTX and the `ptxas` binary, so an unchanged
-/// module is not compiled again. The compilations run at once.
+/// kept in `target/cubins`, named by a hash of the PTX, the architecture and the `ptxas`
+/// binary's path, size and modification time, so an unchanged module is not compiled again.
+/// The compilations run at once; each writes a file of its own process before it takes its
+/// place in the cache, so builds running side by side never read one half written.
 pub fn compile_cubins(ptxas: &Path, workspace: &Path, dest_dir: &Path) -> Result<(), String> {
     let cache = workspace.join("target").join("cubins");
     std::fs::create_dir_all(&cache).map_err(|e| format!("creating {}: {e}", cache.display()))?;
     let ptxas_identity = std::fs::metadata(ptxas)
-        .map(|m| (m.len(), m.modified().ok()))
+        .map(|m| (ptxas.to_path_buf(), m.len(), m.modified().ok()))
         .map_err(|e| format!("{}: {e}", ptxas.display()))?;
+    let unique = format!(
+        "{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    );
     let mut running: Vec<(Child, PathBuf, PathBuf, String)> = Vec::new();
     let mut copies = Vec::new();
     for build in KernelBuild::ALL {
@@ -204,8 +226,8 @@ pub fn compile_cubins(ptxas: &Path, workspace: &Path, dest_dir: &Path) -> Result
                 (&ptx, arch, &ptxas_identity).hash(&mut hasher);
                 let cached = cache.join(format!("{:016x}.cubin", hasher.finish()));
                 let dest = dest_dir.join(cubin_file(module, arch));
-                if !cached.is_file() {
-                    let partial = cached.with_extension("partial");
+                if !is_cubin(&cached) {
+                    let partial = cached.with_extension(format!("{unique}.partial"));
                     let child = Command::new(ptxas)
                         .args(["-arch", arch, "-o"])
                         .arg(&partial)
@@ -222,7 +244,11 @@ pub fn compile_cubins(ptxas: &Path, workspace: &Path, dest_dir: &Path) -> Result
     for (mut child, partial, cached, what) in running {
         match child.wait() {
             Ok(status) if status.success() => {
-                std::fs::rename(&partial, &cached).map_err(|e| format!("{what}: {e}"))?;
+                // Another build may have put the same cubin there first: either copy will do.
+                if std::fs::rename(&partial, &cached).is_err() && !is_cubin(&cached) {
+                    failures.push(format!("{what}: could not store {}", cached.display()));
+                }
+                let _ = std::fs::remove_file(&partial);
             }
             Ok(status) => failures.push(format!("ptxas failed on {what} ({status})")),
             Err(e) => failures.push(format!("ptxas on {what}: {e}")),
@@ -235,4 +261,14 @@ pub fn compile_cubins(ptxas: &Path, workspace: &Path, dest_dir: &Path) -> Result
         std::fs::copy(&cached, &dest).map_err(|e| format!("copying {}: {e}", cached.display()))?;
     }
     Ok(())
+}
+
+/// Whether `path` holds a whole cubin: an ELF file (ptxas writes its output in place, so a
+/// cache entry that is not one was cut short).
+fn is_cubin(path: &Path) -> bool {
+    use std::io::Read;
+    let mut magic = [0u8; 4];
+    std::fs::File::open(path)
+        .and_then(|mut file| file.read_exact(&mut magic))
+        .is_ok_and(|()| magic == *b"\x7fELF")
 }

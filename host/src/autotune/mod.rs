@@ -130,12 +130,12 @@ impl TuneCache {
         HashMap::new()
     }
 
-    /// The tuned choice for `key`, once saved.
     /// Whether no choice is recorded: `Auto` then skips building a key on every call.
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
 
+    /// The tuned choice for `key`, once saved.
     pub fn get(&self, key: &TuneKey) -> Option<Variant> {
         self.entries.get(key).copied()
     }

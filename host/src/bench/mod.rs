@@ -481,15 +481,16 @@ pub fn run(config: &BenchConfig) -> Result<Report> {
         progress.inc(1);
     }
     progress.finish_and_clear();
-    finish(config, device, measurements)
+    finish(config, &softmax, measurements)
 }
 
 /// Adds the peers (when asked for), then writes the report.
 fn finish(
     config: &BenchConfig,
-    device: crate::device::DeviceInfo,
+    softmax: &Softmax,
     mut measurements: Vec<Measurement>,
 ) -> Result<Report> {
+    let device = softmax.device().clone();
     if config.peers {
         std::fs::create_dir_all(&config.out_dir).map_err(|source| crate::error::Error::Io {
             what: format!("creating {}", config.out_dir.display()),
@@ -497,7 +498,8 @@ fn finish(
         })?;
         measurements.extend(peers::run(&config.shapes, config, &measurements));
     }
-    let report = Report::new(device, config.op, config.dtype, measurements);
+    let mut report = Report::new(device, config.op, config.dtype, measurements);
+    report.kernels = softmax.kernel_image().to_string();
     report.write(&config.out_dir)?;
     Ok(report)
 }

@@ -416,7 +416,7 @@ pub(super) fn run<T: Bench>(config: &BenchConfig) -> Result<super::Report> {
         progress.inc(1);
     }
     progress.finish_and_clear();
-    super::finish(config, device, measurements)
+    super::finish(config, &softmax, measurements)
 }
 
 #[cfg(test)]

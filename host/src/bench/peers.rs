@@ -117,10 +117,11 @@ fn parse_row(line: &str, ours: &[Measurement]) -> Option<Measurement> {
     else {
         return None;
     };
-    let library = if variant.starts_with("triton") {
-        "triton"
-    } else {
-        "pytorch"
+    let library = match variant {
+        v if v.starts_with("triton") => "triton",
+        v if v.starts_with("quack") => "quack",
+        v if v.starts_with("flashinfer") => "flashinfer",
+        _ => "pytorch",
     };
     Some(Measurement {
         variant: variant.to_owned(),

@@ -29,6 +29,10 @@ pub struct Report {
     /// f32).
     #[serde(default = "default_dtype")]
     pub dtype: String,
+    /// The library's kernels as loaded, e.g. `sm_90 cubin` or `sm_80 PTX (compiled by the
+    /// driver)` (empty in older reports: not recorded).
+    #[serde(default)]
+    pub kernels: String,
     pub measurements: Vec<Measurement>,
 }
 
@@ -53,6 +57,7 @@ impl Report {
             git_commit: env!("SOFTMAX_GIT_COMMIT").into(),
             op: op.name().into(),
             dtype: dtype.name().into(),
+            kernels: String::new(),
             measurements,
         }
     }

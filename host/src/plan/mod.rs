@@ -319,9 +319,8 @@ pub(crate) fn plan(
     }
 }
 
-/// Every entry a plan of the softmax module can name: the module must hold them all.
-/// Every entry of the softmax module; `with_clusters` for the sm_90 build, which alone has the
-/// row-cluster entries.
+/// Every entry a plan of the softmax module can name (the module must hold them all);
+/// `with_clusters` for the sm_90 build, which alone has the row-cluster entries.
 pub(crate) fn softmax_module_entries(with_clusters: bool) -> Vec<Entry> {
     let clusters = [Entry::RowCluster { pack: 4 }, Entry::RowCluster { pack: 1 }];
     let fixed = [

@@ -139,7 +139,9 @@ pub(crate) fn plan(
         Variant::RowCluster => {
             if !device.thread_block_clusters() {
                 return Err(unsupported(
-                    "thread-block clusters need compute capability 9.0 or later".into(),
+                    "thread-block clusters need the sm_90 kernel build (compute capability \
+                     9.0 or later)"
+                        .into(),
                 ));
             }
             vec![row_cluster_launch(shape, layout, device).0]
