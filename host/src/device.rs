@@ -169,6 +169,29 @@ unsafe extern "C" {
     fn error_name(code: c_int, name: *mut *const c_char) -> c_int;
 }
 
+/// Devices the unit tests plan and report for.
+#[cfg(test)]
+pub(crate) mod fixtures {
+    use super::DeviceInfo;
+
+    /// The H200 the results were measured on.
+    pub(crate) fn h200() -> DeviceInfo {
+        DeviceInfo {
+            ordinal: 0,
+            name: "NVIDIA H200".into(),
+            compute_capability: (9, 0),
+            multiprocessors: 132,
+            max_shared_per_block: 232_448,
+            l2_bytes: 60 << 20,
+            total_memory_bytes: 140 << 30,
+            sm_clock_mhz: 1980,
+            memory_clock_mhz: 3201,
+            driver_version: 13000,
+            supports_cooperative_launch: true,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -576,17 +576,9 @@ mod tests {
 
     fn device(capability: (u32, u32)) -> DeviceInfo {
         DeviceInfo {
-            ordinal: 0,
             name: "a GPU".into(),
             compute_capability: capability,
-            multiprocessors: 1,
-            max_shared_per_block: 0,
-            l2_bytes: 0,
-            total_memory_bytes: 0,
-            sm_clock_mhz: 0,
-            memory_clock_mhz: 0,
-            driver_version: 0,
-            supports_cooperative_launch: false,
+            ..crate::device::fixtures::h200()
         }
     }
 

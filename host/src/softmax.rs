@@ -101,6 +101,17 @@ impl Drop for Softmax {
 
 type PlanKey = (Request, Shape, Layout);
 
+/// The device name tuned choices are kept under: choices tuned with one kernel build are not
+/// the other's, so a build other than the device's own keys its choices apart
+/// (`nvidia-h200-sm_80`).
+fn tuned_device_name(device: &DeviceInfo, build: KernelBuild) -> String {
+    if KernelBuild::native_for(device).ok() == Some(build) {
+        device.slug()
+    } else {
+        format!("{}-{build}", device.slug())
+    }
+}
+
 /// The plan cache's hasher. Every call looks its plan up, and a key is a handful of small
 /// integers from the library itself, so SipHash's resistance to chosen keys buys nothing:
 /// each word is folded in with a rotate, an xor and a multiply by an odd constant.
@@ -489,14 +500,7 @@ impl Softmax {
 
     fn tune_key(&self, shape: Shape, layout: Layout) -> TuneKey {
         let aligned = layout == Layout::Aligned;
-        // Choices tuned with one kernel build are not the other's: a build other than the
-        // device's own keys its choices apart (`nvidia-h200-sm_80`).
-        let native = KernelBuild::native_for(&self.info).ok() == Some(self.modules.build);
-        let device = if native {
-            self.info.slug()
-        } else {
-            format!("{}-{}", self.info.slug(), self.modules.build)
-        };
+        let device = tuned_device_name(&self.info, self.modules.build);
         TuneKey::for_layout(&device, shape, aligned, layout != Layout::Elements)
     }
 
@@ -937,5 +941,43 @@ mod tests {
         assert!(check_disjoint("output", (0, 64), "input", (16, 4)).is_err());
         assert!(check_disjoint("output", (0, 16), "input", (0, 16)).is_err());
         assert!(check_disjoint("output", (0, 0), "input", (0, 16)).is_ok());
+    }
+
+    #[test]
+    fn tuned_choices_of_a_forced_build_are_kept_apart() {
+        let mut h200 = crate::device::fixtures::h200();
+        assert_eq!(tuned_device_name(&h200, KernelBuild::Sm90), "nvidia-h200");
+        assert_eq!(
+            tuned_device_name(&h200, KernelBuild::Sm80),
+            "nvidia-h200-sm_80"
+        );
+        h200.name = "NVIDIA A100-SXM4-80GB".into();
+        h200.compute_capability = (8, 0);
+        assert_eq!(
+            tuned_device_name(&h200, KernelBuild::Sm80),
+            "nvidia-a100-sxm4-80gb"
+        );
+    }
+
+    #[test]
+    fn the_plan_cache_hasher_tells_keys_apart() {
+        use std::hash::{BuildHasher, BuildHasherDefault};
+        let hasher = BuildHasherDefault::<KeyHasher>::default();
+        let shapes = [
+            (1, 32000),
+            (32000, 1),
+            (2, 16000),
+            (4096, 1000),
+            (1000, 4096),
+        ];
+        let hashes: HashSet<u64> = shapes
+            .iter()
+            .flat_map(|&(rows, cols)| {
+                let shape = Shape::new(rows, cols).unwrap();
+                [Layout::Aligned, Layout::Peeled, Layout::Elements]
+                    .map(|layout| hasher.hash_one((Request::Variant(Variant::Auto), shape, layout)))
+            })
+            .collect();
+        assert_eq!(hashes.len(), shapes.len() * 3);
     }
 }

@@ -513,24 +513,8 @@ fn random_values(rng: &mut SmallRng, len: usize) -> Vec<f32> {
 #[cfg(test)]
 pub(crate) mod fixtures {
     use super::{Measurement, Outcome, Timing};
-    use crate::device::DeviceInfo;
 
-    /// The H200 the results were measured on.
-    pub(crate) fn h200() -> DeviceInfo {
-        DeviceInfo {
-            ordinal: 0,
-            name: "NVIDIA H200".into(),
-            compute_capability: (9, 0),
-            multiprocessors: 132,
-            max_shared_per_block: 232_448,
-            l2_bytes: 60 << 20,
-            total_memory_bytes: 140 << 30,
-            sm_clock_mhz: 1980,
-            memory_clock_mhz: 3201,
-            driver_version: 13000,
-            supports_cooperative_launch: true,
-        }
-    }
+    pub(crate) use crate::device::fixtures::h200;
 
     /// `variant` timed on f32 `rows × cols` at `gbps` in `timing` (1 ms, 100% of copy).
     pub(crate) fn timed(

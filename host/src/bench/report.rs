@@ -315,24 +315,23 @@ mod tests {
     }
 
     #[test]
-    fn reports_without_op_and_dtype_are_f32_softmax() {
-        let mut json = serde_json::to_value(Report::new(
-            device(),
-            BenchOp::Backward,
-            DType::Bf16,
-            Vec::new(),
-        ))
-        .unwrap();
+    fn reports_without_op_dtype_and_kernels_are_f32_softmax_of_unrecorded_kernels() {
+        let mut report = Report::new(device(), BenchOp::Backward, DType::Bf16, Vec::new());
+        report.kernels = "sm_80 PTX (compiled by the driver)".into();
+        let mut json = serde_json::to_value(report).unwrap();
         assert_eq!(json["op"], "backward");
         assert_eq!(json["dtype"], "bf16");
+        assert_eq!(json["kernels"], "sm_80 PTX (compiled by the driver)");
         let object = json.as_object_mut().unwrap();
         object.remove("op");
         object.remove("dtype");
+        object.remove("kernels");
         let old: Report = serde_json::from_value(json).unwrap();
         assert_eq!(
             (old.bench_op(), old.bench_dtype()),
             (BenchOp::Softmax, DType::F32)
         );
+        assert_eq!(old.kernels, "");
         assert_eq!(old.file_stem(), "nvidia-h200");
     }
 
