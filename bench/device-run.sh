@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # One run on a GPU machine that has no Rust toolchain (it takes a while: split it where
 # needed): GPU tests (the f32 variants, the operation API, stress, integration, the CUDA-fault
-# test), the outside consumer crates, the full benchmark with the peers, the bf16 and backward benchmarks, the
-# dispatch-boundary sweep, compute-sanitizer over the test binaries (bench/sanitize.sh),
-# ptxas and a short criterion run, from the bundle
+# test) through both kernel builds, the outside consumer crates, the cold start and the host
+# overhead, the two kernel builds side by side, the full benchmark with the peers (both timing
+# modes), the bf16 and backward benchmarks, the dispatch-boundary sweep, compute-sanitizer over
+# the test binaries (bench/sanitize.sh), ptxas and a short criterion run, from the bundle
 # `cargo xtask device-bundle` packed into .gpu/ (unpacked here first). Logs go to $OUT (or
 # ./device-out).
 set -uo pipefail
@@ -20,12 +21,27 @@ ops_tests=$(ls .gpu/tests/gpu_ops-* | head -n1)
 integration_tests=$(ls .gpu/tests/gpu_integration-* | head -n1)
 
 for ptx in .gpu/images/*.sm_90.ptx; do echo "== $ptx"; ptxas -arch=sm_90 -v "$ptx" -o /dev/null; done > "$out/ptxas.txt" 2>&1
-"$gpu_tests" 2>&1 | tee "$out/gpu-tests.txt"
-"$stress_tests" 2>&1 | tee "$out/gpu-stress.txt"
-timeout 180 "$fault_tests" 2>&1 | tee "$out/gpu-fault.txt"
-"$ops_tests" 2>&1 | tee "$out/gpu-ops-tests.txt"
-"$integration_tests" 2>&1 | tee "$out/gpu-integration-tests.txt"
+# Every test binary through the device's own kernel build, then through the sm_80 build (on a
+# Hopper GPU; elsewhere the second pass repeats the first).
+for build in "" sm_80; do
+    tag=${build:-native}
+    export SOFTMAX_KERNEL_BUILD=$build
+    "$gpu_tests" 2>&1 | tee "$out/gpu-tests-$tag.txt"
+    "$stress_tests" 2>&1 | tee "$out/gpu-stress-$tag.txt"
+    timeout 180 "$fault_tests" 2>&1 | tee "$out/gpu-fault-$tag.txt"
+    "$ops_tests" 2>&1 | tee "$out/gpu-ops-tests-$tag.txt"
+    "$integration_tests" 2>&1 | tee "$out/gpu-integration-tests-$tag.txt"
+done
+unset SOFTMAX_KERNEL_BUILD
 for consumer in .gpu/consumers/*; do "$consumer"; done 2>&1 | tee "$out/consumers.txt"
+# Cold start (JIT cache off and warm) and the host's cost per call.
+timeout 120 .gpu/host coldstart --out bench/results > "$out/coldstart.txt" 2>&1
+timeout 60 .gpu/host overhead 2>&1 | tee "$out/overhead.txt"
+# The two kernel builds side by side (auto, back-to-back).
+for build in sm_90 sm_80; do
+    SOFTMAX_KERNEL_BUILD=$build timeout 120 .gpu/host bench --variants auto --timing back-to-back \
+        --out "bench/results/kernel-builds/$build" > "$out/bench-$build.txt" 2>&1
+done
 timeout 360 .gpu/host bench --peers --out bench/results > "$out/bench.txt" 2>&1
 for run in "--dtype bf16" "--op backward" "--op backward --dtype bf16"; do
     # shellcheck disable=SC2086
