@@ -41,6 +41,10 @@ fn compile_native_code(workspace: &Path, out_dir: &Path) -> bool {
         println!("cargo:rerun-if-changed={}", fetched.display());
     }
     let Some(ptxas) = ptx_builder::find_ptxas(workspace) else {
+        if env::var_os("PTXAS").is_some() {
+            println!("cargo:warning=PTXAS is empty: embedding PTX only");
+            return false;
+        }
         println!(
             "cargo:warning=no ptxas found (set PTXAS or CUDA_HOME, or run `cargo xtask \
              fetch-ptxas`): embedding PTX only, which the driver compiles when a program \
