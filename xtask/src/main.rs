@@ -9,6 +9,10 @@
 //! - `fetch-ptxas`: unpack `ptxas` from NVIDIA's `nvidia-cuda-nvcc-cu12` wheel (through pip)
 //!   under `target/ptxas`, where builds find it: the library then embeds cubins (native code
 //!   that loads in milliseconds) beside the PTX, and `build-ptx` reports registers and spills.
+//! - `peer-wheels [PYTHON]`: download the wheels of QuACK and FlashInfer and of what they
+//!   need beyond PyTorch, for CPython `PYTHON` (default 3.12) on x86-64 Linux, into
+//!   `target/peer-wheels/`, for a GPU machine without network access (`pip install --no-deps
+//!   --no-index target/peer-wheels/*.whl` there).
 //! - `test [ARGS]`: fetch the driver library if linking needs it, then `cargo test --workspace`.
 //! - `device-bundle [--base REV]`: build the release `host` binary, the GPU test binaries, the
 //!   criterion benches, the examples and the outside consumer crates, with cubins (fetching
@@ -25,8 +29,8 @@ use std::process::{Command, ExitCode};
 
 type Result<T> = std::result::Result<T, String>;
 
-const USAGE: &str = "usage: cargo xtask <build-ptx | fetch-driver | fetch-ptxas | test [ARGS] | \
-                     device-bundle [--base REV]>";
+const USAGE: &str = "usage: cargo xtask <build-ptx | fetch-driver | fetch-ptxas | \
+                     peer-wheels [PYTHON] | test [ARGS] | device-bundle [--base REV]>";
 
 fn main() -> ExitCode {
     let args: Vec<String> = env::args().skip(1).collect();
@@ -34,6 +38,11 @@ fn main() -> ExitCode {
         Some("build-ptx") => build_ptx(),
         Some("fetch-driver") => fetch_driver().map(|_| ()),
         Some("fetch-ptxas") => fetch_ptxas().map(|_| ()),
+        Some("peer-wheels") => match &args[1..] {
+            [] => peer_wheels("3.12"),
+            [python] => peer_wheels(python),
+            _ => Err(USAGE.into()),
+        },
         Some("test") => test(&args[1..]),
         Some("device-bundle") => match &args[1..] {
             [] => device_bundle(None),
@@ -189,6 +198,65 @@ fn fetch_ptxas() -> Result<PathBuf> {
     fs::set_permissions(&ptxas, fs::Permissions::from_mode(0o755)).map_err(|e| e.to_string())?;
     println!("ptxas: {}", ptxas.display());
     Ok(ptxas)
+}
+
+/// The benchmark's optional peers and what they import beyond PyTorch, NumPy and Triton: the
+/// versions that ran on the H200 (2026-12-01; `cuda-bindings` matching the driver's CUDA 13).
+const PEER_WHEELS: &[&str] = &[
+    "quack-kernels==0.6.5",
+    "nvidia-cutlass-dsl==4.8.1",
+    "nvidia-cutlass-dsl-libs-base==4.8.1",
+    "nvidia-cutlass-dsl-libs-core==4.8.1",
+    "nvidia-cutlass-dsl-libs-cu13==4.8.1",
+    "apache-tvm-ffi==0.1.15.post2",
+    "torch-c-dlpack-ext==0.1.5",
+    "einops",
+    "cuda-bindings==13.0.3",
+    "cuda-python==13.0.3",
+    "cuda-pathfinder",
+    "protobuf",
+    "typing-extensions",
+    "flashinfer-python==0.7.2.post1",
+    "cuda-tile",
+    "nccl4py",
+    "nccl-extensions",
+    "nvidia-cudnn-frontend",
+    "nvidia-ml-py",
+    "tabulate",
+];
+
+/// Downloads [`PEER_WHEELS`] (each without its dependencies: the list is closed) for CPython
+/// `python` on x86-64 Linux into `target/peer-wheels`.
+fn peer_wheels(python: &str) -> Result<()> {
+    let dest = workspace().join("target").join("peer-wheels");
+    fs::create_dir_all(&dest).map_err(|e| e.to_string())?;
+    let mut command = Command::new("python3");
+    command.args([
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--quiet",
+        "--only-binary=:all:",
+    ]);
+    command.args(["--python-version", python]);
+    for platform in [
+        "manylinux_2_34_x86_64",
+        "manylinux_2_28_x86_64",
+        "manylinux_2_27_x86_64",
+        "manylinux_2_24_x86_64",
+        "manylinux_2_17_x86_64",
+        "manylinux2014_x86_64",
+    ] {
+        command.args(["--platform", platform]);
+    }
+    run(command.args(PEER_WHEELS).arg("-d").arg(&dest))?;
+    println!(
+        "peer wheels for CPython {python}: {} (on the GPU machine, from the repository root: \
+         python3 -m pip install --no-deps --no-index target/peer-wheels/*.whl)",
+        dest.display()
+    );
+    Ok(())
 }
 
 /// Registers and spills of every entry of `ptx`, one line each, from `ptxas -v`.
