@@ -116,7 +116,8 @@ fn check_output(output: &Span, inputs: &[Span], in_place: Option<&Span>) -> Resu
     Ok(())
 }
 
-fn check_shapes(input: Shape, output: Shape, what: &'static str) -> Result<()> {
+/// Refuses `output` (named `what`) unless its shape is `input`'s.
+pub(super) fn check_shapes(input: Shape, output: Shape, what: &'static str) -> Result<()> {
     if input != output {
         return Err(Error::ShapeMismatch {
             what,

@@ -5,7 +5,7 @@ use cust::sys;
 use kernels_gpu::launch::ops::{DType, RowState};
 
 use super::Softmax;
-use super::operations::Span;
+use super::operations::{Span, check_shapes};
 use crate::error::{Error, Result};
 use crate::shape::Shape;
 use crate::views::{Operation, Options};
@@ -105,7 +105,7 @@ impl Softmax {
         stream: sys::CUstream,
     ) -> Result<()> {
         self.enter()?;
-        check_same_shape(input.shape, output.shape, "output")?;
+        check_shapes(input.shape, output.shape, "output")?;
         let x = input.span("input")?;
         let y = output.span("output")?;
         self.with_stream(stream, |s| {
@@ -127,8 +127,8 @@ impl Softmax {
         stream: sys::CUstream,
     ) -> Result<()> {
         self.enter()?;
-        check_same_shape(y.shape, dy.shape, "gradient")?;
-        check_same_shape(y.shape, dx.shape, "gradient output")?;
+        check_shapes(y.shape, dy.shape, "gradient")?;
+        check_shapes(y.shape, dx.shape, "gradient output")?;
         if dy.dtype != y.dtype {
             return Err(Error::ElementTypeMismatch {
                 what: "gradient",
@@ -199,7 +199,7 @@ impl Softmax {
         stream: sys::CUstream,
     ) -> Result<()> {
         self.enter()?;
-        check_same_shape(input.shape, output.shape, "output")?;
+        check_shapes(input.shape, output.shape, "output")?;
         let x = input.span("input")?;
         let y = output.span("output")?;
         let rows = input.shape.rows();
@@ -216,17 +216,6 @@ impl Softmax {
 pub(super) enum RowOutput {
     LogSumExp,
     States,
-}
-
-fn check_same_shape(input: Shape, other: Shape, what: &'static str) -> Result<()> {
-    if input != other {
-        return Err(Error::ShapeMismatch {
-            what,
-            expected: input,
-            actual: other,
-        });
-    }
-    Ok(())
 }
 
 #[cfg(test)]
