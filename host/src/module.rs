@@ -639,13 +639,13 @@ mod tests {
 
     /// The instance tables (which the host plans from) and the entries the kernel crate
     /// generates (from its own lists) name the same kernels, in both builds: no entry is
-    /// missing, none is extra.
+    /// missing, none is extra (instances that differ only in their width share an entry).
     #[test]
     fn each_module_holds_exactly_the_entries_the_planner_names() {
         for module in ModuleId::ALL {
             for build in [KernelBuild::Sm90, KernelBuild::Sm80] {
                 let ptx = module.ptx(build);
-                let names: Vec<String> =
+                let names: std::collections::BTreeSet<String> =
                     module.entries(build).iter().map(Entry::to_string).collect();
                 for name in &names {
                     assert!(ptx.contains(&format!(".entry {name}(")), "{name} missing");

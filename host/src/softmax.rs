@@ -549,11 +549,7 @@ impl Softmax {
         };
         let layout = plan::pair_layout(0, 0, shape.cols());
         let prepared = self.variant_plan(variant, shape, layout)?;
-        Ok(prepared
-            .launches
-            .iter()
-            .map(|l| l.entry.to_string())
-            .collect())
+        Ok(prepared.launches.iter().map(|l| l.label(&[])).collect())
     }
 
     /// The plan for `request` on `shape` laid out as `layout`, made once: planning queries

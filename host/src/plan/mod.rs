@@ -8,9 +8,9 @@
 pub(crate) mod operations;
 pub(crate) mod variants;
 
-use kernels_gpu::launch::ops::{DType, Direction, OpKernelName};
+use kernels_gpu::launch::ops::{DType, Direction, OpInstance, OpKernelShape};
 use kernels_gpu::launch::softmax::{
-    BlockRegisterKernelName, RegisterKernelName, RowSlicesKernelName,
+    BlockRegisterInstance, RegisterKernelName, RowSlicesKernelName,
 };
 
 use crate::error::{Error, Result};
@@ -71,10 +71,10 @@ pub(crate) enum Entry {
     WarpPerRowOnline,
     BlockPerRowSmem,
     RowsInRegisters(RegisterKernelName),
-    BlockRegisters(BlockRegisterKernelName),
+    BlockRegisters(BlockRegisterInstance),
     RowSlices(RowSlicesKernelName),
     RowCluster { pack: u32 },
-    Operation(OpKernelName),
+    Operation(OpInstance),
 }
 
 impl std::fmt::Display for Entry {
@@ -141,10 +141,12 @@ pub(crate) enum Params {
         slicing: Slicing,
         cached: bool,
     },
-    /// One `RowOpParams` by value: the call's, with this pass and slicing.
+    /// One `RowOpParams` by value: the call's, with this pass, slicing and group width.
     Operation {
         pass: OperationPass,
         slicing: Slicing,
+        /// Lanes per row of a group kernel (0 for a block kernel).
+        lanes: u32,
     },
 }
 
@@ -186,6 +188,26 @@ pub(crate) struct WorkspaceNeeds {
 }
 
 impl Launch {
+    /// The entry with, in parentheses, the width of the families whose entries take it at
+    /// launch (one entry serves every group width or block size) and then `details`: what the
+    /// benchmark reports.
+    pub(crate) fn label(&self, details: &[String]) -> String {
+        let width = match self.entry {
+            Entry::Operation(instance) => match instance.shape {
+                OpKernelShape::Rows { lanes } => Some(format!("{lanes} lanes")),
+                OpKernelShape::Block { threads } => Some(format!("{threads} threads")),
+            },
+            Entry::BlockRegisters(instance) => Some(format!("{} threads", instance.threads)),
+            _ => None,
+        };
+        let parts: Vec<&str> = width.iter().chain(details).map(String::as_str).collect();
+        if parts.is_empty() {
+            self.entry.to_string()
+        } else {
+            format!("{} ({})", self.entry, parts.join(", "))
+        }
+    }
+
     /// What this launch uses of the workspace.
     fn needs(&self) -> WorkspaceNeeds {
         let grid = self.grid as usize;
@@ -362,7 +384,7 @@ pub(crate) fn operation_module_entries(input: DType) -> Vec<Entry> {
             .map(Entry::RowSlices)
             .to_vec(),
     };
-    OpKernelName::all_for(input)
+    OpInstance::all_for(input)
         .map(Entry::Operation)
         .chain(row_slices)
         .collect()

@@ -4,7 +4,7 @@
 
 use kernels_gpu::launch::REDUCTION_SCRATCH_FLOATS;
 use kernels_gpu::launch::ops::{
-    DType, Direction, OP_ROWS_BLOCK, OpKernelName, OpKernelShape, PackLayout,
+    DType, Direction, OP_ROWS_BLOCK, OpInstance, OpKernelShape, PackLayout,
 };
 
 use super::{
@@ -54,7 +54,7 @@ pub(crate) fn layout(
 /// How an operation runs: one launch over whole rows, or over slices of rows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct OpLaunch {
-    pub kernel: OpKernelName,
+    pub kernel: OpInstance,
     pub grid: u32,
     /// Blocks per row: with `slices > 1` and `split == false`, one cooperative launch whose
     /// blocks exchange their statistics.
@@ -108,7 +108,11 @@ pub(crate) fn launches(launch: OpLaunch, mode: OperationMode) -> Option<Vec<Laun
         block: launch.block(),
         shared_bytes: launch.shared_bytes(),
         scheduling,
-        params: Params::Operation { pass, slicing },
+        params: Params::Operation {
+            pass,
+            slicing,
+            lanes: launch.kernel.lanes(),
+        },
     };
     match (launch.split, mode) {
         (true, OperationMode::States) => None,
@@ -141,7 +145,7 @@ pub(crate) fn plan(
     let ends = layout.end_slots();
     // Whole packs of the row's body (at most; an unaligned row's body may have one less).
     let row_packs = cols / pack;
-    let instances = OpKernelName::instances(direction, input, layout);
+    let instances = OpInstance::instances(direction, input, layout);
 
     // Narrow rows: a group of lanes per row. With 16-byte packs, each lane takes about
     // `LANE_PACKS` of them (at least two lanes once the row has two packs: a warp's load
@@ -168,13 +172,13 @@ pub(crate) fn plan(
 
     let scratch = REDUCTION_SCRATCH_FLOATS * 4;
     let resident =
-        |&k: &OpKernelName| device.blocks_per_sm(Entry::Operation(k), k.threads_per_row(), scratch);
-    let blocks: Vec<(OpKernelName, u32)> = instances
+        |&k: &OpInstance| device.blocks_per_sm(Entry::Operation(k), k.threads_per_row(), scratch);
+    let blocks: Vec<(OpInstance, u32)> = instances
         .filter(|k| matches!(k.shape, OpKernelShape::Block { .. }))
         .map(|k| (k, resident(&k)))
         .filter(|&(_, resident)| resident > 0)
         .collect();
-    let launch = |kernel: OpKernelName, slices: u32| OpLaunch {
+    let launch = |kernel: OpInstance, slices: u32| OpLaunch {
         kernel,
         grid: rows.saturating_mul(slices),
         slices,
@@ -199,7 +203,7 @@ pub(crate) fn plan(
     // still cover every multiprocessor; failing that (one or two rows), the fewest packs per
     // thread (the most blocks). Measured on the H200 (docs/performance-log.md, 2026-11-29):
     // bf16 16x262144 34% -> 55% of copy, 32x151936 47% -> 55%, one-row shapes unchanged.
-    let sliced = |&(k, resident): &(OpKernelName, u32)| {
+    let sliced = |&(k, resident): &(OpInstance, u32)| {
         let slices = row_packs.div_ceil(k.slots());
         let fits = slices > 1
             && slices <= k.threads_per_row()
@@ -468,7 +472,12 @@ mod tests {
         let narrow = planned(Direction::Forward, DType::Bf16, 4096, 32).unwrap();
         assert_eq!(narrow.kernel.shape, OpKernelShape::Rows { lanes: 2 });
         assert_eq!(narrow.kernel.packs, 2);
-        for (cols, lanes) in [(3, 4), (100, 32)] {
+        // One element at a time: a group of up to 32 lanes, then a block of 4 slots a thread.
+        for (cols, shape) in [
+            (3, OpKernelShape::Rows { lanes: 4 }),
+            (32, OpKernelShape::Rows { lanes: 32 }),
+            (100, OpKernelShape::Block { threads: 32 }),
+        ] {
             let odd = plan_op(
                 Direction::Forward,
                 DType::Bf16,
@@ -477,11 +486,7 @@ mod tests {
                 PackLayout::Elements,
                 &FakeH200,
             );
-            assert_eq!(
-                odd.unwrap().kernel.shape,
-                OpKernelShape::Rows { lanes },
-                "{cols}"
-            );
+            assert_eq!(odd.unwrap().kernel.shape, shape, "{cols}");
         }
         // Peeled, 100 bf16 columns are 12 body packs and the two ends: 8 lanes of 2 slots.
         let peeled = plan_op(

@@ -4,10 +4,10 @@
 use kernels_gpu::launch::ops::DType;
 use kernels_gpu::launch::softmax::{
     BLOCK_REGISTER_SCALAR_PACKS, BLOCK_REGISTER_SCALAR_THREADS, BLOCK_REGISTER_VECTOR_PACKS,
-    BLOCK_REGISTER_VECTOR_THREADS, BlockRegisterKernelName, CLUSTER_STATS_FLOATS,
-    ELEMENTWISE_BLOCK, LOADS_IN_FLIGHT, MAX_CLUSTER_BLOCKS, REGISTER_ROWS_BLOCK,
-    REGISTER_SCALAR_INSTANCES, REGISTER_VECTOR_INSTANCES, ROW_SLICE_THREADS, RegisterKernelName,
-    RowSlicesKernelName, THREAD_PER_ROW_BLOCK, VECTOR_PACK, WARP_PER_ROW_WARPS_PER_BLOCK,
+    BLOCK_REGISTER_VECTOR_THREADS, BlockRegisterInstance, CLUSTER_STATS_FLOATS, ELEMENTWISE_BLOCK,
+    LOADS_IN_FLIGHT, MAX_CLUSTER_BLOCKS, REGISTER_ROWS_BLOCK, REGISTER_SCALAR_INSTANCES,
+    REGISTER_VECTOR_INSTANCES, ROW_SLICE_THREADS, RegisterKernelName, RowSlicesKernelName,
+    THREAD_PER_ROW_BLOCK, VECTOR_PACK, WARP_PER_ROW_WARPS_PER_BLOCK,
 };
 use kernels_gpu::launch::{MAX_BLOCK_THREADS, REDUCTION_SCRATCH_FLOATS, WARP_SIZE};
 
@@ -163,10 +163,10 @@ pub(crate) fn register_instances() -> impl Iterator<Item = RegisterKernelName> {
 }
 
 /// Every block-registers entry.
-pub(crate) fn block_register_instances() -> impl Iterator<Item = BlockRegisterKernelName> {
+pub(crate) fn block_register_instances() -> impl Iterator<Item = BlockRegisterInstance> {
     let family = |pack: u32, threads: &'static [u32], packs: &'static [u32]| {
         threads.iter().flat_map(move |&threads| {
-            packs.iter().map(move |&packs| BlockRegisterKernelName {
+            packs.iter().map(move |&packs| BlockRegisterInstance {
                 pack,
                 threads,
                 packs,
@@ -192,7 +192,7 @@ fn block_register_whole_rows(
     row_packs: u32,
     pack: u32,
     device: &dyn DeviceLimits,
-) -> Option<(BlockRegisterKernelName, u32)> {
+) -> Option<(BlockRegisterInstance, u32)> {
     let scratch = REDUCTION_SCRATCH_FLOATS * 4;
     block_register_instances()
         .filter(|i| i.pack == pack && i.threads * i.packs >= row_packs)
@@ -218,9 +218,9 @@ fn block_register_slicing(
     row_packs: u32,
     pack: u32,
     device: &dyn DeviceLimits,
-) -> Option<(BlockRegisterKernelName, u32)> {
+) -> Option<(BlockRegisterInstance, u32)> {
     let scratch = REDUCTION_SCRATCH_FLOATS * 4;
-    let mut instances: Vec<BlockRegisterKernelName> = block_register_instances()
+    let mut instances: Vec<BlockRegisterInstance> = block_register_instances()
         .filter(|i| i.pack == pack)
         .collect();
     instances.sort_by_key(|i| (i.packs, i.threads));
@@ -820,9 +820,7 @@ mod tests {
     fn auto_uses_registers_for_narrow_rows_and_slices_for_wide_ones() {
         let kernel = |rows, cols, address| {
             let layout = super::super::pair_layout(address, address, cols);
-            plan(Variant::Auto, shape(rows, cols), layout, &FakeH200).unwrap()[0]
-                .entry
-                .to_string()
+            plan(Variant::Auto, shape(rows, cols), layout, &FakeH200).unwrap()[0].label(&[])
         };
         assert_eq!(kernel(4096, 1000, 0), "softmax_rows_in_registers_p4_l32_n8");
         assert_eq!(kernel(65536, 100, 0), "softmax_rows_in_registers_p4_l32_n1");
@@ -831,18 +829,30 @@ mod tests {
         assert_eq!(kernel(10, 2, 0), "softmax_rows_in_registers_p1_l2_n1");
         assert_eq!(
             kernel(100_000, 4097, 0),
-            "softmax_block_registers_p4_t128_n10"
+            "softmax_block_registers_p4_n10 (128 threads)"
         );
         assert_eq!(
             kernel(100_000, 4096, 4),
-            "softmax_block_registers_p4_t128_n8"
+            "softmax_block_registers_p4_n8 (128 threads)"
         );
-        assert_eq!(kernel(3200, 16384, 0), "softmax_block_registers_p4_t512_n8");
-        assert_eq!(kernel(10, 4096, 0), "softmax_block_registers_p4_t128_n1");
+        assert_eq!(
+            kernel(3200, 16384, 0),
+            "softmax_block_registers_p4_n8 (512 threads)"
+        );
+        assert_eq!(
+            kernel(10, 4096, 0),
+            "softmax_block_registers_p4_n1 (128 threads)"
+        );
         assert_eq!(kernel(2000, 1 << 20, 0), "softmax_row_slices_p4");
         // Few rows: sliced block-registers below 1.5 MiB, sliced row-slices from there.
-        assert_eq!(kernel(1, 128256, 0), "softmax_block_registers_p4_t256_n1");
-        assert_eq!(kernel(1, 380_000, 0), "softmax_block_registers_p4_t512_n1");
+        assert_eq!(
+            kernel(1, 128256, 0),
+            "softmax_block_registers_p4_n1 (256 threads)"
+        );
+        assert_eq!(
+            kernel(1, 380_000, 0),
+            "softmax_block_registers_p4_n1 (512 threads)"
+        );
         assert_eq!(kernel(1, 400_000, 0), "softmax_row_slices_p4");
         assert_eq!(kernel(8, 128256, 0), "softmax_row_slices_p4");
         assert_eq!(kernel(1, 1 << 20, 0), "softmax_row_slices_p4");

@@ -679,13 +679,14 @@ impl Softmax {
         let first = prepared.launches[0];
         let slices = first.grid / u32::try_from(shape.rows()).unwrap_or(u32::MAX).max(1);
         let two_launches = prepared.launches.len() > 1;
-        Ok(match (slices, two_launches, first.scheduling) {
-            (0 | 1, _, _) => first.entry.to_string(),
-            (_, true, _) => format!("{} ({slices} slices per row, 2 launches)", first.entry),
+        let slicing = match (slices, two_launches, first.scheduling) {
+            (0 | 1, _, _) => vec![],
+            (_, true, _) => vec![format!("{slices} slices per row"), "2 launches".into()],
             (_, false, plan::Scheduling::Cooperative) => {
-                format!("{} ({slices} slices per row, cooperative)", first.entry)
+                vec![format!("{slices} slices per row"), "cooperative".into()]
             }
-            (_, false, _) => format!("{} ({slices} slices per row)", first.entry),
-        })
+            (_, false, _) => vec![format!("{slices} slices per row")],
+        };
+        Ok(first.label(&slicing))
     }
 }

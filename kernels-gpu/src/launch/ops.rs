@@ -7,6 +7,8 @@
 //! compile-time parameter (it fixes the width of a 16-byte pack); the output type, the
 //! operation and every option are runtime fields, uniform across the launch.
 
+use super::{MAX_BLOCK_THREADS, WARP_SIZE};
+
 /// An element type of the data a kernel reads or writes.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -133,6 +135,9 @@ pub struct RowOpParams {
     pub slices: u32,
     /// Packs of a row each slice holds.
     pub slice_packs: u32,
+    /// Lanes per row of the group kernels: a power of two up to 32 (unused by block kernels,
+    /// whose width is the block size).
+    pub lanes: u32,
 }
 
 /// A peeled row's two ends, the head and the tail: the slots a group needs beyond its body
@@ -143,19 +148,29 @@ pub const END_SLOTS: u32 = 2;
 pub const OP_ROWS_BLOCK: u32 = 128;
 
 /// The operation kernels' instance lists, written once: passes them to `$callback!` after
-/// the given arguments. The tables below and the families' entries (`ops::rows`, `ops::block`)
-/// are both made from it, so what the host plans with is what the PTX holds.
+/// the given arguments, as `packs: [widths]` (packs per thread, then the lanes per row or
+/// threads per block it runs with). The tables below and the families' entries (`ops::rows`,
+/// `ops::block`) are both made from it, so what the host plans with is what the PTX holds:
+/// one entry per packs count (the width is a launch parameter), and one planned instance per
+/// (width, packs) pair.
+///
+/// Each packs count is an entry per direction and layout, unrolled over its packs, so the
+/// lists are as short as the planner allows: the plain forward and the backward (the
+/// benchmarked calls) keep three packs counts per family, but two for unaligned rows in
+/// groups (a peeled block takes the widest); the masked forward two for groups and one for
+/// blocks, and single elements (rows that rule out 16-byte access) one per family: more
+/// threads or slices cover the widths between.
 macro_rules! with_op_instances {
     ($callback:ident $(, $argument:tt)*) => {
         $callback!(
             $($argument,)*
-            rows_vector [(1, 1), (2, 1), (2, 2), (4, 2), (8, 2), (16, 2), (32, 2), (32, 4), (32, 8)],
-            rows_scalar [(1, 1), (2, 1), (4, 1), (8, 1), (16, 1), (32, 1), (32, 4)],
-            block_vector [
-                (128, 2), (128, 4), (128, 8), (256, 2), (256, 4), (256, 8), (512, 4), (512, 8),
-                (1024, 4), (1024, 8)
-            ],
-            block_scalar [(256, 4), (256, 16), (1024, 8)]
+            rows_vector [2: [1, 2, 4, 8, 16, 32], 4: [32], 8: [32]],
+            rows_peeled [2: [2, 4, 8, 16, 32], 4: [32]],
+            rows_masked [2: [1, 2, 4, 8, 16, 32], 8: [32]],
+            rows_scalar [1: [1, 2, 4, 8, 16, 32]],
+            block_vector [2: [128, 256], 4: [128, 256, 512, 1024], 8: [128, 256, 512, 1024]],
+            block_masked [4: [128, 256, 512, 1024]],
+            block_scalar [4: [32, 64, 128, 256, 512, 1024]]
         );
     };
 }
@@ -163,28 +178,47 @@ macro_rules! with_op_instances {
 /// The instance tables the host plans from.
 macro_rules! op_tables {
     (
-        rows_vector [$($rows_vector:tt),+],
-        rows_scalar [$($rows_scalar:tt),+],
-        block_vector [$($block_vector:tt),+],
-        block_scalar [$($block_scalar:tt),+]
+        rows_vector $rows_vector:tt,
+        rows_peeled $rows_peeled:tt,
+        rows_masked $rows_masked:tt,
+        rows_scalar $rows_scalar:tt,
+        block_vector $block_vector:tt,
+        block_masked $block_masked:tt,
+        block_scalar $block_scalar:tt
     ) => {
-        /// `(lanes per row, packs per lane)` of the group-per-row operation kernels (each is
-        /// instantiated with 16-byte packs for the input type): rows up to
-        /// `lanes · packs · pack`.
-        pub const OP_ROWS_VECTOR: &[(u32, u32)] = &[$($rows_vector),+];
+        /// `(packs per lane, lanes per row)` of the group-per-row operation kernels with
+        /// 16-byte packs of the input type, for aligned rows but the masked forward: rows up
+        /// to `lanes · packs · pack`.
+        pub const OP_ROWS_VECTOR: OpTable = op_tables!(@table $rows_vector);
+
+        /// The same for peeled rows (whose two ends take two slots of the group).
+        pub const OP_ROWS_PEELED: OpTable = op_tables!(@table $rows_peeled);
+
+        /// The same for the masked forward.
+        pub const OP_ROWS_MASKED: OpTable = op_tables!(@table $rows_masked);
 
         /// The same with one element per pack, for layouts that rule out 16-byte access.
-        pub const OP_ROWS_SCALAR: &[(u32, u32)] = &[$($rows_scalar),+];
+        pub const OP_ROWS_SCALAR: OpTable = op_tables!(@table $rows_scalar);
 
-        /// `(threads, packs per thread)` of the block operation kernels (one block per row,
-        /// or per slice of a row). A block of 1024 threads gets at most 64 registers per
-        /// thread, so the planner checks with the driver that an instance can launch at all.
-        pub const OP_BLOCK_VECTOR: &[(u32, u32)] = &[$($block_vector),+];
+        /// `(packs per thread, threads)` of the block operation kernels (one block per row,
+        /// or per slice of a row) with 16-byte packs, but the masked forward. A block of 1024
+        /// threads gets at most 64 registers per thread, so the planner checks with the
+        /// driver that an instance can launch at all.
+        pub const OP_BLOCK_VECTOR: OpTable = op_tables!(@table $block_vector);
+
+        /// The same for the masked forward.
+        pub const OP_BLOCK_MASKED: OpTable = op_tables!(@table $block_masked);
 
         /// The same with one element per pack.
-        pub const OP_BLOCK_SCALAR: &[(u32, u32)] = &[$($block_scalar),+];
+        pub const OP_BLOCK_SCALAR: OpTable = op_tables!(@table $block_scalar);
+    };
+    (@table [$($packs:literal: [$($width:literal),+]),+]) => {
+        &[$(($packs, &[$($width),+])),+]
     };
 }
+
+/// An instance table: `(packs per thread, the widths that entry runs with)`.
+pub type OpTable = &'static [(u32, &'static [u32])];
 
 // The device build generates the entries from it too.
 #[cfg(target_arch = "nvptx64")]
@@ -192,20 +226,46 @@ pub(crate) use with_op_instances;
 
 with_op_instances!(op_tables);
 
-/// A peeled row's ends take `END_SLOTS` slots of a group, and one slot each of the first
-/// `END_SLOTS` threads of a block. The group family (`ops::rows`) leaves the first group
-/// instance out of its peeled entries, so it must be the only one with fewer slots.
+/// Every group width is a power of two up to a warp, and every block is whole warps, at most
+/// [`MAX_BLOCK_THREADS`], and at least `END_SLOTS` threads: a peeled row's ends take one slot
+/// each of the first `END_SLOTS` threads of a block (in a group they take `END_SLOTS` of its
+/// slots; [`OpInstance::instances`] leaves out the group instances with fewer).
 const _: () = {
-    assert!(OP_ROWS_VECTOR[0].0 * OP_ROWS_VECTOR[0].1 < END_SLOTS);
-    let mut i = 1;
-    while i < OP_ROWS_VECTOR.len() {
-        assert!(OP_ROWS_VECTOR[i].0 * OP_ROWS_VECTOR[i].1 >= END_SLOTS);
-        i += 1;
+    let rows = [
+        OP_ROWS_VECTOR,
+        OP_ROWS_PEELED,
+        OP_ROWS_MASKED,
+        OP_ROWS_SCALAR,
+    ];
+    let mut t = 0;
+    while t < rows.len() {
+        let mut i = 0;
+        while i < rows[t].len() {
+            let mut j = 0;
+            while j < rows[t][i].1.len() {
+                let lanes = rows[t][i].1[j];
+                assert!(lanes.is_power_of_two() && lanes <= WARP_SIZE);
+                j += 1;
+            }
+            i += 1;
+        }
+        t += 1;
     }
-    let mut i = 0;
-    while i < OP_BLOCK_VECTOR.len() {
-        assert!(OP_BLOCK_VECTOR[i].0 >= END_SLOTS);
-        i += 1;
+    let blocks = [OP_BLOCK_VECTOR, OP_BLOCK_MASKED, OP_BLOCK_SCALAR];
+    let mut t = 0;
+    while t < blocks.len() {
+        let mut i = 0;
+        while i < blocks[t].len() {
+            let mut j = 0;
+            while j < blocks[t][i].1.len() {
+                let threads = blocks[t][i].1[j];
+                assert!(threads.is_multiple_of(WARP_SIZE) && threads <= MAX_BLOCK_THREADS);
+                assert!(threads >= END_SLOTS);
+                j += 1;
+            }
+            i += 1;
+        }
+        t += 1;
     }
 };
 
@@ -285,11 +345,13 @@ impl PackLayout {
     }
 }
 
-/// One operation entry. Its `Display` is the PTX entry name, the spelling the families
-/// generate (`op_rows_fwd_bf16_p8_l32_n4`, `op_block_mfwd_f32_p4_t1024_n8`,
-/// `op_rows_bwd_f16_p8peeled_l4_n2`).
+/// One planned operation instance: an entry and the group or block width it runs with. Its
+/// `Display` is the PTX entry name, the spelling the families generate, which every width of
+/// one family, direction, input, layout and packs count shares (`op_rows_fwd_bf16_p8_n4`,
+/// `op_block_mfwd_f32_p4_n8`, `op_rows_bwd_f16_p8peeled_n2`): the width is a launch parameter
+/// (the group kernels' [`RowOpParams::lanes`], the block kernels' block size).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct OpKernelName {
+pub struct OpInstance {
     pub direction: Direction,
     pub input: DType,
     pub layout: PackLayout,
@@ -297,7 +359,19 @@ pub struct OpKernelName {
     pub packs: u32,
 }
 
-impl OpKernelName {
+/// `(width, packs)` pairs of one table, widest last and, for one width, fewest packs first:
+/// the order the planner breaks ties in.
+fn table_instances(table: OpTable) -> impl Iterator<Item = (u32, u32)> + Clone {
+    (0..=MAX_BLOCK_THREADS.trailing_zeros()).flat_map(move |log2| {
+        let width = 1 << log2;
+        table
+            .iter()
+            .filter(move |(_, widths)| widths.contains(&width))
+            .map(move |&(packs, _)| (width, packs))
+    })
+}
+
+impl OpInstance {
     /// Threads of one row's group (or block).
     pub fn threads_per_row(&self) -> u32 {
         match self.shape {
@@ -331,38 +405,46 @@ impl OpKernelName {
         self.slots() * self.pack()
     }
 
-    /// The entries of one direction, input type and layout: its group and block tables'
-    /// instances, less those with fewer slots than their row's ends take (asserted under the
-    /// tables: only the first group instance, for peeled rows).
+    /// The group's lanes per row, the launch parameter of the group kernels (0 for a block).
+    pub fn lanes(&self) -> u32 {
+        match self.shape {
+            OpKernelShape::Rows { lanes } => lanes,
+            OpKernelShape::Block { .. } => 0,
+        }
+    }
+
+    /// The instances of one direction, input type and layout: its group and block tables'
+    /// (width, packs) pairs, less, for peeled rows, groups of fewer lanes than the row's ends
+    /// take (`ops::slots::Peeled` holds one in the first pack of each of the first lanes).
     pub fn instances(
         direction: Direction,
         input: DType,
         layout: PackLayout,
-    ) -> impl Iterator<Item = OpKernelName> + Clone {
-        let (rows, blocks) = match layout {
-            PackLayout::Elements => (OP_ROWS_SCALAR, OP_BLOCK_SCALAR),
-            PackLayout::Aligned | PackLayout::Peeled => (OP_ROWS_VECTOR, OP_BLOCK_VECTOR),
+    ) -> impl Iterator<Item = OpInstance> + Clone {
+        let (rows, blocks) = match (layout, direction) {
+            (PackLayout::Elements, _) => (OP_ROWS_SCALAR, OP_BLOCK_SCALAR),
+            (PackLayout::Peeled, _) => (OP_ROWS_PEELED, OP_BLOCK_VECTOR),
+            (_, Direction::MaskedForward) => (OP_ROWS_MASKED, OP_BLOCK_MASKED),
+            _ => (OP_ROWS_VECTOR, OP_BLOCK_VECTOR),
         };
-        let rows = rows
-            .iter()
-            .map(|&(lanes, packs)| (OpKernelShape::Rows { lanes }, packs));
-        let blocks = blocks
-            .iter()
-            .map(|&(threads, packs)| (OpKernelShape::Block { threads }, packs));
+        let rows =
+            table_instances(rows).map(|(lanes, packs)| (OpKernelShape::Rows { lanes }, packs));
+        let blocks = table_instances(blocks)
+            .map(|(threads, packs)| (OpKernelShape::Block { threads }, packs));
         rows.chain(blocks)
-            .map(move |(shape, packs)| OpKernelName {
+            .map(move |(shape, packs)| OpInstance {
                 direction,
                 input,
                 layout,
                 shape,
                 packs,
             })
-            .filter(move |k| k.slots() >= k.end_slots())
+            .filter(move |k| k.threads_per_row() >= k.end_slots())
     }
 
-    /// Every entry of one input type: each layout, the directions it serves, and their
+    /// Every instance of one input type: each layout, the directions it serves, and their
     /// instances.
-    pub fn all_for(input: DType) -> impl Iterator<Item = OpKernelName> {
+    pub fn all_for(input: DType) -> impl Iterator<Item = OpInstance> {
         [
             PackLayout::Elements,
             PackLayout::Aligned,
@@ -378,11 +460,11 @@ impl OpKernelName {
     }
 }
 
-impl core::fmt::Display for OpKernelName {
+impl core::fmt::Display for OpInstance {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        let (family, letter, width) = match self.shape {
-            OpKernelShape::Rows { lanes } => ("rows", 'l', lanes),
-            OpKernelShape::Block { threads } => ("block", 't', threads),
+        let family = match self.shape {
+            OpKernelShape::Rows { .. } => "rows",
+            OpKernelShape::Block { .. } => "block",
         };
         let peeled = if self.layout == PackLayout::Peeled {
             "peeled"
@@ -391,7 +473,7 @@ impl core::fmt::Display for OpKernelName {
         };
         write!(
             f,
-            "op_{family}_{}_{}_p{}{peeled}_{letter}{width}_n{}",
+            "op_{family}_{}_{}_p{}{peeled}_n{}",
             self.direction.tag(),
             self.input.name(),
             self.pack(),

@@ -109,8 +109,9 @@ impl core::fmt::Display for RegisterKernelName {
 
 /// The block-registers instances, written once: passes them to `$callback!` after the given
 /// arguments, as `vector <pack>: threads […], packs […], scalar <pack>: …`; every (threads,
-/// packs) pair of a layout's two lists is an instance. The tables below and the family's
-/// entries (`production::block_registers`) are both made from it.
+/// packs) pair of a layout's two lists is an instance, and every packs count an entry (the
+/// block size is a launch parameter). The tables below and the family's entries
+/// (`production::block_registers`) are both made from it.
 macro_rules! with_block_register_instances {
     ($callback:ident $(, $argument:tt)*) => {
         $callback!(
@@ -133,9 +134,9 @@ macro_rules! block_register_tables {
         scalar $scalar_pack:literal: threads $scalar_threads:tt, packs $scalar_packs:tt
     ) => {
         /// The 16-byte block-registers kernels: a block of `threads` holds `threads · packs ·
-        /// 4` floats of a row (plus up to 3 leading and 3 trailing ones). Both are
-        /// compile-time constants so pack addresses are immediate offsets from one base
-        /// register.
+        /// 4` floats of a row (plus up to 3 leading and 3 trailing ones). The packs are a
+        /// compile-time constant (the registers a thread holds them in), the threads the
+        /// launch's block size.
         pub const BLOCK_REGISTER_VECTOR_THREADS: &[u32] = &$vector_threads;
         /// The packs per thread of [`BLOCK_REGISTER_VECTOR_THREADS`]' kernels.
         pub const BLOCK_REGISTER_VECTOR_PACKS: &[u32] = &$vector_packs;
@@ -167,22 +168,19 @@ const _: () = {
     }
 };
 
-/// A block-registers entry: pack width, threads per block and packs per thread. Its
-/// `Display` is the PTX entry name (`softmax_block_registers_p4_t512_n8`).
+/// A block-registers instance: pack width, threads per block and packs per thread. Its
+/// `Display` is the PTX entry name, which every block size of one pack width and packs count
+/// shares (`softmax_block_registers_p4_n8`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct BlockRegisterKernelName {
+pub struct BlockRegisterInstance {
     pub pack: u32,
     pub threads: u32,
     pub packs: u32,
 }
 
-impl core::fmt::Display for BlockRegisterKernelName {
+impl core::fmt::Display for BlockRegisterInstance {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        write!(
-            f,
-            "softmax_block_registers_p{}_t{}_n{}",
-            self.pack, self.threads, self.packs
-        )
+        write!(f, "softmax_block_registers_p{}_n{}", self.pack, self.packs)
     }
 }
 

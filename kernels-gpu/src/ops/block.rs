@@ -5,7 +5,7 @@
 //! from the instance lists the host's tables come from ([`crate::launch::ops`]).
 
 use crate::launch::ops::{RowOpParams, mode, with_op_instances};
-use crate::primitives::device::{block_idx, dynamic_shared_f32, thread_idx};
+use crate::primitives::device::{block_dim, block_idx, dynamic_shared_f32, recomputed, thread_idx};
 use crate::primitives::element::{Bf16, F16};
 use crate::primitives::row_exchange::exchange_row_stats;
 use crate::primitives::row_part::Share;
@@ -18,16 +18,17 @@ use super::slots::{Aligned, PeeledApart, Slots};
 use super::states::{block_merged_states, store_slice_state, store_state};
 
 /// A row, or one of `slices` slices of `slice_packs` packs of it, held by a block of
-/// `THREADS` threads with up to `PACKS` packs each.
+/// `threads = block_dim` threads with up to `PACKS` packs each (the block size is a launch
+/// parameter, so one entry serves every block size).
 ///
 /// # Safety
 /// The operation contract of [`op_rows`](super::rows::op_rows): its buffers, and the
 /// layout's conditions on rows ([`Aligned`]; [`PeeledApart`] as
 /// [`Peeled`](super::slots::Peeled) there) but not its bound on `cols`. Instead `slices ·
-/// slice_packs ≥ cols / PACK` (the body's packs) and `THREADS · PACKS ≥ slice_packs`; for
-/// [`PeeledApart`] rows `THREADS · (PACKS - 1) ≥ slice_packs` and `THREADS ≥ END_SLOTS` (the
+/// slice_packs ≥ cols / PACK` (the body's packs) and `threads · PACKS ≥ slice_packs`; for
+/// [`PeeledApart`] rows `threads · (PACKS - 1) ≥ slice_packs` and `threads ≥ END_SLOTS` (the
 /// last slot of threads 0 and 1 holds the row's ends, in slice 0). Launch
-/// `rows · slices` blocks of `THREADS` threads with `REDUCTION_SCRATCH_FLOATS · 4` bytes of
+/// `rows · slices` blocks of whole warps, at most 1024 threads, with `REDUCTION_SCRATCH_FLOATS · 4` bytes of
 /// dynamic shared memory. When `slices > 1`: `partials` holds two floats per block,
 /// `barriers` two words per row zeroed when allocated and used by one launch at a time, and
 /// every block is resident at once (cooperative launch), except in mode `SLICE_STATES`,
@@ -38,7 +39,6 @@ pub unsafe fn op_block<
     K: RowKernel<PACK>,
     L: Slots<K, PACK>,
     const PACK: usize,
-    const THREADS: usize,
     const PACKS: usize,
 >(
     p: &RowOpParams,
@@ -47,6 +47,7 @@ pub unsafe fn op_block<
     let row = block_idx() as usize / slices;
     let slice = block_idx() as usize % slices;
     let tid = thread_idx() as usize;
+    let threads = block_dim() as usize;
     // SAFETY: row < rows.
     let kernel = unsafe { K::for_row(p, row) };
     let share = Share {
@@ -55,7 +56,7 @@ pub unsafe fn op_block<
         slice_packs: p.slice_packs as usize,
     };
     // SAFETY: the share lies in the row, laid out per the contract.
-    let mut values = unsafe { L::load::<PACKS>(&kernel, share, THREADS, tid) };
+    let mut values = unsafe { L::load::<PACKS>(&kernel, share, threads, tid) };
     let scratch = dynamic_shared_f32();
     let (stats, mine) = if p.mode == mode::APPLY_STATES {
         // SAFETY: the states buffer holds the row's slots (contract of that mode); uniform
@@ -100,8 +101,12 @@ pub unsafe fn op_block<
         return;
     }
     let finished = kernel.finish(stats, mine);
+    let (threads, tid) = (
+        recomputed(threads as u32) as usize,
+        recomputed(tid as u32) as usize,
+    );
     // SAFETY: as for the loads.
-    unsafe { L::write::<PACKS>(&kernel, share, THREADS, tid, &values, finished) };
+    unsafe { L::write::<PACKS>(&kernel, share, threads, tid, &values, finished) };
     if leader {
         // SAFETY: row < rows.
         unsafe { kernel.write_row(stats) };
@@ -109,32 +114,44 @@ pub unsafe fn op_block<
 }
 
 /// Every block entry of one input type, from the instance lists of [`with_op_instances`]:
-/// each layout ([`Aligned`] with 16-byte packs and with single elements, [`PeeledApart`],
+/// each layout ([`Aligned`] with 16-byte packs, the masked forward's apart, and with single
+/// elements; [`PeeledApart`],
 /// whose instances hold one more slot per thread for the row's ends) and its directions.
 macro_rules! block_entries_for {
     (
         $feature:literal, $input:ty, $name:literal, $vector:literal,
         rows_vector $rows_vector:tt,
+        rows_peeled $rows_peeled:tt,
+        rows_masked $rows_masked:tt,
         rows_scalar $rows_scalar:tt,
         block_vector $block_vector:tt,
+        block_masked $block_masked:tt,
         block_scalar $block_scalar:tt
     ) => {
         op_entries!(
             ($feature, $input, $name),
             op_block,
             "block",
-            "t",
             (Aligned, 0),
             $vector,
             "",
-            [("fwd", Forward), ("mfwd", MaskedForward), ("bwd", Backward)],
+            [("fwd", Forward), ("bwd", Backward)],
             $block_vector
         );
         op_entries!(
             ($feature, $input, $name),
             op_block,
             "block",
-            "t",
+            (Aligned, 0),
+            $vector,
+            "",
+            [("mfwd", MaskedForward)],
+            $block_masked
+        );
+        op_entries!(
+            ($feature, $input, $name),
+            op_block,
+            "block",
             (Aligned, 0),
             1,
             "",
@@ -145,7 +162,6 @@ macro_rules! block_entries_for {
             ($feature, $input, $name),
             op_block,
             "block",
-            "t",
             (PeeledApart, 1),
             $vector,
             "peeled",

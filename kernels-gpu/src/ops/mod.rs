@@ -15,37 +15,35 @@ mod rows;
 mod slots;
 mod states;
 
-/// One entry per (direction, instance) of a family's template (`op_rows` or `op_block`) for
-/// one input type and layout:
-/// `op_<family>_<direction>_<input>_p<pack><layout>_<letter><width>_n<packs>`, as
-/// [`crate::launch::ops::OpKernelName`] spells it, holding `packs + extra` slots per thread
-/// (`extra`: the [`slots::PeeledApart`] ends' slot).
+/// One entry per (direction, packs per thread) of a family's template (`op_rows` or
+/// `op_block`) for one input type and layout:
+/// `op_<family>_<direction>_<input>_p<pack><layout>_n<packs>`, as
+/// [`crate::launch::ops::OpInstance`] spells it, holding `packs + extra` slots per thread
+/// (`extra`: the [`slots::PeeledApart`] ends' slot). The group or block widths listed with
+/// each packs count are launch parameters of its one entry.
 macro_rules! op_entries {
     (
-        $input:tt, $template:ident, $family:literal, $letter:literal, $layout:tt, $pack:literal,
+        $input:tt, $template:ident, $family:literal, $layout:tt, $pack:literal,
         $suffix:literal, [$($direction:tt),+], $instances:tt
     ) => {$(
         op_entries!(
-            @direction $input, $template, $family, $letter, $layout, $pack, $suffix, $direction,
+            @direction $input, $template, $family, $layout, $pack, $suffix, $direction,
             $instances
         );
     )+};
     (
         @direction ($feature:literal, $input:ty, $name:literal), $template:ident,
-        $family:literal, $letter:literal, ($layout:ident, $extra:literal), $pack:literal,
+        $family:literal, ($layout:ident, $extra:literal), $pack:literal,
         $suffix:literal, ($direction:literal, $kernel:ident),
-        [$(($width:literal, $packs:literal)),+]
+        [$($packs:literal: $widths:tt),+]
     ) => {$(
         $crate::primitives::entry::kernel_entry!(
             #[cfg(feature = $feature)]
             export concat!(
-                "op_", $family, "_", $direction, "_", $name, "_p", $pack, $suffix, "_", $letter,
-                $width, "_n", $packs
+                "op_", $family, "_", $direction, "_", $name, "_p", $pack, $suffix, "_n", $packs
             ),
             (params: RowOpParams)
-                => $template::<$kernel<$input>, $layout, $pack, $width, { $packs + $extra }>(
-                    &params,
-                )
+                => $template::<$kernel<$input>, $layout, $pack, { $packs + $extra }>(&params)
         );
     )+};
 }

@@ -168,6 +168,17 @@ pub unsafe fn reduce_add_release_gpu(word: *mut u32, value: u32) {
     };
 }
 
+/// `x`, as a value the compiler cannot relate to `x`: what is computed from it is computed
+/// again rather than kept from before. The block kernels take their write addresses from it,
+/// so the addresses of their loads (one 64-bit register per pack, when the block size is a
+/// launch parameter) are not held across the block reduction.
+#[inline(always)]
+pub fn recomputed(mut x: u32) -> u32 {
+    // SAFETY: a register move. Not `pure`: LLVM would hoist it to where `x` is computed.
+    unsafe { asm!("mov.u32 {x}, {x};", x = inout(reg32) x, options(nomem, nostack)) };
+    x
+}
+
 /// `%globaltimer`: the GPU's nanosecond clock (the same on every multiprocessor).
 #[inline(always)]
 pub fn global_timer_ns() -> u64 {

@@ -10,7 +10,9 @@
 //! [`crate::launch::softmax`], the one the host's tables come from.
 
 use crate::launch::softmax::with_block_register_instances;
-use crate::primitives::device::{DeviceExp2, block_idx, dynamic_shared_f32, thread_idx};
+use crate::primitives::device::{
+    DeviceExp2, block_dim, block_idx, dynamic_shared_f32, recomputed, thread_idx,
+};
 use crate::primitives::entry::kernel_entry;
 use crate::primitives::memory::{load_pack_plain, store_pack_plain};
 use crate::primitives::online::OnlineStats;
@@ -21,19 +23,15 @@ use crate::primitives::row_part::EdgePerThreadSlice;
 /// # Safety
 /// `input` and `output` each point to `rows · cols` floats (distinct buffers), `cols > 0`,
 /// both 4-byte aligned; when `PACK == 4` they are equally misaligned modulo 16 bytes. Launch
-/// `rows · slices` blocks of `THREADS` threads (whole warps, 8 to 1024), with
+/// `rows · slices` blocks of `threads` threads (whole warps, up to 1024), with
 /// `REDUCTION_SCRATCH_FLOATS · 4` bytes of dynamic shared memory, and
-/// `THREADS · PACKS ≥ slice_packs`, `slices · slice_packs · PACK ≥ cols - 3`. When
+/// `threads · PACKS ≥ slice_packs`, `slices · slice_packs · PACK ≥ cols - 3`. When
 /// `slices > 1`: `partials` holds `2 · rows · slices` floats, `barriers` holds `2 · rows`
 /// words zeroed when allocated and used by one launch at a time, and every block is resident
 /// at once (cooperative launch).
 #[inline(always)]
 #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
-pub unsafe fn softmax_block_registers<
-    const PACK: usize,
-    const THREADS: usize,
-    const PACKS: usize,
->(
+pub unsafe fn softmax_block_registers<const PACK: usize, const PACKS: usize>(
     input: *const f32,
     output: *mut f32,
     cols: u32,
@@ -45,7 +43,7 @@ pub unsafe fn softmax_block_registers<
     let (cols, slices) = (cols as usize, slices as usize);
     let row = block_idx() as usize / slices;
     let slice = block_idx() as usize % slices;
-    let threads = THREADS;
+    let threads = block_dim() as usize;
     let tid = thread_idx() as usize;
     // SAFETY: row < rows, so the row's `cols` floats lie inside both buffers.
     let (x, y) = unsafe { (input.add(row * cols), output.add(row * cols)) };
@@ -91,6 +89,7 @@ pub unsafe fn softmax_block_registers<
     // e^(x - local_max) · e^(local_max - max) / sum = e^(x - max) / sum.
     let scale = OnlineStats::exp_relative::<DeviceExp2>(local_max, row_stats.max) / row_stats.sum();
 
+    let threads = recomputed(threads as u32) as usize;
     for p in 0..PACKS {
         let pack = part.first + p * threads + tid;
         if pack < part.end {
@@ -107,16 +106,13 @@ pub unsafe fn softmax_block_registers<
     }
 }
 
-/// One entry per (threads, packs) instance of each layout:
-/// `softmax_block_registers_p<pack>_t<threads>_n<packs>`, as
-/// [`crate::launch::softmax::BlockRegisterKernelName`] spells it.
+/// One entry per packs count of each layout: `softmax_block_registers_p<pack>_n<packs>`, as
+/// [`crate::launch::softmax::BlockRegisterInstance`] spells it (the threads are the launch's
+/// block size).
 macro_rules! block_register_entries {
-    ($($layout:ident $pack:literal: threads [$($threads:literal),+], packs $packs:tt),+) => {
-        $($(block_register_entries!(@threads $pack, $threads, $packs);)+)+
-    };
-    (@threads $pack:literal, $threads:literal, [$($packs:literal),+]) => {$(
+    ($($layout:ident $pack:literal: threads $threads:tt, packs [$($packs:literal),+]),+) => {$($(
         kernel_entry!(
-            export concat!("softmax_block_registers_p", $pack, "_t", $threads, "_n", $packs),
+            export concat!("softmax_block_registers_p", $pack, "_n", $packs),
             (
                 input: *const f32,
                 output: *mut f32,
@@ -125,11 +121,11 @@ macro_rules! block_register_entries {
                 slice_packs: u32,
                 partials: *mut f32,
                 barriers: *mut u32,
-            ) => softmax_block_registers::<$pack, $threads, $packs>(
+            ) => softmax_block_registers::<$pack, $packs>(
                 input, output, cols, slices, slice_packs, partials, barriers,
             )
         );
-    )+};
+    )+)+};
 }
 
 with_block_register_instances!(block_register_entries);
