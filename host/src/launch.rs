@@ -103,15 +103,10 @@ pub(crate) unsafe fn enqueue(
             .u32(slicing.slices)
             .u32(slicing.slice_packs)
             .u32(cached.into()),
-        Params::Operation {
-            pass,
-            slicing,
-            lanes,
-        } => {
+        Params::Operation { pass, slicing } => {
             let mut params = RowOpParams {
                 slices: slicing.slices,
                 slice_packs: slicing.slice_packs,
-                lanes,
                 ..*b.operation
             };
             if launch.scheduling == Scheduling::Cooperative {

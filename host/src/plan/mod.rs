@@ -141,12 +141,10 @@ pub(crate) enum Params {
         slicing: Slicing,
         cached: bool,
     },
-    /// One `RowOpParams` by value: the call's, with this pass, slicing and group width.
+    /// One `RowOpParams` by value: the call's, with this pass and slicing.
     Operation {
         pass: OperationPass,
         slicing: Slicing,
-        /// Lanes per row of a group kernel (0 for a block kernel).
-        lanes: u32,
     },
 }
 
@@ -188,13 +186,13 @@ pub(crate) struct WorkspaceNeeds {
 }
 
 impl Launch {
-    /// The entry with, in parentheses, the width of the families whose entries take it at
-    /// launch (one entry serves every group width or block size) and then `details`: what the
-    /// benchmark reports.
+    /// The entry with, in parentheses, the block size of the families whose entries take it at
+    /// launch (one entry serves every block size) and then `details`: what the benchmark
+    /// reports.
     pub(crate) fn label(&self, details: &[String]) -> String {
         let width = match self.entry {
             Entry::Operation(instance) => match instance.shape {
-                OpKernelShape::Rows { lanes } => Some(format!("{lanes} lanes")),
+                OpKernelShape::Rows { .. } => None,
                 OpKernelShape::Block { threads } => Some(format!("{threads} threads")),
             },
             Entry::BlockRegisters(instance) => Some(format!("{} threads", instance.threads)),

@@ -108,11 +108,7 @@ pub(crate) fn launches(launch: OpLaunch, mode: OperationMode) -> Option<Vec<Laun
         block: launch.block(),
         shared_bytes: launch.shared_bytes(),
         scheduling,
-        params: Params::Operation {
-            pass,
-            slicing,
-            lanes: launch.kernel.lanes(),
-        },
+        params: Params::Operation { pass, slicing },
     };
     match (launch.split, mode) {
         (true, OperationMode::States) => None,
@@ -149,21 +145,23 @@ pub(crate) fn plan(
 
     // Narrow rows: a group of lanes per row. With 16-byte packs, each lane takes about
     // `LANE_PACKS` of them (at least two lanes once the row has two packs: a warp's load
-    // then covers whole 32-byte sectors of each row); single elements, one per lane.
+    // then covers whole 32-byte sectors of each row); single elements, one per lane. Where
+    // the tables have no group that wide, the next wider one that holds the row.
     let slots = row_packs + ends;
     let lane_packs = if vector { LANE_PACKS } else { 1 };
-    let lanes = slots
+    let wanted_lanes = slots
         .div_ceil(lane_packs)
         .next_power_of_two()
         .clamp(slots.min(2), 32);
     let group = instances
         .clone()
-        .filter(|k| k.shape == OpKernelShape::Rows { lanes } && k.slots() >= slots)
-        .min_by_key(|k| k.packs);
+        .filter(|k| matches!(k.shape, OpKernelShape::Rows { lanes } if lanes >= wanted_lanes))
+        .filter(|k| k.slots() >= slots)
+        .min_by_key(|k| (k.threads_per_row(), k.packs));
     if let Some(kernel) = group {
         return Some(OpLaunch {
             kernel,
-            grid: rows.div_ceil(OP_ROWS_BLOCK / lanes),
+            grid: rows.div_ceil(OP_ROWS_BLOCK / kernel.threads_per_row()),
             slices: 1,
             slice_packs: row_packs,
             split: false,
@@ -472,9 +470,9 @@ mod tests {
         let narrow = planned(Direction::Forward, DType::Bf16, 4096, 32).unwrap();
         assert_eq!(narrow.kernel.shape, OpKernelShape::Rows { lanes: 2 });
         assert_eq!(narrow.kernel.packs, 2);
-        // One element at a time: a group of up to 32 lanes, then a block of 4 slots a thread.
+        // One element at a time: a group of 32 lanes, then a block of 4 slots a thread.
         for (cols, shape) in [
-            (3, OpKernelShape::Rows { lanes: 4 }),
+            (3, OpKernelShape::Rows { lanes: 32 }),
             (32, OpKernelShape::Rows { lanes: 32 }),
             (100, OpKernelShape::Block { threads: 32 }),
         ] {

@@ -135,9 +135,6 @@ pub struct RowOpParams {
     pub slices: u32,
     /// Packs of a row each slice holds.
     pub slice_packs: u32,
-    /// Lanes per row of the group kernels: a power of two up to 32 (unused by block kernels,
-    /// whose width is the block size).
-    pub lanes: u32,
 }
 
 /// A peeled row's two ends, the head and the tail: the slots a group needs beyond its body
@@ -150,26 +147,26 @@ pub const OP_ROWS_BLOCK: u32 = 128;
 /// The operation kernels' instance lists, written once: passes them to `$callback!` after
 /// the given arguments, as `packs: [widths]` (packs per thread, then the lanes per row or
 /// threads per block it runs with). The tables below and the families' entries (`ops::rows`,
-/// `ops::block`) are both made from it, so what the host plans with is what the PTX holds:
-/// one entry per packs count (the width is a launch parameter), and one planned instance per
-/// (width, packs) pair.
+/// `ops::block`) are both made from it, so what the host plans with is what the PTX holds.
+/// A block entry serves every block size of its packs count (a launch parameter); a group
+/// entry is one (lanes, packs) pair, its width a compile-time constant (see `ops::op_entries`).
 ///
-/// Each packs count is an entry per direction and layout, unrolled over its packs, so the
-/// lists are as short as the planner allows: the plain forward and the backward (the
-/// benchmarked calls) keep three packs counts per family, but two for unaligned rows in
-/// groups (a peeled block takes the widest); the masked forward two for groups and one for
-/// blocks, and single elements (rows that rule out 16-byte access) one per family: more
-/// threads or slices cover the widths between.
+/// Every entry is unrolled over its packs, so the lists are as short as the planner allows.
+/// The plain forward and the backward of aligned rows (the benchmarked calls) keep a group
+/// for every width up to 2048 bf16 columns and three packs counts of blocks; unaligned rows
+/// two groups, the masked forward and single elements (rows that rule out 16-byte access)
+/// one group of 32 lanes and one packs count of blocks, whose block size covers the widths
+/// between. The planner takes the narrowest group that holds a row, else a block.
 macro_rules! with_op_instances {
     ($callback:ident $(, $argument:tt)*) => {
         $callback!(
             $($argument,)*
-            rows_vector [2: [1, 2, 4, 8, 16, 32], 4: [32], 8: [32]],
-            rows_peeled [2: [2, 4, 8, 16, 32], 4: [32]],
-            rows_masked [2: [1, 2, 4, 8, 16, 32], 8: [32]],
-            rows_scalar [1: [1, 2, 4, 8, 16, 32]],
+            rows_vector [2: [2, 4, 8, 16, 32], 4: [32], 8: [32]],
+            rows_peeled [2: [8, 32]],
+            rows_masked [2: [32]],
+            rows_scalar [1: [32]],
             block_vector [2: [128, 256], 4: [128, 256, 512, 1024], 8: [128, 256, 512, 1024]],
-            block_masked [4: [128, 256, 512, 1024]],
+            block_masked [4: [32, 64, 128, 256, 512, 1024]],
             block_scalar [4: [32, 64, 128, 256, 512, 1024]]
         );
     };
@@ -346,10 +343,10 @@ impl PackLayout {
 }
 
 /// One planned operation instance: an entry and the group or block width it runs with. Its
-/// `Display` is the PTX entry name, the spelling the families generate, which every width of
-/// one family, direction, input, layout and packs count shares (`op_rows_fwd_bf16_p8_n4`,
-/// `op_block_mfwd_f32_p4_n8`, `op_rows_bwd_f16_p8peeled_n2`): the width is a launch parameter
-/// (the group kernels' [`RowOpParams::lanes`], the block kernels' block size).
+/// `Display` is the PTX entry name, the spelling the families generate
+/// (`op_rows_fwd_bf16_p8_l32_n4`, `op_block_mfwd_f32_p4_n8`, `op_rows_bwd_f16_p8peeled_l8_n2`):
+/// a group's lanes are part of its entry, a block's size is not (every block size of one
+/// entry's packs count launches that entry).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct OpInstance {
     pub direction: Direction,
@@ -405,17 +402,8 @@ impl OpInstance {
         self.slots() * self.pack()
     }
 
-    /// The group's lanes per row, the launch parameter of the group kernels (0 for a block).
-    pub fn lanes(&self) -> u32 {
-        match self.shape {
-            OpKernelShape::Rows { lanes } => lanes,
-            OpKernelShape::Block { .. } => 0,
-        }
-    }
-
     /// The instances of one direction, input type and layout: its group and block tables'
-    /// (width, packs) pairs, less, for peeled rows, groups of fewer lanes than the row's ends
-    /// take (`ops::slots::Peeled` holds one in the first pack of each of the first lanes).
+    /// (width, packs) pairs, less those with fewer slots than their row's ends take.
     pub fn instances(
         direction: Direction,
         input: DType,
@@ -439,7 +427,7 @@ impl OpInstance {
                 shape,
                 packs,
             })
-            .filter(move |k| k.threads_per_row() >= k.end_slots())
+            .filter(move |k| k.slots() >= k.end_slots())
     }
 
     /// Every instance of one input type: each layout, the directions it serves, and their
@@ -462,22 +450,23 @@ impl OpInstance {
 
 impl core::fmt::Display for OpInstance {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        let family = match self.shape {
-            OpKernelShape::Rows { .. } => "rows",
-            OpKernelShape::Block { .. } => "block",
-        };
         let peeled = if self.layout == PackLayout::Peeled {
             "peeled"
         } else {
             ""
         };
-        write!(
-            f,
-            "op_{family}_{}_{}_p{}{peeled}_n{}",
-            self.direction.tag(),
-            self.input.name(),
-            self.pack(),
-            self.packs
-        )
+        let (direction, input, pack) = (self.direction.tag(), self.input.name(), self.pack());
+        match self.shape {
+            OpKernelShape::Rows { lanes } => write!(
+                f,
+                "op_rows_{direction}_{input}_p{pack}{peeled}_l{lanes}_n{}",
+                self.packs
+            ),
+            OpKernelShape::Block { .. } => write!(
+                f,
+                "op_block_{direction}_{input}_p{pack}{peeled}_n{}",
+                self.packs
+            ),
+        }
     }
 }

@@ -101,6 +101,8 @@ pub unsafe fn op_block<
         return;
     }
     let finished = kernel.finish(stats, mine);
+    // The write addresses are computed anew rather than kept from the loads across the
+    // reduction (one register pair per pack).
     let (threads, tid) = (
         recomputed(threads as u32) as usize,
         recomputed(tid as u32) as usize,

@@ -223,16 +223,15 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for Forward<In> {
     /// Within a group the maximum is reduced first, so each lane takes its exponentials
     /// relative to the row's maximum and only the sums need a second reduction.
     #[inline(always)]
-    fn group_partial<const PACKS: usize>(
+    fn group_partial<const PACKS: usize, const LANES: u32>(
         &self,
         packs: &mut [[u32; PACK]; PACKS],
-        lanes: u32,
     ) -> (OnlineStats, OnlineStats) {
-        let max = group_max(self.local_max(packs), lanes);
+        let max = group_max::<LANES>(self.local_max(packs));
         let mine = self.exponential_sum(packs, max);
         let max = max * self.row.scale;
         (
-            OnlineStats::new(max, group_sum(mine, lanes)),
+            OnlineStats::new(max, group_sum::<LANES>(mine)),
             OnlineStats::new(max, mine),
         )
     }

@@ -15,13 +15,27 @@ mod rows;
 mod slots;
 mod states;
 
-/// One entry per (direction, packs per thread) of a family's template (`op_rows` or
-/// `op_block`) for one input type and layout:
-/// `op_<family>_<direction>_<input>_p<pack><layout>_n<packs>`, as
-/// [`crate::launch::ops::OpInstance`] spells it, holding `packs + extra` slots per thread
-/// (`extra`: the [`slots::PeeledApart`] ends' slot). The group or block widths listed with
-/// each packs count are launch parameters of its one entry.
+/// The entries of a family's template (`op_rows` or `op_block`) for one input type, layout and
+/// set of directions, from an instance list of `packs: [widths]`:
+/// - blocks: one entry per (direction, packs), `op_block_<direction>_<input>_p<pack><layout>_n<packs>`;
+///   the block size is the launch's;
+/// - groups (`@lanes`): one entry per (direction, lanes, packs),
+///   `op_rows_<direction>_<input>_p<pack><layout>_l<lanes>_n<packs>`: the group width is a
+///   compile-time constant, which the narrow rows' reductions and indexing need to keep up
+///   with the copy (a launch-parameter width cost them 3–4% of the copy on the H200).
+///
+/// Names as [`crate::launch::ops::OpInstance`] spells them; each thread holds `packs + extra`
+/// slots (`extra`: the [`slots::PeeledApart`] ends' slot).
 macro_rules! op_entries {
+    (
+        @lanes $input:tt, $template:ident, $family:literal, $layout:tt, $pack:literal,
+        $suffix:literal, [$($direction:tt),+], $instances:tt
+    ) => {$(
+        op_entries!(
+            @direction lanes $input, $template, $family, $layout, $pack, $suffix, $direction,
+            $instances
+        );
+    )+};
     (
         $input:tt, $template:ident, $family:literal, $layout:tt, $pack:literal,
         $suffix:literal, [$($direction:tt),+], $instances:tt
@@ -46,6 +60,33 @@ macro_rules! op_entries {
                 => $template::<$kernel<$input>, $layout, $pack, { $packs + $extra }>(&params)
         );
     )+};
+    (
+        @direction lanes ($feature:literal, $input:ty, $name:literal), $template:ident,
+        $family:literal, ($layout:ident, $extra:literal), $pack:literal,
+        $suffix:literal, $direction:tt, [$($packs:literal: [$($lanes:literal),+]),+]
+    ) => {$($(
+        op_entries!(
+            @group ($feature, $input, $name), $template, $family, ($layout, $extra), $pack,
+            $suffix, $direction, $lanes, $packs
+        );
+    )+)+};
+    (
+        @group ($feature:literal, $input:ty, $name:literal), $template:ident,
+        $family:literal, ($layout:ident, $extra:literal), $pack:literal,
+        $suffix:literal, ($direction:literal, $kernel:ident), $lanes:literal, $packs:literal
+    ) => {
+        $crate::primitives::entry::kernel_entry!(
+            #[cfg(feature = $feature)]
+            export concat!(
+                "op_", $family, "_", $direction, "_", $name, "_p", $pack, $suffix, "_l", $lanes,
+                "_n", $packs
+            ),
+            (params: RowOpParams)
+                => $template::<$kernel<$input>, $layout, $pack, $lanes, { $packs + $extra }>(
+                    &params,
+                )
+        );
+    };
 }
 
 use op_entries;

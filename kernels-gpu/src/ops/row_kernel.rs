@@ -31,16 +31,15 @@ pub trait RowKernel<const PACK: usize>: Sized {
     /// [`RowKernel::write`] needs (the forward softmax keeps the exponentials).
     fn partial<const PACKS: usize>(&self, packs: &mut [Self::Values; PACKS]) -> Self::Stats;
 
-    /// The row's result over each aligned group of `lanes` lanes (every lane of the group
+    /// The row's result over each aligned group of `LANES` lanes (every lane of the group
     /// gets it) and this thread's own partial result. All 32 lanes call it.
     #[inline(always)]
-    fn group_partial<const PACKS: usize>(
+    fn group_partial<const PACKS: usize, const LANES: u32>(
         &self,
         packs: &mut [Self::Values; PACKS],
-        lanes: u32,
     ) -> (Self::Stats, Self::Stats) {
         let mine = self.partial(packs);
-        (group_reduce(mine, lanes), mine)
+        (group_reduce::<Self::Stats, LANES>(mine), mine)
     }
 
     /// The result over the whole block (every thread gets it) and this thread's own partial

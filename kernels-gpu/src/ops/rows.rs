@@ -15,43 +15,40 @@ use super::row_kernel::RowKernel;
 use super::slots::{Aligned, Peeled, Slots};
 use super::states::{merged_states, store_state};
 
-/// Rows of at most `lanes · PACKS` slots, each held by a group of `lanes = p.lanes` lanes.
+/// Rows of at most `LANES · PACKS` slots, each held by a group of `LANES` lanes.
 ///
 /// # Safety
 /// The operation contract: every buffer named in `p` holds its rows at its stride (mask rows
 /// `cols` long), `cols > 0`, and the rows are laid out as `L` requires:
 /// - [`Aligned`]: when `PACK > 1`, every row start is aligned to `PACK` elements of its
-///   buffer (16 bytes at most) and `cols` is a multiple of `PACK`; `lanes · PACKS · PACK ≥
+///   buffer (16 bytes at most) and `cols` is a multiple of `PACK`; `LANES · PACKS · PACK ≥
 ///   cols`;
 /// - [`Peeled`]: every buffer starts 16-byte aligned and all rows have the same stride in
-///   elements (so every buffer's rows are misaligned alike); `lanes ≥ END_SLOTS` and
-///   `lanes · PACKS ≥ cols / PACK + END_SLOTS` (see [`crate::primitives::row_part`]).
+///   elements (so every buffer's rows are misaligned alike); `LANES · PACKS ≥ cols / PACK +
+///   END_SLOTS` (see [`crate::primitives::row_part`]).
 ///
-/// Blocks of whole warps, `lanes` a power of two up to 32, and
-/// `ceil(rows / (block_dim / lanes))` blocks. In-place operation (output = input) is allowed:
+/// Blocks of whole warps, `LANES` divides 32, and
+/// `ceil(rows / (block_dim / LANES))` blocks. In-place operation (output = input) is allowed:
 /// each element is read before it is written, by the same thread.
 #[inline(always)]
 pub unsafe fn op_rows<
     K: RowKernel<PACK>,
     L: Slots<K, PACK>,
     const PACK: usize,
+    const LANES: u32,
     const PACKS: usize,
 >(
     p: &RowOpParams,
 ) {
-    // The group width is a launch parameter, so one entry serves every width: a power of two,
-    // so its divisions are shifts.
-    let lanes = p.lanes;
-    let lanes_log2 = lanes.trailing_zeros();
-    let lane = (thread_idx() & (lanes - 1)) as usize;
-    let row = (block_idx() * (block_dim() >> lanes_log2) + (thread_idx() >> lanes_log2)) as usize;
+    let lane = (thread_idx() % LANES) as usize;
+    let row = (block_idx() * (block_dim() / LANES) + thread_idx() / LANES) as usize;
     let live = row < p.rows as usize;
     let cols = p.cols as usize;
     // Lanes past the last row keep running on the last row's pointers with padding values
     // (the shuffles need all 32); they load, store and write nothing.
     // SAFETY: the clamped row is < rows.
     let kernel = unsafe { K::for_row(p, row.min(p.rows as usize - 1)) };
-    // The whole row is the group's share; lane `lane` holds its slots `lane, lane + lanes, …`.
+    // The whole row is the group's share; lane `lane` holds its slots `lane, lane + LANES, …`.
     let share = Share {
         cols,
         slice: 0,
@@ -59,11 +56,11 @@ pub unsafe fn op_rows<
     };
     let mut values = if live {
         // SAFETY: the share lies in the row, laid out per the contract.
-        unsafe { L::load::<PACKS>(&kernel, share, lanes as usize, lane) }
+        unsafe { L::load::<PACKS>(&kernel, share, LANES as usize, lane) }
     } else {
         [K::PAD; PACKS]
     };
-    let (group, mine) = kernel.group_partial::<PACKS>(&mut values, lanes);
+    let (group, mine) = kernel.group_partial::<PACKS, LANES>(&mut values);
     let stats = if p.mode == mode::APPLY_STATES {
         // SAFETY: the states buffer holds the row's slots (contract of that mode).
         unsafe { merged_states(p, row.min(p.rows as usize - 1)) }
@@ -82,7 +79,7 @@ pub unsafe fn op_rows<
     }
     let finished = kernel.finish(stats, mine);
     // SAFETY: as for the loads.
-    unsafe { L::write::<PACKS>(&kernel, share, lanes as usize, lane, &values, finished) };
+    unsafe { L::write::<PACKS>(&kernel, share, LANES as usize, lane, &values, finished) };
     if lane == 0 {
         // SAFETY: row < rows.
         unsafe { kernel.write_row(stats) };
@@ -105,7 +102,7 @@ macro_rules! rows_entries_for {
         block_scalar $block_scalar:tt
     ) => {
         op_entries!(
-            ($feature, $input, $name),
+            @lanes ($feature, $input, $name),
             op_rows,
             "rows",
             (Aligned, 0),
@@ -115,7 +112,7 @@ macro_rules! rows_entries_for {
             $rows_vector
         );
         op_entries!(
-            ($feature, $input, $name),
+            @lanes ($feature, $input, $name),
             op_rows,
             "rows",
             (Aligned, 0),
@@ -125,7 +122,7 @@ macro_rules! rows_entries_for {
             $rows_masked
         );
         op_entries!(
-            ($feature, $input, $name),
+            @lanes ($feature, $input, $name),
             op_rows,
             "rows",
             (Aligned, 0),
@@ -135,7 +132,7 @@ macro_rules! rows_entries_for {
             $rows_scalar
         );
         op_entries!(
-            ($feature, $input, $name),
+            @lanes ($feature, $input, $name),
             op_rows,
             "rows",
             (Peeled, 0),

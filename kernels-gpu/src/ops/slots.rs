@@ -49,6 +49,8 @@ impl<K: RowKernel<PACK>, const PACK: usize> Slots<K, PACK> for Aligned {
     ) -> [K::Values; PACKS] {
         // Slot `i` holds pack `first + slot(i)` if `slot(i) < count`: comparing the slot
         // rather than the pack let ptxas keep 8-pack blocks in 72 registers instead of 96.
+        // Slots are computed in 32 bits (they are below `PACKS · 1024`): with the block size a
+        // launch parameter, 64-bit slots took the blocks up to 34 more registers.
         let (first, count) = share.aligned_packs::<PACK>();
         let slot = |i: usize| ((i * threads) as u32 + thread as u32) as usize;
         let mut values = [K::PAD; PACKS];
@@ -82,16 +84,13 @@ impl<K: RowKernel<PACK>, const PACK: usize> Slots<K, PACK> for Aligned {
 }
 
 /// Rows laid out as [`PackLayout::Peeled`](crate::launch::ops::PackLayout::Peeled), held by a
-/// group of at least `END_SLOTS` lanes: a share is a [`RowPart`], whose first part also holds
-/// the row's unaligned ends in its first two slots (the first pack of lanes 0 and 1).
+/// group: a share is a [`RowPart`], whose first part also holds the row's unaligned ends in
+/// its first two slots.
 pub struct Peeled;
 
 impl Peeled {
     /// What slot `j` of `part` holds; `may_be_end`: whether `j` can be one of the row's ends
     /// (a constant after unrolling, so the one-element code exists only where it can run).
-    /// With at least `END_SLOTS` threads sharing the row, the ends fall in each thread's first
-    /// pack only, which gets its own iteration: with the one-element code in every iteration
-    /// LLVM would not unroll the loop (and would keep the values in local memory).
     #[inline(always)]
     fn piece<const PACK: usize>(part: &RowPart, j: usize, may_be_end: bool) -> Piece {
         if may_be_end {
@@ -99,6 +98,14 @@ impl Peeled {
         } else {
             part.body_piece::<PACK>(j)
         }
+    }
+
+    /// Packs of a thread that may hold the row's ends: the slots below `END_SLOTS` fall in
+    /// them. They get their own loop: with the one-element code in every iteration LLVM would
+    /// not unroll the loop (and would keep the values in local memory).
+    #[inline(always)]
+    fn end_packs<const PACKS: usize>(threads: usize) -> usize {
+        (END_SLOTS as usize).div_ceil(threads).min(PACKS)
     }
 }
 
@@ -120,8 +127,11 @@ impl<K: PeelableRow<PACK>, const PACK: usize> Slots<K, PACK> for Peeled {
             }
         };
         let mut values = [K::PAD; PACKS];
-        values[0] = load(0, true);
-        for (i, value) in values.iter_mut().enumerate().skip(1) {
+        let end_packs = Self::end_packs::<PACKS>(threads);
+        for (i, value) in values.iter_mut().enumerate().take(end_packs) {
+            *value = load(i, true);
+        }
+        for (i, value) in values.iter_mut().enumerate().skip(end_packs) {
             *value = load(i, false);
         }
         values
@@ -147,8 +157,11 @@ impl<K: PeelableRow<PACK>, const PACK: usize> Slots<K, PACK> for Peeled {
                 Piece::Nothing => {}
             }
         };
-        write(0, true);
-        for i in 1..PACKS {
+        let end_packs = Self::end_packs::<PACKS>(threads);
+        for i in 0..end_packs {
+            write(i, true);
+        }
+        for i in end_packs..PACKS {
             write(i, false);
         }
     }

@@ -86,53 +86,35 @@ impl Partial for Max {
     }
 }
 
-/// The butterfly offsets of a reduction over aligned groups of `lanes` lanes (a power of two
-/// up to 32), widest first: each of the five a warp can have, taken when it is below `lanes`.
-/// Written out rather than looped, so a constant `lanes` keeps only its own steps (LLVM does
-/// not unroll such a loop around a shuffle) and a runtime one, uniform across the warp,
-/// branches around the others.
+/// Maximum over each aligned group of `LANES` lanes (a power of two up to 32); every lane of a
+/// group gets its group's result. All 32 lanes must call it.
 #[inline(always)]
-fn for_each_offset(lanes: u32, mut step: impl FnMut(u32)) {
-    const _: () = assert!(WARP_SIZE == 32);
-    if lanes > 16 {
-        step(16);
-    }
-    if lanes > 8 {
-        step(8);
-    }
-    if lanes > 4 {
-        step(4);
-    }
-    if lanes > 2 {
-        step(2);
-    }
-    if lanes > 1 {
-        step(1);
-    }
-}
-
-/// Maximum over each aligned group of `lanes` lanes (a power of two up to 32, the same in
-/// every lane of the warp); every lane of a group gets its group's result. All 32 lanes must
-/// call it.
-#[inline(always)]
-pub fn group_max(mut value: f32, lanes: u32) -> f32 {
-    for_each_offset(lanes, |offset| {
+pub fn group_max<const LANES: u32>(mut value: f32) -> f32 {
+    let mut offset = LANES / 2;
+    while offset > 0 {
         value = value.max(shfl_xor_f32(value, offset));
-    });
+        offset /= 2;
+    }
     value
 }
 
-/// Sum over each aligned group of `lanes` lanes, like [`group_max`].
+/// Sum over each aligned group of `LANES` lanes, like [`group_max`].
 #[inline(always)]
-pub fn group_sum(mut value: f32, lanes: u32) -> f32 {
-    for_each_offset(lanes, |offset| value += shfl_xor_f32(value, offset));
+pub fn group_sum<const LANES: u32>(mut value: f32) -> f32 {
+    let mut offset = LANES / 2;
+    while offset > 0 {
+        value += shfl_xor_f32(value, offset);
+        offset /= 2;
+    }
     value
 }
 
-/// Merges the partial results of each aligned group of `lanes` lanes, like [`group_max`].
+/// Merges the partial results of each aligned group of `LANES` lanes (a power of two up to
+/// 32); every lane of a group gets its group's result. All 32 lanes must call it.
 #[inline(always)]
-pub fn group_reduce<S: Partial>(mut partial: S, lanes: u32) -> S {
-    for_each_offset(lanes, |offset| {
+pub fn group_reduce<S: Partial, const LANES: u32>(mut partial: S) -> S {
+    let mut offset = LANES / 2;
+    while offset > 0 {
         let [first, second] = partial.to_floats();
         let theirs = [
             shfl_xor_f32(first, offset),
@@ -144,7 +126,8 @@ pub fn group_reduce<S: Partial>(mut partial: S, lanes: u32) -> S {
             },
         ];
         partial = partial.merge(S::from_floats(theirs));
-    });
+        offset /= 2;
+    }
     partial
 }
 
@@ -159,7 +142,7 @@ pub unsafe fn block_reduce<S: Partial>(partial: S, scratch: *mut f32) -> S {
     let warps = block_dim() / WARP_SIZE;
     let warp = thread_idx() / WARP_SIZE;
     let lane = thread_idx() % WARP_SIZE;
-    let [first, second] = group_reduce(partial, WARP_SIZE).to_floats();
+    let [first, second] = group_reduce::<S, WARP_SIZE>(partial).to_floats();
     if lane == 0 {
         // SAFETY: `warp < 32`, and the scratch holds 32 first floats then 32 second ones.
         unsafe {
@@ -185,7 +168,7 @@ pub unsafe fn block_reduce<S: Partial>(partial: S, scratch: *mut f32) -> S {
     } else {
         S::EMPTY
     };
-    let block = group_reduce(mine, WARP_SIZE);
+    let block = group_reduce::<S, WARP_SIZE>(mine);
     // Nobody may overwrite the scratch (a later reduction) before every warp has read it.
     sync_threads();
     block

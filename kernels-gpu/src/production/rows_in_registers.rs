@@ -51,7 +51,7 @@ pub unsafe fn softmax_rows_in_registers<const PACK: usize, const LANES: u32, con
             local_max = local_max.max(values[pack][k]);
         }
     }
-    let max = group_max(local_max, LANES);
+    let max = group_max::<LANES>(local_max);
     let mut local_sum = 0.0;
     for pack in 0..PACKS {
         for k in 0..PACK {
@@ -59,7 +59,7 @@ pub unsafe fn softmax_rows_in_registers<const PACK: usize, const LANES: u32, con
             local_sum += values[pack][k];
         }
     }
-    let inv_sum = 1.0 / group_sum(local_sum, LANES);
+    let inv_sum = 1.0 / group_sum::<LANES>(local_sum);
 
     for pack in 0..PACKS {
         if live && column(pack) < cols {

@@ -39,7 +39,7 @@ unsafe fn softmax_unfused_row_max(input: *const f32, row_max: *mut f32, rows: u3
         // SAFETY: row < rows and col < cols.
         max = max.max(unsafe { input.add(row * cols as usize + col).read() });
     }
-    let max = group_max(max, WARP_SIZE);
+    let max = group_max::<WARP_SIZE>(max);
     if lane == 0 {
         // SAFETY: row < rows.
         unsafe { row_max.add(row).write(max) };
@@ -95,7 +95,7 @@ unsafe fn softmax_unfused_row_sum(data: *const f32, row_sum: *mut f32, rows: u32
         // SAFETY: row < rows and col < cols.
         sum.add(unsafe { data.add(row * cols as usize + col).read() });
     }
-    let sum = group_sum(sum.value(), WARP_SIZE);
+    let sum = group_sum::<WARP_SIZE>(sum.value());
     if lane == 0 {
         // SAFETY: row < rows.
         unsafe { row_sum.add(row).write(sum) };

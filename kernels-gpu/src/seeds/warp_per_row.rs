@@ -27,7 +27,7 @@ unsafe fn softmax_warp_per_row_online(input: *const f32, output: *mut f32, rows:
         // SAFETY: col < cols.
         stats.push::<DeviceExp2>(unsafe { x.add(col).read() });
     }
-    let row_stats = group_reduce(stats, WARP_SIZE);
+    let row_stats = group_reduce::<_, WARP_SIZE>(stats);
     let inv_sum = 1.0 / row_stats.sum();
     for col in (lane..cols as usize).step_by(WARP_SIZE as usize) {
         // SAFETY: col < cols.
