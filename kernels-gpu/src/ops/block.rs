@@ -117,8 +117,8 @@ pub unsafe fn op_block<
 
 /// Every block entry of one input type, from the instance lists of [`with_op_instances`]:
 /// each layout ([`Aligned`] with 16-byte packs, the masked forward's apart, and with single
-/// elements; [`PeeledApart`],
-/// whose instances hold one more slot per thread for the row's ends) and its directions.
+/// elements; [`PeeledApart`], whose instances hold one more slot per thread for the row's
+/// ends) and its directions.
 macro_rules! block_entries_for {
     (
         $feature:literal, $input:ty, $name:literal, $vector:literal,
