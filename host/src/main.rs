@@ -292,7 +292,8 @@ fn tune(shapes: &[Shape], cache: Option<PathBuf>, device: u32) -> softmax::Resul
 
 /// `host entries`: the entries `auto` (and the other production variants) plan over rows
 /// 1..65536 and widths 1..2^21 (geometric steps of 6%, each with residues 0, 1, 3, 5 and 7),
-/// one name a line after `auto` or `variants`.
+/// one a line after `auto` or `variants` (an entry, and the block size where the entry takes it
+/// at launch).
 fn entries(device: u32) -> softmax::Result<()> {
     use softmax::CallKind;
     use std::collections::BTreeSet;

@@ -84,6 +84,9 @@ impl OpLaunch {
     }
 }
 
+/// Fewest threads of a block that holds a slice of a row (rather than a whole row).
+const MIN_SLICE_THREADS: u32 = 128;
+
 /// 16-byte packs per lane the group kernels aim for: the per-row work (addresses, reductions, the
 /// row's constants) that every lane repeats is spread over more elements, and each lane has
 /// that many loads in flight.
@@ -195,6 +198,19 @@ pub(crate) fn plan(
     if fills_gpu {
         return whole.map(|(k, _)| launch(k, 1));
     }
+    // Slices go to blocks of at least `MIN_SLICE_THREADS` (the small blocks of the masked and
+    // single-element tables serve narrow whole rows; a row cut into 32-thread slices spends
+    // more on its exchange than it saves).
+    let sliceable: Vec<(OpInstance, u32)> = blocks
+        .iter()
+        .copied()
+        .filter(|(k, _)| k.threads_per_row() >= MIN_SLICE_THREADS)
+        .collect();
+    let blocks = if sliceable.is_empty() {
+        blocks
+    } else {
+        sliceable
+    };
     // Few rows: slices of the row in as many blocks as can be resident at once, at most one
     // slice per thread (the statistics exchange reads one each). First the most packs per
     // thread (fewer slices, so less exchange; among equals the smallest block) whose blocks
@@ -463,6 +479,56 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// Row states need a whole row in one launch where the rows cannot all stay resident:
+    /// single elements hold up to 8192 columns in one block, as before the tables shrank.
+    #[test]
+    fn single_element_rows_up_to_8192_columns_reduce_in_one_block() {
+        for cols in [4097, 8192] {
+            let launch = plan_op(
+                Direction::Forward,
+                DType::F32,
+                100_000,
+                cols,
+                PackLayout::Elements,
+                &FakeH200,
+            )
+            .unwrap();
+            assert_eq!(launch.slices, 1, "{cols}");
+            assert!(launches(launch, OperationMode::States).is_some(), "{cols}");
+        }
+    }
+
+    /// The small blocks of the masked and single-element tables never take slices of a wide
+    /// row; a narrow one stays whole in one block.
+    #[test]
+    fn slices_go_to_blocks_of_at_least_128_threads() {
+        for (direction, layout) in [
+            (Direction::MaskedForward, PackLayout::Aligned),
+            (Direction::Forward, PackLayout::Elements),
+        ] {
+            for (rows, cols) in [(1, 32000), (128, 50256), (3, 100_000)] {
+                let launch =
+                    plan_op(direction, DType::Bf16, rows, cols, layout, &FakeH200).unwrap();
+                assert!(launch.slices > 1, "{direction:?} {rows}x{cols}");
+                assert!(
+                    launch.kernel.threads_per_row() >= MIN_SLICE_THREADS,
+                    "{direction:?} {rows}x{cols}: {:?}",
+                    launch.kernel
+                );
+            }
+        }
+        let narrow = plan_op(
+            Direction::MaskedForward,
+            DType::Bf16,
+            10,
+            1024,
+            PackLayout::Aligned,
+            &FakeH200,
+        )
+        .unwrap();
+        assert_eq!(narrow.slices, 1);
     }
 
     #[test]

@@ -142,9 +142,10 @@ impl Softmax {
         self.synchronize()
     }
 
-    /// The entries the plans of `call` on `shape` launch, over every layout (what
-    /// [`Softmax::reserve`] prepares): which instances the planner uses on this device, for
-    /// pruning the instance tables (`host entries`). Plans that fail are left out.
+    /// The entries the plans of `call` on `shape` launch, with the block size of the entries
+    /// that take it at launch, over every layout (what [`Softmax::reserve`] prepares): which
+    /// instances the planner uses on this device, for pruning the instance tables (`host
+    /// entries`). Plans that fail are left out.
     #[cfg(feature = "bench")]
     #[doc(hidden)]
     pub fn planned_entries(&mut self, call: CallKind, shape: Shape) -> Result<Vec<String>> {
@@ -152,7 +153,7 @@ impl Softmax {
         let mut entries = Vec::new();
         for (request, layout) in call.requests() {
             if let Ok(prepared) = self.prepared(request, shape, layout) {
-                entries.extend(prepared.launches.iter().map(|l| l.entry.to_string()));
+                entries.extend(prepared.launches.iter().map(|l| l.label(&[])));
             }
         }
         Ok(entries)

@@ -154,20 +154,22 @@ pub const OP_ROWS_BLOCK: u32 = 128;
 /// Every entry is unrolled over its packs, so the lists are as short as the planner allows.
 /// The plain forward and the backward of aligned rows (the benchmarked calls) keep a group
 /// for every width up to 2048 bf16 columns and three packs counts of blocks; unaligned rows
-/// two groups, the masked forward and single elements (rows that rule out 16-byte access)
-/// one group of 32 lanes and one packs count of blocks, whose block size covers the widths
-/// between. The planner takes the narrowest group that holds a row, else a block.
+/// two groups, the masked forward two, single elements (rows that rule out 16-byte access)
+/// one of 32 lanes; both one packs count of blocks, whose block size covers the widths
+/// between (single elements keep 8 packs: rows up to 8192 columns in one block, as row states
+/// need where the rows cannot stay resident). The planner takes the narrowest group that
+/// holds a row, else a block.
 macro_rules! with_op_instances {
     ($callback:ident $(, $argument:tt)*) => {
         $callback!(
             $($argument,)*
             rows_vector [2: [2, 4, 8, 16, 32], 4: [32], 8: [32]],
             rows_peeled [2: [8, 32]],
-            rows_masked [2: [32]],
+            rows_masked [2: [8, 32]],
             rows_scalar [1: [32]],
             block_vector [2: [128, 256], 4: [128, 256, 512, 1024], 8: [128, 256, 512, 1024]],
             block_masked [4: [32, 64, 128, 256, 512, 1024]],
-            block_scalar [4: [32, 64, 128, 256, 512, 1024]]
+            block_scalar [8: [32, 64, 128, 256, 512, 1024]]
         );
     };
 }
@@ -247,6 +249,17 @@ const _: () = {
             i += 1;
         }
         t += 1;
+    }
+    // A peeled row's two ends take two slots of its group: every peeled group has them (the
+    // family generates an entry for each).
+    let mut i = 0;
+    while i < OP_ROWS_PEELED.len() {
+        let mut j = 0;
+        while j < OP_ROWS_PEELED[i].1.len() {
+            assert!(OP_ROWS_PEELED[i].0 * OP_ROWS_PEELED[i].1[j] >= END_SLOTS);
+            j += 1;
+        }
+        i += 1;
     }
     let blocks = [OP_BLOCK_VECTOR, OP_BLOCK_MASKED, OP_BLOCK_SCALAR];
     let mut t = 0;
@@ -344,7 +357,7 @@ impl PackLayout {
 
 /// One planned operation instance: an entry and the group or block width it runs with. Its
 /// `Display` is the PTX entry name, the spelling the families generate
-/// (`op_rows_fwd_bf16_p8_l32_n4`, `op_block_mfwd_f32_p4_n8`, `op_rows_bwd_f16_p8peeled_l8_n2`):
+/// (`op_rows_fwd_bf16_p8_l32_n4`, `op_block_fwd_f32_p4_n8`, `op_rows_bwd_f16_p8peeled_l8_n2`):
 /// a group's lanes are part of its entry, a block's size is not (every block size of one
 /// entry's packs count launches that entry).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -90,7 +90,8 @@ pub unsafe fn softmax_block_registers<const PACK: usize, const PACKS: usize>(
     let scale = OnlineStats::exp_relative::<DeviceExp2>(local_max, row_stats.max) / row_stats.sum();
 
     // The write addresses are computed anew rather than kept from the loads across the
-    // reduction (one register pair per pack: 16 → 8 packs took 108 → 96 registers).
+    // reduction (one register pair per pack; the 16-pack entry takes 92 registers, where
+    // each compile-time block size took 108).
     let threads = recomputed(threads as u32) as usize;
     for p in 0..PACKS {
         let pack = part.first + p * threads + tid;
