@@ -27,8 +27,8 @@ use super::states::{block_merged_states, store_slice_state, store_state};
 /// [`Peeled`](super::slots::Peeled) there) but not its bound on `cols`. Instead `slices ·
 /// slice_packs ≥ cols / PACK` (the body's packs) and `threads · PACKS ≥ slice_packs`; for
 /// [`PeeledApart`] rows `threads · (PACKS - 1) ≥ slice_packs` and `threads ≥ END_SLOTS` (the
-/// last slot of threads 0 and 1 holds the row's ends, in slice 0). Launch
-/// `rows · slices` blocks of whole warps, at most 1024 threads, with `REDUCTION_SCRATCH_FLOATS · 4` bytes of
+/// last slot of threads 0 and 1 holds the row's ends, in slice 0). Launch `rows · slices`
+/// blocks of whole warps, at most 1024 threads, with `REDUCTION_SCRATCH_FLOATS · 4` bytes of
 /// dynamic shared memory. When `slices > 1`: `partials` holds two floats per block,
 /// `barriers` two words per row zeroed when allocated and used by one launch at a time, and
 /// every block is resident at once (cooperative launch), except in mode `SLICE_STATES`,

@@ -17,8 +17,8 @@ mod states;
 
 /// The entries of a family's template (`op_rows` or `op_block`) for one input type, layout and
 /// set of directions, from an instance list of `packs: [widths]`:
-/// - blocks: one entry per (direction, packs), `op_block_<direction>_<input>_p<pack><layout>_n<packs>`;
-///   the block size is the launch's;
+/// - blocks: one entry per (direction, packs),
+///   `op_block_<direction>_<input>_p<pack><layout>_n<packs>`; the block size is the launch's;
 /// - groups (`@lanes`): one entry per (direction, lanes, packs),
 ///   `op_rows_<direction>_<input>_p<pack><layout>_l<lanes>_n<packs>`: the group width is a
 ///   compile-time constant, which the narrow rows' reductions and indexing need to keep up

@@ -86,10 +86,10 @@ pub unsafe fn op_rows<
     }
 }
 
-/// Every group entry of one input type, from the instance lists of
-/// [`with_op_instances`]: each layout ([`Aligned`] with 16-byte packs, the masked forward's
-/// apart, and with single elements; [`Peeled`]) and its directions. A peeled row's ends take two slots, so the host
-/// plans no peeled instance with fewer ([`crate::launch::ops::OpInstance::instances`]).
+/// Every group entry of one input type, from the instance lists of [`with_op_instances`]: each
+/// layout ([`Aligned`] with 16-byte packs, the masked forward's apart, and with single
+/// elements; [`Peeled`]) and its directions. A peeled row's ends take two slots; `launch::ops`
+/// asserts that every peeled group has them.
 macro_rules! rows_entries_for {
     (
         $feature:literal, $input:ty, $name:literal, $vector:literal,
