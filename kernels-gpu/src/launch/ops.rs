@@ -225,58 +225,42 @@ pub(crate) use with_op_instances;
 
 with_op_instances!(op_tables);
 
-/// Every group width is a power of two up to a warp, and every block is whole warps, at most
-/// [`MAX_BLOCK_THREADS`], and at least `END_SLOTS` threads: a peeled row's ends take one slot
-/// each of the first `END_SLOTS` threads of a block (in a group they take `END_SLOTS` of its
-/// slots; [`OpInstance::instances`] leaves out the group instances with fewer).
-const _: () = {
-    let rows = [
-        OP_ROWS_VECTOR,
-        OP_ROWS_PEELED,
-        OP_ROWS_MASKED,
-        OP_ROWS_SCALAR,
-    ];
-    let mut t = 0;
-    while t < rows.len() {
-        let mut i = 0;
-        while i < rows[t].len() {
-            let mut j = 0;
-            while j < rows[t][i].1.len() {
-                let lanes = rows[t][i].1[j];
-                assert!(lanes.is_power_of_two() && lanes <= WARP_SIZE);
-                j += 1;
-            }
-            i += 1;
-        }
-        t += 1;
-    }
-    // A peeled row's two ends take two slots of its group: every peeled group has them (the
-    // family generates an entry for each).
+/// Whether every (width, packs) pair of `table` is one its family can launch with at least
+/// `min_slots` slots: a group width is a power of two up to a warp; a block is whole warps, at
+/// most [`MAX_BLOCK_THREADS`], and at least `END_SLOTS` threads (a peeled row's ends take one
+/// slot each of the first `END_SLOTS` threads of a block).
+const fn launchable(table: OpTable, groups: bool, min_slots: u32) -> bool {
     let mut i = 0;
-    while i < OP_ROWS_PEELED.len() {
+    while i < table.len() {
+        let (packs, widths) = table[i];
         let mut j = 0;
-        while j < OP_ROWS_PEELED[i].1.len() {
-            assert!(OP_ROWS_PEELED[i].0 * OP_ROWS_PEELED[i].1[j] >= END_SLOTS);
+        while j < widths.len() {
+            let width = widths[j];
+            let shape_ok = if groups {
+                width.is_power_of_two() && width <= WARP_SIZE
+            } else {
+                width.is_multiple_of(WARP_SIZE) && width <= MAX_BLOCK_THREADS && width >= END_SLOTS
+            };
+            if !shape_ok || packs * width < min_slots {
+                return false;
+            }
             j += 1;
         }
         i += 1;
     }
-    let blocks = [OP_BLOCK_VECTOR, OP_BLOCK_MASKED, OP_BLOCK_SCALAR];
-    let mut t = 0;
-    while t < blocks.len() {
-        let mut i = 0;
-        while i < blocks[t].len() {
-            let mut j = 0;
-            while j < blocks[t][i].1.len() {
-                let threads = blocks[t][i].1[j];
-                assert!(threads.is_multiple_of(WARP_SIZE) && threads <= MAX_BLOCK_THREADS);
-                assert!(threads >= END_SLOTS);
-                j += 1;
-            }
-            i += 1;
-        }
-        t += 1;
-    }
+    true
+}
+
+// A peeled row's two ends take two slots of its group: every peeled group has them (the family
+// generates an entry for each).
+const _: () = {
+    assert!(launchable(OP_ROWS_VECTOR, true, 1));
+    assert!(launchable(OP_ROWS_PEELED, true, END_SLOTS));
+    assert!(launchable(OP_ROWS_MASKED, true, 1));
+    assert!(launchable(OP_ROWS_SCALAR, true, 1));
+    assert!(launchable(OP_BLOCK_VECTOR, false, 1));
+    assert!(launchable(OP_BLOCK_MASKED, false, 1));
+    assert!(launchable(OP_BLOCK_SCALAR, false, 1));
 };
 
 /// What an operation kernel computes.
