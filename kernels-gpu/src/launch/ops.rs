@@ -226,9 +226,10 @@ pub(crate) use with_op_instances;
 with_op_instances!(op_tables);
 
 /// Whether every (width, packs) pair of `table` is one its family can launch with at least
-/// `min_slots` slots: a group width is a power of two up to a warp; a block is whole warps, at
-/// most [`MAX_BLOCK_THREADS`], and at least `END_SLOTS` threads (a peeled row's ends take one
-/// slot each of the first `END_SLOTS` threads of a block).
+/// `min_slots` slots, and one [`table_instances`] lists: every width is a power of two; a group
+/// is at most a warp; a block is whole warps, at most [`MAX_BLOCK_THREADS`], and at least
+/// `END_SLOTS` threads (a peeled row's ends take one slot each of the first `END_SLOTS`
+/// threads of a block).
 const fn launchable(table: OpTable, groups: bool, min_slots: u32) -> bool {
     let mut i = 0;
     while i < table.len() {
@@ -237,11 +238,11 @@ const fn launchable(table: OpTable, groups: bool, min_slots: u32) -> bool {
         while j < widths.len() {
             let width = widths[j];
             let shape_ok = if groups {
-                width.is_power_of_two() && width <= WARP_SIZE
+                width <= WARP_SIZE
             } else {
                 width.is_multiple_of(WARP_SIZE) && width <= MAX_BLOCK_THREADS && width >= END_SLOTS
             };
-            if !shape_ok || packs * width < min_slots {
+            if !width.is_power_of_two() || !shape_ok || packs * width < min_slots {
                 return false;
             }
             j += 1;
@@ -354,7 +355,8 @@ pub struct OpInstance {
 }
 
 /// `(width, packs)` pairs of one table, widest last and, for one width, fewest packs first:
-/// the order the planner breaks ties in.
+/// the order the planner breaks ties in. Walks the widths in doubling steps: every width is a
+/// power of two ([`launchable`] checks it).
 fn table_instances(table: OpTable) -> impl Iterator<Item = (u32, u32)> + Clone {
     (0..=MAX_BLOCK_THREADS.trailing_zeros()).flat_map(move |log2| {
         let width = 1 << log2;
@@ -400,7 +402,8 @@ impl OpInstance {
     }
 
     /// The instances of one direction, input type and layout: its group and block tables'
-    /// (width, packs) pairs, less those with fewer slots than their row's ends take.
+    /// (width, packs) pairs. Each holds its row's ends: [`launchable`] checks the peeled groups'
+    /// slots.
     pub fn instances(
         direction: Direction,
         input: DType,
@@ -416,15 +419,13 @@ impl OpInstance {
             table_instances(rows).map(|(lanes, packs)| (OpKernelShape::Rows { lanes }, packs));
         let blocks = table_instances(blocks)
             .map(|(threads, packs)| (OpKernelShape::Block { threads }, packs));
-        rows.chain(blocks)
-            .map(move |(shape, packs)| OpInstance {
-                direction,
-                input,
-                layout,
-                shape,
-                packs,
-            })
-            .filter(move |k| k.slots() >= k.end_slots())
+        rows.chain(blocks).map(move |(shape, packs)| OpInstance {
+            direction,
+            input,
+            layout,
+            shape,
+            packs,
+        })
     }
 
     /// Every instance of one input type: each layout, the directions it serves, and their
