@@ -486,6 +486,11 @@ fn device_bundle(base: Option<&str>) -> Result<()> {
         Some(ptxas) => ptxas,
         None => fetch_ptxas()?,
     };
+    // Named to every build below: `host`'s build script reruns when `PTXAS` changes, so a
+    // build cached from before `ptxas` was fetched (PTX only) is not reused, and one that
+    // cannot make cubins fails instead of bundling PTX.
+    // SAFETY: xtask is single-threaded; nothing reads the environment concurrently.
+    unsafe { env::set_var("PTXAS", &ptxas) };
     run(Command::new(cargo())
         .current_dir(&workspace)
         .args(["build", "--release", "-p", "host"]))?;
