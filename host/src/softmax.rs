@@ -69,6 +69,9 @@ pub struct Softmax {
     /// Shapes and layouts whose tuned choice cannot run them: `Auto` uses the built-in rule.
     untunable: HashSet<(Shape, Layout)>,
     tune_cache: TuneCache,
+    /// The device name tuned choices are kept under ([`tuned_device_name`]), fixed with the
+    /// device and the kernel build when the instance is made.
+    tune_device: String,
     /// [`ROW_BARRIER_PATIENCE`], unless a test changed it.
     patience_ns: u64,
     stream: Stream,
@@ -332,6 +335,7 @@ impl Softmax {
             autotuned: HashMap::new(),
             untunable: HashSet::new(),
             tune_cache,
+            tune_device: tuned_device_name(&info, build),
             patience_ns: ROW_BARRIER_PATIENCE.as_nanos() as u64,
             stream,
             several_devices: devices > 1,
@@ -500,8 +504,7 @@ impl Softmax {
 
     fn tune_key(&self, shape: Shape, layout: Layout) -> TuneKey {
         let aligned = layout == Layout::Aligned;
-        let device = tuned_device_name(&self.info, self.modules.build);
-        TuneKey::for_layout(&device, shape, aligned, layout != Layout::Elements)
+        TuneKey::for_layout(&self.tune_device, shape, aligned, layout != Layout::Elements)
     }
 
     /// Convenience over host memory: copies `input` to the device, runs, waits, copies back.
