@@ -504,7 +504,12 @@ impl Softmax {
 
     fn tune_key(&self, shape: Shape, layout: Layout) -> TuneKey {
         let aligned = layout == Layout::Aligned;
-        TuneKey::for_layout(&self.tune_device, shape, aligned, layout != Layout::Elements)
+        TuneKey::for_layout(
+            &self.tune_device,
+            shape,
+            aligned,
+            layout != Layout::Elements,
+        )
     }
 
     /// Convenience over host memory: copies `input` to the device, runs, waits, copies back.

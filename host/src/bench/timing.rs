@@ -9,14 +9,15 @@
 use std::time::{Duration, Instant};
 
 use cust::event::{Event, EventFlags};
-use cust::launch;
 use cust::memory::{AsyncCopyDestination, CopyDestination, DeviceBuffer, DeviceSlice};
 use cust::module::Module;
 use cust::stream::Stream;
+use cust::sys;
 use rand::Rng;
 use rand::rngs::SmallRng;
 
 use super::{BenchConfig, Outcome, Timing, random_values};
+use crate::device::check;
 use crate::error::{CudaContext, Error, Result};
 use crate::reference::{deviation, softmax_f64};
 use crate::shape::Shape;
@@ -204,7 +205,11 @@ const FLOOR_WORD_GAP_BYTES: usize = 256;
 /// each launch, and the floor kernel with the words it reads and writes.
 pub(super) struct Isolation {
     flush: DeviceBuffer<u32>,
-    floor_module: Module,
+    /// The floor kernel, looked up once: cust's `launch!` would look it up by name at every
+    /// launch, between the start event and the launch it times.
+    floor_function: sys::CUfunction,
+    /// Keeps `floor_function` valid; dropped after it.
+    _floor_module: Module,
     /// The floor's source word at index 0 and its target word [`FLOOR_WORD_GAP_BYTES`] on.
     floor_words: DeviceBuffer<u32>,
 }
@@ -221,13 +226,14 @@ impl Isolation {
             .during("allocating the floor kernel's words")?;
         let floor_module =
             Module::from_ptx(FLOOR_PTX, &[]).during("loading the floor kernel's PTX")?;
-        // Looked up once here, so that no later launch waits for a lazy load.
-        floor_module
+        let floor_function = floor_module
             .get_function(FLOOR_ENTRY)
-            .during("looking up the floor kernel")?;
+            .during("looking up the floor kernel")?
+            .to_raw();
         Ok(Isolation {
             flush,
-            floor_module,
+            floor_function,
+            _floor_module: floor_module,
             floor_words,
         })
     }
@@ -247,11 +253,29 @@ impl Isolation {
             .floor_words
             .index(FLOOR_WORD_GAP_BYTES / 4..)
             .as_device_ptr();
-        let module = &self.floor_module;
-        // SAFETY: the kernel reads the word at `source` and writes the word at `target`, two
-        // distinct words of a live buffer.
-        unsafe { launch!(module.floor_load_store<<<1, 1, 0, stream>>>(source, target)) }
-            .during("launching the floor kernel")
+        let mut params = [source, target].map(|p| p.as_raw());
+        let mut pointers = params
+            .each_mut()
+            .map(|p| (p as *mut u64).cast::<std::ffi::c_void>());
+        // SAFETY: the function lives as long as its module, which `self` holds; it takes two
+        // pointers, reads the word at `source` and writes the word at `target`, two distinct
+        // words of a live buffer; the argument array outlives the call, which copies it.
+        let status = unsafe {
+            sys::cuLaunchKernel(
+                self.floor_function,
+                1,
+                1,
+                1,
+                1,
+                1,
+                1,
+                0,
+                stream.as_inner(),
+                pointers.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        check(status, "launching the floor kernel")
     }
 }
 
