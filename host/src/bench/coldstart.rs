@@ -63,8 +63,8 @@ pub fn child(ordinal: u32) -> Result<()> {
 /// One first call, given the instance and a shape.
 type Step = fn(&mut Softmax, Shape) -> Result<()>;
 
-fn upload<T: Element>(values: &[T]) -> Result<DeviceBuffer<T>> {
-    DeviceBuffer::from_slice(values).during("copying the input to the device")
+pub(super) fn upload<T: Element>(values: &[T]) -> Result<DeviceBuffer<T>> {
+    DeviceBuffer::from_slice(values).during("copying data to the device")
 }
 
 /// Log-softmax at a temperature: an operation of the module of `T`.

@@ -8,13 +8,14 @@
 
 use std::time::Instant;
 
-use cust::memory::DeviceBuffer;
+use super::coldstart::upload;
+use super::timing::median;
 
-use crate::error::{CudaContext, Result};
+use crate::error::Result;
 use crate::shape::Shape;
 use crate::softmax::Softmax;
 use crate::variant::Variant;
-use crate::views::{Element, Operation, Options, Rows, RowsMut};
+use crate::views::{Operation, Options, Rows, RowsMut};
 
 /// Calls per timed batch: well under the driver's queue of pending launches.
 const BATCH: usize = 200;
@@ -66,10 +67,6 @@ pub fn measure(ordinal: u32) -> Result<Vec<(&'static str, f64)>> {
     Ok(results)
 }
 
-fn upload<T: Element>(values: &[T]) -> Result<DeviceBuffer<T>> {
-    DeviceBuffer::from_slice(values).during("copying benchmark data to the device")
-}
-
 /// Median microseconds per call of `call` over [`BATCHES`] batches of [`BATCH`] calls.
 fn per_call(
     softmax: &mut Softmax,
@@ -88,6 +85,5 @@ fn per_call(
         batches.push(started.elapsed().as_secs_f64() * 1e6 / BATCH as f64);
         softmax.synchronize()?;
     }
-    batches.sort_by(f64::total_cmp);
-    Ok(batches[batches.len() / 2])
+    Ok(median(batches))
 }

@@ -414,7 +414,7 @@ fn time_isolated<L: Launcher>(
 }
 
 /// The median of samples (the upper one of an even count); NaN for none.
-fn median(mut samples: Vec<f64>) -> f64 {
+pub(super) fn median(mut samples: Vec<f64>) -> f64 {
     samples.sort_by(f64::total_cmp);
     samples.get(samples.len() / 2).copied().unwrap_or(f64::NAN)
 }
