@@ -35,6 +35,14 @@ pub trait Slots<K: RowKernel<PACK>, const PACK: usize> {
     );
 }
 
+/// Slot `i` of thread `thread` of the `threads` sharing a share: `i · threads + thread`.
+/// Computed in 32 bits (slots are below `PACKS · 1024`): with the block size a launch
+/// parameter, 64-bit slots took the block kernels up to 34 more registers.
+#[inline(always)]
+fn slot(i: usize, threads: usize, thread: usize) -> usize {
+    ((i * threads) as u32 + thread as u32) as usize
+}
+
 /// Rows laid out as [`PackLayout::Aligned`](crate::launch::ops::PackLayout::Aligned) (or as
 /// `Elements`, with `PACK == 1`): slot `j` of a share is its pack `j`.
 pub struct Aligned;
@@ -49,10 +57,8 @@ impl<K: RowKernel<PACK>, const PACK: usize> Slots<K, PACK> for Aligned {
     ) -> [K::Values; PACKS] {
         // Slot `i` holds pack `first + slot(i)` if `slot(i) < count`: comparing the slot
         // rather than the pack let ptxas keep 8-pack blocks in 72 registers instead of 96.
-        // Slots are computed in 32 bits (they are below `PACKS · 1024`): with the block size a
-        // launch parameter, 64-bit slots took the blocks up to 34 more registers.
         let (first, count) = share.aligned_packs::<PACK>();
-        let slot = |i: usize| ((i * threads) as u32 + thread as u32) as usize;
+        let slot = |i: usize| slot(i, threads, thread);
         let mut values = [K::PAD; PACKS];
         for i in 0..PACKS {
             if slot(i) < count {
@@ -73,7 +79,7 @@ impl<K: RowKernel<PACK>, const PACK: usize> Slots<K, PACK> for Aligned {
         row: K::Finished,
     ) {
         let (first, count) = share.aligned_packs::<PACK>();
-        let slot = |i: usize| ((i * threads) as u32 + thread as u32) as usize;
+        let slot = |i: usize| slot(i, threads, thread);
         for i in 0..PACKS {
             if slot(i) < count {
                 // SAFETY: as for the loads.
@@ -185,7 +191,7 @@ impl<K: PeelableRow<PACK>, const PACK: usize> Slots<K, PACK> for PeeledApart {
     ) -> [K::Values; PACKS] {
         let part = share.peeled::<PACK>(kernel.head());
         let (first_col, count) = part.body::<PACK>();
-        let slot = |i: usize| ((i * threads) as u32 + thread as u32) as usize;
+        let slot = |i: usize| slot(i, threads, thread);
         let mut values = [K::PAD; PACKS];
         for i in 0..PACKS - 1 {
             if slot(i) < count {
@@ -213,7 +219,7 @@ impl<K: PeelableRow<PACK>, const PACK: usize> Slots<K, PACK> for PeeledApart {
     ) {
         let part = share.peeled::<PACK>(kernel.head());
         let (first_col, count) = part.body::<PACK>();
-        let slot = |i: usize| ((i * threads) as u32 + thread as u32) as usize;
+        let slot = |i: usize| slot(i, threads, thread);
         for i in 0..PACKS - 1 {
             if slot(i) < count {
                 // SAFETY: as for the loads.
