@@ -157,10 +157,21 @@ pub enum TimingModes {
 }
 
 impl TimingModes {
-    pub const NAMES: [&str; 3] = ["isolated", "back-to-back", "both"];
+    pub const ALL: [TimingModes; 3] = [
+        TimingModes::Isolated,
+        TimingModes::BackToBack,
+        TimingModes::Both,
+    ];
+
+    /// The command-line names, in the order of [`TimingModes::ALL`].
+    pub const NAMES: [&str; 3] = [
+        Self::ALL[0].name(),
+        Self::ALL[1].name(),
+        Self::ALL[2].name(),
+    ];
 
     /// The command-line name.
-    pub fn name(self) -> &'static str {
+    pub const fn name(self) -> &'static str {
         match self {
             TimingModes::Isolated => "isolated",
             TimingModes::BackToBack => "back-to-back",
@@ -188,14 +199,12 @@ impl std::str::FromStr for TimingModes {
     type Err = String;
 
     fn from_str(text: &str) -> std::result::Result<Self, String> {
-        match text.trim() {
-            "isolated" => Ok(TimingModes::Isolated),
-            "back-to-back" => Ok(TimingModes::BackToBack),
-            "both" => Ok(TimingModes::Both),
-            _ => Err(format!(
-                "unknown timing `{text}`: expected isolated, back-to-back or both"
-            )),
-        }
+        TimingModes::ALL
+            .into_iter()
+            .find(|m| m.name() == text.trim())
+            .ok_or_else(|| {
+                format!("unknown timing `{text}`: expected isolated, back-to-back or both")
+            })
     }
 }
 
