@@ -87,24 +87,13 @@ pub(super) fn run(
 /// a timing mode this build does not know, or has no copy to compare with.
 fn parse_row(line: &str, ours: &[Measurement]) -> Option<Measurement> {
     let fields: Vec<&str> = line.trim_end().split(',').collect();
-    let (variant, dtype, rows, cols, median_ms, gbps, timing) = match fields[..] {
-        [
-            variant,
-            dtype,
-            rows,
-            cols,
-            median_ms,
-            gbps,
-            _pct,
-            ref rest @ ..,
-        ] if rest.len() <= 1 => {
-            let timing = match rest {
-                [timing] => timing.parse().ok()?,
-                _ => Timing::BackToBack,
-            };
-            (variant, dtype, rows, cols, median_ms, gbps, timing)
-        }
+    let timing = match fields.get(7..)? {
+        [] => Timing::BackToBack,
+        [timing] => timing.parse().ok()?,
         _ => return None,
+    };
+    let [variant, dtype, rows, cols, median_ms, gbps, _pct] = fields[..7] else {
+        return None;
     };
     let (rows, cols): (usize, usize) = (rows.parse().ok()?, cols.parse().ok()?);
     let (median_ms, gbps): (f64, f64) = (median_ms.parse().ok()?, gbps.parse().ok()?);
