@@ -381,11 +381,6 @@ impl Measurement {
     }
 }
 
-/// GB/s of one f32 softmax (or copy) of `shape` that took `ms`, with the common byte count.
-pub fn gigabytes_per_second(shape: Shape, ms: f64) -> f64 {
-    shape.min_traffic_bytes() as f64 / (ms * 1e-3) / 1e9
-}
-
 /// Bytes one call of `op` on `dtype` data moves at the minimum, the count every contender's
 /// GB/s is computed from: each tensor read or written once (forward `2 · rows · cols · bytes`,
 /// backward `3 · rows · cols · bytes`). A copy of the input moves what a forward call does.
@@ -394,6 +389,43 @@ pub fn traffic_bytes(op: BenchOp, dtype: DType, shape: Shape) -> u64 {
 }
 
 /// A timed outcome: GB/s from `bytes`, % of copy as GB/s over the copy's GB/s.
+/// The rows each timing mode of a shape starts with: the copy of the input (`copy_bytes`) and,
+/// timed isolated, the floor, which counts the timed call's `bytes` (its % of copy is the most
+/// such a call could show). Also the copy's GB/s, which every other row's % of copy divides by.
+fn reference_measurements(
+    shape: Shape,
+    dtype: DType,
+    timing: Timing,
+    medians: &timing::Medians,
+    copy_bytes: u64,
+    bytes: u64,
+) -> (f64, Vec<Measurement>) {
+    let copy_ms = medians.contenders[0];
+    let copy_gbps = copy_bytes as f64 / (copy_ms * 1e-3) / 1e9;
+    let measurement = |variant: &str, kernel: &str, outcome| Measurement {
+        variant: variant.into(),
+        dtype: dtype.name().into(),
+        rows: shape.rows(),
+        cols: shape.cols(),
+        kernels: vec![kernel.into()],
+        outcome,
+        timing,
+    };
+    let copy = measurement(
+        "copy",
+        "cuMemcpyDtoDAsync",
+        timed_outcome(copy_bytes, copy_ms, copy_gbps),
+    );
+    let floor = medians.floor.map(|floor_ms| {
+        measurement(
+            FLOOR_VARIANT,
+            timing::FLOOR_ENTRY,
+            timed_outcome(bytes, floor_ms, copy_gbps),
+        )
+    });
+    (copy_gbps, std::iter::once(copy).chain(floor).collect())
+}
+
 fn timed_outcome(bytes: u64, ms: f64, copy_gbps: f64) -> Outcome {
     let gbps = bytes as f64 / (ms * 1e-3) / 1e9;
     Outcome::Timed {
@@ -447,33 +479,20 @@ pub fn run(config: &BenchConfig) -> Result<Report> {
                 contenders.len()
             ));
             let medians = timer.measure(timing, &mut pools, &mut softmax, &contenders, config)?;
-            let copy_ms = medians.contenders[0];
-            let timed = |ms: f64| Outcome::Timed {
-                median_ms: ms,
-                gbps: gigabytes_per_second(shape, ms),
-                pct_of_copy: 100.0 * copy_ms / ms,
-            };
+            let bytes = traffic_bytes(BenchOp::Softmax, DType::F32, shape);
+            let (copy_gbps, references) =
+                reference_measurements(shape, DType::F32, timing, &medians, bytes, bytes);
+            measurements.extend(references);
+            let timed = |ms: f64| timed_outcome(bytes, ms, copy_gbps);
             let measurement = |variant: String, kernels: Vec<String>, outcome| Measurement {
                 variant,
-                dtype: "f32".into(),
+                dtype: DType::F32.name().into(),
                 rows: shape.rows(),
                 cols: shape.cols(),
                 kernels,
                 outcome,
                 timing,
             };
-            measurements.push(measurement(
-                "copy".into(),
-                vec!["cuMemcpyDtoDAsync".into()],
-                timed(copy_ms),
-            ));
-            if let Some(floor_ms) = medians.floor {
-                measurements.push(measurement(
-                    FLOOR_VARIANT.into(),
-                    vec![timing::FLOOR_ENTRY.into()],
-                    timed(floor_ms),
-                ));
-            }
             let mut timed_medians = medians.contenders[1..].iter();
             for (variant, verdict, kernels) in &verdicts {
                 let outcome = match verdict {

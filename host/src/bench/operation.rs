@@ -14,7 +14,8 @@ use rand::{Rng, SeedableRng};
 
 use super::timing::{self, Launcher, WORKING_SET_OVER_L2};
 use super::{
-    BenchConfig, BenchOp, FLOOR_VARIANT, Measurement, Outcome, timed_outcome, traffic_bytes,
+    BenchConfig, BenchOp, Measurement, Outcome, reference_measurements, timed_outcome,
+    traffic_bytes,
 };
 use crate::error::{CudaContext, Error, Result};
 use crate::views::{DType, Element, Operation, Options, Rows, RowsMut};
@@ -382,36 +383,22 @@ pub(super) fn run<T: Bench>(config: &BenchConfig) -> Result<super::Report> {
         for &timing in config.timing.timings() {
             progress.set_message(format!("{shape} {op} {}: timing, {timing}", dtype.name()));
             let medians = timer.measure(timing, &mut pools, &mut softmax, contenders, config)?;
-            let copy_ms = medians.contenders[0];
-            let copy_gbps = copy_bytes as f64 / (copy_ms * 1e-3) / 1e9;
-            let measurement = |variant: &str, kernels: String, outcome| Measurement {
-                variant: variant.into(),
-                dtype: dtype.name().into(),
-                rows: shape.rows(),
-                cols: shape.cols(),
-                kernels: vec![kernels],
-                outcome,
-                timing,
-            };
-            measurements.push(measurement(
-                "copy",
-                "cuMemcpyDtoDAsync".into(),
-                timed_outcome(copy_bytes, copy_ms, copy_gbps),
-            ));
-            // The floor counts the operation's bytes: its % of copy is the most a call of
-            // this shape could show.
-            if let Some(floor_ms) = medians.floor {
-                measurements.push(measurement(
-                    FLOOR_VARIANT,
-                    timing::FLOOR_ENTRY.into(),
-                    timed_outcome(op_bytes, floor_ms, copy_gbps),
-                ));
-            }
+            let (copy_gbps, references) =
+                reference_measurements(shape, dtype, timing, &medians, copy_bytes, op_bytes);
+            measurements.extend(references);
             let outcome = match &verdict {
                 Ok(()) => timed_outcome(op_bytes, medians.contenders[1], copy_gbps),
                 Err(outcome) => outcome.clone(),
             };
-            measurements.push(measurement("auto", kernels.clone(), outcome));
+            measurements.push(Measurement {
+                variant: "auto".into(),
+                dtype: dtype.name().into(),
+                rows: shape.rows(),
+                cols: shape.cols(),
+                kernels: vec![kernels.clone()],
+                outcome,
+                timing,
+            });
         }
         progress.inc(1);
     }
