@@ -100,7 +100,7 @@ pub unsafe fn op_block<
         }
         return;
     }
-    let finished = kernel.finish(stats, mine);
+    let finished = kernel.finish::<PACKS>(stats, mine);
     // The write addresses are computed anew rather than kept from the loads across the
     // reduction (one register pair per pack).
     let (threads, tid) = (

@@ -77,7 +77,7 @@ pub unsafe fn op_rows<
         }
         return;
     }
-    let finished = kernel.finish(stats, mine);
+    let finished = kernel.finish::<PACKS>(stats, mine);
     // SAFETY: as for the loads.
     unsafe { L::write::<PACKS>(&kernel, share, LANES as usize, lane, &values, finished) };
     if lane == 0 {
