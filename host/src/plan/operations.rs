@@ -364,7 +364,7 @@ mod tests {
     /// that the launch's shares cover, each walked over its instance's slots as the kernels'
     /// `Slots` layouts walk them: how many times each column is covered.
     fn coverage<const PACK: usize>(launch: &OpLaunch, cols: u32, row_start: usize) -> Vec<u8> {
-        use kernels_gpu::primitives::row_part::{Piece, RowSpan, Share, unaligned_head};
+        use kernels_gpu::primitives::row_part::{Piece, Share, unaligned_head};
 
         let bytes = 16 / PACK;
         let head = unaligned_head(row_start * bytes, bytes, PACK);
@@ -382,20 +382,8 @@ mod tests {
                 (PackLayout::Peeled, OpKernelShape::Block { .. }) => vec![0, 1],
                 _ => vec![],
             };
-            let span = RowSpan::new::<PACK>(cols as usize, head);
             let body = (0..k.slots() as usize).map(|j| match (k.layout, k.shape) {
-                // A group's row as the packs that span it: only their part in the row.
-                (PackLayout::Peeled, OpKernelShape::Rows { .. }) => {
-                    if j < span.packs::<PACK>() {
-                        let (col, part) = span.pack::<PACK>(j);
-                        Piece::Run {
-                            start: col,
-                            count: part.hi - part.lo,
-                        }
-                    } else {
-                        Piece::Nothing
-                    }
-                }
+                (PackLayout::Peeled, OpKernelShape::Rows { .. }) => part.piece::<PACK>(j),
                 (PackLayout::Peeled, OpKernelShape::Block { .. }) => part.body_pack::<PACK>(j),
                 _ => {
                     let (first, count) = share.aligned_packs::<PACK>();

@@ -8,10 +8,10 @@ use crate::primitives::device::exp2_approx;
 use crate::primitives::element::Element;
 use crate::primitives::online::LOG2_E;
 use crate::primitives::reduce::Sum;
-use crate::primitives::row_part::{PackPart, unaligned_head};
+use crate::primitives::row_part::unaligned_head;
 
 use super::row_kernel::{
-    PeelableRow, RowKernel, output_dtype, readable_past_end, row_scale, row_start, store_outputs,
+    PeelableRow, RowKernel, output_dtype, row_scale, row_start, store_outputs,
 };
 
 /// Gradients: softmax `dx = y ⊙ (dy − Σ dy⊙y)`, log-softmax `dx = dy − e^y ⊙ Σ dy`, each
@@ -23,8 +23,6 @@ pub struct Backward<In> {
     output_dtype: u32,
     log: bool,
     scale: f32,
-    /// See [`PeelableRow::readable_past_end`].
-    past_end: usize,
     _input: PhantomData<In>,
 }
 
@@ -46,7 +44,6 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for Backward<In> {
             output_dtype: p.output_dtype,
             log: p.op == op::LOG_SOFTMAX,
             scale,
-            past_end: readable_past_end(p, row),
             _input: PhantomData,
         }
     }
@@ -88,7 +85,7 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for Backward<In> {
     }
 
     #[inline(always)]
-    unsafe fn write(&self, col: usize, part: Option<PackPart>, (y, dy): Self::Values, sum: f32) {
+    unsafe fn write(&self, col: usize, run: Option<usize>, (y, dy): Self::Values, sum: f32) {
         let (y, dy) = (|k| In::widen(&y, k), |k| In::widen(&dy, k));
         // Uniform branch, once per pack (see `forward::ForwardRow::store`).
         let mut dx = [0.0; PACK];
@@ -102,7 +99,7 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for Backward<In> {
             }
         }
         // SAFETY: the caller guarantees the pack lies in the row, aligned.
-        unsafe { store_outputs::<PACK>(self.output_dtype, self.dx, col, part, dx) };
+        unsafe { store_outputs::<PACK>(self.output_dtype, self.dx, col, run, dx) };
     }
 
     #[inline(always)]
@@ -116,31 +113,13 @@ impl<In: Element, const PACK: usize> PeelableRow<PACK> for Backward<In> {
     }
 
     #[inline(always)]
-    fn readable_past_end(&self) -> usize {
-        self.past_end
-    }
-
-    #[inline(always)]
-    unsafe fn load_part(&self, col: usize, part: PackPart) -> Self::Values {
-        // SAFETY: the caller guarantees the part lies in both rows.
+    unsafe fn load_run(&self, start: usize, count: usize) -> Self::Values {
+        // SAFETY: the caller guarantees the run lies in both rows.
         unsafe {
             (
-                In::load_packed_part::<PACK>(self.y.add(col), part, 0),
-                In::load_packed_part::<PACK>(self.dy.add(col), part, 0),
+                In::load_packed_run::<PACK>(self.y.add(start), count, 0),
+                In::load_packed_run::<PACK>(self.dy.add(start), count, 0),
             )
         }
-    }
-
-    #[inline(always)]
-    unsafe fn load_masked(&self, col: usize, part: PackPart) -> Self::Values {
-        // SAFETY: the caller guarantees the whole packs lie in the buffers, aligned; they
-        // start `part.lo` elements before column `col`.
-        let (y, dy) = unsafe {
-            (
-                In::load_packed::<PACK>(self.y.add(col).wrapping_sub(part.lo)),
-                In::load_packed::<PACK>(self.dy.add(col).wrapping_sub(part.lo)),
-            )
-        };
-        (In::masked_pack(y, part, 0), In::masked_pack(dy, part, 0))
     }
 }

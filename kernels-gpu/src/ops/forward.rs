@@ -8,10 +8,10 @@ use crate::primitives::element::Element;
 use crate::primitives::memory::load_global;
 use crate::primitives::online::{LOG2_E, OnlineStats};
 use crate::primitives::reduce::{Max, Sum, block_reduce, group_max, group_sum};
-use crate::primitives::row_part::{PackPart, unaligned_head};
+use crate::primitives::row_part::unaligned_head;
 
 use super::row_kernel::{
-    PeelableRow, RowKernel, output_dtype, readable_past_end, row_scale, row_start, store_outputs,
+    PeelableRow, RowKernel, output_dtype, row_scale, row_start, store_outputs,
 };
 
 /// Whether the row's scores are all -inf. The maximum skips NaN, so a row of NaN and -inf
@@ -43,9 +43,9 @@ struct ForwardRow {
 /// element, as the writes round each score (never fused with what follows), so the exponent
 /// is exactly 0 there; log-softmax `(k·v − max) − ln sum` (the difference first, as PyTorch:
 /// `k·v − (max + ln sum)` rounds away ~|max|·2^-24);
-/// `zero` when the row is masked everywhere and the caller asked for zeros there; `kept`
-/// when the thread's packs hold its elements' exponentials relative to its own maximum (a
-/// softmax write is then `e · factor`).
+/// `zero` when the row is masked everywhere and the caller asked for zeros there. With
+/// `kept`, the thread's packs hold what [`Forward`] keeps relative to the thread's own
+/// maximum: a softmax write is `e · factor`, a log-softmax write `t + log_offset`.
 #[derive(Clone, Copy)]
 pub struct ForwardFinished {
     max: f32,
@@ -54,6 +54,7 @@ pub struct ForwardFinished {
     ln_sum: f32,
     zero: bool,
     kept: bool,
+    log_offset: f32,
 }
 
 impl ForwardRow {
@@ -82,21 +83,33 @@ impl ForwardRow {
         }
     }
 
-    /// `row` is in score units; `mine` is this thread's maximum (score units) that its kept
-    /// exponentials are relative to, if it kept them (`kept`).
+    /// `row` is in score units; `mine` is this thread's maximum (score units) that what it
+    /// kept is relative to, if it kept anything (`kept`).
     #[inline(always)]
     fn finish(&self, row: OnlineStats, mine_max: f32, kept: bool) -> ForwardFinished {
         let sum = row.sum();
         let inv_sum = reciprocal_approx(sum);
+        // Only log-softmax writes read these. Computed for softmax rows too, `ln_sum` took
+        // the 8-pack blocks from 64 to 72 registers (ptxas 12.9).
+        let (ln_sum, log_offset) = if self.log {
+            let ln_sum = ln(sum);
+            // Kept differences are relative to this thread's maximum (0 for a group, whose
+            // lanes all take the row's): `t + (mine − max) − ln sum`, in PyTorch's order
+            // `(x·k − max) − ln sum` where the two maxima agree.
+            let shift =
+                OnlineStats::exponent_origin(mine_max) - OnlineStats::exponent_origin(row.max);
+            (ln_sum, shift - ln_sum)
+        } else {
+            (0.0, 0.0)
+        };
         ForwardFinished {
             max: row.max,
             inv_sum,
             factor: OnlineStats::exp_relative::<DeviceExp2>(mine_max, row.max) * inv_sum,
-            // Only log-softmax writes read it. Computed for softmax rows too, it took the
-            // 8-pack blocks from 64 to 72 registers (ptxas 12.9).
-            ln_sum: if self.log { ln(sum) } else { 0.0 },
+            ln_sum,
             zero: self.zero_masked_rows && masked_everywhere(row),
             kept,
+            log_offset,
         }
     }
 
@@ -109,7 +122,7 @@ impl ForwardRow {
     unsafe fn store<const PACK: usize>(
         &self,
         col: usize,
-        part: Option<PackPart>,
+        run: Option<usize>,
         row: ForwardFinished,
         probability: impl Fn(usize) -> f32,
         log_probability: impl Fn(usize) -> f32,
@@ -133,7 +146,7 @@ impl ForwardRow {
         }
         // SAFETY: the caller guarantees the pack lies in the row; the output row is aligned
         // like the input's.
-        unsafe { store_outputs::<PACK>(self.output_dtype, self.y, col, part, outputs) };
+        unsafe { store_outputs::<PACK>(self.output_dtype, self.y, col, run, outputs) };
     }
 
     /// # Safety
@@ -154,29 +167,28 @@ impl ForwardRow {
 
 /// Softmax, log-softmax and log-sum-exp of the scores `x · scale · row_scale`, without
 /// masks. Packs stay in registers as loaded (two 16-bit elements per register, so a block
-/// keeps twice the bf16 data in flight), widened each time they are used; a softmax thread
-/// of at most [`KEPT_ELEMENTS`] elements keeps their exponentials instead.
+/// keeps twice the bf16 data in flight), widened each time they are used; a thread of at most
+/// [`KEPT_ELEMENTS`] elements keeps, in their place, what its writes need instead.
 pub struct Forward<In> {
     x: *const In,
     row: ForwardRow,
-    /// See [`PeelableRow::readable_past_end`].
-    past_end: usize,
 }
 
-/// The most elements a thread of a softmax holds for it to keep their exponentials from the
-/// reduction to the writes in place of the loaded packs (as f32 bits, which a 16-bit pack's
-/// words have room for). Rows this narrow are bound by instruction issue rather than by
-/// memory (Nsight Compute, bf16 65536×96 on the H200: 0.76 warp instructions issued per
-/// scheduler and cycle), and keeping the exponentials spares the writes a widening, a
-/// subtraction, a product and an exponential per element; wider threads recompute them, so
-/// that 16-bit packs stay two elements to a register.
+/// The most elements a thread holds for it to keep, from the reduction to the writes, each
+/// element's exponential (softmax) or difference `t = (x − max)·k` from its maximum
+/// (log-softmax), as f32 bits in place of its pack (a 16-bit pack's words have room for
+/// them). Rows this narrow are bound by instruction issue rather than by memory (Nsight
+/// Compute, bf16 65536×96 on the H200: 0.76 warp instructions issued per scheduler and
+/// cycle), and keeping them spares each write a widening, a product and, for softmax, a
+/// subtraction and an exponential. Wider threads recompute them, so that 16-bit packs stay
+/// two elements to a register.
 pub const KEPT_ELEMENTS: usize = 16;
 
 impl<In: Element> Forward<In> {
-    /// Whether a softmax thread of `PACKS` packs keeps its exponentials ([`KEPT_ELEMENTS`]).
+    /// Whether a thread of `PACKS` packs keeps its elements' values ([`KEPT_ELEMENTS`]).
     #[inline(always)]
-    fn keeps<const PACK: usize, const PACKS: usize>(&self) -> bool {
-        PACK * PACKS <= KEPT_ELEMENTS && !self.row.log
+    const fn keeps<const PACK: usize, const PACKS: usize>() -> bool {
+        PACK * PACKS <= KEPT_ELEMENTS
     }
 
     #[inline(always)]
@@ -193,37 +205,47 @@ impl<In: Element> Forward<In> {
         max
     }
 
-    /// `Σ 2^((v − max)·k·log2 e)` over the packs, each term kept in place of its element
-    /// where [`Self::keeps`]. A maximum of -inf (nothing but -inf) is taken as 0 so -inf
-    /// gives 0, not NaN.
+    /// `Σ 2^((v − max)·k·log2 e)` over the packs, keeping each element's term (softmax) or
+    /// its `(v − max)·k` (log-softmax) in its place where [`Self::keeps`]. A maximum of -inf
+    /// (nothing but -inf) is taken as 0 so -inf gives 0, not NaN.
     #[inline(always)]
     fn exponential_sum<const PACK: usize, const PACKS: usize>(
         &self,
         packs: &mut [[u32; PACK]; PACKS],
         max: f32,
     ) -> f32 {
-        let slope = self.row.scale * LOG2_E;
+        let scale = self.row.scale;
+        let slope = scale * LOG2_E;
         // In input units, `k` applied after the subtraction (as in `exp_relative`).
         let max = OnlineStats::exponent_origin(max);
-        let exponential =
-            |pack: &[u32; PACK], i: usize| exp2_approx((In::widen(pack, i) - max) * slope);
         let mut sum = 0.0;
-        // Two loops rather than a choice per element: the branch is uniform, taken once.
-        if self.keeps::<PACK, PACKS>() {
-            for pack in packs.iter_mut() {
-                let mut terms = [0.0f32; PACK];
-                for (i, term) in terms.iter_mut().enumerate() {
-                    *term = exponential(pack, i);
-                    sum += *term;
+        // One loop per case rather than a choice per element: the branches are uniform.
+        if !Self::keeps::<PACK, PACKS>() {
+            for pack in packs.iter() {
+                for i in 0..PACK {
+                    sum += exp2_approx((In::widen(pack, i) - max) * slope);
                 }
-                for (i, term) in terms.iter().enumerate() {
-                    pack[i] = term.to_bits();
+            }
+        } else if self.row.log {
+            for pack in packs.iter_mut() {
+                let mut kept = [0.0f32; PACK];
+                for (i, t) in kept.iter_mut().enumerate() {
+                    *t = (In::widen(pack, i) - max) * scale;
+                    sum += exp2_approx(*t * LOG2_E);
+                }
+                for (i, t) in kept.iter().enumerate() {
+                    pack[i] = t.to_bits();
                 }
             }
         } else {
-            for pack in packs.iter() {
-                for i in 0..PACK {
-                    sum += exponential(pack, i);
+            for pack in packs.iter_mut() {
+                let mut kept = [0.0f32; PACK];
+                for (i, e) in kept.iter_mut().enumerate() {
+                    *e = exp2_approx((In::widen(pack, i) - max) * slope);
+                    sum += *e;
+                }
+                for (i, e) in kept.iter().enumerate() {
+                    pack[i] = e.to_bits();
                 }
             }
         }
@@ -243,7 +265,6 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for Forward<In> {
             x: row_start(p.input, row, p.input_stride, In::DTYPE) as *const In,
             // SAFETY: forwarded.
             row: unsafe { ForwardRow::new(p, row) },
-            past_end: readable_past_end(p, row),
         }
     }
 
@@ -294,28 +315,35 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for Forward<In> {
 
     #[inline(always)]
     fn finish<const PACKS: usize>(&self, row: OnlineStats, mine: OnlineStats) -> ForwardFinished {
-        self.row.finish(row, mine.max, self.keeps::<PACK, PACKS>())
+        self.row.finish(row, mine.max, Self::keeps::<PACK, PACKS>())
     }
 
     #[inline(always)]
     unsafe fn write(
         &self,
         col: usize,
-        part: Option<PackPart>,
+        run: Option<usize>,
         pack: [u32; PACK],
         row: ForwardFinished,
     ) {
         let score = |i: usize| In::widen(&pack, i) * self.row.scale;
+        let kept = |i: usize| f32::from_bits(pack[i]);
         // SAFETY (both): forwarded from the caller.
         if row.kept {
-            // Softmax only: the pack holds the exponentials.
-            let kept = |i: usize| f32::from_bits(pack[i]) * row.factor;
-            unsafe { self.row.store::<PACK>(col, part, row, kept, kept) }
+            unsafe {
+                self.row.store::<PACK>(
+                    col,
+                    run,
+                    row,
+                    |i| kept(i) * row.factor,
+                    |i| kept(i) + row.log_offset,
+                )
+            }
         } else {
             unsafe {
                 self.row.store::<PACK>(
                     col,
-                    part,
+                    run,
                     row,
                     |i| OnlineStats::exp_relative::<DeviceExp2>(score(i), row.max) * row.inv_sum,
                     |i| (score(i) - row.max) - row.ln_sum,
@@ -442,7 +470,7 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for MaskedForward<In> {
     unsafe fn write(
         &self,
         col: usize,
-        part: Option<PackPart>,
+        run: Option<usize>,
         values: [f32; PACK],
         row: ForwardFinished,
     ) {
@@ -450,7 +478,7 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for MaskedForward<In> {
         unsafe {
             self.row.store::<PACK>(
                 col,
-                part,
+                run,
                 row,
                 |i| values[i] * row.factor,
                 |i| (values[i] - row.max) - row.ln_sum,
@@ -472,21 +500,8 @@ impl<In: Element, const PACK: usize> PeelableRow<PACK> for Forward<In> {
     }
 
     #[inline(always)]
-    fn readable_past_end(&self) -> usize {
-        self.past_end
-    }
-
-    #[inline(always)]
-    unsafe fn load_part(&self, col: usize, part: PackPart) -> [u32; PACK] {
-        // SAFETY: the caller guarantees the part lies in the row.
-        unsafe { In::load_packed_part::<PACK>(self.x.add(col), part, In::NEG_INF_WORD) }
-    }
-
-    #[inline(always)]
-    unsafe fn load_masked(&self, col: usize, part: PackPart) -> [u32; PACK] {
-        // SAFETY: the caller guarantees the whole pack lies in the buffer, aligned; it starts
-        // `part.lo` elements before column `col` (before the row, for the row's first pack).
-        let pack = unsafe { In::load_packed::<PACK>(self.x.add(col).wrapping_sub(part.lo)) };
-        In::masked_pack(pack, part, In::NEG_INF_WORD)
+    unsafe fn load_run(&self, start: usize, count: usize) -> [u32; PACK] {
+        // SAFETY: the caller guarantees the run lies in the row.
+        unsafe { In::load_packed_run::<PACK>(self.x.add(start), count, In::NEG_INF_WORD) }
     }
 }

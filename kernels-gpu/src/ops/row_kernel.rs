@@ -6,9 +6,8 @@
 //! slot layouts of [`super::slots`]. This file holds what both directions share.
 
 use crate::launch::ops::{DType, RowOpParams};
-use crate::primitives::element::{store_as, store_part_as};
+use crate::primitives::element::store_as;
 use crate::primitives::reduce::{Partial, block_reduce, group_reduce};
-use crate::primitives::row_part::PackPart;
 
 /// One row's work, with `PACK` columns per load.
 pub trait RowKernel<const PACK: usize>: Sized {
@@ -60,20 +59,20 @@ pub trait RowKernel<const PACK: usize>: Sized {
     }
 
     /// The per-row constants of this thread's writes, from the row's result and this
-    /// thread's own partial result over its `PACKS` packs (the same `PACKS` the reduction
-    /// took, which decides what it kept in the packs).
+    /// thread's own partial result over its `PACKS` packs (the `PACKS` its reduction took,
+    /// which decides what the reduction kept in the packs).
     fn finish<const PACKS: usize>(&self, row: Self::Stats, mine: Self::Stats) -> Self::Finished;
 
-    /// Writes the outputs of the pack at `col`: all of them, or with `part` only the
-    /// elements `part.lo..part.hi`, one at a time, to columns `col..` (a pack reaching past
-    /// the row, or a row's unaligned end; see [`PeelableRow`]).
+    /// Writes the outputs of the pack at `col`: all of them, or with `run = Some(count)` the
+    /// first `count`, one at a time (a row's unaligned end, read by
+    /// [`PeelableRow::load_run`]).
     ///
     /// # Safety
-    /// As [`RowKernel::load`], or with a part as [`PeelableRow::load_part`].
+    /// As [`RowKernel::load`], or for a run as [`PeelableRow::load_run`].
     unsafe fn write(
         &self,
         col: usize,
-        part: Option<PackPart>,
+        run: Option<usize>,
         values: Self::Values,
         row: Self::Finished,
     );
@@ -85,39 +84,24 @@ pub trait RowKernel<const PACK: usize>: Sized {
     unsafe fn write_row(&self, row: Self::Stats);
 }
 
-/// A row kernel that can also read the part of a pack that lies in a row, for rows that need
-/// not start on a 16-byte boundary (see [`crate::primitives::row_part`]): as a whole pack
-/// reaching past the row's ends, or one element at a time. Its [`RowKernel::write`] writes
-/// such a pack back with its part. The masked forward is not one: its mask rows are laid out
-/// independently of the input's.
+/// A row kernel that can also read a row's unaligned ends one element at a time (its
+/// [`RowKernel::write`] writes them back with `run`), for rows that need not start on a 16-byte
+/// boundary (see [`crate::primitives::row_part`]). The masked forward is not one: its mask rows are
+/// laid out independently of the input's.
 pub trait PeelableRow<const PACK: usize>: RowKernel<PACK> {
     /// Elements of the row's input before its first 16-byte boundary.
     fn head(&self) -> usize;
 
-    /// Elements after the row's end that still lie in every input buffer's span of rows:
-    /// none after the last row.
-    fn readable_past_end(&self) -> usize;
-
-    /// Elements `part.lo..part.hi` of a pack, from column `col` on, read one at a time into
-    /// those slots of a pack whose other slots are padding.
+    /// `count` (< `PACK`) elements from column `start`, read one at a time into a pack whose
+    /// other slots are padding.
     ///
     /// # Safety
-    /// Columns `col..col + (part.hi - part.lo)` lie in the row.
-    unsafe fn load_part(&self, col: usize, part: PackPart) -> Self::Values;
-
-    /// The aligned pack whose element `part.lo` is column `col`, read whole, with its
-    /// elements outside `part` replaced by padding.
-    ///
-    /// # Safety
-    /// Columns `col..col + (part.hi - part.lo)` lie in the row, and the whole pack, which may
-    /// reach before or past the row, lies in each input buffer's span of rows, aligned to
-    /// 16 bytes.
-    unsafe fn load_masked(&self, col: usize, part: PackPart) -> Self::Values;
+    /// `start..start + count` lies in the row.
+    unsafe fn load_run(&self, start: usize, count: usize) -> Self::Values;
 }
 
 /// Stores `outputs` as `dtype` (a [`DType`] as `u32`) at column `col` of the row at `base`:
-/// the whole pack, or with `part` its elements `part.lo..part.hi` one at a time, to columns
-/// `col..`.
+/// the whole pack, or with `run = Some(count)` its first `count` elements one at a time.
 ///
 /// # Safety
 /// As [`store_as`] for the pack, or for each element of the run.
@@ -126,14 +110,20 @@ pub(super) unsafe fn store_outputs<const PACK: usize>(
     dtype: u32,
     base: u64,
     col: usize,
-    part: Option<PackPart>,
+    run: Option<usize>,
     outputs: [f32; PACK],
 ) {
-    match part {
+    match run {
         // SAFETY: forwarded from the contract.
         None => unsafe { store_as::<PACK>(dtype, base, col, outputs) },
-        // SAFETY: the part's columns lie in the row.
-        Some(part) => unsafe { store_part_as::<PACK>(dtype, base, col, part, outputs) },
+        Some(count) => {
+            for (k, &output) in outputs.iter().enumerate() {
+                if k < count {
+                    // SAFETY: element `col + k` lies in the run.
+                    unsafe { store_as::<1>(dtype, base, col + k, [output]) };
+                }
+            }
+        }
     }
 }
 
@@ -156,13 +146,6 @@ pub(super) unsafe fn row_scale(p: &RowOpParams, row: usize) -> f32 {
 #[inline(always)]
 pub(super) fn row_start(base: u64, row: usize, stride: u64, dtype: DType) -> u64 {
     base + row as u64 * stride * dtype.bytes() as u64
-}
-
-/// [`PeelableRow::readable_past_end`] of row `row` (< `rows`), for launches whose input
-/// buffers share one stride in elements (the peeled layouts' contract).
-#[inline(always)]
-pub(super) fn readable_past_end(p: &RowOpParams, row: usize) -> usize {
-    (p.rows as usize - 1 - row) * p.input_stride as usize
 }
 
 /// The output element type of a launch.

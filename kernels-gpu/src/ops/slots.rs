@@ -3,7 +3,7 @@
 //! ([`Aligned`]; for unaligned rows [`Peeled`] in groups, [`PeeledApart`] in blocks).
 
 use crate::launch::ops::END_SLOTS;
-use crate::primitives::row_part::{PackPart, Piece, RowSpan, Share};
+use crate::primitives::row_part::{Piece, RowPart, Share};
 
 use super::row_kernel::{PeelableRow, RowKernel};
 
@@ -90,11 +90,53 @@ impl<K: RowKernel<PACK>, const PACK: usize> Slots<K, PACK> for Aligned {
 }
 
 /// Rows laid out as [`PackLayout::Peeled`](crate::launch::ops::PackLayout::Peeled), held by a
-/// group: slot `j` of the row is pack `j` of its [`RowSpan`], the aligned packs that span it.
-/// The first and last reach past the row's ends: they load whole, their outside elements
-/// padded, and only their elements in the row are written. Where the last pack would read
-/// past the end of the buffers (the last row's), its elements are read one at a time.
+/// group: a share is a [`RowPart`], whose first part also holds the row's unaligned ends in
+/// its first two slots.
 pub struct Peeled;
+
+impl Peeled {
+    /// What slot `j` of `part` holds; `may_be_end`: whether `j` can be one of the row's ends
+    /// (a constant after unrolling, so the one-element code exists only where it can run).
+    #[inline(always)]
+    fn piece<const PACK: usize>(part: &RowPart, j: usize, may_be_end: bool) -> Piece {
+        if may_be_end {
+            part.piece::<PACK>(j)
+        } else {
+            part.body_piece::<PACK>(j)
+        }
+    }
+
+    /// Writes one slot's piece. A function rather than a closure, so that it is always
+    /// inlined: with the forward's kept values, LLVM left a closure here a function of its
+    /// own, the values passed through local memory.
+    ///
+    /// # Safety
+    /// The piece lies in the kernel's row; a pack is aligned.
+    #[inline(always)]
+    unsafe fn write_piece<K: PeelableRow<PACK>, const PACK: usize>(
+        kernel: &K,
+        part: &RowPart,
+        slot: usize,
+        may_be_end: bool,
+        value: &K::Values,
+        row: K::Finished,
+    ) {
+        // SAFETY (both): forwarded.
+        match Self::piece::<PACK>(part, slot, may_be_end) {
+            Piece::Pack(col) => unsafe { kernel.write(col, None, *value, row) },
+            Piece::Run { start, count } => unsafe { kernel.write(start, Some(count), *value, row) },
+            Piece::Nothing => {}
+        }
+    }
+
+    /// Packs of a thread that may hold the row's ends: the slots below `END_SLOTS` fall in
+    /// them. They get their own loop: with the one-element code in every iteration LLVM would
+    /// not unroll the loop (and would keep the values in local memory).
+    #[inline(always)]
+    fn end_packs<const PACKS: usize>(threads: usize) -> usize {
+        (END_SLOTS as usize).div_ceil(threads).min(PACKS)
+    }
+}
 
 impl<K: PeelableRow<PACK>, const PACK: usize> Slots<K, PACK> for Peeled {
     #[inline(always)]
@@ -104,24 +146,22 @@ impl<K: PeelableRow<PACK>, const PACK: usize> Slots<K, PACK> for Peeled {
         threads: usize,
         thread: usize,
     ) -> [K::Values; PACKS] {
-        let span = RowSpan::new::<PACK>(share.cols, kernel.head());
-        let packs = span.packs::<PACK>();
-        let last_reads_whole = span.overhang::<PACK>() <= kernel.readable_past_end();
-        let slot = |i: usize| slot(i, threads, thread);
-        let mut values = [K::PAD; PACKS];
-        for i in 0..PACKS {
-            if slot(i) < packs {
-                let (col, part) = span.pack::<PACK>(slot(i));
-                // SAFETY (every arm): the part lies in the row; a whole pack is aligned, and a
-                // masked one lies in the buffers (the last only where they go on past it).
-                values[i] = if part.is_whole::<PACK>() {
-                    unsafe { kernel.load(col) }
-                } else if slot(i) + 1 == packs && !last_reads_whole {
-                    unsafe { kernel.load_part(col, part) }
-                } else {
-                    unsafe { kernel.load_masked(col, part) }
-                };
+        let part = share.peeled::<PACK>(kernel.head());
+        let load = |i: usize, may_be_end: bool| {
+            // SAFETY (every arm): the part's pieces lie in the row; packs are aligned.
+            match Self::piece::<PACK>(&part, i * threads + thread, may_be_end) {
+                Piece::Pack(col) => unsafe { kernel.load(col) },
+                Piece::Run { start, count } => unsafe { kernel.load_run(start, count) },
+                Piece::Nothing => K::PAD,
             }
+        };
+        let mut values = [K::PAD; PACKS];
+        let end_packs = Self::end_packs::<PACKS>(threads);
+        for (i, value) in values.iter_mut().enumerate().take(end_packs) {
+            *value = load(i, true);
+        }
+        for (i, value) in values.iter_mut().enumerate().skip(end_packs) {
+            *value = load(i, false);
         }
         values
     }
@@ -135,28 +175,24 @@ impl<K: PeelableRow<PACK>, const PACK: usize> Slots<K, PACK> for Peeled {
         values: &[K::Values; PACKS],
         row: K::Finished,
     ) {
-        let span = RowSpan::new::<PACK>(share.cols, kernel.head());
-        let packs = span.packs::<PACK>();
-        let slot = |i: usize| slot(i, threads, thread);
-        for i in 0..PACKS {
-            if slot(i) < packs {
-                let (col, part) = span.pack::<PACK>(slot(i));
-                let part = (!part.is_whole::<PACK>()).then_some(part);
-                // SAFETY: as for the loads.
-                unsafe { kernel.write(col, part, values[i], row) };
-            }
+        let part = share.peeled::<PACK>(kernel.head());
+        let end_packs = Self::end_packs::<PACKS>(threads);
+        // SAFETY (both): as for the loads.
+        for i in 0..end_packs {
+            unsafe {
+                Self::write_piece(kernel, &part, i * threads + thread, true, &values[i], row)
+            };
+        }
+        for i in end_packs..PACKS {
+            unsafe {
+                Self::write_piece(kernel, &part, i * threads + thread, false, &values[i], row)
+            };
         }
     }
 }
 
-/// The first `count` elements of a pack: a row end's run.
-#[inline(always)]
-fn run(count: usize) -> PackPart {
-    PackPart { lo: 0, hi: count }
-}
-
 /// Rows laid out as [`PackLayout::Peeled`](crate::launch::ops::PackLayout::Peeled), held by a
-/// block: a share is a [`RowPart`](crate::primitives::row_part::RowPart) whose body packs fill the first `PACKS - 1` slots of every
+/// block: a share is a [`RowPart`] whose body packs fill the first `PACKS - 1` slots of every
 /// thread as an aligned row's would, and whose row ends (when it holds them) take one more
 /// slot, the last, of threads 0 (the head) and 1 (the tail). A row one element short of an
 /// instance's aligned capacity then still fits that instance; with the ends in the body's
@@ -184,7 +220,7 @@ impl<K: PeelableRow<PACK>, const PACK: usize> Slots<K, PACK> for PeeledApart {
         if thread < END_SLOTS as usize {
             if let Piece::Run { start, count } = part.end_piece(thread) {
                 // SAFETY: the end lies in the row.
-                values[PACKS - 1] = unsafe { kernel.load_part(start, run(count)) };
+                values[PACKS - 1] = unsafe { kernel.load_run(start, count) };
             }
         }
         values
@@ -211,7 +247,7 @@ impl<K: PeelableRow<PACK>, const PACK: usize> Slots<K, PACK> for PeeledApart {
         if thread < END_SLOTS as usize {
             if let Piece::Run { start, count } = part.end_piece(thread) {
                 // SAFETY: as for the loads.
-                unsafe { kernel.write(start, Some(run(count)), values[PACKS - 1], row) };
+                unsafe { kernel.write(start, Some(count), values[PACKS - 1], row) };
             }
         }
     }

@@ -8,7 +8,6 @@ use core::arch::asm;
 
 use crate::launch::ops::DType;
 use crate::primitives::memory::{load_element, load_span, spans, store_element, store_span};
-use crate::primitives::row_part::PackPart;
 
 /// bf16 bits (the upper half of an f32).
 #[repr(transparent)]
@@ -49,36 +48,29 @@ pub trait Element: Copy {
         unsafe { load_packed_words::<Self, N, true>(src) }
     }
 
-    /// Elements `part.lo..part.hi` of a pack, read one at a time from `src` on into those
-    /// slots of a pack laid out as [`Element::load_packed`] lays it out; the other slots hold
-    /// `pad`'s (a word of padding elements).
+    /// The first `count` (≤ `N`) elements at `src` read one at a time into the slots of a
+    /// pack laid out as [`Element::load_packed`] lays it out; the other slots hold `pad`'s
+    /// (a word of padding elements).
     ///
     /// # Safety
-    /// `src..src + (part.hi - part.lo)` is readable global memory.
+    /// `src..src + count` is readable global memory.
     #[inline(always)]
-    unsafe fn load_packed_part<const N: usize>(
+    unsafe fn load_packed_run<const N: usize>(
         src: *const Self,
-        part: PackPart,
+        count: usize,
         pad: u32,
     ) -> [u32; N] {
         let mut words = [pad; N];
         for i in 0..N {
-            if part.holds(i) {
-                // SAFETY: element `i` of the part lies in the run.
-                let [bits] = unsafe { Self::load_packed::<1>(src.add(i - part.lo)) };
-                set_slot::<Self, N>(&mut words, i, bits);
-            }
-        }
-        words
-    }
-
-    /// A pack laid out as [`Element::load_packed`] lays it out, with its slots outside
-    /// `part` replaced by `pad`'s.
-    #[inline(always)]
-    fn masked_pack<const N: usize>(mut words: [u32; N], part: PackPart, pad: u32) -> [u32; N] {
-        for i in 0..N {
-            if !part.holds(i) {
-                set_slot::<Self, N>(&mut words, i, pad);
+            if i < count {
+                // SAFETY: element `i < count` lies in the run.
+                let [bits] = unsafe { Self::load_packed::<1>(src.add(i)) };
+                if size_of::<Self>() == 2 && spans(2 * N) {
+                    let shift = 16 * (i % 2);
+                    words[i / 2] = (words[i / 2] & !(0xffff << shift)) | ((bits & 0xffff) << shift);
+                } else {
+                    words[i] = bits;
+                }
             }
         }
         words
@@ -122,20 +114,6 @@ pub trait Element: Copy {
     /// # Safety `dst..dst + N` is writable global memory, aligned as
     /// [`load_global`](crate::primitives::memory::load_global) asks.
     unsafe fn store_f32<const N: usize>(dst: *mut Self, values: [f32; N]);
-}
-
-/// Puts element `i` of `bits` (its low bits, or for two 16-bit elements per word the half
-/// that slot `i` takes) into slot `i` of a pack laid out as [`Element::load_packed`] lays it
-/// out.
-#[inline(always)]
-fn set_slot<T: Element, const N: usize>(words: &mut [u32; N], i: usize, bits: u32) {
-    if size_of::<T>() == 2 && spans(2 * N) {
-        let shift = 16 * (i % 2);
-        let half = 0xffff << shift;
-        words[i / 2] = (words[i / 2] & !half) | ((bits << shift) & half);
-    } else {
-        words[i] = bits;
-    }
 }
 
 /// The largest element of a pack, each widened to f32 (`Element::pack_max`'s general case).
@@ -360,46 +338,6 @@ pub unsafe fn store_as<const N: usize>(dtype: u32, base: u64, offset: usize, val
             F16::store_f32((base as *mut F16).add(offset), values);
         } else {
             f32::store_f32((base as *mut f32).add(offset), values);
-        }
-    }
-}
-
-/// Elements `part.lo..part.hi` of `values`, stored one at a time as `dtype` (a [`DType`] as
-/// `u32`) from element `offset` of `base` on: the type chosen once for the whole part.
-///
-/// # Safety
-/// `base` taken as a pointer to `dtype` elements, plus `offset`, is writable for
-/// `part.hi - part.lo` elements.
-#[inline(always)]
-pub unsafe fn store_part_as<const N: usize>(
-    dtype: u32,
-    base: u64,
-    offset: usize,
-    part: PackPart,
-    values: [f32; N],
-) {
-    // SAFETY (all arms): forwarded.
-    unsafe {
-        if dtype == DType::Bf16 as u32 {
-            store_part((base as *mut Bf16).add(offset), part, values);
-        } else if dtype == DType::F16 as u32 {
-            store_part((base as *mut F16).add(offset), part, values);
-        } else {
-            store_part((base as *mut f32).add(offset), part, values);
-        }
-    }
-}
-
-/// [`store_part_as`] for one type.
-///
-/// # Safety
-/// As [`store_part_as`].
-#[inline(always)]
-unsafe fn store_part<T: Element, const N: usize>(dst: *mut T, part: PackPart, values: [f32; N]) {
-    for k in 0..N {
-        if part.holds(k) {
-            // SAFETY: element `k` of the part lies `k - part.lo` past `dst`.
-            unsafe { T::store_f32::<1>(dst.add(k - part.lo), [values[k]]) };
         }
     }
 }

@@ -1,14 +1,11 @@
 //! Where a share of a row lies when the row is read in 16-byte packs but need not start on a
 //! 16-byte boundary: the row's first `head` elements (before its first aligned address), then
-//! an aligned body of packs, then a tail shorter than a pack. Three placements, which the
-//! kernels' register use and instruction count depend on:
+//! an aligned body of packs, then a tail shorter than a pack. The shares of a row split its
+//! body: share `slice` holds body packs `first..end`. The two unaligned ends are read one
+//! element at a time, placed in one of two ways, which the kernels' register use depends on:
 //!
-//! - [`RowSpan`] (operation kernels, a group per row): the aligned packs that span the whole
-//!   row, the first and last reaching past its ends; they load as whole packs whose outside
-//!   elements are padded, and only their elements in the row are written, one at a time;
-//! - [`RowPart`] (operation kernels, a block per row or slice): the shares of a row split its
-//!   body (share `slice` holds body packs `first..end`), and the first part also holds both
-//!   ends, each as a run of elements read one at a time into a slot of its own;
+//! - [`RowPart`] (operation kernels): the first part holds both ends, each as a run of
+//!   elements in one slot of its own, as these kernels keep every slot in registers;
 //! - [`EdgePerThreadSlice`] (f32 softmax and row slices): the first slice's threads `0..head`
 //!   hold one head element each and the last slice's threads `PACK..` one tail element each,
 //!   beside their packs, as a single scalar per thread.
@@ -16,6 +13,8 @@
 //! Each computes the body in its own order of operations, which the generated code follows.
 //! Pure index arithmetic, shared with the host so the CPU tests can check that the parts
 //! cover every column once.
+
+use crate::launch::ops::END_SLOTS;
 
 /// A group's or block's share of its row: slice `slice`, of `slice_packs` packs, of a row of
 /// `cols` columns (a group's share is its whole row).
@@ -45,76 +44,6 @@ impl Share {
     }
 }
 
-/// Elements `lo..hi` of a pack: the part of it that lies in the row, or that a run fills
-/// (`0 ≤ lo < hi ≤ PACK`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PackPart {
-    pub lo: usize,
-    pub hi: usize,
-}
-
-impl PackPart {
-    /// Whether the part is the whole pack.
-    #[inline(always)]
-    pub fn is_whole<const PACK: usize>(self) -> bool {
-        self.lo == 0 && self.hi == PACK
-    }
-
-    /// Whether element `i` of the pack is in the part.
-    #[inline(always)]
-    pub fn holds(self, i: usize) -> bool {
-        self.lo <= i && i < self.hi
-    }
-}
-
-/// A row as the aligned packs that span it: pack `j` starts `j·PACK − lead` columns into
-/// the row, where `lead` is how far the row's first aligned pack at or before its start
-/// reaches before it. The first and last packs may reach past the row's ends.
-#[derive(Clone, Copy, Debug)]
-pub struct RowSpan {
-    lead: usize,
-    end: usize,
-}
-
-impl RowSpan {
-    /// The span of a row of `cols` elements whose first `head` elements (`< PACK`, as
-    /// [`unaligned_head`] gives it) precede its first aligned pack.
-    #[inline(always)]
-    pub fn new<const PACK: usize>(cols: usize, head: usize) -> Self {
-        let lead = if head == 0 { 0 } else { PACK - head };
-        RowSpan {
-            lead,
-            end: lead + cols,
-        }
-    }
-
-    /// How many packs span the row: at most `cols / PACK +`
-    /// [`END_SLOTS`](crate::launch::ops::END_SLOTS).
-    #[inline(always)]
-    pub fn packs<const PACK: usize>(&self) -> usize {
-        self.end.div_ceil(PACK)
-    }
-
-    /// Elements the last pack reaches past the row's end.
-    #[inline(always)]
-    pub fn overhang<const PACK: usize>(&self) -> usize {
-        self.end.next_multiple_of(PACK) - self.end
-    }
-
-    /// Pack `j` (< [`RowSpan::packs`]): the row's column at its element `part.lo`, and the
-    /// part of it in the row.
-    #[inline(always)]
-    pub fn pack<const PACK: usize>(&self, j: usize) -> (usize, PackPart) {
-        let start = j * PACK;
-        let lo = if j == 0 { self.lead } else { 0 };
-        let part = PackPart {
-            lo,
-            hi: (self.end - start).min(PACK),
-        };
-        (start + lo - self.lead, part)
-    }
-}
-
 /// What slot `j` of a part holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Piece {
@@ -126,8 +55,8 @@ pub enum Piece {
     Nothing,
 }
 
-/// One part (a block's slice of a row) whose row ends are runs held in a slot each: the
-/// operation blocks' placement (see the module's introduction).
+/// One part (a group's row, or a block's slice of a row) whose row ends are runs held in a
+/// slot each: the operation kernels' placement (see the module's introduction).
 #[derive(Clone, Copy, Debug)]
 pub struct RowPart {
     head: usize,
@@ -163,6 +92,35 @@ impl RowPart {
             // single-element packs, which never have ends) use exactly their body's slots,
             // which is all the planner gives them.
             holds_ends: slice == 0 && PACK > 1 && (head > 0 || tail_start < cols),
+        }
+    }
+
+    /// Slot `j` of this part (slots are numbered from 0 within the part), for a group that
+    /// holds the ends in its body's slots: in the part that holds the row's ends, slot 0 is the
+    /// head and slot 1 the tail, so that they fall in the first pack of the first threads,
+    /// where the kernels place the one-element code.
+    #[inline(always)]
+    pub fn piece<const PACK: usize>(&self, j: usize) -> Piece {
+        if self.holds_ends && j < END_SLOTS as usize {
+            self.end_piece(j)
+        } else {
+            self.body_piece::<PACK>(j)
+        }
+    }
+
+    /// Slot `j` of [`RowPart::piece`] when it cannot be one of the row's ends: a body pack or
+    /// nothing.
+    #[inline(always)]
+    pub fn body_piece<const PACK: usize>(&self, j: usize) -> Piece {
+        let ends = if self.holds_ends {
+            END_SLOTS as usize
+        } else {
+            0
+        };
+        if j >= ends {
+            self.body_pack::<PACK>(j - ends)
+        } else {
+            Piece::Nothing
         }
     }
 
