@@ -326,29 +326,36 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for Forward<In> {
         pack: [u32; PACK],
         row: ForwardFinished,
     ) {
+        if self.row.y == 0 {
+            return;
+        }
+        // The outputs first, each case a straight run of arithmetic, then one store: with a
+        // store per case, LLVM left a peeled group's writes out of line (in local memory).
         let score = |i: usize| In::widen(&pack, i) * self.row.scale;
         let kept = |i: usize| f32::from_bits(pack[i]);
-        // SAFETY (both): forwarded from the caller.
-        if row.kept {
-            unsafe {
-                self.row.store::<PACK>(
-                    col,
-                    run,
-                    row,
-                    |i| kept(i) * row.factor,
-                    |i| kept(i) + row.log_offset,
-                )
+        // Uniform branches, one loop each (inside the loop, LLVM branched per element).
+        let mut outputs = [0.0; PACK];
+        if row.kept && self.row.log {
+            for (i, output) in outputs.iter_mut().enumerate() {
+                *output = kept(i) + row.log_offset;
+            }
+        } else if row.kept {
+            for (i, output) in outputs.iter_mut().enumerate() {
+                *output = kept(i) * row.factor;
+            }
+        } else if self.row.log {
+            for (i, output) in outputs.iter_mut().enumerate() {
+                *output = (score(i) - row.max) - row.ln_sum;
             }
         } else {
-            unsafe {
-                self.row.store::<PACK>(
-                    col,
-                    run,
-                    row,
-                    |i| OnlineStats::exp_relative::<DeviceExp2>(score(i), row.max) * row.inv_sum,
-                    |i| (score(i) - row.max) - row.ln_sum,
-                )
+            for (i, output) in outputs.iter_mut().enumerate() {
+                *output = OnlineStats::exp_relative::<DeviceExp2>(score(i), row.max) * row.inv_sum;
             }
+        }
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            self.row
+                .store::<PACK>(col, run, row, |i| outputs[i], |i| outputs[i])
         }
     }
 

@@ -106,29 +106,6 @@ impl Peeled {
         }
     }
 
-    /// Writes one slot's piece. A function rather than a closure, so that it is always
-    /// inlined: with the forward's kept values, LLVM left a closure here a function of its
-    /// own, the values passed through local memory.
-    ///
-    /// # Safety
-    /// The piece lies in the kernel's row; a pack is aligned.
-    #[inline(always)]
-    unsafe fn write_piece<K: PeelableRow<PACK>, const PACK: usize>(
-        kernel: &K,
-        part: &RowPart,
-        slot: usize,
-        may_be_end: bool,
-        value: &K::Values,
-        row: K::Finished,
-    ) {
-        // SAFETY (both): forwarded.
-        match Self::piece::<PACK>(part, slot, may_be_end) {
-            Piece::Pack(col) => unsafe { kernel.write(col, None, *value, row) },
-            Piece::Run { start, count } => unsafe { kernel.write(start, Some(count), *value, row) },
-            Piece::Nothing => {}
-        }
-    }
-
     /// Packs of a thread that may hold the row's ends: the slots below `END_SLOTS` fall in
     /// them. They get their own loop: with the one-element code in every iteration LLVM would
     /// not unroll the loop (and would keep the values in local memory).
@@ -176,17 +153,22 @@ impl<K: PeelableRow<PACK>, const PACK: usize> Slots<K, PACK> for Peeled {
         row: K::Finished,
     ) {
         let part = share.peeled::<PACK>(kernel.head());
+        let write = |i: usize, may_be_end: bool| {
+            // SAFETY (every arm): as for the loads.
+            match Self::piece::<PACK>(&part, i * threads + thread, may_be_end) {
+                Piece::Pack(col) => unsafe { kernel.write(col, None, values[i], row) },
+                Piece::Run { start, count } => unsafe {
+                    kernel.write(start, Some(count), values[i], row)
+                },
+                Piece::Nothing => {}
+            }
+        };
         let end_packs = Self::end_packs::<PACKS>(threads);
-        // SAFETY (both): as for the loads.
         for i in 0..end_packs {
-            unsafe {
-                Self::write_piece(kernel, &part, i * threads + thread, true, &values[i], row)
-            };
+            write(i, true);
         }
         for i in end_packs..PACKS {
-            unsafe {
-                Self::write_piece(kernel, &part, i * threads + thread, false, &values[i], row)
-            };
+            write(i, false);
         }
     }
 }
