@@ -44,8 +44,8 @@ struct ForwardRow {
 /// is exactly 0 there; log-softmax `(k·v − max) − ln sum` (the difference first, as PyTorch:
 /// `k·v − (max + ln sum)` rounds away ~|max|·2^-24);
 /// `zero` when the row is masked everywhere and the caller asked for zeros there. With
-/// `kept`, the thread's packs hold what [`Forward`] keeps relative to the thread's own
-/// maximum: a softmax write is `e · factor`, a log-softmax write `t + log_offset`.
+/// `kept`, the thread's packs hold what [`Forward`] keeps, relative to the maximum the thread
+/// reduced to: a softmax write is `e · factor`, a log-softmax write `t + log_offset`.
 #[derive(Clone, Copy)]
 pub struct ForwardFinished {
     max: f32,
@@ -93,9 +93,10 @@ impl ForwardRow {
         // the 8-pack blocks from 64 to 72 registers (ptxas 12.9).
         let (ln_sum, log_offset) = if self.log {
             let ln_sum = ln(sum);
-            // Kept differences are relative to this thread's maximum (0 for a group, whose
-            // lanes all take the row's): `t + (mine − max) − ln sum`, in PyTorch's order
-            // `(x·k − max) − ln sum` where the two maxima agree.
+            // Kept differences are relative to the maximum this thread reduced to (its
+            // group's or block's, which is the row's unless the row is sliced or its states
+            // come from elsewhere): `t + (mine − max) − ln sum`, which is PyTorch's
+            // `(x·k − max) − ln sum` exactly where the two maxima agree.
             let shift =
                 OnlineStats::exponent_origin(mine_max) - OnlineStats::exponent_origin(row.max);
             (ln_sum, shift - ln_sum)
@@ -182,7 +183,7 @@ pub struct Forward<In> {
 /// cycle), and keeping them spares each write a widening, a product and, for softmax, a
 /// subtraction and an exponential. Wider threads recompute them, so that 16-bit packs stay
 /// two elements to a register.
-pub const KEPT_ELEMENTS: usize = 16;
+const KEPT_ELEMENTS: usize = 16;
 
 impl<In: Element> Forward<In> {
     /// Whether a thread of `PACKS` packs keeps its elements' values ([`KEPT_ELEMENTS`]).
@@ -227,10 +228,13 @@ impl<In: Element> Forward<In> {
                 }
             }
         } else if self.row.log {
+            // The scores' difference `x·k − max·k`, as the writes that recompute it take it
+            // (`(x − max)·k` overflows where `k < 1` brings both ends of ±3e38 in range).
+            let origin = max * scale;
             for pack in packs.iter_mut() {
                 let mut kept = [0.0f32; PACK];
                 for (i, t) in kept.iter_mut().enumerate() {
-                    *t = (In::widen(pack, i) - max) * scale;
+                    *t = In::widen(pack, i) * scale - origin;
                     sum += exp2_approx(*t * LOG2_E);
                 }
                 for (i, t) in kept.iter().enumerate() {

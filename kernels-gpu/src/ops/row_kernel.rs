@@ -28,7 +28,8 @@ pub trait RowKernel<const PACK: usize>: Sized {
     unsafe fn load(&self, col: usize) -> Self::Values;
 
     /// This thread's result over its packs; may rewrite the packs into what
-    /// [`RowKernel::write`] needs (the forward softmax keeps the exponentials).
+    /// [`RowKernel::write`] needs (a narrow forward thread keeps its exponentials or
+    /// differences; the reductions below may too).
     fn partial<const PACKS: usize>(&self, packs: &mut [Self::Values; PACKS]) -> Self::Stats;
 
     /// The row's result over each aligned group of `LANES` lanes (every lane of the group

@@ -21,7 +21,8 @@ pub trait Slots<K: RowKernel<PACK>, const PACK: usize> {
         thread: usize,
     ) -> [K::Values; PACKS];
 
-    /// Writes this thread's slots, as [`Slots::load`] loaded them.
+    /// Writes this thread's slots, where [`Slots::load`] loaded them (their values as the
+    /// reduction left them).
     ///
     /// # Safety
     /// As [`Slots::load`].
