@@ -1018,27 +1018,30 @@ fn partial_states(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
                 ));
             }
         }
-        let output = poisoned::<f32>(shape.len())?;
-        for &(first, width) in &bounds {
-            let slice_shape = Shape::new(rows, width).unwrap();
-            let (columns, mut written) = (input.index(first..), output.index(first..));
-            softmax
-                .normalize_with_states(
-                    Operation::Softmax,
-                    Rows::strided(&columns, slice_shape, cols).map_err(text)?,
-                    &states,
-                    RowsMut::strided(&mut written, slice_shape, cols).map_err(text)?,
-                    &Options::new(),
-                )
-                .map_err(text)?;
+        // Each slice's maximum differs from its row's: the writes take the merged states'.
+        for op in [Operation::Softmax, Operation::LogSoftmax] {
+            let output = poisoned::<f32>(shape.len())?;
+            for &(first, width) in &bounds {
+                let slice_shape = Shape::new(rows, width).unwrap();
+                let (columns, mut written) = (input.index(first..), output.index(first..));
+                softmax
+                    .normalize_with_states(
+                        op,
+                        Rows::strided(&columns, slice_shape, cols).map_err(text)?,
+                        &states,
+                        RowsMut::strided(&mut written, slice_shape, cols).map_err(text)?,
+                        &Options::new(),
+                    )
+                    .map_err(text)?;
+            }
+            softmax.synchronize().map_err(text)?;
+            let expected = Scores::default().forward(op == Operation::LogSoftmax, &x, rows, cols);
+            tally.record(
+                &format!("{op:?} {shape} in {} slices", bounds.len()),
+                deviation(&download(&output)?, &expected, cols),
+                1e-5,
+            )?;
         }
-        softmax.synchronize().map_err(text)?;
-        let expected = Scores::default().forward(false, &x, rows, cols);
-        tally.record(
-            &format!("{shape} in {} slices", bounds.len()),
-            deviation(&download(&output)?, &expected, cols),
-            1e-5,
-        )?;
     }
     Ok(tally.summary())
 }
