@@ -176,13 +176,13 @@ pub struct Forward<In> {
 }
 
 /// The most elements a thread holds for it to keep, from the reduction to the writes, each
-/// element's exponential (softmax) or difference `t = (x − max)·k` from its maximum
+/// element's exponential (softmax) or difference `t = x·k − max·k` from its maximum
 /// (log-softmax), as f32 bits in place of its pack (a 16-bit pack's words have room for
-/// them). Rows this narrow are bound by instruction issue rather than by memory (Nsight
-/// Compute, bf16 65536×96 on the H200: 0.76 warp instructions issued per scheduler and
-/// cycle), and keeping them spares each write a widening, a product and, for softmax, a
-/// subtraction and an exponential. Wider threads recompute them, so that 16-bit packs stay
-/// two elements to a register.
+/// them). Rows this narrow can be bound by instruction issue rather than by memory (bf16
+/// 65536×96 on the H200 was: 0.76 warp instructions issued per scheduler and cycle, in Nsight
+/// Compute), and keeping them spares each write a widening, a product, a subtraction and, for
+/// softmax, an exponential. Wider threads recompute them, so that 16-bit packs stay two
+/// elements to a register.
 const KEPT_ELEMENTS: usize = 16;
 
 impl<In: Element> Forward<In> {
