@@ -411,7 +411,7 @@ fn special_rows(rng: &mut StdRng, cols: usize) -> Vec<f32> {
 /// masked with every element allowed and fully masked rows asked to give zeros), against the
 /// f64 reference, which follows PyTorch: a row with a NaN or a +inf is NaN, so is a row of
 /// -inf only (unless zeros were asked for); -inf entries give 0; scores near ±3e38 are as
-/// exact as any others. f16 inputs hold the huge values as ±inf, as the reference (fed the
+/// exact as any others, also under a scale of 0.5 that brings both ends in range. f16 inputs hold the huge values as ±inf, as the reference (fed the
 /// rounded inputs) does too. Each row is compared on its own.
 fn special_values(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     let mut tally = Tally::default();
@@ -973,7 +973,8 @@ fn strides_and_in_place(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
 }
 
 /// Column slices' states merged on the host equal the whole row's statistics, and each
-/// slice normalized with all slices' states equals the softmax of the whole row.
+/// slice normalized with all slices' states equals the softmax (and the log-softmax) of the
+/// whole row.
 fn partial_states(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     let mut tally = Tally::default();
     for (rows, cols, slices) in [(3, 100, 4), (64, 1000, 3), (8, 128256, 4), (2, 262144, 2)] {

@@ -83,8 +83,9 @@ impl ForwardRow {
         }
     }
 
-    /// `row` is in score units; `mine` is this thread's maximum (score units) that what it
-    /// kept is relative to, if it kept anything (`kept`).
+    /// `row` is in score units; `mine_max` is the maximum (score units) this thread reduced
+    /// to (its group's or block's, or its own), which what it kept is relative to, if it kept
+    /// anything (`kept`).
     #[inline(always)]
     fn finish(&self, row: OnlineStats, mine_max: f32, kept: bool) -> ForwardFinished {
         let sum = row.sum();
@@ -207,7 +208,7 @@ impl<In: Element> Forward<In> {
     }
 
     /// `Σ 2^((v − max)·k·log2 e)` over the packs, keeping each element's term (softmax) or
-    /// its `(v − max)·k` (log-softmax) in its place where [`Self::keeps`]. A maximum of -inf
+    /// its `v·k − max·k` (log-softmax) in its place where [`Self::keeps`]. A maximum of -inf
     /// (nothing but -inf) is taken as 0 so -inf gives 0, not NaN.
     #[inline(always)]
     fn exponential_sum<const PACK: usize, const PACKS: usize>(
@@ -217,7 +218,8 @@ impl<In: Element> Forward<In> {
     ) -> f32 {
         let scale = self.row.scale;
         let slope = scale * LOG2_E;
-        // In input units, `k` applied after the subtraction (as in `exp_relative`).
+        // In input units; for the exponentials `k` is applied after the subtraction (as in
+        // `exp_relative`).
         let max = OnlineStats::exponent_origin(max);
         let mut sum = 0.0;
         // One loop per case rather than a choice per element: the branches are uniform.
@@ -286,7 +288,7 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for Forward<In> {
     }
 
     /// Within a group the maximum is reduced first, so each lane takes its exponentials
-    /// relative to the row's maximum and only the sums need a second reduction.
+    /// relative to the group's maximum and only the sums need a second reduction.
     #[inline(always)]
     fn group_partial<const PACKS: usize, const LANES: u32>(
         &self,
