@@ -344,6 +344,26 @@ pub enum Outcome {
 }
 
 impl Measurement {
+    /// What one contender gave on one shape, element type and timing mode in this run.
+    fn of(
+        variant: impl Into<String>,
+        dtype: DType,
+        shape: Shape,
+        kernels: Vec<String>,
+        outcome: Outcome,
+        timing: Timing,
+    ) -> Self {
+        Measurement {
+            variant: variant.into(),
+            dtype: dtype.name().into(),
+            rows: shape.rows(),
+            cols: shape.cols(),
+            kernels,
+            outcome,
+            timing,
+        }
+    }
+
     /// The shape measured; an error for a saved report whose rows and columns no shape has.
     pub fn shape(&self) -> Result<Shape> {
         Shape::new(self.rows, self.cols)
@@ -402,14 +422,8 @@ fn reference_measurements(
 ) -> (f64, Vec<Measurement>) {
     let copy_ms = medians.contenders[0];
     let copy_gbps = copy_bytes as f64 / (copy_ms * 1e-3) / 1e9;
-    let measurement = |variant: &str, kernel: &str, outcome| Measurement {
-        variant: variant.into(),
-        dtype: dtype.name().into(),
-        rows: shape.rows(),
-        cols: shape.cols(),
-        kernels: vec![kernel.into()],
-        outcome,
-        timing,
+    let measurement = |variant: &str, kernel: &str, outcome| {
+        Measurement::of(variant, dtype, shape, vec![kernel.into()], outcome, timing)
     };
     let copy = measurement(
         "copy",
@@ -484,15 +498,6 @@ pub fn run(config: &BenchConfig) -> Result<Report> {
                 reference_measurements(shape, DType::F32, timing, &medians, bytes, bytes);
             measurements.extend(references);
             let timed = |ms: f64| timed_outcome(bytes, ms, copy_gbps);
-            let measurement = |variant: String, kernels: Vec<String>, outcome| Measurement {
-                variant,
-                dtype: DType::F32.name().into(),
-                rows: shape.rows(),
-                cols: shape.cols(),
-                kernels,
-                outcome,
-                timing,
-            };
             let mut timed_medians = medians.contenders[1..].iter();
             for (variant, verdict, kernels) in &verdicts {
                 let outcome = match verdict {
@@ -503,7 +508,14 @@ pub fn run(config: &BenchConfig) -> Result<Report> {
                     ),
                     Err(outcome) => outcome.clone(),
                 };
-                measurements.push(measurement(variant.name(), kernels.clone(), outcome));
+                measurements.push(Measurement::of(
+                    variant.name(),
+                    DType::F32,
+                    shape,
+                    kernels.clone(),
+                    outcome,
+                    timing,
+                ));
             }
         }
         progress.inc(1);

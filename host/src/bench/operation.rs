@@ -390,15 +390,14 @@ pub(super) fn run<T: Bench>(config: &BenchConfig) -> Result<super::Report> {
                 Ok(()) => timed_outcome(op_bytes, medians.contenders[1], copy_gbps),
                 Err(outcome) => outcome.clone(),
             };
-            measurements.push(Measurement {
-                variant: "auto".into(),
-                dtype: dtype.name().into(),
-                rows: shape.rows(),
-                cols: shape.cols(),
-                kernels: vec![kernels.clone()],
+            measurements.push(Measurement::of(
+                "auto",
+                dtype,
+                shape,
+                vec![kernels.clone()],
                 outcome,
                 timing,
-            });
+            ));
         }
         progress.inc(1);
     }
