@@ -93,19 +93,25 @@ pub trait PeelableRow<const PACK: usize>: RowKernel<PACK> {
     /// Elements of the row's input before its first 16-byte boundary.
     fn head(&self) -> usize;
 
-    /// `count` (< `PACK`) elements from column `start`, read one at a time into a pack whose
-    /// other slots are padding.
+    /// `count` (< `PACK`) elements from column `start` into a pack whose other slots are
+    /// padding: half a pack in one access, any other run one element at a time.
     ///
     /// # Safety
-    /// `start..start + count` lies in the row.
+    /// `start..start + count` lies in the row; a run of half a pack lies at addresses aligned
+    /// to its size in every buffer of the row. A row's unaligned ends are: the head ends on a
+    /// 16-byte boundary and the tail starts on one, and every buffer's rows are misaligned
+    /// alike (the [`Peeled`](super::slots::Peeled) contract), so such a run starts at an
+    /// element index that is a multiple of its length in each of them.
     unsafe fn load_run(&self, start: usize, count: usize) -> Self::Values;
 }
 
 /// Stores `outputs` as `dtype` (a [`DType`] as `u32`) at column `col` of the row at `base`:
-/// the whole pack, or with `run = Some(count)` its first `count` elements one at a time.
+/// the whole pack, or with `run = Some(count)` its first `count` elements, as one access when
+/// they are half the pack, else one at a time.
 ///
 /// # Safety
-/// As [`store_as`] for the pack, or for each element of the run.
+/// As [`store_as`] for the pack, or for each element of the run; a run of half the pack lies
+/// at addresses aligned to its size (as [`PeelableRow::load_run`] requires).
 #[inline(always)]
 pub(super) unsafe fn store_outputs<const PACK: usize>(
     dtype: u32,
@@ -114,9 +120,15 @@ pub(super) unsafe fn store_outputs<const PACK: usize>(
     run: Option<usize>,
     outputs: [f32; PACK],
 ) {
+    // SAFETY (every arm): forwarded from the contract.
     match run {
-        // SAFETY: forwarded from the contract.
         None => unsafe { store_as::<PACK>(dtype, base, col, outputs) },
+        Some(4) if PACK == 8 => unsafe {
+            store_as::<4>(dtype, base, col, core::array::from_fn(|i| outputs[i]))
+        },
+        Some(2) if PACK == 4 => unsafe {
+            store_as::<2>(dtype, base, col, core::array::from_fn(|i| outputs[i]))
+        },
         Some(count) => {
             for (k, &output) in outputs.iter().enumerate() {
                 if k < count {

@@ -7,7 +7,9 @@
 use core::arch::asm;
 
 use crate::launch::ops::DType;
-use crate::primitives::memory::{load_element, load_span, spans, store_element, store_span};
+use crate::primitives::memory::{
+    load_element, load_span, load_words, spans, store_element, store_span,
+};
 
 /// bf16 bits (the upper half of an f32).
 #[repr(transparent)]
@@ -48,12 +50,15 @@ pub trait Element: Copy {
         unsafe { load_packed_words::<Self, N, true>(src) }
     }
 
-    /// The first `count` (≤ `N`) elements at `src` read one at a time into the slots of a
-    /// pack laid out as [`Element::load_packed`] lays it out; the other slots hold `pad`'s
-    /// (a word of padding elements).
+    /// The first `count` (≤ `N`) elements at `src` into the slots of a pack laid out as
+    /// [`Element::load_packed`] lays it out; the other slots hold `pad`'s (a word of padding
+    /// elements). Half of a 16-byte pack is one 8-byte access (the words the pack's first half
+    /// fills); any other run is read one element at a time.
     ///
     /// # Safety
-    /// `src..src + count` is readable global memory.
+    /// `src..src + count` is readable global memory; when it is half of a 16-byte pack, `src`
+    /// is 8-byte aligned (as a row's unaligned end of that length is: see
+    /// [`crate::primitives::row_part`]).
     #[inline(always)]
     unsafe fn load_packed_run<const N: usize>(
         src: *const Self,
@@ -61,6 +66,13 @@ pub trait Element: Copy {
         pad: u32,
     ) -> [u32; N] {
         let mut words = [pad; N];
+        if is_half_pack::<Self, N>(count) {
+            // SAFETY: 8 readable bytes at `src`, 8-byte aligned (contract).
+            let [low, high, _, _] = unsafe { load_words::<2, false>(src.cast()) };
+            words[0] = low;
+            words[1] = high;
+            return words;
+        }
         for i in 0..N {
             if i < count {
                 // SAFETY: element `i < count` lies in the run.
@@ -114,6 +126,14 @@ pub trait Element: Copy {
     /// # Safety `dst..dst + N` is writable global memory, aligned as
     /// [`load_global`](crate::primitives::memory::load_global) asks.
     unsafe fn store_f32<const N: usize>(dst: *mut Self, values: [f32; N]);
+}
+
+/// Whether `count` elements of `T` are half of a 16-byte pack of `N`: 8 bytes, which a pack
+/// laid out as [`Element::load_packed`] lays it out holds in its first two words whatever the
+/// element size.
+#[inline(always)]
+fn is_half_pack<T, const N: usize>(count: usize) -> bool {
+    N * size_of::<T>() == 16 && 2 * count == N
 }
 
 /// The largest element of a pack, each widened to f32 (`Element::pack_max`'s general case).

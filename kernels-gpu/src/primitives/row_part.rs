@@ -2,7 +2,10 @@
 //! 16-byte boundary: the row's first `head` elements (before its first aligned address), then
 //! an aligned body of packs, then a tail shorter than a pack. The shares of a row split its
 //! body: share `slice` holds body packs `first..end`. The two unaligned ends are read one
-//! element at a time, placed in one of two ways, which the kernels' register use depends on:
+//! element at a time, except where the operation kernels find one exactly half a pack long:
+//! such an end lies at an address aligned to its size (the head ends on a 16-byte boundary,
+//! the tail starts on one), so it is one 8-byte access. The ends are placed in one of two
+//! ways, which the kernels' register use depends on:
 //!
 //! - [`RowPart`] (operation kernels): the first part holds both ends, each as a run of
 //!   elements in one slot of its own, as these kernels keep every slot in registers;
