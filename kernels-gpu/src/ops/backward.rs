@@ -114,12 +114,10 @@ impl<In: Element, const PACK: usize> PeelableRow<PACK> for Backward<In> {
 
     #[inline(always)]
     unsafe fn load_run(&self, start: usize, count: usize) -> Self::Values {
-        // SAFETY: the caller guarantees the run lies in both rows.
-        unsafe {
-            (
-                In::load_packed_run::<PACK>(self.y.add(start), count, 0),
-                In::load_packed_run::<PACK>(self.dy.add(start), count, 0),
-            )
-        }
+        // SAFETY: the caller guarantees the run lies in both rows, aligned alike.
+        let [y, dy] = unsafe {
+            In::load_packed_runs::<PACK, 2>([self.y.add(start), self.dy.add(start)], count, [0, 0])
+        };
+        (y, dy)
     }
 }

@@ -50,42 +50,52 @@ pub trait Element: Copy {
         unsafe { load_packed_words::<Self, N, true>(src) }
     }
 
-    /// The first `count` (≤ `N`) elements at `src` into the slots of a pack laid out as
-    /// [`Element::load_packed`] lays it out; the other slots hold `pad`'s (a word of padding
-    /// elements). Half of a 16-byte pack is one 8-byte access (the words the pack's first half
-    /// fills); any other run is read one element at a time.
+    /// The first `count` (≤ `N`) elements at each of the `K` addresses in `sources` (the same
+    /// run of a kernel's `K` input rows) into the slots of a pack laid out as
+    /// [`Element::load_packed`] lays it out; the other slots hold `pads[k]` (a word of padding
+    /// elements). Half of a 16-byte pack is one 8-byte access per input (the words the pack's
+    /// first half fills); any other run is read one element at a time. One decision for all
+    /// inputs: with one per input, the second input's loads waited for the first's to land.
     ///
     /// # Safety
-    /// `src..src + count` is readable global memory; when it is half of a 16-byte pack, `src`
-    /// is 8-byte aligned (as a row's unaligned end of that length is: see
-    /// [`crate::primitives::row_part`]).
+    /// `source..source + count` is readable global memory for each source; when it is half of
+    /// a 16-byte pack, each source is 8-byte aligned (as a row's unaligned end of that length
+    /// is: see [`crate::primitives::row_part`]).
     #[inline(always)]
-    unsafe fn load_packed_run<const N: usize>(
-        src: *const Self,
+    unsafe fn load_packed_runs<const N: usize, const K: usize>(
+        sources: [*const Self; K],
         count: usize,
-        pad: u32,
-    ) -> [u32; N] {
-        let mut words = [pad; N];
-        if is_half_pack::<Self, N>(count) {
-            // SAFETY: 8 readable bytes at `src`, 8-byte aligned (contract).
-            let [low, high, _, _] = unsafe { load_words::<2, false>(src.cast()) };
-            words[0] = low;
-            words[1] = high;
-            return words;
+        pads: [u32; K],
+    ) -> [[u32; N]; K] {
+        let mut packs = [[0u32; N]; K];
+        for k in 0..K {
+            packs[k] = [pads[k]; N];
         }
-        for i in 0..N {
-            if i < count {
-                // SAFETY: element `i < count` lies in the run.
-                let [bits] = unsafe { Self::load_packed::<1>(src.add(i)) };
-                if size_of::<Self>() == 2 && spans(2 * N) {
-                    let shift = 16 * (i % 2);
-                    words[i / 2] = (words[i / 2] & !(0xffff << shift)) | ((bits & 0xffff) << shift);
-                } else {
-                    words[i] = bits;
+        if N * size_of::<Self>() == 16 && 2 * count == N {
+            for k in 0..K {
+                // SAFETY: 8 readable bytes at the source, 8-byte aligned (contract).
+                let [low, high, _, _] = unsafe { load_words::<2, false>(sources[k].cast()) };
+                packs[k][0] = low;
+                packs[k][1] = high;
+            }
+            return packs;
+        }
+        for k in 0..K {
+            for i in 0..N {
+                if i < count {
+                    // SAFETY: element `i < count` lies in the run.
+                    let [bits] = unsafe { Self::load_packed::<1>(sources[k].add(i)) };
+                    if size_of::<Self>() == 2 && spans(2 * N) {
+                        let shift = 16 * (i % 2);
+                        let word = &mut packs[k][i / 2];
+                        *word = (*word & !(0xffff << shift)) | ((bits & 0xffff) << shift);
+                    } else {
+                        packs[k][i] = bits;
+                    }
                 }
             }
         }
-        words
+        packs
     }
 
     /// Element `i` of a pack read by [`Element::load_packed`], widened to f32. 16-bit types
@@ -126,14 +136,6 @@ pub trait Element: Copy {
     /// # Safety `dst..dst + N` is writable global memory, aligned as
     /// [`load_global`](crate::primitives::memory::load_global) asks.
     unsafe fn store_f32<const N: usize>(dst: *mut Self, values: [f32; N]);
-}
-
-/// Whether `count` elements of `T` are half of a 16-byte pack of `N`: 8 bytes, which a pack
-/// laid out as [`Element::load_packed`] lays it out holds in its first two words whatever the
-/// element size.
-#[inline(always)]
-fn is_half_pack<T, const N: usize>(count: usize) -> bool {
-    N * size_of::<T>() == 16 && 2 * count == N
 }
 
 /// The largest element of a pack, each widened to f32 (`Element::pack_max`'s general case).
