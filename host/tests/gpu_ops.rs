@@ -36,6 +36,10 @@ const TESTS: &[common::Test] = &[
     ("ops_scales_masks_and_causal", scales_masks_and_causal),
     ("ops_strides_and_in_place", strides_and_in_place),
     (
+        "ops_pitched_rows_misaligned_alike",
+        pitched_rows_misaligned_alike,
+    ),
+    (
         "ops_peeled_rows_at_each_block_capacity",
         peeled_rows_at_block_capacity,
     ),
@@ -970,6 +974,134 @@ fn strides_and_in_place(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
         "{}; {gaps_checked} row gaps left untouched",
         tally.summary()
     ))
+}
+
+/// Input and output rows at one pitch that is not a multiple of a pack, so that every row is
+/// misaligned like every other and the peeled kernels run: rows half a pack long whose head
+/// would end before their first 16-byte boundary (row 3 of 4 bf16 columns at a pitch of 6
+/// starts 4 bytes short of one), rows with an end of exactly half a pack (read and written in
+/// one access), and wider ones. Softmax forward and its gradient, f32 and bf16 input, into the
+/// input's type and the other one; every gap between rows left untouched.
+fn pitched_rows_misaligned_alike(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
+    let mut tally = Tally::default();
+    let mut gaps_checked = 0;
+    for (cols, pitch) in [
+        (2, 3),
+        (4, 5),
+        (4, 6),
+        (6, 7),
+        (12, 14),
+        (100, 102),
+        (102, 103),
+    ] {
+        let shape = Shape::new(8, cols).unwrap();
+        gaps_checked += pitched_pair::<f32, f32>(softmax, &mut tally, rng, shape, pitch)?;
+        gaps_checked += pitched_pair::<f32, bf16>(softmax, &mut tally, rng, shape, pitch)?;
+        gaps_checked += pitched_pair::<bf16, bf16>(softmax, &mut tally, rng, shape, pitch)?;
+        gaps_checked += pitched_pair::<bf16, f32>(softmax, &mut tally, rng, shape, pitch)?;
+    }
+    Ok(format!(
+        "{}; {gaps_checked} row gaps left untouched",
+        tally.summary()
+    ))
+}
+
+/// One forward and one backward of [`pitched_rows_misaligned_alike`] from `I` to `O`, every
+/// buffer at `pitch` elements per row: the number of row gaps checked.
+fn pitched_pair<I: Element, O: Element>(
+    softmax: &mut Softmax,
+    tally: &mut Tally,
+    rng: &mut StdRng,
+    shape: Shape,
+    pitch: usize,
+) -> Result<usize, String> {
+    let (rows, cols) = (shape.rows(), shape.cols());
+    let spread = |values: &[f32]| {
+        let mut padded = vec![7.0f32; rows * pitch];
+        for (r, row) in values.chunks(cols).enumerate() {
+            padded[r * pitch..r * pitch + cols].copy_from_slice(row);
+        }
+        padded
+    };
+    let gather = |padded: &[f32]| -> Result<Vec<f32>, String> {
+        let mut packed = Vec::with_capacity(rows * cols);
+        for r in 0..rows {
+            packed.extend_from_slice(&padded[r * pitch..r * pitch + cols]);
+            let gap = &padded[r * pitch + cols..((r + 1) * pitch).min(padded.len())];
+            if !gap.iter().all(|v| v.is_nan()) {
+                return Err(format!(
+                    "{shape} at pitch {pitch}: the gap after row {r} was written"
+                ));
+            }
+        }
+        Ok(packed)
+    };
+    let what = |direction: &str| {
+        format!(
+            "{direction} {:?}->{:?} {shape} pitch {pitch}",
+            I::DTYPE,
+            O::DTYPE
+        )
+    };
+
+    let x = rounded::<I>(&random_matrix(rng, shape, 8.0));
+    let input = upload::<I>(&spread(&x))?;
+    let mut y = poisoned::<O>(rows * pitch)?;
+    softmax
+        .forward(
+            Operation::Softmax,
+            Rows::strided(&input, shape, pitch).map_err(text)?,
+            RowsMut::strided(&mut y, shape, pitch).map_err(text)?,
+            &Options::new(),
+        )
+        .map_err(|e| format!("{}: {e}", what("forward")))?;
+    softmax
+        .synchronize()
+        .map_err(|e| format!("{}: {e}", what("forward")))?;
+    let actual = gather(&download(&y)?)?;
+    let expected = Scores::default().forward(false, &x, rows, cols);
+    let tolerance = tolerance(O::DTYPE);
+    record_forward::<O>(
+        tally,
+        &what("forward"),
+        Operation::Softmax,
+        &actual,
+        &expected,
+        cols,
+        tolerance,
+    )?;
+
+    let probabilities = rounded::<I>(&actual);
+    let dy = rounded::<I>(&random_matrix(rng, shape, 1.0));
+    let (y_in, dy_in) = (
+        upload::<I>(&spread(&probabilities))?,
+        upload::<I>(&spread(&dy))?,
+    );
+    let mut dx = poisoned::<O>(rows * pitch)?;
+    softmax
+        .backward(
+            Operation::Softmax,
+            Rows::strided(&y_in, shape, pitch).map_err(text)?,
+            Rows::strided(&dy_in, shape, pitch).map_err(text)?,
+            RowsMut::strided(&mut dx, shape, pitch).map_err(text)?,
+            &Options::new(),
+        )
+        .map_err(|e| format!("{}: {e}", what("backward")))?;
+    softmax
+        .synchronize()
+        .map_err(|e| format!("{}: {e}", what("backward")))?;
+    let actual = gather(&download(&dx)?)?;
+    let expected = backward_f64(false, &probabilities, &dy, cols, &vec![1.0; rows]);
+    record_gradient::<O>(
+        tally,
+        &what("backward"),
+        Operation::Softmax,
+        (&probabilities, &dy),
+        &actual,
+        &expected,
+        cols,
+    )?;
+    Ok(2 * rows)
 }
 
 /// Column slices' states merged on the host equal the whole row's statistics, and each

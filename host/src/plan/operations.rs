@@ -22,8 +22,9 @@ pub(crate) struct Operand {
 
 /// How 16-byte packs of `input` fit the operands of a `direction` call: every row of every
 /// operand aligned for its share of a pack and `cols` a multiple of it
-/// ([`PackLayout::Aligned`]); or, where the direction has peeled entries (no masks), every
-/// operand 16-byte aligned with one row stride in elements, so that rows are misaligned alike
+/// ([`PackLayout::Aligned`]); or, where the direction has peeled entries (no masks), rows at
+/// least a pack long and every operand 16-byte aligned with one row stride in elements, so
+/// that rows are misaligned alike and each row's head ends on a 16-byte boundary
 /// ([`PackLayout::Peeled`]); else one element at a time.
 pub(crate) fn layout(
     input: DType,
@@ -38,7 +39,10 @@ pub(crate) fn layout(
             o.address.is_multiple_of(align) && o.stride_bytes.is_multiple_of(align)
         });
     let stride = |o: &Operand| o.stride_bytes / u64::from(o.element_bytes);
+    // A row shorter than a pack may end before its first 16-byte boundary; the peeled
+    // kernels' one-access ends rely on the head reaching it.
     let peelable = PackLayout::Peeled.serves(direction)
+        && cols >= pack as usize
         && operands
             .iter()
             .all(|o| o.address.is_multiple_of(16) && stride(o) == stride(&operands[0]));
@@ -326,6 +330,58 @@ mod tests {
             }
         }
         Ok(())
+    }
+
+    #[test]
+    fn rows_misaligned_alike_are_peeled_only_when_at_least_a_pack_long() {
+        // bf16 rows of a pitch of 6 elements (12 bytes): misaligned alike, equal strides.
+        let bf16 = |address: u64| Operand {
+            address,
+            stride_bytes: 12,
+            element_bytes: 2,
+        };
+        let operands = [bf16(0), bf16(1 << 20)];
+        for direction in [Direction::Forward, Direction::Backward] {
+            // Four columns, half a pack: row 3 starts 4 bytes before a boundary it does not
+            // reach, so its head would not end on one.
+            assert_eq!(
+                layout(DType::Bf16, direction, 4, &operands),
+                PackLayout::Elements
+            );
+            assert_eq!(
+                layout(DType::Bf16, direction, 5, &operands),
+                PackLayout::Elements
+            );
+        }
+        // A pitch of 12 elements (24 bytes) with rows of a pack or more: peeled.
+        let wide = |address: u64| Operand {
+            address,
+            stride_bytes: 24,
+            element_bytes: 2,
+        };
+        let operands = [wide(0), wide(1 << 20)];
+        for cols in [8, 9, 12] {
+            assert_eq!(
+                layout(DType::Bf16, Direction::Forward, cols, &operands),
+                PackLayout::Peeled
+            );
+        }
+        // f32: two columns at a pitch of 3 elements, and eight at a pitch of 9.
+        let f32 = |stride_bytes: u64, address: u64| Operand {
+            address,
+            stride_bytes,
+            element_bytes: 4,
+        };
+        let narrow = [f32(12, 0), f32(12, 1 << 20)];
+        assert_eq!(
+            layout(DType::F32, Direction::Backward, 2, &narrow),
+            PackLayout::Elements
+        );
+        let long = [f32(36, 0), f32(36, 1 << 20)];
+        assert_eq!(
+            layout(DType::F32, Direction::Backward, 8, &long),
+            PackLayout::Peeled
+        );
     }
 
     #[test]

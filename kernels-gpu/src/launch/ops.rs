@@ -307,9 +307,10 @@ pub enum PackLayout {
     /// Every row of every buffer starts on a pack, and `cols` is a multiple of the pack.
     Aligned,
     /// Every buffer starts 16-byte aligned and all share one row stride in elements, so rows are
-    /// misaligned alike: each row's unaligned head and tail are read one element at a time, the
-    /// rest in packs (see [`crate::primitives::row_part`]). Forward and backward only: mask rows
-    /// are laid out independently of the input's.
+    /// misaligned alike, and rows are at least a pack long: each row's unaligned head and tail
+    /// are read one element at a time (in one access when exactly half a pack), the rest in
+    /// packs (see [`crate::primitives::row_part`]). Forward and backward only: mask rows are
+    /// laid out independently of the input's.
     Peeled,
 }
 

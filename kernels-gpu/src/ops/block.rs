@@ -24,7 +24,7 @@ use super::states::{block_merged_states, store_slice_state, store_state};
 /// # Safety
 /// The operation contract of [`op_rows`](super::rows::op_rows): its buffers, and the
 /// layout's conditions on rows ([`Aligned`]; [`PeeledApart`] as
-/// [`Peeled`](super::slots::Peeled) there) but not its bound on `cols`. Instead `slices ·
+/// [`Peeled`](super::slots::Peeled) there) but not its capacity bound on `cols`. Instead `slices ·
 /// slice_packs ≥ cols / PACK` (the body's packs) and `threads · PACKS ≥ slice_packs`; for
 /// [`PeeledApart`] rows `threads · (PACKS - 1) ≥ slice_packs` and `threads ≥ END_SLOTS` (the
 /// last slot of threads 0 and 1 holds the row's ends, in slice 0). Launch `rows · slices`

@@ -514,7 +514,7 @@ impl<In: Element, const PACK: usize> PeelableRow<PACK> for Forward<In> {
 
     #[inline(always)]
     unsafe fn load_run(&self, start: usize, count: usize) -> [u32; PACK] {
-        // SAFETY: the caller guarantees the run lies in the row.
+        // SAFETY: the caller guarantees the run lies in the row, aligned as `load_run` asks.
         let [pack] = unsafe {
             In::load_packed_runs::<PACK, 1>([self.x.add(start)], count, [In::NEG_INF_WORD])
         };

@@ -65,8 +65,8 @@ pub trait RowKernel<const PACK: usize>: Sized {
     fn finish<const PACKS: usize>(&self, row: Self::Stats, mine: Self::Stats) -> Self::Finished;
 
     /// Writes the outputs of the pack at `col`: all of them, or with `run = Some(count)` the
-    /// first `count`, one at a time (a row's unaligned end, read by
-    /// [`PeelableRow::load_run`]).
+    /// first `count` (a row's unaligned end, read by [`PeelableRow::load_run`]), as
+    /// [`store_outputs`] stores them.
     ///
     /// # Safety
     /// As [`RowKernel::load`], or for a run as [`PeelableRow::load_run`].
@@ -85,7 +85,7 @@ pub trait RowKernel<const PACK: usize>: Sized {
     unsafe fn write_row(&self, row: Self::Stats);
 }
 
-/// A row kernel that can also read a row's unaligned ends one element at a time (its
+/// A row kernel that can also read a row's unaligned ends as runs shorter than a pack (its
 /// [`RowKernel::write`] writes them back with `run`), for rows that need not start on a 16-byte
 /// boundary (see [`crate::primitives::row_part`]). The masked forward is not one: its mask rows are
 /// laid out independently of the input's.
@@ -98,10 +98,12 @@ pub trait PeelableRow<const PACK: usize>: RowKernel<PACK> {
     ///
     /// # Safety
     /// `start..start + count` lies in the row; a run of half a pack lies at addresses aligned
-    /// to its size in every buffer of the row. A row's unaligned ends are: the head ends on a
-    /// 16-byte boundary and the tail starts on one, and every buffer's rows are misaligned
-    /// alike (the [`Peeled`](super::slots::Peeled) contract), so such a run starts at an
-    /// element index that is a multiple of its length in each of them.
+    /// to its size in every buffer of the row. A row's unaligned ends are, under the
+    /// [`Peeled`](super::slots::Peeled) contract: rows at least a pack long have a head that
+    /// ends on a 16-byte boundary and a tail that starts on one, and every buffer's rows are
+    /// misaligned alike, so such a run starts at an element index that is a multiple of its
+    /// length in each of them. (A row shorter than a pack may end before its first boundary;
+    /// the contract leaves such rows to single elements.)
     unsafe fn load_run(&self, start: usize, count: usize) -> Self::Values;
 }
 
@@ -120,6 +122,9 @@ pub(super) unsafe fn store_outputs<const PACK: usize>(
     run: Option<usize>,
     outputs: [f32; PACK],
 ) {
+    // The half pack in its two sizes (a store of `PACK / 2` cannot be named generically):
+    // 16-byte packs are 8 16-bit or 4 f32 input elements, as `Element::load_packed_runs`
+    // reads them.
     // SAFETY (every arm): forwarded from the contract.
     match run {
         None => unsafe { store_as::<PACK>(dtype, base, col, outputs) },

@@ -23,9 +23,10 @@ use super::states::{merged_states, store_state};
 /// - [`Aligned`]: when `PACK > 1`, every row start is aligned to `PACK` elements of its
 ///   buffer (16 bytes at most) and `cols` is a multiple of `PACK`; `LANES · PACKS · PACK ≥
 ///   cols`;
-/// - [`Peeled`]: every buffer starts 16-byte aligned and all rows have the same stride in
-///   elements (so every buffer's rows are misaligned alike); `LANES · PACKS ≥ cols / PACK +
-///   END_SLOTS` (see [`crate::primitives::row_part`]).
+/// - [`Peeled`]: every buffer starts 16-byte aligned, all rows have the same stride in
+///   elements (so every buffer's rows are misaligned alike) and `cols ≥ PACK` (so each row's
+///   head ends on a 16-byte boundary); `LANES · PACKS ≥ cols / PACK + END_SLOTS` (see
+///   [`crate::primitives::row_part`]).
 ///
 /// Blocks of whole warps, `LANES` divides 32, and
 /// `ceil(rows / (block_dim / LANES))` blocks. In-place operation (output = input) is allowed:

@@ -126,7 +126,8 @@ impl<K: PeelableRow<PACK>, const PACK: usize> Slots<K, PACK> for Peeled {
     ) -> [K::Values; PACKS] {
         let part = share.peeled::<PACK>(kernel.head());
         let load = |i: usize, may_be_end: bool| {
-            // SAFETY (every arm): the part's pieces lie in the row; packs are aligned.
+            // SAFETY (every arm): the part's pieces lie in the row; packs are aligned, and the
+            // ends are a peeled row's ends, aligned as `load_run` asks (the layout's contract).
             match Self::piece::<PACK>(&part, i * threads + thread, may_be_end) {
                 Piece::Pack(col) => unsafe { kernel.load(col) },
                 Piece::Run { start, count } => unsafe { kernel.load_run(start, count) },
@@ -202,7 +203,8 @@ impl<K: PeelableRow<PACK>, const PACK: usize> Slots<K, PACK> for PeeledApart {
         }
         if thread < END_SLOTS as usize {
             if let Piece::Run { start, count } = part.end_piece(thread) {
-                // SAFETY: the end lies in the row.
+                // SAFETY: the end lies in the row, one of a peeled row's ends, aligned as
+                // `load_run` asks (the layout's contract).
                 values[PACKS - 1] = unsafe { kernel.load_run(start, count) };
             }
         }

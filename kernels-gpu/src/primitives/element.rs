@@ -50,47 +50,47 @@ pub trait Element: Copy {
         unsafe { load_packed_words::<Self, N, true>(src) }
     }
 
-    /// The first `count` (≤ `N`) elements at each of the `K` addresses in `sources` (the same
-    /// run of a kernel's `K` input rows) into the slots of a pack laid out as
-    /// [`Element::load_packed`] lays it out; the other slots hold `pads[k]` (a word of padding
+    /// The first `count` (≤ `N`) elements at each address in `sources` (the same run of each
+    /// of a kernel's input rows) into the slots of a pack laid out as [`Element::load_packed`]
+    /// lays it out; the other slots of input `i`'s pack hold `pads[i]` (a word of padding
     /// elements). Half of a 16-byte pack is one 8-byte access per input (the words the pack's
     /// first half fills); any other run is read one element at a time. One decision for all
     /// inputs: with one per input, the second input's loads waited for the first's to land.
     ///
     /// # Safety
     /// `source..source + count` is readable global memory for each source; when it is half of
-    /// a 16-byte pack, each source is 8-byte aligned (as a row's unaligned end of that length
-    /// is: see [`crate::primitives::row_part`]).
+    /// a 16-byte pack, each source is 8-byte aligned (as such an end of a row at least a pack
+    /// long is: see [`crate::primitives::row_part`]).
     #[inline(always)]
-    unsafe fn load_packed_runs<const N: usize, const K: usize>(
-        sources: [*const Self; K],
+    unsafe fn load_packed_runs<const N: usize, const INPUTS: usize>(
+        sources: [*const Self; INPUTS],
         count: usize,
-        pads: [u32; K],
-    ) -> [[u32; N]; K] {
-        let mut packs = [[0u32; N]; K];
-        for k in 0..K {
-            packs[k] = [pads[k]; N];
+        pads: [u32; INPUTS],
+    ) -> [[u32; N]; INPUTS] {
+        let mut packs = [[0u32; N]; INPUTS];
+        for input in 0..INPUTS {
+            packs[input] = [pads[input]; N];
         }
         if N * size_of::<Self>() == 16 && 2 * count == N {
-            for k in 0..K {
+            for input in 0..INPUTS {
                 // SAFETY: 8 readable bytes at the source, 8-byte aligned (contract).
-                let [low, high, _, _] = unsafe { load_words::<2, false>(sources[k].cast()) };
-                packs[k][0] = low;
-                packs[k][1] = high;
+                let [low, high, _, _] = unsafe { load_words::<2, false>(sources[input].cast()) };
+                packs[input][0] = low;
+                packs[input][1] = high;
             }
             return packs;
         }
-        for k in 0..K {
+        for input in 0..INPUTS {
             for i in 0..N {
                 if i < count {
                     // SAFETY: element `i < count` lies in the run.
-                    let [bits] = unsafe { Self::load_packed::<1>(sources[k].add(i)) };
+                    let [bits] = unsafe { Self::load_packed::<1>(sources[input].add(i)) };
                     if size_of::<Self>() == 2 && spans(2 * N) {
                         let shift = 16 * (i % 2);
-                        let word = &mut packs[k][i / 2];
+                        let word = &mut packs[input][i / 2];
                         *word = (*word & !(0xffff << shift)) | ((bits & 0xffff) << shift);
                     } else {
-                        packs[k][i] = bits;
+                        packs[input][i] = bits;
                     }
                 }
             }

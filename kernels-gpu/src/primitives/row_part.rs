@@ -2,10 +2,11 @@
 //! 16-byte boundary: the row's first `head` elements (before its first aligned address), then
 //! an aligned body of packs, then a tail shorter than a pack. The shares of a row split its
 //! body: share `slice` holds body packs `first..end`. The two unaligned ends are read one
-//! element at a time, except where the operation kernels find one exactly half a pack long:
-//! such an end lies at an address aligned to its size (the head ends on a 16-byte boundary,
-//! the tail starts on one), so it is one 8-byte access. The ends are placed in one of two
-//! ways, which the kernels' register use depends on:
+//! element at a time, except where the operation kernels find one exactly half a pack long in
+//! a row at least a pack long: such an end lies at an address aligned to its size (the head
+//! ends on a 16-byte boundary, the tail starts on one), so it is one 8-byte load and one store
+//! of half the outputs. The ends are placed in one of two ways, which the kernels' register
+//! use depends on:
 //!
 //! - [`RowPart`] (operation kernels): the first part holds both ends, each as a run of
 //!   elements in one slot of its own, as these kernels keep every slot in registers;
@@ -52,7 +53,8 @@ impl Share {
 pub enum Piece {
     /// A whole aligned pack starting at this column.
     Pack(usize),
-    /// `count` (< the pack) consecutive elements from column `start`, one at a time.
+    /// `count` (< the pack) consecutive elements from column `start`: one element at a time,
+    /// or one access for half a pack.
     Run { start: usize, count: usize },
     /// Nothing: padding.
     Nothing,
