@@ -979,7 +979,7 @@ fn strides_and_in_place(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
 /// Input and output rows at one pitch that is not a multiple of a pack, so that every row is
 /// misaligned like every other and the peeled kernels run: rows half a pack long whose head
 /// would end before their first 16-byte boundary (row 3 of 4 bf16 columns at a pitch of 6
-/// starts 4 bytes short of one), rows with an end of exactly half a pack (read and written in
+/// spans bytes 36 to 44, short of 48), rows with an end of exactly half a pack (read and written in
 /// one access), and wider ones. Softmax forward and its gradient, f32 and bf16 input, into the
 /// input's type and the other one; every gap between rows left untouched.
 fn pitched_rows_misaligned_alike(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {

@@ -342,8 +342,8 @@ mod tests {
         };
         let operands = [bf16(0), bf16(1 << 20)];
         for direction in [Direction::Forward, Direction::Backward] {
-            // Four columns, half a pack: row 3 starts 4 bytes before a boundary it does not
-            // reach, so its head would not end on one.
+            // Four columns, half a pack: row 3 starts at byte 36 and ends at 44, short of the
+            // boundary at 48, so its head would not end on one.
             assert_eq!(
                 layout(DType::Bf16, direction, 4, &operands),
                 PackLayout::Elements
@@ -461,6 +461,15 @@ mod tests {
                     start + count <= cols as usize,
                     "slot {j} of slice {slice} leaves the row"
                 );
+                // The kernels read and write a run of half a pack in one access: it must be
+                // aligned to its length, which the planner ensures by peeling only rows at
+                // least a pack long.
+                if 2 * count == PACK && cols as usize >= PACK {
+                    assert!(
+                        (row_start + start).is_multiple_of(count),
+                        "slot {j} of slice {slice}: a half pack at column {start} is misaligned"
+                    );
+                }
                 for times in &mut covered[start..start + count] {
                     *times += 1;
                 }

@@ -2,10 +2,10 @@
 //! 16-byte boundary: the row's first `head` elements (before its first aligned address), then
 //! an aligned body of packs, then a tail shorter than a pack. The shares of a row split its
 //! body: share `slice` holds body packs `first..end`. The two unaligned ends are read one
-//! element at a time, except where the operation kernels find one exactly half a pack long in
-//! a row at least a pack long: such an end lies at an address aligned to its size (the head
-//! ends on a 16-byte boundary, the tail starts on one), so it is one 8-byte load and one store
-//! of half the outputs. The ends are placed in one of two ways, which the kernels' register
+//! element at a time, except that the operation kernels take an end exactly half a pack long
+//! in one 8-byte load and one store of half the outputs. Their callers peel only rows at least
+//! a pack long, whose head is never cut short of its 16-byte boundary: such an end then lies at
+//! an address aligned to its size (the head ends on a boundary, the tail starts on one). The ends are placed in one of two ways, which the kernels' register
 //! use depends on:
 //!
 //! - [`RowPart`] (operation kernels): the first part holds both ends, each as a run of
