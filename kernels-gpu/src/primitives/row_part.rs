@@ -5,8 +5,8 @@
 //! element at a time, except that the operation kernels take an end exactly half a pack long
 //! in one 8-byte load and one store of half the outputs. Their callers peel only rows at least
 //! a pack long, whose head is never cut short of its 16-byte boundary: such an end then lies at
-//! an address aligned to its size (the head ends on a boundary, the tail starts on one). The ends are placed in one of two ways, which the kernels' register
-//! use depends on:
+//! an address aligned to its size (the head ends on a boundary, the tail starts on one). The
+//! ends are placed in one of two ways, which the kernels' register use depends on:
 //!
 //! - [`RowPart`] (operation kernels): the first part holds both ends, each as a run of
 //!   elements in one slot of its own, as these kernels keep every slot in registers;
