@@ -7,7 +7,7 @@ use std::ffi::c_int;
 
 use cust::module::Module;
 use cust::sys;
-use kernels_gpu::launch::ops::DType;
+use kernels_gpu::launch::ops::{DType, OpKernelShape};
 
 use crate::device::{DeviceInfo, check, check_code};
 use crate::error::{CudaContext, Error, Result};
@@ -216,6 +216,16 @@ impl Entry {
     fn takes_large_shared_memory(self) -> bool {
         matches!(self, Entry::RowSlices(_) | Entry::RowCluster { .. })
     }
+
+    /// Whether the planner may launch this entry in clusters of a row's slices (up to
+    /// [`MAX_CLUSTER_BLOCKS`](kernels_gpu::launch::MAX_CLUSTER_BLOCKS), above the portable 8).
+    fn runs_in_clusters(self) -> bool {
+        match self {
+            Entry::RowCluster { .. } => true,
+            Entry::Operation(instance) => matches!(instance.shape, OpKernelShape::Block { .. }),
+            _ => false,
+        }
+    }
 }
 
 /// One loaded module and a handle for each entry.
@@ -278,7 +288,7 @@ impl LoadedModule {
                     "raising a kernel's shared-memory limit",
                 )?;
             }
-            if clusters && matches!(entry, Entry::RowCluster { .. }) {
+            if clusters && entry.runs_in_clusters() {
                 set_attribute(
                     function,
                     FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,

@@ -47,6 +47,7 @@ const TESTS: &[common::Test] = &[
         "ops_wide_16_bit_rows_in_row_slices",
         wide_16_bit_rows_in_row_slices,
     ),
+    ("ops_few_wide_rows_in_slices", few_wide_rows_in_slices),
     ("ops_partial_states_merge_across_slices", partial_states),
     ("ops_bad_input_is_refused", bad_input_is_refused),
     ("ops_fuzz_ten_thousand_random_cases", fuzz),
@@ -592,6 +593,29 @@ fn peeled_rows_at_block_capacity(softmax: &mut Softmax, rng: &mut StdRng) -> Out
             let dx = backward_f64(log, &y, &dy16, cols, &vec![1.0; rows]);
             check_backward::<bf16, bf16>(softmax, &mut tally, op, &y, &dy16, &dx, shape, &options)?;
         }
+    }
+    Ok(tally.summary())
+}
+
+/// Few wide rows cut into slices whose blocks exchange their statistics: within one
+/// thread-block cluster where a row has at most 16 slices (the sm_90 build: one row of 16000
+/// f32 or 32000 16-bit columns, 3 odd rows with peeled ends, 4 rows), through global memory in
+/// a cooperative launch where it has more (one and 8 rows of 128256) or without clusters (the
+/// sm_80 build); every operation and output type for each input type, as on the shape list.
+fn few_wide_rows_in_slices(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
+    let mut tally = Tally::default();
+    for (rows, cols) in [
+        (1, 16000),
+        (1, 32000),
+        (3, 30001),
+        (4, 32000),
+        (1, 128_256),
+        (8, 128_256),
+    ] {
+        let shape = Shape::new(rows, cols).unwrap();
+        every_operation_for::<f32>(softmax, &mut tally, rng, shape)?;
+        every_operation_for::<bf16>(softmax, &mut tally, rng, shape)?;
+        every_operation_for::<f16>(softmax, &mut tally, rng, shape)?;
     }
     Ok(tally.summary())
 }

@@ -302,8 +302,12 @@ pub(crate) fn plan(
                 mode: OperationMode::Full,
             };
             let launches = plan(operation, shape, layout, device)?;
+            // Rows sliced through global memory (a cooperative launch, or two launches);
+            // slices in one cluster stay.
             let sliced = launches.iter().any(|l| match l.params {
-                Params::Operation { slicing, .. } => slicing.slices > 1,
+                Params::Operation { slicing, .. } => {
+                    slicing.slices > 1 && !matches!(l.scheduling, Scheduling::Clusters(_))
+                }
                 _ => false,
             });
             let bytes = shape.len() as u64 * u64::from(dtype.bytes());
@@ -434,6 +438,35 @@ pub(crate) mod tests {
         ) -> u32 {
             // Eight processing clusters of 16 multiprocessors; a cluster's blocks share one.
             8 * (16 * self.blocks_per_sm(entry, threads, shared_bytes) / cluster)
+        }
+    }
+
+    /// The H200 with the sm_80 kernel build: no thread-block clusters.
+    pub(crate) struct FakeH200WithoutClusters;
+
+    impl DeviceLimits for FakeH200WithoutClusters {
+        fn multiprocessors(&self) -> u32 {
+            FakeH200.multiprocessors()
+        }
+
+        fn max_shared_per_block(&self) -> u32 {
+            FakeH200.max_shared_per_block()
+        }
+
+        fn blocks_per_sm(&self, entry: Entry, threads: u32, shared_bytes: u32) -> u32 {
+            FakeH200.blocks_per_sm(entry, threads, shared_bytes)
+        }
+
+        fn cooperative_launch(&self) -> bool {
+            true
+        }
+
+        fn thread_block_clusters(&self) -> bool {
+            false
+        }
+
+        fn active_clusters(&self, _: Entry, _: u32, _: u32, _: u32) -> u32 {
+            0
         }
     }
 

@@ -2,10 +2,10 @@
 //! which instance runs a shape, with what grid and slicing, and how the buffers of a call meet
 //! 16-byte packs.
 
-use kernels_gpu::launch::REDUCTION_SCRATCH_FLOATS;
 use kernels_gpu::launch::ops::{
     DType, Direction, OP_ROWS_BLOCK, OpInstance, OpKernelShape, PackLayout,
 };
+use kernels_gpu::launch::{CLUSTER_STATS_FLOATS, MAX_CLUSTER_BLOCKS, REDUCTION_SCRATCH_FLOATS};
 
 use super::{
     DeviceLimits, Entry, Launch, OperationMode, OperationPass, Params, Scheduling, Slicing,
@@ -60,14 +60,18 @@ pub(crate) fn layout(
 pub(crate) struct OpLaunch {
     pub kernel: OpInstance,
     pub grid: u32,
-    /// Blocks per row: with `slices > 1` and `split == false`, one cooperative launch whose
-    /// blocks exchange their statistics.
+    /// Blocks per row: with `slices > 1` and `split == false`, one launch whose blocks
+    /// exchange their statistics (in clusters or cooperative, per `clustered`).
     pub slices: u32,
     pub slice_packs: u32,
     /// Two ordinary launches over the same grid: each block stores its slice's state, then
     /// every block merges its row's states and writes (the input is read twice, the second
     /// time mostly from L2). For rows too many or too wide to keep resident at once.
     pub split: bool,
+    /// A sliced row's blocks form one thread-block cluster and exchange their statistics
+    /// through distributed shared memory (sm_90); otherwise a cooperative launch whose blocks
+    /// exchange them through global memory.
+    pub clustered: bool,
 }
 
 impl OpLaunch {
@@ -79,14 +83,19 @@ impl OpLaunch {
         }
     }
 
-    /// Dynamic shared memory: the block reduction's scratch, for block kernels only.
+    /// Dynamic shared memory: the block reduction's scratch, for block kernels only, and in
+    /// clusters the statistics each block publishes to its cluster.
     pub fn shared_bytes(&self) -> u32 {
         match self.kernel.shape {
             OpKernelShape::Rows { .. } => 0,
+            OpKernelShape::Block { .. } if self.clustered => CLUSTER_SHARED_BYTES,
             OpKernelShape::Block { .. } => REDUCTION_SCRATCH_FLOATS * 4,
         }
     }
 }
+
+/// Dynamic shared memory of a block that exchanges its row's statistics within its cluster.
+pub(crate) const CLUSTER_SHARED_BYTES: u32 = (REDUCTION_SCRATCH_FLOATS + CLUSTER_STATS_FLOATS) * 4;
 
 /// Fewest threads of a block that holds a slice of a row (rather than a whole row).
 const MIN_SLICE_THREADS: u32 = 128;
@@ -104,10 +113,10 @@ pub(crate) fn launches(launch: OpLaunch, mode: OperationMode) -> Option<Vec<Laun
         slices: launch.slices,
         slice_packs: launch.slice_packs,
     };
-    let scheduling = if launch.slices > 1 && !launch.split {
-        Scheduling::Cooperative
-    } else {
-        Scheduling::Ordinary
+    let scheduling = match (launch.slices > 1 && !launch.split, launch.clustered) {
+        (true, true) => Scheduling::Clusters(launch.slices),
+        (true, false) => Scheduling::Cooperative,
+        (false, _) => Scheduling::Ordinary,
     };
     let pass = |pass| Launch {
         entry: Entry::Operation(launch.kernel),
@@ -172,6 +181,7 @@ pub(crate) fn plan(
             slices: 1,
             slice_packs: row_packs,
             split: false,
+            clustered: false,
         });
     }
 
@@ -189,6 +199,7 @@ pub(crate) fn plan(
         slices,
         slice_packs: row_packs.div_ceil(slices),
         split: false,
+        clustered: false,
     };
     // Whole rows: most rows resident per multiprocessor, then the smallest instance.
     let whole = blocks
@@ -241,7 +252,25 @@ pub(crate) fn plan(
             .or_else(|| fewest_packs_first.iter().find_map(sliced))
     });
     if let Some(Some(sliced)) = cooperative {
-        return Some(sliced);
+        // Slices few enough for one thread-block cluster (sm_90) run as one: the same blocks,
+        // exchanging their statistics through distributed shared memory at the cluster's
+        // hardware barrier rather than through global memory. On the H200
+        // (docs/performance-log.md, 2026-12-02), bf16 1×32000 in 16 slices 58 → 63% of the
+        // copy; a row cut into 16 slices for a cluster where the cooperative launch would
+        // take more lost up to half its speed (fewer multiprocessors reading it), so only
+        // the slicing chosen above is ever clustered.
+        let clustered = device.thread_block_clusters()
+            && sliced.slices <= MAX_CLUSTER_BLOCKS
+            && device.active_clusters(
+                Entry::Operation(sliced.kernel),
+                sliced.block(),
+                CLUSTER_SHARED_BYTES,
+                sliced.slices,
+            ) > 0;
+        return Some(OpLaunch {
+            clustered,
+            ..sliced
+        });
     }
     // Otherwise two launches over slices from the instance that keeps the most data per
     // multiprocessor in registers.
@@ -267,7 +296,7 @@ pub(crate) fn plan(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::tests::{FakeH200, shape};
+    use crate::plan::tests::{FakeH200, FakeH200WithoutClusters, shape};
 
     fn plan_op(
         direction: Direction,
@@ -328,6 +357,16 @@ mod tests {
             if launch.grid > resident {
                 return Err(format!("{cols} columns, {k}: not all resident"));
             }
+        }
+        if launch.clustered
+            && (launch.split
+                || !(2..=MAX_CLUSTER_BLOCKS).contains(&launch.slices)
+                || !matches!(k.shape, OpKernelShape::Block { .. }))
+        {
+            return Err(format!(
+                "{cols} columns, {k}: {} slices cannot form a cluster",
+                launch.slices
+            ));
         }
         Ok(())
     }
@@ -643,6 +682,44 @@ mod tests {
         assert!(few.grid >= 132 && few.kernel.packs == 8, "{few:?}");
         let one = planned(Direction::Forward, DType::Bf16, 1, 128_256).unwrap();
         assert_eq!(one.kernel.packs, 2, "{one:?}");
+        assert!(!one.clustered && one.slices > MAX_CLUSTER_BLOCKS, "{one:?}");
+        let launch = launches(one, OperationMode::Full).unwrap()[0];
+        assert_eq!(launch.scheduling, Scheduling::Cooperative);
+        // Slices few enough for a cluster form one (sm_90); the same slices otherwise run
+        // in a cooperative launch.
+        let small = planned(Direction::Forward, DType::Bf16, 1, 32000).unwrap();
+        assert!(small.clustered && small.slices == 16, "{small:?}");
+        for (input, rows, cols, layout) in [
+            (DType::F32, 1, 16000, PackLayout::Aligned),
+            (DType::Bf16, 4, 32000, PackLayout::Aligned),
+            (DType::F16, 3, 30001, PackLayout::Peeled),
+        ] {
+            for direction in [Direction::Forward, Direction::Backward] {
+                let launch = plan_op(direction, input, rows, cols, layout, &FakeH200).unwrap();
+                assert!(launch.clustered, "{direction:?} {rows}x{cols}: {launch:?}");
+            }
+        }
+        let launch = launches(small, OperationMode::Full).unwrap()[0];
+        assert_eq!(launch.scheduling, Scheduling::Clusters(16));
+        assert_eq!(launch.shared_bytes, CLUSTER_SHARED_BYTES);
+        let shape = shape(1, 32000);
+        let without = plan(
+            Direction::Forward,
+            DType::Bf16,
+            shape,
+            PackLayout::Aligned,
+            &FakeH200WithoutClusters,
+        )
+        .unwrap();
+        assert_eq!(
+            without,
+            OpLaunch {
+                clustered: false,
+                ..small
+            }
+        );
+        let launch = launches(without, OperationMode::Full).unwrap()[0];
+        assert_eq!(launch.scheduling, Scheduling::Cooperative);
     }
 
     proptest::proptest! {

@@ -16,3 +16,12 @@ pub const MAX_BLOCK_THREADS: u32 = 1024;
 /// Floats at the start of dynamic shared memory that block reductions use: one running
 /// maximum and one running sum per warp.
 pub const REDUCTION_SCRATCH_FLOATS: u32 = 2 * (MAX_BLOCK_THREADS / WARP_SIZE);
+
+/// Floats a block whose row is a thread-block cluster reserves after the reduction scratch for
+/// the statistics it publishes to the cluster (two used; four keep what follows 16-byte
+/// aligned).
+pub const CLUSTER_STATS_FLOATS: u32 = 4;
+
+/// Most blocks in a cluster that holds a row: Hopper's largest, which is above the portable 8
+/// and so needs the function attribute that allows non-portable sizes (set when loading).
+pub const MAX_CLUSTER_BLOCKS: u32 = 16;

@@ -215,13 +215,5 @@ impl core::fmt::Display for RowSlicesKernelName {
 /// resident; f32 32x151936 20.2 -> 18.2 us, 128x50257 23.8 -> 22.5 us.
 pub const ROW_SLICE_THREADS: u32 = 256;
 
-/// Floats a row-cluster block reserves after the reduction scratch for the statistics it
-/// publishes to its cluster (two used; four keep the slice cache after them 16-byte aligned).
-pub const CLUSTER_STATS_FLOATS: u32 = 4;
-
-/// Most blocks in a row-cluster cluster: Hopper's largest, which is above the portable 8 and
-/// so needs the function attribute that allows non-portable sizes (set when loading).
-pub const MAX_CLUSTER_BLOCKS: u32 = 16;
-
 /// Vector packs each thread loads before it uses any of them: the loads in flight per thread.
 pub const LOADS_IN_FLIGHT: u32 = 4;

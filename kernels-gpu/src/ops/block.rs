@@ -1,13 +1,17 @@
 //! The block operation kernels: a block holds a row, or one slice of it, in registers between
 //! the reduction and the writes, so each input is read once; the blocks of a sliced row
-//! exchange their statistics (one cooperative launch) or store them for a later launch. Its
-//! entries are generated at the bottom, one set per input type behind that type's feature,
-//! from the instance lists the host's tables come from ([`crate::launch::ops`]).
+//! exchange their statistics (through distributed shared memory when they form one
+//! thread-block cluster, else through global memory in one cooperative launch) or store them
+//! for a later launch. Its entries are generated at the bottom, one set per input type behind
+//! that type's feature, from the instance lists the host's tables come from
+//! ([`crate::launch::ops`]).
 
 use crate::launch::ops::{RowOpParams, mode, with_op_instances};
 use crate::primitives::device::{block_dim, block_idx, dynamic_shared_f32, recomputed, thread_idx};
 use crate::primitives::element::{Bf16, F16};
-use crate::primitives::row_exchange::exchange_row_stats;
+use crate::primitives::row_exchange::{
+    exchange_sliced_row_stats, leave_row_cluster, row_is_cluster,
+};
 use crate::primitives::row_part::Share;
 
 use super::backward::Backward;
@@ -29,10 +33,14 @@ use super::states::{block_merged_states, store_slice_state, store_state};
 /// [`PeeledApart`] rows `threads · (PACKS - 1) ≥ slice_packs` and `threads ≥ END_SLOTS` (the
 /// last slot of threads 0 and 1 holds the row's ends, in slice 0). Launch `rows · slices`
 /// blocks of whole warps, at most 1024 threads, with `REDUCTION_SCRATCH_FLOATS · 4` bytes of
-/// dynamic shared memory. When `slices > 1`: `partials` holds two floats per block,
-/// `barriers` two words per row zeroed when allocated and used by one launch at a time, and
-/// every block is resident at once (cooperative launch), except in mode `SLICE_STATES`,
-/// where each block only stores its slice's state, and `APPLY_STATES`. In-place operation is
+/// dynamic shared memory. When `slices > 1`, in modes `FULL` and `STATES`, either the launch
+/// is in thread-block clusters of `slices` blocks (the sm_90 build; `slices` at most
+/// [`MAX_CLUSTER_BLOCKS`](crate::launch::MAX_CLUSTER_BLOCKS)), each block with
+/// `(REDUCTION_SCRATCH_FLOATS + CLUSTER_STATS_FLOATS) · 4` bytes of dynamic shared memory, or
+/// `partials` holds two floats per block, `barriers` two words per row zeroed when allocated
+/// and used by one launch at a time, and every block is resident at once (cooperative
+/// launch). In mode `SLICE_STATES` each block only stores its slice's state, and
+/// `APPLY_STATES` merges stored states: neither runs in clusters. In-place operation is
 /// allowed: each thread reads its packs before it writes them, and no thread reads another's.
 #[inline(always)]
 pub unsafe fn op_block<
@@ -58,6 +66,13 @@ pub unsafe fn op_block<
     // SAFETY: the share lies in the row, laid out per the contract.
     let mut values = unsafe { L::load::<PACKS>(&kernel, share, threads, tid) };
     let scratch = dynamic_shared_f32();
+    // A sliced row whose blocks form one thread-block cluster exchanges its statistics
+    // through distributed shared memory (sm_90); otherwise through global memory.
+    // (The two-launch modes never run in clusters.)
+    let clustered = p.slices > 1
+        && p.mode != mode::SLICE_STATES
+        && p.mode != mode::APPLY_STATES
+        && row_is_cluster(p.slices);
     let (stats, mine) = if p.mode == mode::APPLY_STATES {
         // SAFETY: the states buffer holds the row's slots (contract of that mode); uniform
         // control flow; the launch provides the scratch.
@@ -78,13 +93,14 @@ pub unsafe fn op_block<
         let row_stats = if slices > 1 {
             // SAFETY: forwarded from the contract for sliced launches.
             unsafe {
-                exchange_row_stats(
+                exchange_sliced_row_stats(
                     block,
                     scratch,
                     p.partials as *mut f32,
                     p.barriers as *mut u32,
                     row,
                     slices,
+                    clustered,
                 )
             }
         } else {
@@ -98,6 +114,7 @@ pub unsafe fn op_block<
             // SAFETY: as above.
             unsafe { store_state(p, row, stats) };
         }
+        leave_row_cluster(clustered);
         return;
     }
     let finished = kernel.finish::<PACKS>(stats, mine);
@@ -113,6 +130,7 @@ pub unsafe fn op_block<
         // SAFETY: row < rows.
         unsafe { kernel.write_row(stats) };
     }
+    leave_row_cluster(clustered);
 }
 
 /// Every block entry of one input type, from the instance lists of [`with_op_instances`]:

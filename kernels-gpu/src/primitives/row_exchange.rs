@@ -1,6 +1,8 @@
 //! Combining the statistics of the blocks that share a row: each block publishes its own,
 //! then, after the row's barrier (one cooperative launch) or in a later kernel, every block
-//! of the row merges all of them.
+//! of the row merges all of them. Where a row's blocks form one thread-block cluster (sm_90),
+//! they publish in their own shared memory and meet at the cluster's hardware barrier
+//! instead ([`exchange_cluster_stats`]).
 
 use crate::primitives::barrier_word;
 use crate::primitives::device::{
@@ -8,6 +10,12 @@ use crate::primitives::device::{
     grid_dim, load_acquire_gpu, reduce_add_release_gpu, sleep_briefly, sync_threads, thread_idx,
 };
 use crate::primitives::reduce::{Partial, block_reduce};
+#[cfg(not(kernels_sm80))]
+use crate::{
+    launch::WARP_SIZE,
+    primitives::device::{cluster_arrive, cluster_blocks, cluster_shared_of, cluster_wait},
+    primitives::reduce::group_reduce,
+};
 
 /// Waits until `participants` blocks have arrived at this row's barrier (the cooperative
 /// protocol of [`barrier_word`]). Called by one thread per block; `leader` is true for
@@ -290,4 +298,117 @@ pub unsafe fn merge_row_stats<S: Partial>(
     }
     // SAFETY: uniform control flow; forwarded scratch.
     unsafe { block_reduce(merged, scratch) }
+}
+
+/// Whether this block's row exchanges its statistics within the block's thread-block cluster
+/// (a launch in clusters of `slices` blocks, one row each) rather than through global memory.
+/// A launch in clusters of another size would read shared memory of blocks that are not the
+/// row's: it stops there (the host sees a launch failure).
+#[cfg(not(kernels_sm80))]
+#[inline(always)]
+pub fn row_is_cluster(slices: u32) -> bool {
+    let blocks = cluster_blocks();
+    if blocks > 1 && blocks != slices {
+        // SAFETY: aborts the kernel.
+        unsafe { core::arch::nvptx::trap() };
+    }
+    blocks > 1
+}
+
+/// The sm_80 build has no clusters: every sliced row exchanges through global memory.
+#[cfg(kernels_sm80)]
+#[inline(always)]
+pub fn row_is_cluster(_slices: u32) -> bool {
+    false
+}
+
+/// Publishes this block's statistics in its own shared memory at `published`, waits at the
+/// cluster's barrier, and returns the row's statistics to every thread: each warp reads every
+/// block's (one per lane, through distributed shared memory) and merges them with shuffles,
+/// so no block barrier follows. It then arrives at the cluster's barrier again (this thread is
+/// done reading the others' shared memory); the caller waits on that barrier
+/// ([`cluster_wait`]) before the block exits, after its writes, so no block's shared memory is
+/// released while another may still read it.
+///
+/// # Safety
+/// Called by every thread of the block from uniform control flow, in a launch whose clusters
+/// are rows of `slices` ≤ 32 blocks ([`row_is_cluster`]); `published` points to two floats of
+/// this block's shared memory, at the same offset in every block, that nothing else uses
+/// until the caller's [`cluster_wait`], which every thread calls once before exiting.
+#[cfg(not(kernels_sm80))]
+#[inline(always)]
+pub unsafe fn exchange_cluster_stats<S: Partial>(block: S, published: *mut f32, slices: u32) -> S {
+    if thread_idx() == 0 {
+        let [first, second] = block.to_floats();
+        // SAFETY: the two floats are this block's (contract).
+        unsafe {
+            published.write(first);
+            published.add(1).write(second);
+        }
+    }
+    // Release then acquire: every block of the row has published once this thread passes.
+    cluster_arrive();
+    cluster_wait();
+    let lane = thread_idx() % WARP_SIZE;
+    let theirs = if lane < slices {
+        let theirs = cluster_shared_of(published, lane);
+        // SAFETY: block `lane` of the cluster published there before the barrier, and its
+        // shared memory stays allocated until this thread has arrived again.
+        unsafe { S::from_floats([theirs.read(), theirs.add(1).read()]) }
+    } else {
+        S::EMPTY
+    };
+    let row = group_reduce::<S, WARP_SIZE>(theirs);
+    cluster_arrive();
+    row
+}
+
+/// The exchange of a sliced row's statistics, in whichever way the launch allows: within the
+/// thread-block cluster when the row is one ([`exchange_cluster_stats`], publishing after the
+/// reduction scratch), else through global memory ([`exchange_row_stats`]). `clustered` is
+/// [`row_is_cluster`]'s answer; the caller then calls [`leave_row_cluster`] with it once
+/// before exiting.
+///
+/// # Safety
+/// That of [`exchange_cluster_stats`] when `clustered`, with
+/// [`CLUSTER_STATS_FLOATS`](crate::launch::CLUSTER_STATS_FLOATS) floats of shared memory after
+/// the scratch; else that of [`exchange_row_stats`].
+#[inline(always)]
+pub unsafe fn exchange_sliced_row_stats<S: Partial>(
+    block: S,
+    scratch: *mut f32,
+    partials: *mut f32,
+    barriers: *mut u32,
+    row: usize,
+    slices: usize,
+    clustered: bool,
+) -> S {
+    #[cfg(not(kernels_sm80))]
+    if clustered {
+        // SAFETY: forwarded; the published floats follow the scratch.
+        return unsafe {
+            exchange_cluster_stats(
+                block,
+                scratch.add(crate::launch::REDUCTION_SCRATCH_FLOATS as usize),
+                slices as u32,
+            )
+        };
+    }
+    #[cfg(kernels_sm80)]
+    let _ = clustered;
+    // SAFETY: forwarded.
+    unsafe { exchange_row_stats(block, scratch, partials, barriers, row, slices) }
+}
+
+/// The last step of a block whose row exchanged within its cluster (`clustered`): waits until
+/// every block of the cluster has read the others' shared memory, so none exits (releasing its
+/// own) before. Nothing otherwise. Every thread calls it once, after its writes.
+#[inline(always)]
+pub fn leave_row_cluster(clustered: bool) {
+    #[cfg(not(kernels_sm80))]
+    if clustered {
+        cluster_wait();
+    }
+    #[cfg(kernels_sm80)]
+    let _ = clustered;
 }

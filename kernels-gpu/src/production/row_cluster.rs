@@ -5,15 +5,11 @@
 //! through distributed shared memory. No global workspace, no atomics, no cooperative launch:
 //! clusters are scheduled independently, so any number of rows works.
 
-use crate::launch::REDUCTION_SCRATCH_FLOATS;
-use crate::launch::softmax::CLUSTER_STATS_FLOATS;
-use crate::primitives::device::{
-    DeviceExp2, block_dim, cluster_arrive, cluster_blocks, cluster_shared_of, cluster_wait,
-    dynamic_shared_f32, thread_idx,
-};
+use crate::launch::{CLUSTER_STATS_FLOATS, REDUCTION_SCRATCH_FLOATS};
+use crate::primitives::device::{cluster_wait, dynamic_shared_f32};
 use crate::primitives::entry::kernel_entry;
-use crate::primitives::online::OnlineStats;
 use crate::primitives::reduce::block_reduce;
+use crate::primitives::row_exchange::{exchange_cluster_stats, row_is_cluster};
 use crate::production::row_slices::SliceSoftmax;
 
 /// # Safety
@@ -32,9 +28,8 @@ unsafe fn softmax_row_cluster<const PACK: usize>(
     slice_packs: u32,
     cached: u32,
 ) {
-    // A launch whose clusters are not the row's slices would read other blocks' shared
-    // memory by ranks that do not exist: stop it (the host sees a launch failure).
-    if cluster_blocks() != slices {
+    // A launch whose clusters are not the row's slices stops here.
+    if !row_is_cluster(slices) && slices > 1 {
         // SAFETY: aborts the kernel.
         unsafe { core::arch::nvptx::trap() };
     }
@@ -53,32 +48,13 @@ unsafe fn softmax_row_cluster<const PACK: usize>(
         unsafe { SliceSoftmax::<f32, PACK>::of_block(input, output, cols, slices, slice_packs) };
     // SAFETY: uniform control flow; the scratch is the launch's.
     let block_stats = unsafe { block_reduce(share.stats(cache), shared) };
-    if thread_idx() == 0 {
-        // SAFETY: the published floats are this block's.
-        unsafe {
-            published.write(block_stats.max);
-            published.add(1).write(block_stats.sum());
-        }
-    }
-    // Every block of the row has published once every thread passed this barrier.
-    cluster_arrive();
-    cluster_wait();
-    let mut merged = OnlineStats::EMPTY;
-    for rank in (thread_idx()..slices).step_by(block_dim() as usize) {
-        let theirs = cluster_shared_of(published, rank);
-        // SAFETY: block `rank` of the cluster published there before the barrier, and stays
-        // resident until the second barrier below, which this thread has not arrived at.
-        let stats = unsafe { OnlineStats::new(theirs.read(), theirs.add(1).read()) };
-        merged = merged.merge::<DeviceExp2>(stats);
-    }
-    // SAFETY: uniform control flow.
-    let row_stats = unsafe { block_reduce(merged, shared) };
-    // This block is done reading the others' shared memory; no block may exit (releasing
-    // its shared memory) before every block of the cluster is done, hence the wait at the
-    // end, after the writes it overlaps.
-    cluster_arrive();
-    // SAFETY: as above.
+    // SAFETY: every block of the cluster runs this from uniform control flow; `published`
+    // is reserved for it in every block, and every thread waits on the cluster's barrier
+    // below before exiting.
+    let row_stats = unsafe { exchange_cluster_stats(block_stats, published, slices) };
+    // SAFETY: the share and cache its statistics were taken from.
     unsafe { share.write_normalized(cache, row_stats) };
+    // No block exits (releasing its shared memory) before every block has read the others'.
     cluster_wait();
 }
 
