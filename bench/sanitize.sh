@@ -13,7 +13,7 @@
 #   16384, 65537} x rows {1, 3, 1000}.
 # - `gpu_ops` (the operation kernels): `ops_special`, `ops_every` (every operation and type
 #   pair on the same shape list), `ops_peeled`, `ops_partial`, `ops_strides`, `ops_pitched`,
-#   `ops_bad`.
+#   `ops_few` (few wide rows in slices, in clusters and cooperative), `ops_bad`.
 # - `gpu_stress`: `launches_wait` (every family right after a late writer),
 #   `sliced_rows_are_exact` (blocks leaving their slices).
 # - `gpu_integration`: `callers_stream` (calls and raw calls on the caller's stream),
@@ -54,7 +54,7 @@ timeout_racecheck=${SANITIZE_RACECHECK_TIMEOUT:-1800}
 default_filters() {
     case $1 in
         gpu) echo "every_variant special misaligned llm" ;;
-        gpu_ops) echo "ops_special ops_every ops_peeled ops_partial ops_strides ops_pitched ops_bad" ;;
+        gpu_ops) echo "ops_special ops_every ops_peeled ops_partial ops_strides ops_pitched ops_few ops_bad" ;;
         gpu_stress) echo "launches_wait sliced_rows_are_exact" ;;
         gpu_integration) echo "callers_stream overlapping tuned_choice cudarc" ;;
         *) echo "" ;;
