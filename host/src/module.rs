@@ -221,7 +221,7 @@ impl Entry {
     /// [`MAX_CLUSTER_BLOCKS`](kernels_gpu::launch::MAX_CLUSTER_BLOCKS), above the portable 8).
     fn runs_in_clusters(self) -> bool {
         match self {
-            Entry::RowCluster { .. } => true,
+            Entry::RowCluster { .. } | Entry::BlockRegisters(_) => true,
             Entry::Operation(instance) => matches!(instance.shape, OpKernelShape::Block { .. }),
             _ => false,
         }

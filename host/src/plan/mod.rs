@@ -219,6 +219,10 @@ impl Launch {
                 row_stats: 2 * rows as usize,
                 ..WorkspaceNeeds::default()
             },
+            // Slices in one cluster exchange through shared memory.
+            Params::BlockRegisters { .. } if matches!(self.scheduling, Scheduling::Clusters(_)) => {
+                WorkspaceNeeds::default()
+            }
             Params::BlockRegisters { .. } | Params::RowSlices { .. } => exchanging,
             Params::Operation {
                 pass: OperationPass::SliceStatesToWorkspace,

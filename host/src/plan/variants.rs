@@ -76,7 +76,7 @@ pub(crate) fn plan(
             Some(instance) => vec![register_launch(instance, rows, cols)],
             None => vec![match block_registers_launch(shape, layout, device) {
                 Some(launch)
-                    if !(launch.scheduling == Scheduling::Cooperative
+                    if !(launch.scheduling != Scheduling::Ordinary
                         && shape.len() as u64 * 4 >= SLICED_ROW_SLICES_FROM_BYTES) =>
                 {
                     launch
@@ -238,8 +238,9 @@ fn block_register_slicing(
 }
 
 /// Block registers: a block per row when rows fill the GPU, otherwise each row cut into
-/// slices that keep every block resident (a cooperative launch). `None` when the row fits
-/// neither way.
+/// slices that keep every block resident (a cooperative launch; on sm_90 a thread-block
+/// cluster per row when it has at most [`MAX_CLUSTER_BLOCKS`] slices). `None` when the row
+/// fits neither way.
 fn block_registers_launch(
     shape: Shape,
     layout: Layout,
@@ -256,15 +257,28 @@ fn block_registers_launch(
         .then(|| block_register_slicing(rows, row_packs, pack, device))
         .flatten();
     let (instance, slices) = sliced.or(whole.map(|(instance, _)| (instance, 1)))?;
+    let entry = Entry::BlockRegisters(instance);
+    // Slices few enough for one thread-block cluster (sm_90) run as one, exchanging their
+    // statistics through distributed shared memory, as the operation kernels' do
+    // (`operations::plan`; docs/performance-log.md, 2026-12-02).
+    let cluster_bytes = (REDUCTION_SCRATCH_FLOATS + CLUSTER_STATS_FLOATS) * 4;
+    let clustered = slices > 1
+        && slices <= MAX_CLUSTER_BLOCKS
+        && device.thread_block_clusters()
+        && device.active_clusters(entry, instance.threads, cluster_bytes, slices) > 0;
     Some(Launch {
-        entry: Entry::BlockRegisters(instance),
+        entry,
         grid: rows.saturating_mul(slices),
         block: instance.threads,
-        shared_bytes: REDUCTION_SCRATCH_FLOATS * 4,
-        scheduling: if slices > 1 {
-            Scheduling::Cooperative
+        shared_bytes: if clustered {
+            cluster_bytes
         } else {
-            Scheduling::Ordinary
+            REDUCTION_SCRATCH_FLOATS * 4
+        },
+        scheduling: match (slices > 1, clustered) {
+            (true, true) => Scheduling::Clusters(slices),
+            (true, false) => Scheduling::Cooperative,
+            (false, _) => Scheduling::Ordinary,
         },
         params: Params::BlockRegisters {
             cols: shape.cols() as u32,
@@ -857,6 +871,11 @@ mod tests {
             "softmax_block_registers_p4_n1 (512 threads)"
         );
         assert_eq!(kernel(1, 400_000, 0), "softmax_row_slices_p4");
+        // Slices few enough for one thread-block cluster form one.
+        let small = plan(Variant::Auto, shape(1, 8000), ALIGNED, &FakeH200).unwrap()[0];
+        assert_eq!(small.scheduling, Scheduling::Clusters(16), "{small:?}");
+        let one = plan(Variant::Auto, shape(1, 128256), ALIGNED, &FakeH200).unwrap()[0];
+        assert_eq!(one.scheduling, Scheduling::Cooperative, "{one:?}");
         assert_eq!(kernel(8, 128256, 0), "softmax_row_slices_p4");
         assert_eq!(kernel(1, 1 << 20, 0), "softmax_row_slices_p4");
         // A row per multiprocessor, cached whole: one block per row, no barrier.
@@ -922,12 +941,22 @@ mod tests {
                     "{rows}x{cols}: a block cannot hold its slice"
                 );
                 assert_eq!(launch.grid, rows as u32 * slices);
-                let cooperative = launch.scheduling == Scheduling::Cooperative;
-                assert_eq!(cooperative, slices > 1);
                 assert!(
                     FakeH200.blocks_per_sm(launch.entry, launch.block, launch.shared_bytes) > 0
                 );
-                if cooperative {
+                match launch.scheduling {
+                    Scheduling::Ordinary => assert_eq!(slices, 1),
+                    Scheduling::Cooperative => assert!(slices > MAX_CLUSTER_BLOCKS),
+                    Scheduling::Clusters(cluster) => {
+                        assert_eq!(cluster, slices);
+                        assert!((2..=MAX_CLUSTER_BLOCKS).contains(&slices));
+                        assert_eq!(
+                            launch.shared_bytes,
+                            (REDUCTION_SCRATCH_FLOATS + CLUSTER_STATS_FLOATS) * 4
+                        );
+                    }
+                }
+                if slices > 1 {
                     assert_all_resident(&launch, rows, cols);
                     assert!(
                         slices <= launch.block,

@@ -4,9 +4,9 @@
 //! With `PACK == 4` any width and any 4-byte aligned row is read with 16-byte accesses (see
 //! [`EdgePerThreadSlice`] for the few floats around the aligned body). When a row is cut into
 //! several slices (few rows, wide rows: LLM vocabularies), the blocks of a row exchange their
-//! statistics through
-//! global memory behind a per-row barrier; the host launches that case cooperatively so every
-//! block is resident. Its entries are generated at the bottom from the instance list in
+//! statistics within their thread-block cluster where the row has at most 16 slices (sm_90),
+//! else through global memory behind a per-row barrier, in a cooperative launch so every block
+//! is resident. Its entries are generated at the bottom from the instance list in
 //! [`crate::launch::softmax`], the one the host's tables come from.
 
 use crate::launch::softmax::with_block_register_instances;
@@ -17,7 +17,9 @@ use crate::primitives::entry::kernel_entry;
 use crate::primitives::memory::{load_pack_plain, store_pack_plain};
 use crate::primitives::online::OnlineStats;
 use crate::primitives::reduce::block_reduce;
-use crate::primitives::row_exchange::exchange_row_stats;
+use crate::primitives::row_exchange::{
+    exchange_sliced_row_stats, leave_row_cluster, row_is_cluster,
+};
 use crate::primitives::row_part::EdgePerThreadSlice;
 
 /// # Safety
@@ -26,9 +28,12 @@ use crate::primitives::row_part::EdgePerThreadSlice;
 /// `rows · slices` blocks of `threads` threads (whole warps, up to 1024), with
 /// `REDUCTION_SCRATCH_FLOATS · 4` bytes of dynamic shared memory, and
 /// `threads · PACKS ≥ slice_packs`, `slices · slice_packs · PACK ≥ cols - 3`. When
-/// `slices > 1`: `partials` holds `2 · rows · slices` floats, `barriers` holds `2 · rows`
-/// words zeroed when allocated and used by one launch at a time, and every block is resident
-/// at once (cooperative launch).
+/// `slices > 1`, either the launch is in thread-block clusters of `slices` blocks (the sm_90
+/// build; at most [`MAX_CLUSTER_BLOCKS`](crate::launch::MAX_CLUSTER_BLOCKS)) with
+/// `(REDUCTION_SCRATCH_FLOATS + CLUSTER_STATS_FLOATS) · 4` bytes of dynamic shared memory, or
+/// `partials` holds `2 · rows · slices` floats, `barriers` holds `2 · rows` words zeroed when
+/// allocated and used by one launch at a time, and every block is resident at once
+/// (cooperative launch).
 #[inline(always)]
 #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
 pub unsafe fn softmax_block_registers<const PACK: usize, const PACKS: usize>(
@@ -81,10 +86,16 @@ pub unsafe fn softmax_block_registers<const PACK: usize, const PACKS: usize>(
     let scratch = dynamic_shared_f32();
     // SAFETY: uniform control flow; the launch provides the reduction scratch.
     let mut row_stats = unsafe { block_reduce(local, scratch) };
+    // A sliced row whose blocks form one thread-block cluster exchanges its statistics
+    // through distributed shared memory (sm_90); otherwise through global memory.
+    let clustered = slices > 1 && row_is_cluster(slices as u32);
     if slices > 1 {
         // SAFETY: forwarded from this kernel's contract for sliced launches.
-        row_stats =
-            unsafe { exchange_row_stats(row_stats, scratch, partials, barriers, row, slices) };
+        row_stats = unsafe {
+            exchange_sliced_row_stats(
+                row_stats, scratch, partials, barriers, row, slices, clustered,
+            )
+        };
     }
     // e^(x - local_max) · e^(local_max - max) / sum = e^(x - max) / sum.
     let scale = OnlineStats::exp_relative::<DeviceExp2>(local_max, row_stats.max) / row_stats.sum();
@@ -107,6 +118,7 @@ pub unsafe fn softmax_block_registers<const PACK: usize, const PACKS: usize>(
         // SAFETY: as for the edge load.
         unsafe { y.add(c).write(edge * scale) };
     }
+    leave_row_cluster(clustered);
 }
 
 /// One entry per packs count of each layout: `softmax_block_registers_p<pack>_n<packs>`, as
