@@ -306,12 +306,8 @@ pub(crate) fn plan(
                 mode: OperationMode::Full,
             };
             let launches = plan(operation, shape, layout, device)?;
-            // Rows sliced through global memory (a cooperative launch, or two launches);
-            // slices in one cluster stay.
             let sliced = launches.iter().any(|l| match l.params {
-                Params::Operation { slicing, .. } => {
-                    slicing.slices > 1 && !matches!(l.scheduling, Scheduling::Clusters(_))
-                }
+                Params::Operation { slicing, .. } => slicing.slices > 1,
                 _ => false,
             });
             let bytes = shape.len() as u64 * u64::from(dtype.bytes());
@@ -517,6 +513,8 @@ pub(crate) mod tests {
             plan(request, shape(rows, cols), Layout::Aligned, &FakeH200).unwrap()[0].entry
         };
         assert!(matches!(entry(32, 151936), Entry::RowSlices(_)));
+        // Also where the operation kernels' slices would form clusters (7 slices a row).
+        assert!(matches!(entry(128, 50257), Entry::RowSlices(_)));
         assert!(matches!(entry(8, 128256), Entry::Operation(_)));
         assert!(matches!(entry(4096, 1000), Entry::Operation(_)));
     }

@@ -255,8 +255,8 @@ pub(crate) fn plan(
         // Slices few enough for one thread-block cluster (sm_90) run as one: the same blocks,
         // exchanging their statistics through distributed shared memory at the cluster's
         // hardware barrier rather than through global memory. On the H200
-        // (docs/performance-log.md, 2026-12-02), bf16 1×32000 in 16 slices 58 → 63% of the
-        // copy; a row cut into 16 slices for a cluster where the cooperative launch would
+        // (docs/performance-log.md, 2026-12-02), bf16 1×32000 in 16 slices 59.6 → 64.8% of
+        // the copy; a row cut into 16 slices for a cluster where the cooperative launch would
         // take more lost up to half its speed (fewer multiprocessors reading it), so only
         // the slicing chosen above is ever clustered.
         let clustered = device.thread_block_clusters()

@@ -685,6 +685,12 @@ impl Softmax {
             (_, false, plan::Scheduling::Cooperative) => {
                 vec![format!("{slices} slices per row"), "cooperative".into()]
             }
+            (_, false, plan::Scheduling::Clusters(_)) => {
+                vec![
+                    format!("{slices} slices per row"),
+                    "a cluster per row".into(),
+                ]
+            }
             (_, false, _) => vec![format!("{slices} slices per row")],
         };
         Ok(first.label(&slicing))

@@ -332,7 +332,8 @@ pub fn row_is_cluster(_slices: u32) -> bool {
 ///
 /// # Safety
 /// Called by every thread of the block from uniform control flow, in a launch whose clusters
-/// are rows of `slices` ≤ 32 blocks ([`row_is_cluster`]); `published` points to two floats of
+/// are rows of `slices` blocks, at most a warp's lanes (every launch keeps to
+/// [`MAX_CLUSTER_BLOCKS`](crate::launch::MAX_CLUSTER_BLOCKS), 16; [`row_is_cluster`]); `published` points to two floats of
 /// this block's shared memory, at the same offset in every block, that nothing else uses
 /// until the caller's [`cluster_wait`], which every thread calls once before exiting.
 #[cfg(not(kernels_sm80))]

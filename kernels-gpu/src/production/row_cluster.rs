@@ -16,7 +16,8 @@ use crate::production::row_slices::SliceSoftmax;
 /// `input` and `output` each point to `rows · cols` floats (distinct buffers), `cols > 0`,
 /// both 4-byte aligned; when `PACK == 4` they are equally misaligned modulo 16 bytes.
 /// `slices · slice_packs · PACK ≥ cols - 3`. Launch `rows · slices` blocks in clusters of
-/// `slices` blocks along x (so a cluster is one row), blocks of whole warps (at least 8
+/// `slices` blocks along x (so a cluster is one row; `slices` at most
+/// [`MAX_CLUSTER_BLOCKS`](crate::launch::MAX_CLUSTER_BLOCKS)), blocks of whole warps (at least 8
 /// threads, at most 1024), with `(REDUCTION_SCRATCH_FLOATS + CLUSTER_STATS_FLOATS + cached ·
 /// slice_packs · PACK) · 4` bytes of dynamic shared memory, where `cached` is 0 or 1.
 #[inline(always)]
