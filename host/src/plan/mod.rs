@@ -441,8 +441,12 @@ pub(crate) mod tests {
         }
     }
 
-    /// The H200 with the sm_80 kernel build: no thread-block clusters.
-    pub(crate) struct FakeH200WithoutClusters;
+    /// The H200 where no thread-block cluster can run: with the sm_80 kernel build, which has
+    /// none (`sm90_build` false), or with the sm_90 build but clusters the driver cannot
+    /// schedule (`sm90_build` true).
+    pub(crate) struct FakeH200WithoutClusters {
+        pub sm90_build: bool,
+    }
 
     impl DeviceLimits for FakeH200WithoutClusters {
         fn multiprocessors(&self) -> u32 {
@@ -462,7 +466,7 @@ pub(crate) mod tests {
         }
 
         fn thread_block_clusters(&self) -> bool {
-            false
+            self.sm90_build
         }
 
         fn active_clusters(&self, _: Entry, _: u32, _: u32, _: u32) -> u32 {

@@ -708,7 +708,7 @@ mod tests {
             DType::Bf16,
             shape,
             PackLayout::Aligned,
-            &FakeH200WithoutClusters,
+            &FakeH200WithoutClusters { sm90_build: false },
         )
         .unwrap();
         assert_eq!(

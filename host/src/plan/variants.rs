@@ -569,7 +569,7 @@ fn unfused_launches(shape: Shape, device: &dyn DeviceLimits) -> Vec<Launch> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::tests::{FakeH200, shape};
+    use crate::plan::tests::{FakeH200, FakeH200WithoutClusters, shape};
     use kernels_gpu::primitives::barrier_word;
 
     /// Few wide rows (LLM vocabularies, odd widths): where slicing matters.
@@ -801,28 +801,8 @@ mod tests {
 
     #[test]
     fn row_clusters_fall_back_to_a_block_per_row_when_no_cluster_fits() {
-        struct NoClusters;
-        impl DeviceLimits for NoClusters {
-            fn multiprocessors(&self) -> u32 {
-                FakeH200.multiprocessors()
-            }
-            fn max_shared_per_block(&self) -> u32 {
-                FakeH200.max_shared_per_block()
-            }
-            fn blocks_per_sm(&self, entry: Entry, threads: u32, shared_bytes: u32) -> u32 {
-                FakeH200.blocks_per_sm(entry, threads, shared_bytes)
-            }
-            fn cooperative_launch(&self) -> bool {
-                true
-            }
-            fn thread_block_clusters(&self) -> bool {
-                true
-            }
-            fn active_clusters(&self, _: Entry, _: u32, _: u32, _: u32) -> u32 {
-                0
-            }
-        }
-        let (launch, _) = row_cluster_launch(shape(32, 151936), ALIGNED, &NoClusters);
+        let no_clusters = FakeH200WithoutClusters { sm90_build: true };
+        let (launch, _) = row_cluster_launch(shape(32, 151936), ALIGNED, &no_clusters);
         assert_eq!(
             (launch.scheduling, launch.grid),
             (Scheduling::Clusters(1), 32)
@@ -874,6 +854,11 @@ mod tests {
         // Slices few enough for one thread-block cluster form one.
         let small = plan(Variant::Auto, shape(1, 8000), ALIGNED, &FakeH200).unwrap()[0];
         assert_eq!(small.scheduling, Scheduling::Clusters(16), "{small:?}");
+        for sm90_build in [false, true] {
+            let device = FakeH200WithoutClusters { sm90_build };
+            let small = plan(Variant::Auto, shape(1, 8000), ALIGNED, &device).unwrap()[0];
+            assert_eq!(small.scheduling, Scheduling::Cooperative, "{small:?}");
+        }
         let one = plan(Variant::Auto, shape(1, 128256), ALIGNED, &FakeH200).unwrap()[0];
         assert_eq!(one.scheduling, Scheduling::Cooperative, "{one:?}");
         assert_eq!(kernel(8, 128256, 0), "softmax_row_slices_p4");
