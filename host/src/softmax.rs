@@ -557,7 +557,11 @@ impl Softmax {
         };
         let layout = plan::pair_layout(0, 0, shape.cols());
         let prepared = self.variant_plan(variant, shape, layout)?;
-        Ok(prepared.launches.iter().map(|l| l.label(&[])).collect())
+        Ok(prepared
+            .launches
+            .iter()
+            .map(|l| l.label(&l.scheduling_details()))
+            .collect())
     }
 
     /// The plan for `request` on `shape` laid out as `layout`, made once: planning queries

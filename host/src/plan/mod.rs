@@ -206,6 +206,16 @@ impl Launch {
         }
     }
 
+    /// How the launch's blocks are scheduled, where that is not an ordinary launch: what the
+    /// benchmark's labels add after the block size.
+    pub(crate) fn scheduling_details(&self) -> Vec<String> {
+        match self.scheduling {
+            Scheduling::Cooperative => vec!["cooperative".into()],
+            Scheduling::Clusters(blocks) if blocks > 1 => vec![format!("clusters of {blocks}")],
+            _ => Vec::new(),
+        }
+    }
+
     /// What this launch uses of the workspace.
     fn needs(&self) -> WorkspaceNeeds {
         let grid = self.grid as usize;
@@ -442,8 +452,8 @@ pub(crate) mod tests {
     }
 
     /// The H200 where no thread-block cluster can run: with the sm_80 kernel build, which has
-    /// none (`sm90_build` false), or with the sm_90 build but clusters the driver cannot
-    /// schedule (`sm90_build` true).
+    /// none though the driver would schedule them (`sm90_build` false), or with the sm_90
+    /// build but clusters the driver cannot schedule (`sm90_build` true).
     pub(crate) struct FakeH200WithoutClusters {
         pub sm90_build: bool,
     }
@@ -469,8 +479,18 @@ pub(crate) mod tests {
             self.sm90_build
         }
 
-        fn active_clusters(&self, _: Entry, _: u32, _: u32, _: u32) -> u32 {
-            0
+        fn active_clusters(
+            &self,
+            entry: Entry,
+            threads: u32,
+            shared_bytes: u32,
+            cluster: u32,
+        ) -> u32 {
+            if self.sm90_build {
+                0
+            } else {
+                FakeH200.active_clusters(entry, threads, shared_bytes, cluster)
+            }
         }
     }
 

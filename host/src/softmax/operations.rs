@@ -647,7 +647,7 @@ impl Softmax {
 
     /// What a call of `direction` on `shape` over compact `buffers` launches, for the
     /// benchmark's report: the entry, and for sliced rows the slices per row and whether they
-    /// meet in one cooperative launch or in two launches.
+    /// meet in one cooperative launch, in clusters, or in two launches.
     #[cfg(feature = "bench")]
     pub(crate) fn op_plan_label<T: Element>(
         &mut self,
@@ -679,19 +679,12 @@ impl Softmax {
         let first = prepared.launches[0];
         let slices = first.grid / u32::try_from(shape.rows()).unwrap_or(u32::MAX).max(1);
         let two_launches = prepared.launches.len() > 1;
-        let slicing = match (slices, two_launches, first.scheduling) {
-            (0 | 1, _, _) => vec![],
-            (_, true, _) => vec![format!("{slices} slices per row"), "2 launches".into()],
-            (_, false, plan::Scheduling::Cooperative) => {
-                vec![format!("{slices} slices per row"), "cooperative".into()]
-            }
-            (_, false, plan::Scheduling::Clusters(_)) => {
-                vec![
-                    format!("{slices} slices per row"),
-                    "a cluster per row".into(),
-                ]
-            }
-            (_, false, _) => vec![format!("{slices} slices per row")],
+        let slicing = match (slices, two_launches) {
+            (0 | 1, _) => vec![],
+            (_, true) => vec![format!("{slices} slices per row"), "2 launches".into()],
+            (_, false) => std::iter::once(format!("{slices} slices per row"))
+                .chain(first.scheduling_details())
+                .collect(),
         };
         Ok(first.label(&slicing))
     }

@@ -332,10 +332,11 @@ pub fn row_is_cluster(_slices: u32) -> bool {
 ///
 /// # Safety
 /// Called by every thread of the block from uniform control flow, in a launch whose clusters
-/// are rows of `slices` blocks, at most a warp's lanes (every launch keeps to
-/// [`MAX_CLUSTER_BLOCKS`](crate::launch::MAX_CLUSTER_BLOCKS), 16; [`row_is_cluster`]); `published` points to two floats of
-/// this block's shared memory, at the same offset in every block, that nothing else uses
-/// until the caller's [`cluster_wait`], which every thread calls once before exiting.
+/// are rows of `slices` blocks ([`row_is_cluster`]), at most a warp's lanes (every launch
+/// keeps to [`MAX_CLUSTER_BLOCKS`](crate::launch::MAX_CLUSTER_BLOCKS), 16); `published`
+/// points to two floats of this block's shared memory, at the same offset in every block,
+/// that nothing else uses until the caller's [`cluster_wait`], which every thread calls once
+/// before exiting.
 #[cfg(not(kernels_sm80))]
 #[inline(always)]
 pub unsafe fn exchange_cluster_stats<S: Partial>(block: S, published: *mut f32, slices: u32) -> S {

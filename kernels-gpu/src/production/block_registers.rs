@@ -26,8 +26,8 @@ use crate::primitives::row_part::EdgePerThreadSlice;
 /// `input` and `output` each point to `rows · cols` floats (distinct buffers), `cols > 0`,
 /// both 4-byte aligned; when `PACK == 4` they are equally misaligned modulo 16 bytes. Launch
 /// `rows · slices` blocks of `threads` threads (whole warps, up to 1024), with
-/// `REDUCTION_SCRATCH_FLOATS · 4` bytes of dynamic shared memory, and
-/// `threads · PACKS ≥ slice_packs`, `slices · slice_packs · PACK ≥ cols - 3`. When
+/// `REDUCTION_SCRATCH_FLOATS · 4` bytes of dynamic shared memory (more in clusters, below),
+/// and `threads · PACKS ≥ slice_packs`, `slices · slice_packs · PACK ≥ cols - 3`. When
 /// `slices > 1`, either the launch is in thread-block clusters of `slices` blocks (the sm_90
 /// build; at most [`MAX_CLUSTER_BLOCKS`](crate::launch::MAX_CLUSTER_BLOCKS)) with
 /// `(REDUCTION_SCRATCH_FLOATS + CLUSTER_STATS_FLOATS) · 4` bytes of dynamic shared memory, or
