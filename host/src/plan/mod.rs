@@ -12,6 +12,7 @@ use kernels_gpu::launch::ops::{DType, Direction, OpInstance, OpKernelShape};
 use kernels_gpu::launch::softmax::{
     BlockRegisterInstance, RegisterKernelName, RowSlicesKernelName,
 };
+use kernels_gpu::launch::{CLUSTER_STATS_FLOATS, MAX_CLUSTER_BLOCKS, REDUCTION_SCRATCH_FLOATS};
 
 use crate::error::{Error, Result};
 use crate::shape::Shape;
@@ -159,6 +160,43 @@ pub(crate) enum Scheduling {
     Cooperative,
     /// Thread-block clusters of this many blocks, with programmatic overlap allowed.
     Clusters(u32),
+}
+
+impl Scheduling {
+    /// The scheduling of a launch whose rows are cut into `slices` blocks that exchange their
+    /// statistics: ordinary for whole rows, else one cluster per row or a cooperative launch.
+    pub(crate) fn exchanging(slices: u32, clustered: bool) -> Scheduling {
+        match (slices > 1, clustered) {
+            (true, true) => Scheduling::Clusters(slices),
+            (true, false) => Scheduling::Cooperative,
+            (false, _) => Scheduling::Ordinary,
+        }
+    }
+}
+
+/// Dynamic shared memory of a block whose sliced row is one thread-block cluster (block
+/// registers and the operation kernels): the reduction scratch, then the statistics it
+/// publishes to the cluster.
+pub(crate) const CLUSTER_SHARED_BYTES: u32 = (REDUCTION_SCRATCH_FLOATS + CLUSTER_STATS_FLOATS) * 4;
+
+/// Whether a cooperative slicing of `slices` blocks of `entry` (`threads` each) per row runs
+/// as one thread-block cluster per row instead: the same blocks, exchanging their statistics
+/// through distributed shared memory at the cluster's hardware barrier rather than through
+/// global memory. Needs the sm_90 build, at most [`MAX_CLUSTER_BLOCKS`] slices, and a cluster
+/// the driver can schedule. On the H200 (docs/performance-log.md, 2026-12-02): bf16 1×32000
+/// in 16 slices 59.6 → 64.8% of the copy, f32 1×8000 62.0 → 66.8%; a row cut into 16 slices
+/// for a cluster where the cooperative launch would take more lost up to half its speed
+/// (fewer multiprocessors reading it), so only the cooperative rule's own slicing is ever
+/// clustered.
+pub(crate) fn slices_form_clusters(
+    device: &dyn DeviceLimits,
+    entry: Entry,
+    threads: u32,
+    slices: u32,
+) -> bool {
+    (2..=MAX_CLUSTER_BLOCKS).contains(&slices)
+        && device.thread_block_clusters()
+        && device.active_clusters(entry, threads, CLUSTER_SHARED_BYTES, slices) > 0
 }
 
 /// One kernel launch.

@@ -2,13 +2,14 @@
 //! which instance runs a shape, with what grid and slicing, and how the buffers of a call meet
 //! 16-byte packs.
 
+use kernels_gpu::launch::REDUCTION_SCRATCH_FLOATS;
 use kernels_gpu::launch::ops::{
     DType, Direction, OP_ROWS_BLOCK, OpInstance, OpKernelShape, PackLayout,
 };
-use kernels_gpu::launch::{CLUSTER_STATS_FLOATS, MAX_CLUSTER_BLOCKS, REDUCTION_SCRATCH_FLOATS};
 
 use super::{
-    DeviceLimits, Entry, Launch, OperationMode, OperationPass, Params, Scheduling, Slicing,
+    CLUSTER_SHARED_BYTES, DeviceLimits, Entry, Launch, OperationMode, OperationPass, Params,
+    Scheduling, Slicing, slices_form_clusters,
 };
 use crate::shape::Shape;
 
@@ -94,9 +95,6 @@ impl OpLaunch {
     }
 }
 
-/// Dynamic shared memory of a block that exchanges its row's statistics within its cluster.
-pub(crate) const CLUSTER_SHARED_BYTES: u32 = (REDUCTION_SCRATCH_FLOATS + CLUSTER_STATS_FLOATS) * 4;
-
 /// Fewest threads of a block that holds a slice of a row (rather than a whole row).
 const MIN_SLICE_THREADS: u32 = 128;
 
@@ -113,11 +111,9 @@ pub(crate) fn launches(launch: OpLaunch, mode: OperationMode) -> Option<Vec<Laun
         slices: launch.slices,
         slice_packs: launch.slice_packs,
     };
-    let scheduling = match (launch.slices > 1 && !launch.split, launch.clustered) {
-        (true, true) => Scheduling::Clusters(launch.slices),
-        (true, false) => Scheduling::Cooperative,
-        (false, _) => Scheduling::Ordinary,
-    };
+    // Two launches over slices are ordinary: their blocks do not wait for each other.
+    let exchanging = if launch.split { 1 } else { launch.slices };
+    let scheduling = Scheduling::exchanging(exchanging, launch.clustered);
     let pass = |pass| Launch {
         entry: Entry::Operation(launch.kernel),
         grid: launch.grid,
@@ -252,21 +248,13 @@ pub(crate) fn plan(
             .or_else(|| fewest_packs_first.iter().find_map(sliced))
     });
     if let Some(Some(sliced)) = cooperative {
-        // Slices few enough for one thread-block cluster (sm_90) run as one: the same blocks,
-        // exchanging their statistics through distributed shared memory at the cluster's
-        // hardware barrier rather than through global memory. On the H200
-        // (docs/performance-log.md, 2026-12-02), bf16 1×32000 in 16 slices 59.6 → 64.8% of
-        // the copy; a row cut into 16 slices for a cluster where the cooperative launch would
-        // take more lost up to half its speed (fewer multiprocessors reading it), so only
-        // the slicing chosen above is ever clustered.
-        let clustered = device.thread_block_clusters()
-            && sliced.slices <= MAX_CLUSTER_BLOCKS
-            && device.active_clusters(
-                Entry::Operation(sliced.kernel),
-                sliced.block(),
-                CLUSTER_SHARED_BYTES,
-                sliced.slices,
-            ) > 0;
+        // On sm_90, as one thread-block cluster per row where the slices are few enough.
+        let clustered = slices_form_clusters(
+            device,
+            Entry::Operation(sliced.kernel),
+            sliced.block(),
+            sliced.slices,
+        );
         return Some(OpLaunch {
             clustered,
             ..sliced
@@ -297,6 +285,7 @@ pub(crate) fn plan(
 mod tests {
     use super::*;
     use crate::plan::tests::{FakeH200, FakeH200WithoutClusters, shape};
+    use kernels_gpu::launch::MAX_CLUSTER_BLOCKS;
 
     fn plan_op(
         direction: Direction,

@@ -10,11 +10,13 @@ use kernels_gpu::launch::softmax::{
     WARP_PER_ROW_WARPS_PER_BLOCK,
 };
 use kernels_gpu::launch::{
-    CLUSTER_STATS_FLOATS, MAX_BLOCK_THREADS, MAX_CLUSTER_BLOCKS, REDUCTION_SCRATCH_FLOATS,
-    WARP_SIZE,
+    MAX_BLOCK_THREADS, MAX_CLUSTER_BLOCKS, REDUCTION_SCRATCH_FLOATS, WARP_SIZE,
 };
 
-use super::{DeviceLimits, Entry, Launch, Layout, Params, Scheduling, Slicing};
+use super::{
+    CLUSTER_SHARED_BYTES, DeviceLimits, Entry, Launch, Layout, Params, Scheduling, Slicing,
+    slices_form_clusters,
+};
 use crate::error::{Error, Result};
 use crate::shape::Shape;
 use crate::variant::Variant;
@@ -258,28 +260,18 @@ fn block_registers_launch(
         .flatten();
     let (instance, slices) = sliced.or(whole.map(|(instance, _)| (instance, 1)))?;
     let entry = Entry::BlockRegisters(instance);
-    // Slices few enough for one thread-block cluster (sm_90) run as one, exchanging their
-    // statistics through distributed shared memory, as the operation kernels' do
-    // (`operations::plan`; docs/performance-log.md, 2026-12-02).
-    let cluster_bytes = (REDUCTION_SCRATCH_FLOATS + CLUSTER_STATS_FLOATS) * 4;
-    let clustered = slices > 1
-        && slices <= MAX_CLUSTER_BLOCKS
-        && device.thread_block_clusters()
-        && device.active_clusters(entry, instance.threads, cluster_bytes, slices) > 0;
+    // On sm_90, as one thread-block cluster per row where the slices are few enough.
+    let clustered = slices_form_clusters(device, entry, instance.threads, slices);
     Some(Launch {
         entry,
         grid: rows.saturating_mul(slices),
         block: instance.threads,
         shared_bytes: if clustered {
-            cluster_bytes
+            CLUSTER_SHARED_BYTES
         } else {
             REDUCTION_SCRATCH_FLOATS * 4
         },
-        scheduling: match (slices > 1, clustered) {
-            (true, true) => Scheduling::Clusters(slices),
-            (true, false) => Scheduling::Cooperative,
-            (false, _) => Scheduling::Ordinary,
-        },
+        scheduling: Scheduling::exchanging(slices, clustered),
         params: Params::BlockRegisters {
             cols: shape.cols() as u32,
             slicing: Slicing {
@@ -489,7 +481,7 @@ fn row_cluster_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) -
     let rows = shape.rows() as u32;
     let row_packs = (shape.cols() as u32).div_ceil(pack);
     let entry = Entry::RowCluster { pack };
-    let fixed_bytes = (REDUCTION_SCRATCH_FLOATS + CLUSTER_STATS_FLOATS) * 4;
+    let fixed_bytes = CLUSTER_SHARED_BYTES;
     // (slices, slice packs, threads, cached, shared bytes, schedulable)
     let configure = |slices: u32| {
         let slice_packs = row_packs.div_ceil(slices);
@@ -779,7 +771,7 @@ mod tests {
                 assert!((1..=MAX_CLUSTER_BLOCKS).contains(&slices));
                 assert_eq!(launch.grid, rows as u32 * slices);
                 assert!(launch.shared_bytes <= FakeH200.max_shared_per_block());
-                let fixed = (REDUCTION_SCRATCH_FLOATS + CLUSTER_STATS_FLOATS) * 4;
+                let fixed = CLUSTER_SHARED_BYTES;
                 assert_eq!(
                     launch.shared_bytes,
                     fixed + cached as u32 * slice_cols * 4,
@@ -935,10 +927,7 @@ mod tests {
                     Scheduling::Clusters(cluster) => {
                         assert_eq!(cluster, slices);
                         assert!((2..=MAX_CLUSTER_BLOCKS).contains(&slices));
-                        assert_eq!(
-                            launch.shared_bytes,
-                            (REDUCTION_SCRATCH_FLOATS + CLUSTER_STATS_FLOATS) * 4
-                        );
+                        assert_eq!(launch.shared_bytes, CLUSTER_SHARED_BYTES);
                     }
                 }
                 if slices > 1 {
