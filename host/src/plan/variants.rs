@@ -472,17 +472,21 @@ fn wide_rows_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) -> 
 }
 
 /// Row cluster: a cluster of blocks per row, about four blocks per multiprocessor's worth
-/// (at most [`MAX_CLUSTER_BLOCKS`]). The first cluster size from there up, then down, whose
-/// slice can be cached with a whole cluster schedulable (the driver's cluster occupancy);
-/// else the first schedulable one uncached (the second pass re-reads); else one block per
-/// row, which needs no cluster. The flag says whether the slices are cached.
+/// (at most [`MAX_CLUSTER_BLOCKS`]). Among the cluster sizes whose slice can be cached with a
+/// whole cluster schedulable, the one that runs the rows in the fewest waves of clusters (the
+/// driver's cluster occupancy), the first from there up, then down, among equals; else the
+/// first schedulable one uncached (the second pass re-reads); else one block per row, which
+/// needs no cluster. The flag says whether the slices are cached. Waves first: on the H200
+/// (docs/performance-log.md, 2026-12-02), 40×262144 and 48×262144 took clusters of 13 and 11
+/// in three waves, 62.5% and 55.1% of the copy; clusters of 14 run them in two, 69.3% and
+/// 62.2%.
 fn row_cluster_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) -> (Launch, bool) {
     let pack = peeled_pack(layout);
     let rows = shape.rows() as u32;
     let row_packs = (shape.cols() as u32).div_ceil(pack);
     let entry = Entry::RowCluster { pack };
     let fixed_bytes = CLUSTER_SHARED_BYTES;
-    // (slices, slice packs, threads, cached, shared bytes, schedulable)
+    // (slices, slice packs, threads, cached, shared bytes, schedulable, waves when cached)
     let configure = |slices: u32| {
         let slice_packs = row_packs.div_ceil(slices);
         let max_threads = if slices > 1 {
@@ -491,19 +495,24 @@ fn row_cluster_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) -
             MAX_BLOCK_THREADS
         };
         let threads = slice_threads(slice_packs as usize, max_threads);
-        let schedulable = |bytes| {
-            bytes <= device.max_shared_per_block()
-                && device.active_clusters(entry, threads, bytes, slices) > 0
+        let active = |bytes| {
+            if bytes <= device.max_shared_per_block() {
+                device.active_clusters(entry, threads, bytes, slices)
+            } else {
+                0
+            }
         };
         let cached_bytes = fixed_bytes.saturating_add(cache_bytes(slice_packs, pack, 4));
-        let cached = schedulable(cached_bytes);
+        let cached_clusters = active(cached_bytes);
+        let cached = cached_clusters > 0;
         let shared_bytes = if cached { cached_bytes } else { fixed_bytes };
         (
             slice_packs,
             threads,
             cached,
             shared_bytes,
-            cached || schedulable(fixed_bytes),
+            cached || active(fixed_bytes) > 0,
+            rows.div_ceil(cached_clusters.max(1)),
         )
     };
     let preferred = (4 * u64::from(device.multiprocessors()) / u64::from(rows))
@@ -512,9 +521,10 @@ fn row_cluster_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) -
         .chain((1..preferred).rev())
         .map(|slices| (slices, configure(slices)))
         .collect();
-    let (slices, (slice_packs, threads, cached, shared_bytes, _)) = candidates
+    let (slices, (slice_packs, threads, cached, shared_bytes, _, _)) = candidates
         .iter()
-        .find(|(_, c)| c.2)
+        .filter(|(_, c)| c.2)
+        .min_by_key(|(_, c)| c.5)
         .or_else(|| candidates.iter().find(|(_, c)| c.4))
         .copied()
         .unwrap_or_else(|| (1, configure(1)));
