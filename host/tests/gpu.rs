@@ -119,6 +119,7 @@ fn llm_and_odd_shapes(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
         (32, 151936),
         (64, 151936),
         (16, 262144),
+        (56, 262144),
         (1, 1048576),
         (4096, 1000),
         (65536, 100),

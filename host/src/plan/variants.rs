@@ -802,6 +802,23 @@ mod tests {
     }
 
     #[test]
+    fn row_clusters_take_the_size_that_needs_the_fewest_waves() {
+        // On the fake H200 (processing clusters of 16 multiprocessors), 48 rows of 262144
+        // columns in clusters of 11–13 slices of 80–96 KB fit two blocks per multiprocessor,
+        // 16 clusters at once: three waves. Slices of 14 fit three: 24 clusters, two waves.
+        // 64 rows of 151936 need two waves at any size; the preferred 8 stays.
+        for (rows, cols, slices) in [(48, 262144, 14), (40, 262144, 14), (64, 151936, 8)] {
+            let (launch, cached) = row_cluster_launch(shape(rows, cols), ALIGNED, &FakeH200);
+            assert_eq!(
+                launch.scheduling,
+                Scheduling::Clusters(slices),
+                "{rows}x{cols}"
+            );
+            assert!(cached, "{rows}x{cols}");
+        }
+    }
+
+    #[test]
     fn row_clusters_fall_back_to_a_block_per_row_when_no_cluster_fits() {
         let no_clusters = FakeH200WithoutClusters { sm90_build: true };
         let (launch, _) = row_cluster_launch(shape(32, 151936), ALIGNED, &no_clusters);
