@@ -791,14 +791,19 @@ mod tests {
         }
         // The shapes it is meant for are cached, in clusters that fill the GPU.
         for (rows, cols, slices) in [(32, 151936, 16), (128, 50257, 4)] {
-            let (launch, cached) = row_cluster_launch(shape(rows, cols), ALIGNED, &FakeH200);
-            assert_eq!(
-                launch.scheduling,
-                Scheduling::Clusters(slices),
-                "{rows}x{cols}"
-            );
-            assert!(cached, "{rows}x{cols}");
+            assert_cached_in_clusters_of(rows, cols, slices);
         }
+    }
+
+    /// Row-cluster plans aligned `rows × cols` in cached clusters of `slices` on the fake H200.
+    fn assert_cached_in_clusters_of(rows: usize, cols: usize, slices: u32) {
+        let (launch, cached) = row_cluster_launch(shape(rows, cols), ALIGNED, &FakeH200);
+        assert_eq!(
+            launch.scheduling,
+            Scheduling::Clusters(slices),
+            "{rows}x{cols}"
+        );
+        assert!(cached, "{rows}x{cols}");
     }
 
     #[test]
@@ -808,13 +813,7 @@ mod tests {
         // 16 clusters at once: three waves. Slices of 14 fit three: 24 clusters, two waves.
         // 64 rows of 151936 need two waves at any size; the preferred 8 stays.
         for (rows, cols, slices) in [(48, 262144, 14), (40, 262144, 14), (64, 151936, 8)] {
-            let (launch, cached) = row_cluster_launch(shape(rows, cols), ALIGNED, &FakeH200);
-            assert_eq!(
-                launch.scheduling,
-                Scheduling::Clusters(slices),
-                "{rows}x{cols}"
-            );
-            assert!(cached, "{rows}x{cols}");
+            assert_cached_in_clusters_of(rows, cols, slices);
         }
     }
 
