@@ -471,22 +471,36 @@ fn wide_rows_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) -> 
     }
 }
 
-/// Row cluster: a cluster of blocks per row, about four blocks per multiprocessor's worth
-/// (at most [`MAX_CLUSTER_BLOCKS`]). Among the cluster sizes whose slice can be cached with a
-/// whole cluster schedulable, the one that runs the rows in the fewest waves of clusters (the
-/// driver's cluster occupancy), the first from there up, then down, among equals; else the
-/// first schedulable one uncached (the second pass re-reads); else one block per row, which
-/// needs no cluster. The flag says whether the slices are cached. Waves first: on the H200
-/// (docs/performance-log.md, 2026-12-02), 40×262144 and 48×262144 took clusters of 13 and 11
-/// in three waves, 62.5% and 55.1% of the copy; clusters of 14 run them in two, 69.3% and
-/// 62.2%.
+/// One cluster size row-cluster may take.
+#[derive(Clone, Copy)]
+struct ClusterCandidate {
+    slices: u32,
+    slice_packs: u32,
+    threads: u32,
+    /// Whether each block caches its slice in shared memory.
+    cached: bool,
+    shared_bytes: u32,
+    /// Whether a whole cluster can be scheduled, cached or not.
+    schedulable: bool,
+    /// Waves of clusters the rows take when the slices are cached.
+    cached_waves: u32,
+}
+
+/// Row cluster: a cluster of blocks per row. The preferred size is about four blocks per
+/// multiprocessor's worth (at most [`MAX_CLUSTER_BLOCKS`]). Among the sizes whose slice can be
+/// cached with a whole cluster schedulable, the one that runs the rows in the fewest waves of
+/// clusters (the driver's cluster occupancy), and among equals the first from the preferred
+/// size up, then down; else the first schedulable one uncached (the second pass re-reads);
+/// else one block per row, which needs no cluster. The flag says whether the slices are
+/// cached. Waves first: on the H200 (docs/performance-log.md, 2026-12-02), 56×262144 went from
+/// clusters of 9 in more waves to clusters of 10, 39.1% → 66.0% of the copy, and 40×262144
+/// from 13 to 14, 62.6% → 69.5%; shapes already in their fewest waves kept their size.
 fn row_cluster_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) -> (Launch, bool) {
     let pack = peeled_pack(layout);
     let rows = shape.rows() as u32;
     let row_packs = (shape.cols() as u32).div_ceil(pack);
     let entry = Entry::RowCluster { pack };
     let fixed_bytes = CLUSTER_SHARED_BYTES;
-    // (slices, slice packs, threads, cached, shared bytes, schedulable, waves when cached)
     let configure = |slices: u32| {
         let slice_packs = row_packs.div_ceil(slices);
         let max_threads = if slices > 1 {
@@ -505,29 +519,36 @@ fn row_cluster_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) -
         let cached_bytes = fixed_bytes.saturating_add(cache_bytes(slice_packs, pack, 4));
         let cached_clusters = active(cached_bytes);
         let cached = cached_clusters > 0;
-        let shared_bytes = if cached { cached_bytes } else { fixed_bytes };
-        (
+        ClusterCandidate {
+            slices,
             slice_packs,
             threads,
             cached,
-            shared_bytes,
-            cached || active(fixed_bytes) > 0,
-            rows.div_ceil(cached_clusters.max(1)),
-        )
+            shared_bytes: if cached { cached_bytes } else { fixed_bytes },
+            schedulable: cached || active(fixed_bytes) > 0,
+            cached_waves: rows.div_ceil(cached_clusters.max(1)),
+        }
     };
     let preferred = (4 * u64::from(device.multiprocessors()) / u64::from(rows))
         .clamp(1, u64::from(MAX_CLUSTER_BLOCKS)) as u32;
     let candidates: Vec<_> = (preferred..=MAX_CLUSTER_BLOCKS)
         .chain((1..preferred).rev())
-        .map(|slices| (slices, configure(slices)))
+        .map(configure)
         .collect();
-    let (slices, (slice_packs, threads, cached, shared_bytes, _, _)) = candidates
+    let ClusterCandidate {
+        slices,
+        slice_packs,
+        threads,
+        cached,
+        shared_bytes,
+        ..
+    } = candidates
         .iter()
-        .filter(|(_, c)| c.2)
-        .min_by_key(|(_, c)| c.5)
-        .or_else(|| candidates.iter().find(|(_, c)| c.4))
+        .filter(|c| c.cached)
+        .min_by_key(|c| c.cached_waves)
+        .or_else(|| candidates.iter().find(|c| c.schedulable))
         .copied()
-        .unwrap_or_else(|| (1, configure(1)));
+        .unwrap_or_else(|| configure(1));
     let launch = Launch {
         entry,
         grid: rows.saturating_mul(slices),
@@ -811,7 +832,9 @@ mod tests {
         // On the fake H200 (processing clusters of 16 multiprocessors), 48 rows of 262144
         // columns in clusters of 11–13 slices of 80–96 KB fit two blocks per multiprocessor,
         // 16 clusters at once: three waves. Slices of 14 fit three: 24 clusters, two waves.
-        // 64 rows of 151936 need two waves at any size; the preferred 8 stays.
+        // 64 rows of 151936 need two waves at any size; the preferred 8 stays. (The H200's
+        // driver counts clusters of 11 in as few waves as 14 and keeps 11 for 48×262144: the
+        // fake's count is a model, the rule is what this pins.)
         for (rows, cols, slices) in [(48, 262144, 14), (40, 262144, 14), (64, 151936, 8)] {
             assert_cached_in_clusters_of(rows, cols, slices);
         }
