@@ -179,6 +179,16 @@ impl Scheduling {
 /// publishes to the cluster.
 pub(crate) const CLUSTER_SHARED_BYTES: u32 = (REDUCTION_SCRATCH_FLOATS + CLUSTER_STATS_FLOATS) * 4;
 
+/// Dynamic shared memory of a block-registers or operation block: the reduction scratch, and
+/// in clusters the statistics each block publishes to its cluster.
+pub(crate) fn block_shared_bytes(clustered: bool) -> u32 {
+    if clustered {
+        CLUSTER_SHARED_BYTES
+    } else {
+        REDUCTION_SCRATCH_FLOATS * 4
+    }
+}
+
 /// Whether a cooperative slicing of `slices` blocks of `entry` (`threads` each) per row runs
 /// as one thread-block cluster per row instead: the same blocks, exchanging their statistics
 /// through distributed shared memory at the cluster's hardware barrier rather than through
@@ -267,11 +277,7 @@ impl Launch {
                 row_stats: 2 * rows as usize,
                 ..WorkspaceNeeds::default()
             },
-            // Slices in one cluster exchange through shared memory.
-            Params::BlockRegisters { .. } if matches!(self.scheduling, Scheduling::Clusters(_)) => {
-                WorkspaceNeeds::default()
-            }
-            Params::BlockRegisters { .. } | Params::RowSlices { .. } => exchanging,
+            Params::RowSlices { .. } => exchanging,
             Params::Operation {
                 pass: OperationPass::SliceStatesToWorkspace,
                 ..
@@ -279,7 +285,13 @@ impl Launch {
                 states: grid,
                 ..WorkspaceNeeds::default()
             },
-            Params::Operation { .. } if self.scheduling == Scheduling::Cooperative => exchanging,
+            // Sliced rows of one cooperative launch exchange through global memory; whole
+            // rows need nothing, and rows in clusters exchange through shared memory.
+            Params::BlockRegisters { .. } | Params::Operation { .. }
+                if self.scheduling == Scheduling::Cooperative =>
+            {
+                exchanging
+            }
             _ => WorkspaceNeeds::default(),
         }
     }
@@ -579,6 +591,33 @@ pub(crate) mod tests {
         assert!(matches!(entry(128, 50257), Entry::RowSlices(_)));
         assert!(matches!(entry(8, 128256), Entry::Operation(_)));
         assert!(matches!(entry(4096, 1000), Entry::Operation(_)));
+    }
+
+    /// Only a cooperative launch's sliced rows exchange through the workspace: whole rows need
+    /// none, and rows in clusters exchange through shared memory.
+    #[test]
+    fn block_registers_reserve_exchange_workspace_only_when_cooperative() {
+        for (rows, cols, scheduling) in [
+            (1, 32000, Scheduling::Cooperative),
+            (1, 8000, Scheduling::Clusters(16)),
+            (4096, 4096, Scheduling::Ordinary),
+        ] {
+            let launches = plan(
+                Request::Variant(Variant::BlockRegisters),
+                shape(rows, cols),
+                Layout::Aligned,
+                &FakeH200,
+            )
+            .unwrap();
+            assert_eq!(launches[0].scheduling, scheduling, "{rows}x{cols}");
+            let needs = workspace_needs(&launches);
+            let exchanges = needs.partials > 0 && needs.barrier_words > 0;
+            assert_eq!(
+                exchanges,
+                scheduling == Scheduling::Cooperative,
+                "{rows}x{cols}: {needs:?}"
+            );
+        }
     }
 
     /// Plans are made in 64-bit arithmetic: row counts near the launch limit do not wrap.

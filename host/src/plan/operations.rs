@@ -2,14 +2,13 @@
 //! which instance runs a shape, with what grid and slicing, and how the buffers of a call meet
 //! 16-byte packs.
 
-use kernels_gpu::launch::REDUCTION_SCRATCH_FLOATS;
 use kernels_gpu::launch::ops::{
     DType, Direction, OP_ROWS_BLOCK, OpInstance, OpKernelShape, PackLayout,
 };
 
 use super::{
-    CLUSTER_SHARED_BYTES, DeviceLimits, Entry, Launch, OperationMode, OperationPass, Params,
-    Scheduling, Slicing, slices_form_clusters,
+    DeviceLimits, Entry, Launch, OperationMode, OperationPass, Params, Scheduling, Slicing,
+    block_shared_bytes, slices_form_clusters,
 };
 use crate::shape::Shape;
 
@@ -89,8 +88,7 @@ impl OpLaunch {
     pub fn shared_bytes(&self) -> u32 {
         match self.kernel.shape {
             OpKernelShape::Rows { .. } => 0,
-            OpKernelShape::Block { .. } if self.clustered => CLUSTER_SHARED_BYTES,
-            OpKernelShape::Block { .. } => REDUCTION_SCRATCH_FLOATS * 4,
+            OpKernelShape::Block { .. } => block_shared_bytes(self.clustered),
         }
     }
 }
@@ -181,7 +179,7 @@ pub(crate) fn plan(
         });
     }
 
-    let scratch = REDUCTION_SCRATCH_FLOATS * 4;
+    let scratch = block_shared_bytes(false);
     let resident =
         |&k: &OpInstance| device.blocks_per_sm(Entry::Operation(k), k.threads_per_row(), scratch);
     let blocks: Vec<(OpInstance, u32)> = instances
@@ -284,6 +282,7 @@ pub(crate) fn plan(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::CLUSTER_SHARED_BYTES;
     use crate::plan::tests::{FakeH200, FakeH200WithoutClusters, shape};
     use kernels_gpu::launch::MAX_CLUSTER_BLOCKS;
 

@@ -15,7 +15,7 @@ use kernels_gpu::launch::{
 
 use super::{
     CLUSTER_SHARED_BYTES, DeviceLimits, Entry, Launch, Layout, Params, Scheduling, Slicing,
-    slices_form_clusters,
+    block_shared_bytes, slices_form_clusters,
 };
 use crate::error::{Error, Result};
 use crate::shape::Shape;
@@ -198,7 +198,7 @@ fn block_register_whole_rows(
     pack: u32,
     device: &dyn DeviceLimits,
 ) -> Option<(BlockRegisterInstance, u32)> {
-    let scratch = REDUCTION_SCRATCH_FLOATS * 4;
+    let scratch = block_shared_bytes(false);
     block_register_instances()
         .filter(|i| i.pack == pack && i.threads * i.packs >= row_packs)
         .map(|i| {
@@ -224,7 +224,7 @@ fn block_register_slicing(
     pack: u32,
     device: &dyn DeviceLimits,
 ) -> Option<(BlockRegisterInstance, u32)> {
-    let scratch = REDUCTION_SCRATCH_FLOATS * 4;
+    let scratch = block_shared_bytes(false);
     let mut instances: Vec<BlockRegisterInstance> = block_register_instances()
         .filter(|i| i.pack == pack)
         .collect();
@@ -266,11 +266,7 @@ fn block_registers_launch(
         entry,
         grid: rows.saturating_mul(slices),
         block: instance.threads,
-        shared_bytes: if clustered {
-            CLUSTER_SHARED_BYTES
-        } else {
-            REDUCTION_SCRATCH_FLOATS * 4
-        },
+        shared_bytes: block_shared_bytes(clustered),
         scheduling: Scheduling::exchanging(slices, clustered),
         params: Params::BlockRegisters {
             cols: shape.cols() as u32,
@@ -500,7 +496,6 @@ fn row_cluster_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) -
     let rows = shape.rows() as u32;
     let row_packs = (shape.cols() as u32).div_ceil(pack);
     let entry = Entry::RowCluster { pack };
-    let fixed_bytes = CLUSTER_SHARED_BYTES;
     let configure = |slices: u32| {
         let slice_packs = row_packs.div_ceil(slices);
         let max_threads = if slices > 1 {
@@ -516,7 +511,7 @@ fn row_cluster_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) -
                 0
             }
         };
-        let cached_bytes = fixed_bytes.saturating_add(cache_bytes(slice_packs, pack, 4));
+        let cached_bytes = CLUSTER_SHARED_BYTES.saturating_add(cache_bytes(slice_packs, pack, 4));
         let cached_clusters = active(cached_bytes);
         let cached = cached_clusters > 0;
         ClusterCandidate {
@@ -524,8 +519,12 @@ fn row_cluster_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) -
             slice_packs,
             threads,
             cached,
-            shared_bytes: if cached { cached_bytes } else { fixed_bytes },
-            schedulable: cached || active(fixed_bytes) > 0,
+            shared_bytes: if cached {
+                cached_bytes
+            } else {
+                CLUSTER_SHARED_BYTES
+            },
+            schedulable: cached || active(CLUSTER_SHARED_BYTES) > 0,
             cached_waves: rows.div_ceil(cached_clusters.max(1)),
         }
     };
