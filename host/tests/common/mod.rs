@@ -31,7 +31,7 @@ pub type Test = (
 );
 
 /// Runs `tests` (those whose name contains the first argument, if any) and exits non-zero if
-/// one fails. Without a device, reports each as skipped with the reason and exits zero, or,
+/// one fails, or if the filter matches none. Without a device, reports each as skipped with the reason and exits zero, or,
 /// when [`REQUIRE_GPU`] is set, as failed, exiting non-zero.
 pub fn run_harness(tests: &[Test]) -> ExitCode {
     let filter = std::env::args()
@@ -42,6 +42,11 @@ pub fn run_harness(tests: &[Test]) -> ExitCode {
         .iter()
         .filter(|(name, _)| name.contains(&filter))
         .collect();
+    if selected.is_empty() {
+        println!("no test matches the filter {filter:?}");
+        println!("\ntest result: 0 passed, 1 failed");
+        return ExitCode::FAILURE;
+    }
     let seed = std::env::var("SOFTMAX_TEST_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
