@@ -3,8 +3,14 @@
 //! primary context, so a [`Softmax`] and a cudarc `CudaContext` on one device see the same
 //! memory; the work is enqueued on the caller's cudarc stream, after the waits cudarc's own
 //! bookkeeping asks for.
+//!
+//! cudarc keeps the failures of its bookkeeping (the waits a buffer's use asks for, the events
+//! its guards record afterwards) in one error slot per context rather than returning them. A
+//! call here sets aside what the slot held before it (another operation's failure, which stays
+//! there for its owner), reports only what its own bookkeeping put there, and checks the
+//! guards' records after its launches.
 
-use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
+use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DriverError};
 use kernels_gpu::launch::ops::DType;
 
 use crate::Softmax;
@@ -38,6 +44,45 @@ impl CudarcElement for half2::f16 {
     const DTYPE: DType = DType::F16;
 }
 
+/// cudarc's error slot during one call: what it held before is set aside and put back when this
+/// drops, so that the call reports only the failures its own bookkeeping records.
+struct OwnErrors<'a> {
+    context: &'a CudaContext,
+    earlier: Option<DriverError>,
+}
+
+impl<'a> OwnErrors<'a> {
+    fn set_aside(stream: &'a CudaStream) -> Self {
+        let context = stream.context();
+        OwnErrors {
+            context,
+            earlier: context.check_err().err(),
+        }
+    }
+
+    /// A failure cudarc recorded since the slot was set aside (or last checked), as this
+    /// call's error.
+    fn check(&self, during: &'static str) -> Result<()> {
+        self.context.check_err().map_err(|error| Error::CudaStatus {
+            during,
+            code: error.0 as u32,
+            name: format!("{error:?}"),
+        })
+    }
+}
+
+impl Drop for OwnErrors<'_> {
+    fn drop(&mut self) {
+        if let Some(earlier) = self.earlier.take() {
+            self.context.record_err::<()>(Err(earlier));
+        }
+    }
+}
+
+/// What the guards' waits and records are checked as.
+const WAITS: &str = "ordering the stream after cudarc's earlier uses of the buffers";
+const RECORDS: &str = "recording the buffers' use on cudarc's events";
+
 /// Refuses a buffer that does not hold `shape`'s elements.
 fn check_len(what: &'static str, len: usize, shape: Shape) -> Result<()> {
     if len != shape.len() {
@@ -65,18 +110,6 @@ impl Softmax {
         Ok(())
     }
 
-    /// Reports an error cudarc recorded while ordering `stream` after its buffers' earlier
-    /// writes (it records such errors on the context rather than returning them).
-    fn check_cudarc_waits(stream: &CudaStream) -> Result<()> {
-        stream
-            .context()
-            .check_err()
-            .map_err(|error| Error::CudaStatus {
-                during: "ordering the stream after cudarc's earlier writes",
-                code: error.0 as u32,
-                name: format!("{error:?}"),
-            })
-    }
 
     /// [`Softmax::forward`] of contiguous rows (`shape`) held in cudarc buffers (a
     /// `CudaSlice`, `CudaView` or `CudaViewMut`), enqueued on `stream`.
@@ -89,27 +122,32 @@ impl Softmax {
         options: &Options<'_>,
         stream: &CudaStream,
     ) -> Result<()> {
+        let _context = self.enter()?;
         self.check_cudarc_stream(stream)?;
         check_len("input", input.len(), shape)?;
         check_len("output", output.len(), shape)?;
-        // The guards record this use on `stream` when dropped, after the launches.
-        let (x, _x_read) = input.device_ptr(stream);
-        let (y, _y_written) = output.device_ptr_mut(stream);
-        Self::check_cudarc_waits(stream)?;
-        // SAFETY: cudarc's buffers hold `shape.len()` elements of their types (checked) and
-        // stay allocated while borrowed, which outlasts the call; cudarc made `stream` wait
-        // for their earlier writes, and its guards order later uses after this work; the
-        // stream is of this device (checked), whose primary context both libraries use;
-        // `output` is borrowed mutably, so it is not `input`.
-        unsafe {
-            self.forward_raw(
-                op,
-                RawRows::new(x, I::DTYPE, shape),
-                RawRows::new(y, O::DTYPE, shape),
-                options,
-                stream.cu_stream().cast(),
-            )
-        }
+        let errors = OwnErrors::set_aside(stream);
+        let launched = {
+            // The guards record this use on `stream` when dropped, after the launches.
+            let (x, _x_read) = input.device_ptr(stream);
+            let (y, _y_written) = output.device_ptr_mut(stream);
+            errors.check(WAITS)?;
+            // SAFETY: cudarc's buffers hold `shape.len()` elements of their types (checked)
+            // and stay allocated while borrowed, which outlasts the call; cudarc made `stream`
+            // wait for their earlier uses, and its guards order later uses after this work;
+            // the stream is of this device (checked), whose primary context both libraries
+            // use; `output` is borrowed mutably, so it is not `input`.
+            unsafe {
+                self.forward_raw(
+                    op,
+                    RawRows::new(x, I::DTYPE, shape),
+                    RawRows::new(y, O::DTYPE, shape),
+                    options,
+                    stream.cu_stream().cast(),
+                )
+            }
+        };
+        launched.and(errors.check(RECORDS))
     }
 
     /// [`Softmax::backward`] of contiguous rows held in cudarc buffers, on `stream`.
@@ -124,25 +162,30 @@ impl Softmax {
         options: &Options<'_>,
         stream: &CudaStream,
     ) -> Result<()> {
+        let _context = self.enter()?;
         self.check_cudarc_stream(stream)?;
         check_len("forward output", y.len(), shape)?;
         check_len("gradient", dy.len(), shape)?;
         check_len("gradient output", dx.len(), shape)?;
-        let (y, _y_read) = y.device_ptr(stream);
-        let (dy, _dy_read) = dy.device_ptr(stream);
-        let (dx, _dx_written) = dx.device_ptr_mut(stream);
-        Self::check_cudarc_waits(stream)?;
-        // SAFETY: as in `forward_cudarc`, for the three buffers.
-        unsafe {
-            self.backward_raw(
-                op,
-                RawRows::new(y, T::DTYPE, shape),
-                RawRows::new(dy, T::DTYPE, shape),
-                RawRows::new(dx, O::DTYPE, shape),
-                options,
-                stream.cu_stream().cast(),
-            )
-        }
+        let errors = OwnErrors::set_aside(stream);
+        let launched = {
+            let (y, _y_read) = y.device_ptr(stream);
+            let (dy, _dy_read) = dy.device_ptr(stream);
+            let (dx, _dx_written) = dx.device_ptr_mut(stream);
+            errors.check(WAITS)?;
+            // SAFETY: as in `forward_cudarc`, for the three buffers.
+            unsafe {
+                self.backward_raw(
+                    op,
+                    RawRows::new(y, T::DTYPE, shape),
+                    RawRows::new(dy, T::DTYPE, shape),
+                    RawRows::new(dx, O::DTYPE, shape),
+                    options,
+                    stream.cu_stream().cast(),
+                )
+            }
+        };
+        launched.and(errors.check(RECORDS))
     }
 
     /// [`Softmax::log_sum_exp`] of contiguous rows held in a cudarc buffer into a cudarc
@@ -155,6 +198,7 @@ impl Softmax {
         options: &Options<'_>,
         stream: &CudaStream,
     ) -> Result<()> {
+        let _context = self.enter()?;
         self.check_cudarc_stream(stream)?;
         check_len("input", input.len(), shape)?;
         if lse.len() != shape.rows() {
@@ -165,17 +209,21 @@ impl Softmax {
                 expected: shape.rows(),
             });
         }
-        let (x, _x_read) = input.device_ptr(stream);
-        let (lse, _lse_written) = lse.device_ptr_mut(stream);
-        Self::check_cudarc_waits(stream)?;
-        // SAFETY: as in `forward_cudarc`; `lse` holds one f32 per row (checked).
-        unsafe {
-            self.log_sum_exp_raw(
-                RawRows::new(x, I::DTYPE, shape),
-                lse,
-                options,
-                stream.cu_stream().cast(),
-            )
-        }
+        let errors = OwnErrors::set_aside(stream);
+        let launched = {
+            let (x, _x_read) = input.device_ptr(stream);
+            let (lse, _lse_written) = lse.device_ptr_mut(stream);
+            errors.check(WAITS)?;
+            // SAFETY: as in `forward_cudarc`; `lse` holds one f32 per row (checked).
+            unsafe {
+                self.log_sum_exp_raw(
+                    RawRows::new(x, I::DTYPE, shape),
+                    lse,
+                    options,
+                    stream.cu_stream().cast(),
+                )
+            }
+        };
+        launched.and(errors.check(RECORDS))
     }
 }

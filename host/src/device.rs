@@ -50,10 +50,12 @@ impl DeviceInfo {
 }
 
 /// Initializes the driver and retains the primary context of device `ordinal`, making it
-/// current on this thread; also says how many devices the machine has. A machine without a GPU
-/// or driver gives [`Error::NoDevice`].
-pub(crate) fn open(ordinal: u32) -> Result<(Context, DeviceInfo, u32)> {
+/// current on this thread until the returned scope ends (it stays current where no context
+/// was); also says how many devices the machine has. A machine without a GPU or driver gives
+/// [`Error::NoDevice`].
+pub(crate) fn open(ordinal: u32) -> Result<(Context, DeviceInfo, u32, ContextScope)> {
     cust::init(cust::CudaFlags::empty()).map_err(|e| no_device(e, "cuInit failed"))?;
+    let previous = ContextScope::restoring(current_context()?);
     let count = Device::num_devices().map_err(|e| no_device(e, "cannot count devices"))?;
     if ordinal >= count {
         return Err(Error::NoDevice {
@@ -63,7 +65,7 @@ pub(crate) fn open(ordinal: u32) -> Result<(Context, DeviceInfo, u32)> {
     let device = Device::get_device(ordinal).during("opening the device")?;
     let context = Context::new(device).during("creating the device context")?;
     let info = read_info(ordinal, device)?;
-    Ok((context, info, count))
+    Ok((context, info, count, previous))
 }
 
 fn no_device(error: CudaError, what: &str) -> Error {
@@ -207,5 +209,65 @@ mod tests {
             other => panic!("912 gave {other:?}"),
         }
         assert!(check_code(0, "anything").is_ok());
+    }
+}
+
+/// Whether `stream` is being captured into a graph.
+pub(crate) fn is_capturing(stream: sys::CUstream) -> Result<bool> {
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: the stream belongs to the current context; the status is written through a
+    // valid pointer.
+    let result = unsafe { sys::cuStreamIsCapturing(stream, &mut status) };
+    check(result, "asking whether the stream is capturing")?;
+    Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
+/// The context current on this thread (null when none is).
+pub(crate) fn current_context() -> Result<sys::CUcontext> {
+    let mut context = std::ptr::null_mut();
+    // SAFETY: writes one handle through a valid pointer.
+    let status = unsafe { sys::cuCtxGetCurrent(&mut context) };
+    check(status, "reading the current context")?;
+    Ok(context)
+}
+
+/// The context that was current before a call made its own current, put back when this is
+/// dropped (also while unwinding): every call leaves the caller's current context as it was.
+/// On a thread with no context current, the call's own stays current (as `cust::quick_init`
+/// leaves one), so the caller can make buffers there afterwards.
+#[derive(Debug)]
+pub(crate) struct ContextScope {
+    /// What to put back; `None` when the call found its own context current already.
+    previous: Option<sys::CUcontext>,
+}
+
+impl ContextScope {
+    /// Makes `context` current for the scope's life.
+    pub(crate) fn enter(context: sys::CUcontext) -> Result<Self> {
+        let previous = current_context()?;
+        if previous == context {
+            return Ok(ContextScope { previous: None });
+        }
+        // SAFETY: `context` is a live context handle owned by the caller.
+        let status = unsafe { sys::cuCtxSetCurrent(context) };
+        check(status, "making the context current")?;
+        Ok(ContextScope::restoring(previous))
+    }
+
+    /// A scope that puts `previous` back (nothing, when it is null) when dropped.
+    pub(crate) fn restoring(previous: sys::CUcontext) -> Self {
+        ContextScope {
+            previous: (!previous.is_null()).then_some(previous),
+        }
+    }
+}
+
+impl Drop for ContextScope {
+    fn drop(&mut self) {
+        if let Some(previous) = self.previous {
+            // SAFETY: `previous` was current on this thread when the scope began; a context
+            // the caller destroyed meanwhile makes this fail, which leaves nothing worse.
+            let _ = unsafe { sys::cuCtxSetCurrent(previous) };
+        }
     }
 }

@@ -21,6 +21,16 @@ pub(crate) struct WorkspaceAddresses {
     pub states: u64,
 }
 
+impl WorkspaceAddresses {
+    /// No workspace: the addresses of a plan whose launches use none.
+    pub const NONE: Self = WorkspaceAddresses {
+        row_stats: 0,
+        partials: 0,
+        barriers: 0,
+        states: 0,
+    };
+}
+
 /// What one call binds to its plan's launches.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Bindings<'a> {

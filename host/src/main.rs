@@ -273,7 +273,7 @@ fn tune(shapes: &[Shape], cache: Option<PathBuf>, device: u32) -> softmax::Resul
     use softmax::cust::memory::DeviceBuffer;
     // `tune` writes the cache that `auto` reads: the one named, else the default file.
     let mut softmax = softmax::Softmax::on_device(device)?
-        .with_tune_cache(cache.or_else(softmax::autotune::default_path));
+        .with_tune_cache(cache.or_else(softmax::autotune::default_path))?;
     for &shape in shapes {
         let values: Vec<f32> = (0..shape.len())
             .map(|i| ((i * 7919) % 1000) as f32 * 0.01 - 5.0)

@@ -1,15 +1,16 @@
 //! The CPU reference in `f64`: the test oracle, and a fallback users can compare with.
+//!
+//! Every function here is total: it never panics. Inputs shorter than their shape say give the
+//! rows they hold; comparisons of results and references of different lengths count every
+//! element missing on one side as a mismatch, so they fail rather than pass.
 
-/// Softmax of each row of a row-major `rows × cols` matrix, computed in `f64`.
+/// Softmax of each row of a row-major `rows × cols` matrix, computed in `f64`: as many rows
+/// as `input` holds, at most `rows` (none when `cols` is 0).
 ///
 /// Special values follow `torch.softmax`: a row with a NaN or a `+inf` is all NaN (the
 /// maximum and the sum propagate them), a row that is entirely `-inf` is all NaN
 /// (`-inf - (-inf)` is NaN), and a `-inf` entry in any other row gives 0.
-///
-/// # Panics
-/// If `input.len() != rows * cols`.
 pub fn softmax_f64(input: &[f32], rows: usize, cols: usize) -> Vec<f64> {
-    assert_eq!(input.len(), rows * cols, "input length must be rows × cols");
     let mut output = Vec::with_capacity(input.len());
     for row in input.chunks_exact(cols.max(1)).take(rows) {
         let max = row
@@ -21,6 +22,12 @@ pub fn softmax_f64(input: &[f32], rows: usize, cols: usize) -> Vec<f64> {
         output.extend(exps.iter().map(|e| e / sum));
     }
     output
+}
+
+/// The whole rows of `cols` elements that `len` elements hold, at most `rows` (all `rows` when
+/// a row has no elements).
+fn held_rows(len: usize, rows: usize, cols: usize) -> usize {
+    if cols == 0 { rows } else { rows.min(len / cols) }
 }
 
 /// `max` that returns NaN when either side is NaN, as `torch.max` does.
@@ -51,14 +58,11 @@ impl Deviation {
     }
 }
 
-/// Compares a `rows × cols` result with the reference.
+/// Compares a `rows × cols` result with the reference (elements present on one side only
+/// count as NaN mismatches).
 pub fn deviation(actual: &[f32], expected: &[f64], cols: usize) -> Deviation {
-    assert_eq!(
-        actual.len(),
-        expected.len(),
-        "result and reference must have the same length"
-    );
-    let (mut diff, mut norm, mut nan_mismatches, mut worst_row_sum) = (0.0, 0.0, 0, 0.0_f64);
+    let (mut diff, mut norm, mut worst_row_sum) = (0.0, 0.0, 0.0_f64);
+    let mut nan_mismatches = actual.len().abs_diff(expected.len());
     for (row_actual, row_expected) in actual.chunks(cols.max(1)).zip(expected.chunks(cols.max(1))) {
         let mut row_sum = 0.0;
         let mut row_finite = true;
@@ -93,7 +97,9 @@ pub fn deviation(actual: &[f32], expected: &[f64], cols: usize) -> Deviation {
 
 /// The score transform of the forward operations, for the reference: `x · scale ·
 /// row_scale[r] + additive[r % k]`, with `allowed[r % k] == 0` and (when `causal`) columns
-/// past `r % cols` masked to `-inf`. Masks hold `k × cols` values.
+/// past `r % cols` masked to `-inf`. Masks hold `k × cols` values. (The library refuses a
+/// mask of any other length, or a per-row scale without one value per row; here the values
+/// such buffers lack mask nothing and scale by 1.)
 #[derive(Clone, Copy, Debug)]
 pub struct Scores<'a> {
     pub scale: f32,
@@ -119,18 +125,24 @@ impl Default for Scores<'_> {
 }
 
 impl Scores<'_> {
-    /// Row `r`'s scores in f64.
+    /// Row `r`'s scores in f64 (the caller keeps `r` among the rows `input` holds).
     fn row(&self, input: &[f32], r: usize, cols: usize) -> Vec<f64> {
-        let scale = f64::from(self.scale) * self.row_scale.map_or(1.0, |s| f64::from(s[r]));
+        let row_scale = self.row_scale.and_then(|s| s.get(r)).copied();
+        let scale = f64::from(self.scale) * row_scale.map_or(1.0, f64::from);
+        // Element `c` of mask row `r % k`, for a mask of `k` whole rows.
+        let at = |len: usize, c: usize| {
+            let mask_rows = len / cols.max(1);
+            (mask_rows > 0).then(|| (r % mask_rows) * cols + c)
+        };
         (0..cols)
             .map(|c| {
                 let mut score = f64::from(input[r * cols + c]) * scale;
                 if let Some(mask) = self.additive_mask {
-                    score += f64::from(mask[(r % (mask.len() / cols)) * cols + c]);
+                    score += at(mask.len(), c).map_or(0.0, |i| f64::from(mask[i]));
                 }
                 let allowed = self
                     .allowed_mask
-                    .is_none_or(|mask| mask[(r % (mask.len() / cols)) * cols + c] != 0);
+                    .is_none_or(|mask| at(mask.len(), c).is_none_or(|i| mask[i] != 0));
                 if !allowed || (self.causal && c > r % cols) {
                     score = f64::NEG_INFINITY;
                 }
@@ -139,9 +151,10 @@ impl Scores<'_> {
             .collect()
     }
 
-    /// Row maximum (NaN-propagating) and `Σ e^(s − max)` of each row's scores.
+    /// Row maximum (NaN-propagating) and `Σ e^(s − max)` of each row's scores, for as many
+    /// rows as `input` holds, at most `rows`.
     pub fn states(&self, input: &[f32], rows: usize, cols: usize) -> Vec<(f64, f64)> {
-        (0..rows)
+        (0..held_rows(input.len(), rows, cols))
             .map(|r| {
                 let scores = self.row(input, r, cols);
                 let max = scores
@@ -156,7 +169,6 @@ impl Scores<'_> {
 
     /// Softmax (or log-softmax, when `log`) of each row's scores.
     pub fn forward(&self, log: bool, input: &[f32], rows: usize, cols: usize) -> Vec<f64> {
-        assert_eq!(input.len(), rows * cols, "input length must be rows × cols");
         let mut output = Vec::with_capacity(input.len());
         for (r, (max, sum)) in self.states(input, rows, cols).into_iter().enumerate() {
             let scores = self.row(input, r, cols);
@@ -192,11 +204,14 @@ impl Scores<'_> {
 }
 
 /// Gradient of softmax (`dx = y ⊙ (dy − Σ dy⊙y)`) or, when `log`, of log-softmax
-/// (`dx = dy − e^y ⊙ Σ dy`) for each row, times `scale[r]`.
+/// (`dx = dy − e^y ⊙ Σ dy`) for each row, times `scale[r]`: for the rows `y`, `dy` and `scale`
+/// all hold (none when `cols` is 0).
 pub fn backward_f64(log: bool, y: &[f32], dy: &[f32], cols: usize, scale: &[f64]) -> Vec<f64> {
-    assert_eq!(y.len(), dy.len(), "y and dy must have the same length");
+    if cols == 0 {
+        return Vec::new();
+    }
     let mut dx = Vec::with_capacity(y.len());
-    for ((y, dy), &scale) in y.chunks(cols).zip(dy.chunks(cols)).zip(scale) {
+    for ((y, dy), &scale) in y.chunks_exact(cols).zip(dy.chunks_exact(cols)).zip(scale) {
         let (y, dy) = (
             y.iter().map(|&v| f64::from(v)),
             dy.iter().map(|&v| f64::from(v)),
@@ -223,12 +238,8 @@ pub fn backward_f64(log: bool, y: &[f32], dy: &[f32], cols: usize, scale: &[f64]
 /// log-softmax, log-sum-exp and gradients): relative L2 over finite references, and a
 /// mismatch for every element whose reference is NaN or infinite and that differs.
 pub fn value_deviation(actual: &[f32], expected: &[f64]) -> Deviation {
-    assert_eq!(
-        actual.len(),
-        expected.len(),
-        "result and reference must have the same length"
-    );
-    let (mut diff, mut norm, mut nan_mismatches) = (0.0, 0.0, 0);
+    let (mut diff, mut norm) = (0.0, 0.0);
+    let mut nan_mismatches = actual.len().abs_diff(expected.len());
     for (&a, &e) in actual.iter().zip(expected) {
         let a = f64::from(a);
         if e.is_finite() {

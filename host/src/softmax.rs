@@ -28,18 +28,19 @@ use kernels_gpu::launch::ops::RowOpParams;
 use kernels_gpu::launch::softmax::BLOCK_SMEM_AUTOTUNE_CANDIDATES;
 
 use crate::autotune::{TuneCache, TuneKey};
-use crate::device::{self, DeviceInfo};
+use crate::device::{self, ContextScope, DeviceInfo};
 use crate::error::{CudaContext, Error, Result};
-use crate::launch::{self, Bindings};
+use crate::launch::{self, Bindings, WorkspaceAddresses};
 use crate::module::{KernelBuild, KernelImage, LoadedModule, ModuleId};
 use crate::plan::{self, DeviceLimits, Entry, Launch, Layout, Request, WorkspaceNeeds};
 use crate::shape::Shape;
 use crate::variant::Variant;
 use crate::views::{Element, Operation, Options, RowState, Rows, RowsMut};
-use crate::workspace::Workspace;
+use crate::workspace::Workspaces;
 
-/// Plans kept before the cache starts over: a process that sees ever new shapes keeps a
-/// bounded amount of memory, and one that reuses a few shapes never replans them.
+/// Plans kept before the cache starts over (reserved plans aside, which are always kept): a
+/// process that sees ever new shapes keeps a bounded amount of memory, and one that reuses a
+/// few shapes never replans them.
 const PLAN_CACHE_LIMIT: usize = 4096;
 
 /// How long a row-slices block waits for the rest of its row before it leaves its slice to
@@ -49,7 +50,8 @@ const PLAN_CACHE_LIMIT: usize = 4096;
 const ROW_BARRIER_PATIENCE: Duration = Duration::from_micros(200);
 
 /// The environment variable naming a tune cache file that `Variant::Auto` reads (see
-/// [`Softmax::with_tune_cache`]); without it `Auto` uses the built-in dispatch alone.
+/// [`Softmax::with_tune_cache`]); without it, or set empty, `Auto` uses the built-in dispatch
+/// alone.
 pub const TUNE_CACHE_ENV: &str = "SOFTMAX_TUNE_CACHE";
 
 /// Row-wise softmax on one CUDA device.
@@ -62,8 +64,10 @@ pub const TUNE_CACHE_ENV: &str = "SOFTMAX_TUNE_CACHE";
 #[derive(Debug)]
 pub struct Softmax {
     modules: Modules,
-    workspace: Workspace,
+    workspaces: Workspaces,
     plans: HashMap<PlanKey, Rc<Prepared>, BuildHasherDefault<KeyHasher>>,
+    /// Plans `reserve` made: kept whatever the cache holds otherwise.
+    reserved: HashSet<PlanKey>,
     /// Threads per block the autotuned block-per-row variant chose, per shape.
     autotuned: HashMap<Shape, u32>,
     /// Shapes and layouts whose tuned choice cannot run them: `Auto` uses the built-in rule.
@@ -81,9 +85,16 @@ pub struct Softmax {
     /// `stream`.
     caller_stream: Option<sys::CUstream>,
     info: DeviceInfo,
-    /// Dropped last: everything above lives in this context.
+    /// Dropped after everything above, which lives in this context.
     context: Context,
+    /// Dropped last: puts back the context that was current when the instance was dropped.
+    dropped_from: DropScope,
 }
+
+/// The context current where a [`Softmax`] is dropped, made current again once its resources
+/// are freed in its own.
+#[derive(Debug, Default)]
+struct DropScope(Option<ContextScope>);
 
 // SAFETY: the raw function handles inside the loaded modules and plans are driver objects that
 // any thread may use once the owning context is current, and every method that touches the
@@ -93,11 +104,12 @@ unsafe impl Send for Softmax {}
 
 impl Drop for Softmax {
     fn drop(&mut self) {
-        // The modules and buffers dropped after this free themselves in the current context,
-        // once the work that may still use them (on this instance's stream or the caller's)
-        // has finished.
-        if CurrentContext::set_current(&self.context).is_ok() {
+        // The modules and buffers dropped after this free themselves in this instance's
+        // context, once the work that may still use them (on this instance's stream or the
+        // caller's) has finished; then `dropped_from` puts the caller's context back.
+        if let Ok(scope) = ContextScope::enter(self.context.as_raw()) {
             let _ = CurrentContext::synchronize();
+            self.dropped_from.0 = Some(scope);
         }
     }
 }
@@ -304,7 +316,10 @@ impl Softmax {
     /// build. A device below compute capability 8.0, or [`KernelBuild::Sm90`] below 9.0, is
     /// [`Error::UnsupportedDevice`].
     pub fn with_kernel_build(ordinal: u32, build: Option<KernelBuild>) -> Result<Self> {
-        let (context, info, devices) = device::open(ordinal)?;
+        // Puts back a context that was current before (leaving the device's primary context
+        // current on a thread that had none, so buffers can be made there next).
+        let (context, info, devices, _previous) = device::open(ordinal)?;
+        let tune_cache = TuneCache::open(crate::autotune::path_from_env())?;
         let build = match build {
             Some(build) => build.checked_for(&info)?,
             None => KernelBuild::native_for(&info)?,
@@ -320,8 +335,7 @@ impl Softmax {
         // (`DeviceBuffer::from_slice`, `copy_from`) may return before its DMA lands; a
         // non-blocking stream would let a launch read inputs half copied.
         let stream = Stream::new(StreamFlags::DEFAULT, None).during("creating a stream")?;
-        let workspace = Workspace::new(info.multiprocessors)?;
-        let tune_cache = TuneCache::open(std::env::var_os(TUNE_CACHE_ENV).map(Into::into));
+        let workspaces = Workspaces::new(info.multiprocessors, stream.as_inner())?;
         Ok(Softmax {
             modules: Modules {
                 softmax,
@@ -330,8 +344,9 @@ impl Softmax {
                 build,
                 compute_capability: info.compute_capability,
             },
-            workspace,
+            workspaces,
             plans: HashMap::default(),
+            reserved: HashSet::new(),
             autotuned: HashMap::new(),
             untunable: HashSet::new(),
             tune_cache,
@@ -342,6 +357,7 @@ impl Softmax {
             caller_stream: None,
             info,
             context,
+            dropped_from: DropScope::default(),
         })
     }
 
@@ -370,6 +386,16 @@ impl Softmax {
         self.patience_ns = u64::try_from(patience.as_nanos()).unwrap_or(u64::MAX);
     }
 
+    /// Testing hook: how many blocks of row-slices launches have left their slices to their
+    /// rows' last blocks so far on this instance (waits for the device first). Tests read it
+    /// to prove that the leaving path ran.
+    #[doc(hidden)]
+    pub fn blocks_that_left(&self) -> Result<u64> {
+        let _context = self.enter()?;
+        CurrentContext::synchronize().during("waiting for the device")?;
+        self.workspaces.blocks_that_left()
+    }
+
     /// The stream every launch is enqueued on, unless a call is issued on another
     /// ([`Softmax::on`]).
     pub fn stream(&self) -> &Stream {
@@ -393,11 +419,15 @@ impl Softmax {
     }
 
     /// Runs `call` with its work enqueued on `stream`.
+    ///
+    /// The instance's own stream is put back however `call` ends, unwinding included.
     fn with_stream<T>(&mut self, stream: sys::CUstream, call: impl FnOnce(&mut Self) -> T) -> T {
         let outer = self.caller_stream.replace(stream);
-        let result = call(self);
-        self.caller_stream = outer;
-        result
+        let scope = StreamScope {
+            softmax: self,
+            outer,
+        };
+        call(&mut *scope.softmax)
     }
 
     /// Where the call in progress enqueues its work.
@@ -408,29 +438,24 @@ impl Softmax {
     /// Refuses to do `what` (allocate, load a module, plan, wait) while the target stream is
     /// being captured into a graph, which such work would break.
     fn refuse_while_capturing(&self, what: &'static str) -> Result<()> {
-        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-        // SAFETY: the stream belongs to the current context; the status is written through a
-        // valid pointer.
-        let result = unsafe { sys::cuStreamIsCapturing(self.target_stream(), &mut status) };
-        device::check(result, "asking whether the stream is capturing")?;
-        if status == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
-            Ok(())
-        } else {
-            Err(Error::NotReserved { what })
+        if device::is_capturing(self.target_stream())? {
+            return Err(Error::NotReserved { what });
         }
+        Ok(())
     }
 
     /// Waits for everything enqueued so far on this instance's own stream (work issued on the
     /// caller's stream is the caller's to wait for); reports errors raised while kernels ran.
     pub fn synchronize(&self) -> Result<()> {
-        self.enter()?;
+        let _context = self.enter()?;
         self.stream.synchronize().during("waiting for the stream")
     }
 
-    /// Makes this instance's context current on the calling thread: the first step of every
-    /// call that touches the device.
-    fn enter(&self) -> Result<()> {
-        CurrentContext::set_current(&self.context).during("making the context current")
+    /// Makes this instance's context current on the calling thread until the returned scope
+    /// ends, which puts the caller's back: the first step of every call that touches the
+    /// device.
+    pub(crate) fn enter(&self) -> Result<ContextScope> {
+        ContextScope::enter(self.context.as_raw())
     }
 
     /// Enqueues the softmax of each row of `input` (row-major `shape`) into `output`.
@@ -446,7 +471,7 @@ impl Softmax {
         output: &mut DeviceSlice<f32>,
         shape: Shape,
     ) -> Result<()> {
-        self.enter()?;
+        let _context = self.enter()?;
         shape.check_lengths(input.len(), output.len())?;
         variant.validate()?;
         if shape.is_empty() {
@@ -514,7 +539,7 @@ impl Softmax {
 
     /// Convenience over host memory: copies `input` to the device, runs, waits, copies back.
     pub fn run_host(&mut self, variant: Variant, input: &[f32], shape: Shape) -> Result<Vec<f32>> {
-        self.enter()?;
+        let _context = self.enter()?;
         shape.check_lengths(input.len(), shape.len())?;
         if shape.is_empty() {
             return Ok(Vec::new());
@@ -540,7 +565,7 @@ impl Softmax {
 
     /// Names of the kernels `variant` would launch for `shape` on 16-byte aligned buffers.
     pub fn kernels_for(&mut self, variant: Variant, shape: Shape) -> Result<Vec<String>> {
-        self.enter()?;
+        let _context = self.enter()?;
         if shape.is_empty() {
             return Ok(Vec::new());
         }
@@ -619,8 +644,9 @@ impl Softmax {
             launches,
             functions,
         });
-        if self.plans.len() >= PLAN_CACHE_LIMIT {
-            self.plans.clear();
+        if self.plans.len() >= PLAN_CACHE_LIMIT + self.reserved.len() {
+            let reserved = &self.reserved;
+            self.plans.retain(|key, _| reserved.contains(key));
         }
         self.plans.insert(key, Rc::clone(&prepared));
         Ok(prepared)
@@ -638,34 +664,37 @@ impl Softmax {
         shape: Shape,
         buffers: &CallBuffers,
     ) -> Result<()> {
-        self.grow_workspace(prepared.needs)?;
+        let stream = self.target_stream();
+        // Plans that use no workspace (most) touch none, and cost no driver call for it.
+        let acquired = if prepared.needs.is_none() {
+            None
+        } else {
+            Some(self.workspaces.acquire(stream, prepared.needs)?)
+        };
         let bindings = Bindings {
             input: buffers.input,
             output: buffers.output,
             rows: shape.rows() as u32,
             operation: &buffers.operation,
-            workspace: self.workspace.addresses(),
+            workspace: acquired.map_or(WorkspaceAddresses::NONE, |a| a.addresses),
             patience_ns: self.patience_ns,
             programmatic_overlap: self.modules.build.hopper_features(),
         };
+        let mut enqueued = Ok(());
         for (launch, &function) in prepared.launches.iter().zip(&prepared.functions) {
-            // SAFETY: forwarded from this function's contract; `reserve` sized the workspace
-            // for the plan, and `function` is the handle of the launch's entry, loaded in
-            // this instance's context (current since the call's `enter`), which owns the
+            // SAFETY: forwarded from this function's contract; the workspace was acquired for
+            // the plan's needs on this stream (a plan with none gets null addresses, which its
+            // launches never use), and `function` is the handle of the launch's entry, loaded
+            // in this instance's context (current since the call's `enter`), which owns the
             // stream.
-            unsafe { launch::enqueue(function, launch, &bindings, self.target_stream())? };
+            enqueued = unsafe { launch::enqueue(function, launch, &bindings, stream) };
+            if enqueued.is_err() {
+                break;
+            }
         }
-        Ok(())
-    }
-
-    /// Grows the workspace to `needs`, zeroed on the stream the call targets (nothing waits:
-    /// the buffers it replaces stay allocated for the work and graphs that use them).
-    fn grow_workspace(&mut self, needs: WorkspaceNeeds) -> Result<()> {
-        if self.workspace.fits(needs) {
-            return Ok(());
-        }
-        self.refuse_while_capturing("growing the workspace")?;
-        self.workspace.grow(needs, self.target_stream())
+        // Recorded even after a failed launch: whatever was enqueued stays ordered.
+        let released = acquired.map_or(Ok(()), |a| self.workspaces.release(a, stream));
+        enqueued.and(released)
     }
 
     /// Refuses any address that is not device memory of this instance's device.
@@ -728,7 +757,7 @@ impl Softmax {
         output: &mut DeviceSlice<f32>,
         shape: Shape,
     ) -> Result<Variant> {
-        self.enter()?;
+        let _context = self.enter()?;
         shape.check_lengths(input.len(), output.len())?;
         if shape.is_empty() {
             return Ok(Variant::Auto);
@@ -751,10 +780,11 @@ impl Softmax {
 
     /// Uses `path` as the tune cache that `Variant::Auto` reads and [`Softmax::tune`] writes
     /// (`None`: in memory only, nothing read). Without this, the file named by
-    /// [`TUNE_CACHE_ENV`] if set, else none.
-    pub fn with_tune_cache(mut self, path: Option<std::path::PathBuf>) -> Self {
-        self.tune_cache = TuneCache::open(path);
-        self
+    /// [`TUNE_CACHE_ENV`] if set and not empty, else none. A path a save could not write is
+    /// [`Error::Io`] here.
+    pub fn with_tune_cache(mut self, path: Option<std::path::PathBuf>) -> Result<Self> {
+        self.tune_cache = TuneCache::open(path)?;
+        Ok(self)
     }
 
     /// The fastest of `candidates` (each a variant and what to answer for it) on this shape
@@ -796,6 +826,19 @@ impl Softmax {
             cols: shape.cols(),
             why: "no candidate can run this shape".into(),
         })
+    }
+}
+
+/// The caller's stream set for one call ([`Softmax::with_stream`]): the stream the instance
+/// had before is put back when this drops, also while unwinding.
+struct StreamScope<'a> {
+    softmax: &'a mut Softmax,
+    outer: Option<sys::CUstream>,
+}
+
+impl Drop for StreamScope<'_> {
+    fn drop(&mut self) {
+        self.softmax.caller_stream = self.outer;
     }
 }
 

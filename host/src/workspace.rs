@@ -1,28 +1,54 @@
-//! Device memory some launches use besides the caller's buffers, grown on demand.
+//! Device memory some launches use besides the caller's buffers (barrier words, published
+//! partials, row states), grown on demand: one workspace per stream that calls use, so that
+//! calls on different streams never share one, and ordering through events wherever one
+//! workspace serves several streams (more streams than workspaces, or graphs).
+//!
+//! - A stream's first workspace-using call gives it a workspace of its own (up to
+//!   [`MAX_LANES`]). Its later calls are ordered by the stream itself: no event, no wait.
+//! - Past [`MAX_LANES`] streams, a new stream shares an existing workspace. The first time a
+//!   workspace is shared, the device is synchronized once (its earlier uses may sit on a
+//!   stream that no longer exists); from then on every use of it waits for the previous one
+//!   through an event and records its own.
+//! - Calls captured into a graph use one workspace of their own, made by
+//!   [`Workspaces::reserve`], never used by direct calls. Each captured use becomes an
+//!   external event wait and record in the graph, so replays on any stream are ordered with
+//!   each other and with other captures.
+//!
+//! Streams are told apart by the driver's stream id, unique for the life of the process, so a
+//! stream handle reused after its stream was destroyed is a new stream here.
 
-use cust::context::CurrentContext;
+use std::collections::HashMap;
+
 use cust::memory::{DeviceBuffer, DeviceCopy};
 use cust::sys;
 
-use crate::device::check;
-use crate::error::{CudaContext, Result};
+use crate::device::{self, check};
+use crate::error::{CudaContext, Error, Result};
 use crate::launch::WorkspaceAddresses;
 use crate::plan::WorkspaceNeeds;
 
-/// Most blocks of one kernel a multiprocessor can hold (Hopper: 32): the initial workspace
-/// covers any sliced launch that keeps its blocks resident, as the plans do; launches that
-/// need more grow it.
+/// Most blocks of one kernel a multiprocessor can hold (Hopper: 32): a new workspace covers
+/// any sliced launch that keeps its blocks resident, as the plans do; launches that need more
+/// grow it.
 const MAX_RESIDENT_BLOCKS_PER_SM: usize = 32;
 
-/// The workspace's buffers, every element four bytes (floats or barrier words).
+/// Workspaces for direct calls; a stream beyond this many shares one.
+pub(crate) const MAX_LANES: usize = 8;
+
+/// Streams remembered; past this many the map starts over (streams then share workspaces,
+/// which stays correct: see the module comment).
+const MAX_STREAMS_REMEMBERED: usize = 1024;
+
+/// One workspace's buffers, every element four bytes (floats or barrier words).
 #[derive(Debug)]
-pub(crate) struct Workspace {
+struct Workspace {
     /// The unfused variant's row maxima then row sums (`2 · rows`).
     row_stats: DeviceBuffer<u32>,
     /// Two floats per block of a launch whose blocks exchange statistics.
     partials: DeviceBuffer<u32>,
-    /// Two words per row of a sliced launch, then row-slices' flags of blocks that left (one
-    /// per block), zeroed when allocated; a finished launch leaves them at rest (zero) again.
+    /// A count of row-slices blocks that left their slices, then two words per row of a
+    /// sliced launch, then row-slices' flags of blocks that left (one per block), zeroed when
+    /// allocated; a finished launch leaves the words and flags at rest (zero) again.
     barriers: DeviceBuffer<u32>,
     /// Per-row, per-slice states (two floats each) of operations on rows too wide for one
     /// launch.
@@ -32,50 +58,50 @@ pub(crate) struct Workspace {
     retired: Vec<DeviceBuffer<u32>>,
 }
 
+/// The words each buffer of a workspace for `needs` holds, in the order of [`Workspace`].
+fn words(needs: WorkspaceNeeds) -> [usize; 4] {
+    [
+        needs.row_stats.max(2),
+        needs.partials.max(2),
+        needs.barrier_words + 1,
+        (2 * needs.states).max(2),
+    ]
+}
+
 impl Workspace {
-    /// Workspace for any sliced launch whose blocks are resident on `multiprocessors`, zeroed
-    /// before this returns (so that work on any stream sees it at rest).
-    pub fn new(multiprocessors: u32) -> Result<Self> {
-        let resident = multiprocessors as usize * MAX_RESIDENT_BLOCKS_PER_SM;
-        let zeroed = |len| DeviceBuffer::zeroed(len).during("allocating workspace");
-        let workspace = Workspace {
-            row_stats: zeroed(2)?,
-            partials: zeroed(2 * resident)?,
-            barriers: zeroed(3 * resident)?,
-            states: zeroed(2)?,
+    /// A workspace for `needs`, zeroed by memsets enqueued on `stream`.
+    fn new(needs: WorkspaceNeeds, stream: sys::CUstream) -> Result<Self> {
+        let [row_stats, partials, barriers, states] = words(needs);
+        Ok(Workspace {
+            row_stats: zeroed_on(row_stats, stream)?,
+            partials: zeroed_on(partials, stream)?,
+            barriers: zeroed_on(barriers, stream)?,
+            states: zeroed_on(states, stream)?,
             retired: Vec::new(),
-        };
-        // `zeroed` enqueues its memset on the legacy default stream, which non-blocking
-        // streams (the caller's) are not ordered after.
-        CurrentContext::synchronize().during("zeroing the workspace")?;
-        Ok(workspace)
+        })
     }
 
-    /// Whether `needs` fits what is allocated.
-    pub fn fits(&self, needs: WorkspaceNeeds) -> bool {
-        self.row_stats.len() >= needs.row_stats
-            && self.partials.len() >= needs.partials
-            && self.barriers.len() >= needs.barrier_words
-            && self.states.len() >= 2 * needs.states
+    fn fits(&self, needs: WorkspaceNeeds) -> bool {
+        let lens = [
+            self.row_stats.len(),
+            self.partials.len(),
+            self.barriers.len(),
+            self.states.len(),
+        ];
+        lens.iter().zip(words(needs)).all(|(&len, wanted)| len >= wanted)
     }
 
     /// Replaces every buffer shorter than `needs` asks by one zeroed on `stream`, where the
     /// work that uses it next is enqueued; the replaced buffers are kept (see `retired`), so
     /// nothing waits.
-    pub fn grow(&mut self, needs: WorkspaceNeeds, stream: sys::CUstream) -> Result<()> {
-        let wanted = [
-            needs.row_stats,
-            needs.partials,
-            needs.barrier_words,
-            2 * needs.states,
-        ];
+    fn grow(&mut self, needs: WorkspaceNeeds, stream: sys::CUstream) -> Result<()> {
         let buffers = [
             &mut self.row_stats,
             &mut self.partials,
             &mut self.barriers,
             &mut self.states,
         ];
-        for (buffer, len) in buffers.into_iter().zip(wanted) {
+        for (buffer, len) in buffers.into_iter().zip(words(needs)) {
             if buffer.len() < len {
                 let grown = zeroed_on(len, stream)?;
                 self.retired.push(std::mem::replace(buffer, grown));
@@ -84,22 +110,280 @@ impl Workspace {
         Ok(())
     }
 
-    pub fn addresses(&self) -> WorkspaceAddresses {
+    fn addresses(&self) -> WorkspaceAddresses {
         let address = |b: &DeviceBuffer<u32>| b.as_device_ptr().as_raw();
         WorkspaceAddresses {
             row_stats: address(&self.row_stats),
             partials: address(&self.partials),
-            barriers: address(&self.barriers),
+            // The count of blocks that left comes first: launches see the words after it.
+            barriers: address(&self.barriers) + 4,
             states: address(&self.states),
         }
     }
 }
 
+/// A driver event without timing, destroyed with its owner.
+#[derive(Debug)]
+struct OrderEvent(sys::CUevent);
+
+impl OrderEvent {
+    fn new() -> Result<Self> {
+        let mut event = std::ptr::null_mut();
+        // SAFETY: writes one handle through a valid pointer; the context is current.
+        let status = unsafe {
+            sys::cuEventCreate(
+                &mut event,
+                sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
+            )
+        };
+        check(status, "creating an event")?;
+        Ok(OrderEvent(event))
+    }
+}
+
+impl Drop for OrderEvent {
+    fn drop(&mut self) {
+        // SAFETY: the event was created by `new` and is destroyed once; the driver keeps it
+        // alive for work still pending on it.
+        unsafe { sys::cuEventDestroy_v2(self.0) };
+    }
+}
+
+/// A workspace and, once it serves several streams (or graphs), the event that orders its
+/// uses.
+#[derive(Debug)]
+struct Lane {
+    workspace: Workspace,
+    order: Option<OrderEvent>,
+}
+
+/// How a use of a lane ends: nothing to record, an event to record, or (in a graph being
+/// captured) an external event record node to add.
+#[derive(Clone, Copy, Debug)]
+enum Record {
+    Nothing,
+    Event(sys::CUevent),
+    ExternalNode(sys::CUevent),
+}
+
+/// A workspace acquired for one call: its addresses, and what to do once the call's launches
+/// are enqueued ([`Workspaces::release`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Acquired {
+    pub addresses: WorkspaceAddresses,
+    record: Record,
+}
+
+/// Every workspace of one instance.
+#[derive(Debug)]
+pub(crate) struct Workspaces {
+    lanes: Vec<Lane>,
+    /// The workspace of calls being captured into graphs, made by [`Workspaces::reserve`].
+    captured: Option<Lane>,
+    /// Which lane each stream (by the driver's stream id) uses.
+    by_stream: HashMap<u64, usize>,
+    /// What every new workspace holds at least: the resident blocks, and what `reserve` asked.
+    minimum: WorkspaceNeeds,
+    /// The instance's own stream and its id, which lane 0 serves.
+    home: (sys::CUstream, u64),
+    /// The lane the next stream past [`MAX_LANES`] shares.
+    next_shared: usize,
+}
+
+impl Workspaces {
+    /// Workspaces of an instance whose own stream is `stream`, with one for that stream zeroed
+    /// before this returns (so that work on any stream sees it at rest).
+    pub fn new(multiprocessors: u32, stream: sys::CUstream) -> Result<Self> {
+        let resident = multiprocessors as usize * MAX_RESIDENT_BLOCKS_PER_SM;
+        let minimum = WorkspaceNeeds {
+            partials: 2 * resident,
+            barrier_words: 3 * resident,
+            ..WorkspaceNeeds::default()
+        };
+        let workspace = Workspace::new(minimum, stream)?;
+        device::check(
+            // SAFETY: the instance's stream, of the current context.
+            unsafe { sys::cuStreamSynchronize(stream) },
+            "zeroing the workspace",
+        )?;
+        let id = stream_id(stream)?;
+        Ok(Workspaces {
+            lanes: vec![Lane {
+                workspace,
+                order: None,
+            }],
+            captured: None,
+            by_stream: HashMap::from([(id, 0)]),
+            minimum,
+            home: (stream, id),
+            next_shared: 0,
+        })
+    }
+
+    /// Sizes every workspace, the graphs' included (made here if there is none yet), for
+    /// `needs`, zeroing what grows on `stream`, and makes `needs` the least every later
+    /// workspace starts with. The caller waits for `stream` before any call uses them.
+    pub fn reserve(&mut self, needs: WorkspaceNeeds, stream: sys::CUstream) -> Result<()> {
+        self.minimum = self.minimum.max(needs);
+        let minimum = self.minimum;
+        if self.captured.is_none() {
+            self.captured = Some(Lane {
+                workspace: Workspace::new(minimum, stream)?,
+                order: Some(OrderEvent::new()?),
+            });
+        }
+        for lane in self.lanes.iter_mut().chain(self.captured.as_mut()) {
+            if !lane.workspace.fits(minimum) {
+                lane.workspace.grow(minimum, stream)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The workspace a call on `stream` that needs `needs` uses, grown where needed (zeroed on
+    /// `stream`) and ordered after its previous use on any other stream. While `stream` is
+    /// being captured, the graphs' workspace, which must already fit (else
+    /// [`Error::NotReserved`]). Follow with [`Workspaces::release`] once the launches are
+    /// enqueued.
+    pub fn acquire(&mut self, stream: sys::CUstream, needs: WorkspaceNeeds) -> Result<Acquired> {
+        if device::is_capturing(stream)? {
+            let Some(lane) = self.captured.as_ref().filter(|l| l.workspace.fits(needs)) else {
+                return Err(Error::NotReserved {
+                    what: "use a workspace the call was not reserved for",
+                });
+            };
+            let event = lane.order.as_ref().expect("the graphs' lane is ordered").0;
+            wait(stream, event, sys::CUevent_wait_flags::CU_EVENT_WAIT_EXTERNAL)?;
+            return Ok(Acquired {
+                addresses: lane.workspace.addresses(),
+                record: Record::ExternalNode(event),
+            });
+        }
+        let id = if stream == self.home.0 {
+            self.home.1
+        } else {
+            stream_id(stream)?
+        };
+        let index = match self.by_stream.get(&id) {
+            Some(&index) => index,
+            None => self.assign(id, stream, needs)?,
+        };
+        let lane = &mut self.lanes[index];
+        let record = match &lane.order {
+            Some(event) => {
+                wait(stream, event.0, sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT)?;
+                Record::Event(event.0)
+            }
+            None => Record::Nothing,
+        };
+        if !lane.workspace.fits(needs) {
+            lane.workspace.grow(needs, stream)?;
+        }
+        Ok(Acquired {
+            addresses: lane.workspace.addresses(),
+            record,
+        })
+    }
+
+    /// Ends a use begun by [`Workspaces::acquire`] on the same `stream`: records its event (or
+    /// adds the graph's record node) after the launches. If recording fails, waits for the
+    /// stream, so that the next use is ordered all the same, and reports the failure.
+    pub fn release(&mut self, acquired: Acquired, stream: sys::CUstream) -> Result<()> {
+        let status = match acquired.record {
+            Record::Nothing => return Ok(()),
+            // SAFETY: a live event and a stream of the current context.
+            Record::Event(event) => unsafe { sys::cuEventRecord(event, stream) },
+            // SAFETY: as above; the stream is capturing, where the flag is valid.
+            Record::ExternalNode(event) => unsafe {
+                sys::cuEventRecordWithFlags(
+                    event,
+                    stream,
+                    sys::CUevent_record_flags::CU_EVENT_RECORD_EXTERNAL as u32,
+                )
+            },
+        };
+        let recorded = check(status, "recording the workspace's use");
+        if recorded.is_err() && matches!(acquired.record, Record::Event(_)) {
+            // SAFETY: a stream of the current context.
+            let _ = unsafe { sys::cuStreamSynchronize(stream) };
+        }
+        recorded
+    }
+
+    /// Gives the stream `id` a lane: a new one while there are fewer than [`MAX_LANES`], else
+    /// one shared with other streams, ordered from now on.
+    fn assign(&mut self, id: u64, stream: sys::CUstream, needs: WorkspaceNeeds) -> Result<usize> {
+        if self.by_stream.len() >= MAX_STREAMS_REMEMBERED {
+            self.by_stream.clear();
+            self.by_stream.insert(self.home.1, 0);
+        }
+        let index = if self.lanes.len() < MAX_LANES {
+            let workspace = Workspace::new(self.minimum.max(needs), stream)?;
+            self.lanes.push(Lane {
+                workspace,
+                order: None,
+            });
+            self.lanes.len() - 1
+        } else {
+            let index = self.next_shared % self.lanes.len();
+            self.next_shared += 1;
+            let lane = &mut self.lanes[index];
+            if lane.order.is_none() {
+                // Its earlier uses are ordered by a stream that may be gone: wait for them
+                // once; every later use records the event the next one waits for.
+                cust::context::CurrentContext::synchronize()
+                    .during("sharing a workspace between streams")?;
+                lane.order = Some(OrderEvent::new()?);
+            }
+            index
+        };
+        self.by_stream.insert(id, index);
+        Ok(index)
+    }
+
+    /// How many row-slices blocks have left their slices in launches on these workspaces
+    /// (those not replaced by a growth), once the device is idle (the caller synchronizes).
+    pub fn blocks_that_left(&self) -> Result<u64> {
+        let mut total = 0;
+        for lane in self.lanes.iter().chain(&self.captured) {
+            let mut count = [0u32];
+            let counter = lane.workspace.barriers.index(..1);
+            cust::memory::CopyDestination::copy_to(&counter, &mut count[..])
+                .during("reading the count of blocks that left")?;
+            total += u64::from(count[0]);
+        }
+        Ok(total)
+    }
+}
+
+/// The driver's id of `stream`, unique for the life of the process.
+fn stream_id(stream: sys::CUstream) -> Result<u64> {
+    let mut id = 0u64;
+    // SAFETY: writes one integer through a valid pointer; the stream is of the current context
+    // (or a special handle, which the driver resolves).
+    let status = unsafe { cuStreamGetId(stream, &mut id) };
+    device::check_code(status, "reading the stream's id")?;
+    Ok(id)
+}
+
+/// Makes `stream` wait for the work `event` last recorded.
+fn wait(stream: sys::CUstream, event: sys::CUevent, flags: sys::CUevent_wait_flags) -> Result<()> {
+    // SAFETY: a live event and a stream of the current context.
+    let status = unsafe { sys::cuStreamWaitEvent(stream, event, flags as u32) };
+    check(status, "ordering the stream after the workspace's previous use")
+}
+
+// A CUDA 12.0 driver call that cust 0.3.2's bindings predate; the driver library the crate
+// links (CUDA 12 or later) exports it.
+unsafe extern "C" {
+    fn cuStreamGetId(stream: sys::CUstream, id: *mut u64) -> std::ffi::c_int;
+}
+
 /// A buffer of `len` words, zeroed by a memset enqueued on `stream`.
 fn zeroed_on<T: DeviceCopy>(len: usize, stream: sys::CUstream) -> Result<DeviceBuffer<T>> {
     // SAFETY: the words are zeroed on `stream` before any work enqueued there after this
-    // reads them, and every launch that uses the workspace is enqueued on the stream its
-    // call targets (ordered after this call's).
+    // reads them, and work on other streams that uses them is ordered after this stream's
+    // (the module comment).
     let buffer =
         unsafe { DeviceBuffer::<T>::uninitialized(len) }.during("growing the workspace")?;
     let words = len * size_of::<T>() / 4;
@@ -108,4 +392,21 @@ fn zeroed_on<T: DeviceCopy>(len: usize, stream: sys::CUstream) -> Result<DeviceB
         unsafe { sys::cuMemsetD32Async(buffer.as_device_ptr().as_raw(), 0, words, stream) };
     check(status, "zeroing the workspace")?;
     Ok(buffer)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_buffer_holds_what_the_needs_ask_and_the_leaver_count() {
+        let needs = WorkspaceNeeds {
+            row_stats: 10,
+            partials: 20,
+            barrier_words: 30,
+            states: 4,
+        };
+        assert_eq!(words(needs), [10, 20, 31, 8]);
+        assert_eq!(words(WorkspaceNeeds::default()), [2, 2, 1, 2]);
+    }
 }

@@ -639,21 +639,30 @@ const HARNESS_TEST: &str = "a_missing_gpu_fails_the_gpu_tests_when_one_is_requir
 /// starts.
 const HARNESS_CHILD: &str = "SOFTMAX_HARNESS_CHILD";
 
+/// The value of [`HARNESS_CHILD`] that gives the child's harness no test its filter matches.
+const NOTHING_MATCHES: &str = "nothing-matches";
+
 /// The GPU test binaries' harness on a machine without a device (`CUDA_VISIBLE_DEVICES`
 /// empty hides any GPU): with `SOFTMAX_REQUIRE_GPU=1` every test fails, with a message, and
-/// the binary exits non-zero; without it every test is skipped and the binary exits zero.
+/// the binary exits non-zero; without it every test is skipped and the binary exits zero; a
+/// filter that matches no test fails the run, so a mistyped filter cannot pass.
 /// The harness runs in a child (this test binary again), as it runs in a GPU test binary.
 #[test]
 fn a_missing_gpu_fails_the_gpu_tests_when_one_is_required() {
-    if std::env::var_os(HARNESS_CHILD).is_some() {
-        let code = common::run_harness(&[(HARNESS_TEST, |_, _| Ok("ran".into()))]);
+    if let Some(mode) = std::env::var_os(HARNESS_CHILD) {
+        let name = if mode == NOTHING_MATCHES {
+            "a_test_the_filter_does_not_name"
+        } else {
+            HARNESS_TEST
+        };
+        let code = common::run_harness(&[(name, |_, _| Ok("ran".into()))]);
         std::process::exit(if code == ExitCode::SUCCESS { 0 } else { 1 });
     }
-    let harness = |required: Option<&str>| {
+    let harness = |required: Option<&str>, mode: &str| {
         let mut child = Command::new(std::env::current_exe().expect("this test binary"));
         child
             .args(["--exact", HARNESS_TEST, "--nocapture", "--test-threads=1"])
-            .env(HARNESS_CHILD, "1")
+            .env(HARNESS_CHILD, mode)
             .env("CUDA_VISIBLE_DEVICES", "")
             .env_remove(common::REQUIRE_GPU);
         if let Some(value) = required {
@@ -663,7 +672,7 @@ fn a_missing_gpu_fails_the_gpu_tests_when_one_is_required() {
         let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
         (out.status, text(&out.stdout), text(&out.stderr))
     };
-    let (status, stdout, stderr) = harness(Some("1"));
+    let (status, stdout, stderr) = harness(Some("1"), "1");
     assert!(
         !status.success(),
         "a missing GPU passed with SOFTMAX_REQUIRE_GPU=1:\n{stdout}{stderr}"
@@ -676,12 +685,15 @@ fn a_missing_gpu_fails_the_gpu_tests_when_one_is_required() {
         stderr.contains("SOFTMAX_REQUIRE_GPU is set but there is no CUDA device"),
         "{stderr}"
     );
-    let (status, stdout, stderr) = harness(None);
+    let (status, stdout, stderr) = harness(None, "1");
     assert!(status.success(), "{stdout}{stderr}");
     assert!(
         stdout.contains(&format!("test {HARNESS_TEST} ... skipped: no CUDA device")),
         "{stdout}"
     );
+    let (status, stdout, stderr) = harness(None, NOTHING_MATCHES);
+    assert!(!status.success(), "a filter matching no test passed:\n{stdout}{stderr}");
+    assert!(stdout.contains("no test matches the filter"), "{stdout}");
 }
 
 /// A bf16 softmax output as an exact kernel writes it, then with one row corrupted: its two
@@ -861,4 +873,28 @@ fn the_per_row_check_accepts_flushed_results_and_nothing_larger() {
     assert!(check(3.6e-42).is_ok());
     assert!(check(tiny).is_ok());
     assert!(check(1e-30).is_err());
+}
+
+/// The public reference never panics: rows of no columns, masks and per-row scales shorter
+/// than their shape asks, and results of the wrong length give values or failing
+/// comparisons, not a panic.
+#[test]
+fn the_reference_handles_empty_rows_short_masks_and_wrong_lengths() {
+    assert!(backward_f64(false, &[], &[], 0, &[1.0; 3]).is_empty());
+    assert!(backward_f64(true, &[0.5; 4], &[1.0; 3], 2, &[1.0; 2]).len() <= 4);
+    let short = [0.0f32; 2];
+    let allowed = [1u8; 2];
+    let x = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0];
+    let masked = Scores {
+        additive_mask: Some(&short),
+        allowed_mask: Some(&allowed),
+        row_scale: Some(&short[..1]),
+        ..Scores::default()
+    };
+    let y = masked.forward(false, &x, 2, 3);
+    assert_eq!(y, Scores::default().forward(false, &x, 2, 3));
+    assert_eq!(masked.forward(false, &x[..4], 2, 3).len(), 3);
+    assert_eq!(softmax_f64(&x[..5], 2, 3).len(), 3);
+    assert!(!deviation(&[0.5, 0.5], &[0.5, 0.5, 0.0], 2).within(1e-3));
+    assert!(!value_deviation(&[0.5], &[0.5, 0.5]).within(1e-3));
 }

@@ -285,7 +285,8 @@ fn tuning_auto(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     let _ = std::fs::remove_file(&cache);
     let mut tuned = Softmax::new()
         .map_err(|e| e.to_string())?
-        .with_tune_cache(Some(cache.clone()));
+        .with_tune_cache(Some(cache.clone()))
+        .map_err(|e| e.to_string())?;
     let mut summary = Vec::new();
     for (rows, cols) in [(32, 151936), (128, 50257), (8, 128256)] {
         let shape = Shape::new(rows, cols).unwrap();
@@ -325,7 +326,8 @@ fn tuning_auto(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
         // A fresh instance reads the choice back from the file.
         let mut reloaded = Softmax::new()
             .map_err(|e| e.to_string())?
-            .with_tune_cache(Some(cache.clone()));
+            .with_tune_cache(Some(cache.clone()))
+        .map_err(|e| e.to_string())?;
         if reloaded
             .kernels_for(Variant::Auto, shape)
             .map_err(|e| e.to_string())?

@@ -184,8 +184,8 @@ fn child() -> ExitCode {
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
     println!("fault child: pid {}, seed {seed}", std::process::id());
-    let mut softmax = match Softmax::new() {
-        Ok(softmax) => softmax.with_tune_cache(None),
+    let mut softmax = match Softmax::new().and_then(|s| s.with_tune_cache(None)) {
+        Ok(softmax) => softmax,
         Err(error) => {
             println!("opening the device failed: {error}");
             return ExitCode::FAILURE;

@@ -508,7 +508,8 @@ fn tuned_fallback(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     std::fs::write(&path, file).map_err(text)?;
     let mut tuned = Softmax::new()
         .map_err(text)?
-        .with_tune_cache(Some(path.clone()));
+        .with_tune_cache(Some(path.clone()))
+        .map_err(text)?;
     let shape = Shape::new(4096, 2047).map_err(text)?;
     let mut check = common::Check::default();
     let values = common::random_matrix(rng, shape, 8.0);

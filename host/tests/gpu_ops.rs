@@ -371,46 +371,6 @@ fn every_operation_for<I: Element>(
     check_log_sum_exp::<I>(softmax, tally, &x, &lse, shape, &options)
 }
 
-/// Rows of the special-values test, one per pattern of [`special_rows`].
-const SPECIAL_ROWS: usize = 12;
-
-/// One row per pattern: plain scores of ±30; all -inf; one -inf; one NaN; one +inf; one 3e38
-/// (it takes all the mass); every score scaled to ±3e38; two 3e38 (a tie, where the row has
-/// two columns) and a -3e38 among plain scores; denormals only; one score 100 above the rest;
-/// every score 1e4 (log-softmax `−ln cols`, exact only if the maximum is subtracted first);
-/// -inf but for one NaN.
-fn special_rows(rng: &mut StdRng, cols: usize) -> Vec<f32> {
-    let mut x = Vec::with_capacity(SPECIAL_ROWS * cols);
-    for pattern in 0..SPECIAL_ROWS {
-        let mut row: Vec<f32> = (0..cols).map(|_| rng.random_range(-30.0..=30.0)).collect();
-        let mut at = || rng.random_range(0..cols);
-        match pattern {
-            0 => {}
-            1 => row.fill(f32::NEG_INFINITY),
-            2 => row[at()] = f32::NEG_INFINITY,
-            3 => row[at()] = f32::NAN,
-            4 => row[at()] = f32::INFINITY,
-            5 => row[at()] = 3e38,
-            6 => row.iter_mut().for_each(|v| *v *= 1e37),
-            7 => {
-                let first = at();
-                row[(first + 2) % cols] = -3e38;
-                row[first] = 3e38;
-                row[(first + 1) % cols] = 3e38;
-            }
-            8 => row.iter_mut().for_each(|v| *v *= 1e-41),
-            9 => row[at()] = 130.0,
-            10 => row.fill(1e4),
-            _ => {
-                row.fill(f32::NEG_INFINITY);
-                row[at()] = f32::NAN;
-            }
-        }
-        x.extend(row);
-    }
-    x
-}
-
 /// Special values through the forward operations, every input type and the kernels' paths
 /// (rows in registers, whole-row blocks, cooperative slices, peeled ends; unmasked, and
 /// masked with every element allowed and fully masked rows asked to give zeros), against the
@@ -421,8 +381,8 @@ fn special_rows(rng: &mut StdRng, cols: usize) -> Vec<f32> {
 fn special_values(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     let mut tally = Tally::default();
     for cols in [1, 33, 1000, 4097, 100_003] {
-        let x = special_rows(rng, cols);
-        let shape = Shape::new(SPECIAL_ROWS, cols).unwrap();
+        let x = common::special_rows(rng, cols);
+        let shape = Shape::new(common::SPECIAL_ROWS, cols).unwrap();
         special_values_for::<f32>(softmax, &mut tally, &x, shape)?;
         special_values_for::<bf16>(softmax, &mut tally, &x, shape)?;
         special_values_for::<f16>(softmax, &mut tally, &x, shape)?;
@@ -640,10 +600,10 @@ fn wide_16_bit_rows_in_row_slices(softmax: &mut Softmax, rng: &mut StdRng) -> Ou
         let shape = Shape::new(rows, cols).unwrap();
         (random_matrix(rng, shape, 8.0), shape)
     });
-    let special = Shape::new(SPECIAL_ROWS, 200_003).unwrap();
+    let special = Shape::new(common::SPECIAL_ROWS, 200_003).unwrap();
     let cases = random
         .into_iter()
-        .chain([(special_rows(rng, special.cols()), special)]);
+        .chain([(common::special_rows(rng, special.cols()), special)]);
     for (x, shape) in cases {
         for input_offset in [0, 1] {
             wide_16_bit_softmax::<bf16>(softmax, &mut tally, &x, shape, input_offset)?;

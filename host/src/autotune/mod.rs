@@ -18,7 +18,7 @@ mod file;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::shape::Shape;
 use crate::variant::Variant;
 
@@ -78,8 +78,8 @@ pub struct TuneCache {
 /// `$SOFTMAX_TUNE_CACHE`, else `$XDG_CACHE_HOME/softmax-rs/tune.json`, else
 /// `$HOME/.cache/softmax-rs/tune.json`.
 pub fn default_path() -> Option<PathBuf> {
-    if let Some(path) = std::env::var_os("SOFTMAX_TUNE_CACHE") {
-        return Some(path.into());
+    if let Some(path) = path_from_env() {
+        return Some(path);
     }
     let cache = std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)
@@ -87,17 +87,49 @@ pub fn default_path() -> Option<PathBuf> {
     Some(cache.join("softmax-rs").join("tune.json"))
 }
 
+/// The tune cache file the environment names: [`crate::TUNE_CACHE_ENV`], where it is set and
+/// not empty (an empty value means unset).
+pub fn path_from_env() -> Option<PathBuf> {
+    std::env::var_os(crate::TUNE_CACHE_ENV)
+        .filter(|value| !value.is_empty())
+        .map(Into::into)
+}
+
+/// Refuses a tune cache path that a save could not write: a folder, or a file whose folder
+/// cannot be made or written (tried by making and removing a file of this process's own).
+fn check_writable(path: &Path) -> Result<()> {
+    let io = |source| Error::Io {
+        what: format!("the tune cache {} cannot be written", path.display()),
+        source,
+    };
+    if path.is_dir() {
+        return Err(io(std::io::Error::other("it is a folder")));
+    }
+    let folder = match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    };
+    std::fs::create_dir_all(folder).map_err(io)?;
+    let probe = folder.join(format!(".softmax-rs-probe-{}", std::process::id()));
+    std::fs::write(&probe, b"").map_err(io)?;
+    std::fs::remove_file(&probe).map_err(io)
+}
+
 impl TuneCache {
     /// Loads the cache at `path` (none: in memory only). A file that cannot be used is
     /// ignored, and an entry that cannot be used dropped, with a warning on stderr; the file
-    /// is rewritten at the next save.
-    pub fn open(path: Option<PathBuf>) -> Self {
+    /// is rewritten at the next save. A path that could not be saved to (a folder, or a file
+    /// in a folder that cannot be made or written) is [`Error::Io`] now, not after tuning.
+    pub fn open(path: Option<PathBuf>) -> Result<Self> {
+        if let Some(path) = &path {
+            check_writable(path)?;
+        }
         let entries = path.as_deref().map(Self::load).unwrap_or_default();
-        TuneCache {
+        Ok(TuneCache {
             path,
             entries,
             staged: HashMap::new(),
-        }
+        })
     }
 
     /// The usable entries of the file at `path`, with a warning for what is not used.
@@ -248,13 +280,13 @@ mod tests {
             }
         }
         let (_scratch, path) = temp_path("layout");
-        let mut cache = TuneCache::open(Some(path.clone()));
+        let mut cache = TuneCache::open(Some(path.clone())).unwrap();
         cache.insert(
             TuneKey::for_layout("h", shape, true, true),
             Variant::RowsInRegisters,
         );
         cache.save().unwrap();
-        let reloaded = TuneCache::open(Some(path));
+        let reloaded = TuneCache::open(Some(path)).unwrap();
         let aligned = TuneKey::for_layout("h", shape, true, true);
         let unaligned = TuneKey::for_layout("h", shape, false, true);
         assert_eq!(reloaded.get(&aligned), Some(Variant::RowsInRegisters));
@@ -264,11 +296,11 @@ mod tests {
     #[test]
     fn entries_survive_a_save_and_reload() {
         let (_scratch, path) = temp_path("roundtrip");
-        let mut cache = TuneCache::open(Some(path.clone()));
+        let mut cache = TuneCache::open(Some(path.clone())).unwrap();
         cache.insert(key(32, 151936), Variant::RowSlices);
         cache.insert(key(8, 128256), Variant::BlockRegisters);
         cache.save().unwrap();
-        let reloaded = TuneCache::open(Some(path));
+        let reloaded = TuneCache::open(Some(path)).unwrap();
         assert_eq!(reloaded.get(&key(32, 151936)), Some(Variant::RowSlices));
         assert_eq!(reloaded.get(&key(7, 128256)), Some(Variant::BlockRegisters));
         assert_eq!(reloaded.get(&key(64, 128256)), None);
@@ -278,10 +310,10 @@ mod tests {
     fn missing_corrupt_truncated_and_foreign_files_give_an_empty_cache() {
         let (_scratch, path) = temp_path("bad");
         assert!(
-            TuneCache::open(Some(path.clone())).entries.is_empty(),
+            TuneCache::open(Some(path.clone())).unwrap().entries.is_empty(),
             "missing file"
         );
-        let mut cache = TuneCache::open(Some(path.clone()));
+        let mut cache = TuneCache::open(Some(path.clone())).unwrap();
         cache.insert(key(1, 32000), Variant::RowSlices);
         cache.save().unwrap();
         let good = std::fs::read_to_string(&path).unwrap();
@@ -297,11 +329,11 @@ mod tests {
             unknown_variant.as_str(),
         ] {
             std::fs::write(&path, bad).unwrap();
-            let mut reopened = TuneCache::open(Some(path.clone()));
+            let mut reopened = TuneCache::open(Some(path.clone())).unwrap();
             assert!(reopened.entries.is_empty(), "{bad:?} was accepted");
             reopened.save().unwrap();
             assert!(
-                TuneCache::open(Some(path.clone())).entries.is_empty(),
+                TuneCache::open(Some(path.clone())).unwrap().entries.is_empty(),
                 "rebuilt file must load cleanly"
             );
         }
@@ -341,7 +373,7 @@ mod tests {
                 "no warning names {name}: {dropped:?}"
             );
         }
-        let cache = TuneCache::open(Some(path));
+        let cache = TuneCache::open(Some(path)).unwrap();
         for (i, name) in names.iter().enumerate() {
             let key = TuneKey {
                 rows_bucket: 1 << i,
@@ -358,12 +390,12 @@ mod tests {
     #[test]
     fn inserting_a_variant_that_is_not_production_records_nothing() {
         let (_scratch, path) = temp_path("insert-not-production");
-        let mut cache = TuneCache::open(Some(path.clone()));
+        let mut cache = TuneCache::open(Some(path.clone())).unwrap();
         cache.insert(key(64, 1024), Variant::BlockPerRowAutotuned);
         cache.insert(key(64, 1024), Variant::Auto);
         cache.save().unwrap();
         assert_eq!(cache.get(&key(64, 1024)), None);
-        assert!(TuneCache::open(Some(path)).entries.is_empty());
+        assert!(TuneCache::open(Some(path)).unwrap().entries.is_empty());
     }
 
     /// The cache path blocked by a directory: the save fails, and the entry it was to persist
@@ -371,7 +403,7 @@ mod tests {
     #[test]
     fn a_failed_save_leaves_no_unsaved_entry_claimed() {
         let (_scratch, path) = temp_path("save-fails");
-        let mut cache = TuneCache::open(Some(path.clone()));
+        let mut cache = TuneCache::open(Some(path.clone())).unwrap();
         cache.insert(key(32, 4096), Variant::BlockRegisters);
         cache.save().unwrap();
         std::fs::remove_file(&path).unwrap();
@@ -400,7 +432,7 @@ mod tests {
             .map(|(writer, variant)| {
                 let path = path.clone();
                 std::thread::spawn(move || {
-                    let mut cache = TuneCache::open(Some(path));
+                    let mut cache = TuneCache::open(Some(path)).unwrap();
                     for i in 0..SAVES {
                         cache.insert(key(1 + i, 1024 * (1 + writer)), variant);
                         cache.save().unwrap();

@@ -460,7 +460,7 @@ pub fn run(config: &BenchConfig) -> Result<Report> {
     }
     // The benchmark's `auto` is what `host tune` chose where it ran, as in earlier runs.
     let mut softmax =
-        Softmax::on_device(config.device)?.with_tune_cache(crate::autotune::default_path());
+        Softmax::on_device(config.device)?.with_tune_cache(crate::autotune::default_path())?;
     let device = softmax.device().clone();
     let steps = config.shapes.len();
     let progress = ProgressBar::new(steps as u64).with_style(

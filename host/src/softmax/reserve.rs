@@ -91,10 +91,13 @@ impl CallKind {
 
 impl Softmax {
     /// Prepares `calls` on their shapes, whatever the alignment of the buffers they will be
-    /// given: loads the kernels they need, makes their plans and sizes the workspace for all
-    /// of them. Later calls of those kinds and shapes then load, plan, allocate and wait for
-    /// nothing, so they can be captured into a CUDA graph; a call that would need any of that
-    /// while its stream is capturing returns [`crate::Error::NotReserved`] instead.
+    /// given: loads the kernels they need, makes their plans (kept from then on, whatever
+    /// other shapes later calls plan) and sizes the workspaces for all of them, the one
+    /// captured calls use included. Later calls of those kinds and shapes then load, plan,
+    /// allocate and wait for nothing, so they can be captured into a CUDA graph; a call that
+    /// would need any of that while its stream is capturing returns
+    /// [`crate::Error::NotReserved`] instead. (The first call on a stream this instance has
+    /// not used before allocates that stream's workspace, at the reserved size.)
     ///
     /// A variant that cannot run a shape, or a row-states call on rows too wide to reduce in
     /// one launch, is an error here as it would be in the call. It waits for the instance's
@@ -124,6 +127,7 @@ impl Softmax {
                     Ok(prepared) => {
                         planned_any = true;
                         needs = needs.max(prepared.needs);
+                        self.reserved.insert((request, shape, layout));
                     }
                     Err(error) => {
                         first_error.get_or_insert(error);
@@ -136,8 +140,8 @@ impl Softmax {
                 return Err(error);
             }
         }
-        self.grow_workspace(needs)?;
-        // The growth zeroed the workspace on this instance's stream; the reserved calls may be
+        self.workspaces.reserve(needs, self.stream.as_inner())?;
+        // The growth zeroed the workspaces on this instance's stream; the reserved calls may be
         // issued on another.
         self.synchronize()
     }

@@ -419,3 +419,43 @@ pub fn check_gradient(
     }
     Ok(worst)
 }
+
+/// Rows of the special-values test, one per pattern of [`special_rows`].
+pub const SPECIAL_ROWS: usize = 12;
+
+/// One row per pattern: plain scores of ±30; all -inf; one -inf; one NaN; one +inf; one 3e38
+/// (it takes all the mass); every score scaled to ±3e38; two 3e38 (a tie, where the row has
+/// two columns) and a -3e38 among plain scores; denormals only; one score 100 above the rest;
+/// every score 1e4 (log-softmax `−ln cols`, exact only if the maximum is subtracted first);
+/// -inf but for one NaN.
+pub fn special_rows(rng: &mut StdRng, cols: usize) -> Vec<f32> {
+    let mut x = Vec::with_capacity(SPECIAL_ROWS * cols);
+    for pattern in 0..SPECIAL_ROWS {
+        let mut row: Vec<f32> = (0..cols).map(|_| rng.random_range(-30.0..=30.0)).collect();
+        let mut at = || rng.random_range(0..cols);
+        match pattern {
+            0 => {}
+            1 => row.fill(f32::NEG_INFINITY),
+            2 => row[at()] = f32::NEG_INFINITY,
+            3 => row[at()] = f32::NAN,
+            4 => row[at()] = f32::INFINITY,
+            5 => row[at()] = 3e38,
+            6 => row.iter_mut().for_each(|v| *v *= 1e37),
+            7 => {
+                let first = at();
+                row[(first + 2) % cols] = -3e38;
+                row[first] = 3e38;
+                row[(first + 1) % cols] = 3e38;
+            }
+            8 => row.iter_mut().for_each(|v| *v *= 1e-41),
+            9 => row[at()] = 130.0,
+            10 => row.fill(1e4),
+            _ => {
+                row.fill(f32::NEG_INFINITY);
+                row[at()] = f32::NAN;
+            }
+        }
+        x.extend(row);
+    }
+    x
+}

@@ -149,8 +149,9 @@ pub enum RowExchange<S> {
 ///
 /// # Safety
 /// As for [`exchange_row_stats`], except that the blocks need not be resident together;
-/// `barriers` holds `2 · rows + rows · slices` words, zeroed when allocated, and the caller
-/// writes the slices of the blocks that left when told so.
+/// `barriers` holds `2 · rows + rows · slices` words, zeroed when allocated, and is preceded by
+/// one more word (the count of blocks that left); the caller writes the slices of the blocks
+/// that left when told so.
 #[inline(always)]
 pub unsafe fn exchange_row_stats_or_leave<S: Partial>(
     block: S,
@@ -176,6 +177,7 @@ pub unsafe fn exchange_row_stats_or_leave<S: Partial>(
                     // After the swap that counted this block out: the last block waits for
                     // as many flags as the count says.
                     left_flag(barriers, slices, block_idx() as usize).write_volatile(LEFT);
+                    reduce_add_release_gpu(leaver_count(barriers), 1);
                     u32::MAX
                 }
             };
@@ -195,6 +197,12 @@ pub unsafe fn exchange_row_stats_or_leave<S: Partial>(
         row_stats: unsafe { merge_row_stats(scratch, partials, row, slices) },
         leavers: exit.saturating_sub(1),
     }
+}
+
+/// The word before a launch's barrier words: a running count of the blocks that left their
+/// slices, in every launch on this workspace, which tests read to prove the path ran.
+fn leaver_count(barriers: *mut u32) -> *mut u32 {
+    barriers.wrapping_sub(1)
 }
 
 /// A flag's value once its block left; zero otherwise (a barrier word at rest, which a flag's
