@@ -18,6 +18,8 @@
 #   `sliced_rows_are_exact` (blocks leaving their slices).
 # - `gpu_integration`: `callers_stream` (calls and raw calls on the caller's stream),
 #   `overlapping`, `tuned_choice`, `cudarc`.
+# - `gpu_streams` (one instance on many streams; not in the default binaries, name it in
+#   SANITIZE_BINARY): `two_streams`, `growth`, `graph_replays`, `context`, `cudarc`.
 # (gpu_fault faults on purpose, so it is not run under the tools.)
 #
 # Writes the full log to $OUT/sanitizer.txt and one line per (binary, tool, filter) to
@@ -57,6 +59,7 @@ default_filters() {
         gpu_ops) echo "ops_special ops_every ops_peeled ops_partial ops_strides ops_pitched ops_few ops_bad" ;;
         gpu_stress) echo "launches_wait sliced_rows_are_exact" ;;
         gpu_integration) echo "callers_stream overlapping tuned_choice cudarc" ;;
+        gpu_streams) echo "two_streams growth graph_replays context cudarc" ;;
         *) echo "" ;;
     esac
 }

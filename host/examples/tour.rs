@@ -4,6 +4,7 @@
 //! one it stops at the first call with the typed error.
 
 use softmax::cust::memory::{CopyDestination, DeviceBuffer};
+use softmax::cust::stream::{Stream, StreamFlags};
 use softmax::half::bf16;
 use softmax::reference::softmax_f64;
 use softmax::{
@@ -269,6 +270,26 @@ fn main() -> Outcome {
     check(
         "host merge of row 0's two states is finite",
         merged.max.is_finite() && merged.sum > 1.0,
+    )?;
+
+    // A call on a stream of the caller's returns while its kernels still read and write the
+    // buffers: synchronize that stream (or order later work after it with an event) before
+    // reading the output, writing the input or freeing either. cust's copies run on the legacy
+    // default stream, which a non-blocking stream is not ordered with.
+    let stream = Stream::new(StreamFlags::NON_BLOCKING, None)?;
+    let shape = Shape::new(16, 262_144)?;
+    let x = scores(shape.len(), 5);
+    let input = DeviceBuffer::from_slice(&x)?;
+    let mut output = zeros(shape.len())?;
+    softmax.synchronize()?; // the pageable upload above has landed
+    softmax
+        .on(&stream)
+        .run(Variant::Auto, &input, &mut output, shape)?;
+    stream.synchronize()?; // before the output is read and the buffers dropped
+    let output = to_host(&output)?;
+    check(
+        "a call on the caller's stream, read after the stream is synchronized",
+        rows_sum_to(1.0, &output, shape.cols(), shape.cols(), 1e-3),
     )?;
     Ok(())
 }

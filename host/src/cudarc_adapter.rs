@@ -110,7 +110,6 @@ impl Softmax {
         Ok(())
     }
 
-
     /// [`Softmax::forward`] of contiguous rows (`shape`) held in cudarc buffers (a
     /// `CudaSlice`, `CudaView` or `CudaViewMut`), enqueued on `stream`.
     pub fn forward_cudarc<I: CudarcElement, O: CudarcElement>(

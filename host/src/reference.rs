@@ -27,7 +27,7 @@ pub fn softmax_f64(input: &[f32], rows: usize, cols: usize) -> Vec<f64> {
 /// The whole rows of `cols` elements that `len` elements hold, at most `rows` (all `rows` when
 /// a row has no elements).
 fn held_rows(len: usize, rows: usize, cols: usize) -> usize {
-    if cols == 0 { rows } else { rows.min(len / cols) }
+    len.checked_div(cols).map_or(rows, |held| rows.min(held))
 }
 
 /// `max` that returns NaN when either side is NaN, as `torch.max` does.

@@ -57,10 +57,11 @@ pub const TUNE_CACHE_ENV: &str = "SOFTMAX_TUNE_CACHE";
 /// Row-wise softmax on one CUDA device.
 ///
 /// Owns a stream: [`Softmax::run`] only enqueues work on it, so results (and errors raised
-/// while kernels run) appear after [`Softmax::synchronize`]. Owns the workspace some
-/// variants need, so it takes `&mut self`: one `Softmax` serves one stream of work at a time.
-/// It is `Send`; threads that work concurrently each create their own (they share the
-/// device's primary context).
+/// while kernels run) appear after [`Softmax::synchronize`]. Owns the workspaces some plans
+/// need (one per stream it is called on), so it takes `&mut self`; calls on other streams
+/// ([`Softmax::on`]) are correct in any interleaving. It is `Send`; threads that work
+/// concurrently each create their own (they share the device's primary context). Every call
+/// leaves the caller's current context as it found it.
 #[derive(Debug)]
 pub struct Softmax {
     modules: Modules,
@@ -405,11 +406,16 @@ impl Softmax {
     /// Issues the calls made through the returned handle on `stream`, a stream of this
     /// device's primary context that the caller owns, instead of the instance's: each call's
     /// work is ordered after what was enqueued on `stream` before it and before what is
-    /// enqueued after it, and nothing waits for it. (The first call on a new shape or element
-    /// type may load a module and grow the workspace, which waits for the device;
-    /// [`Softmax::reserve`] does that ahead of time.) One instance's workspace serves one
-    /// call at a time: calls issued on different streams must be ordered by the caller
-    /// (events), or made through different instances.
+    /// enqueued after it, and nothing waits for it. (The first call on a new element type
+    /// loads a module, which waits for the device; [`Softmax::reserve`] does that ahead of
+    /// time.) Calls on any number of streams through one instance are correct in any
+    /// interleaving: each stream gets a workspace of its own (docs/library.md, "One instance,
+    /// many streams").
+    ///
+    /// The call returns while its kernels still use the buffers: synchronize `stream` (or
+    /// order later work after it with an event) before reading the outputs, writing the
+    /// inputs again or dropping either. cust's copies run on the legacy default stream, which
+    /// a non-blocking stream is not ordered with.
     pub fn on<'a>(&'a mut self, stream: &'a Stream) -> OnStream<'a> {
         OnStream {
             softmax: self,

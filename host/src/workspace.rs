@@ -22,6 +22,8 @@ use std::collections::HashMap;
 use cust::memory::{DeviceBuffer, DeviceCopy};
 use cust::sys;
 
+use kernels_gpu::launch::BARRIER_HEADER_WORDS;
+
 use crate::device::{self, check};
 use crate::error::{CudaContext, Error, Result};
 use crate::launch::WorkspaceAddresses;
@@ -46,8 +48,8 @@ struct Workspace {
     row_stats: DeviceBuffer<u32>,
     /// Two floats per block of a launch whose blocks exchange statistics.
     partials: DeviceBuffer<u32>,
-    /// A count of row-slices blocks that left their slices, then two words per row of a
-    /// sliced launch, then row-slices' flags of blocks that left (one per block), zeroed when
+    /// A header whose first word counts the row-slices blocks that left their slices, then
+    /// two words per row of a sliced launch, then row-slices' flags of blocks that left (one per block), zeroed when
     /// allocated; a finished launch leaves the words and flags at rest (zero) again.
     barriers: DeviceBuffer<u32>,
     /// Per-row, per-slice states (two floats each) of operations on rows too wide for one
@@ -63,7 +65,7 @@ fn words(needs: WorkspaceNeeds) -> [usize; 4] {
     [
         needs.row_stats.max(2),
         needs.partials.max(2),
-        needs.barrier_words + 1,
+        needs.barrier_words + BARRIER_HEADER_WORDS,
         (2 * needs.states).max(2),
     ]
 }
@@ -88,7 +90,9 @@ impl Workspace {
             self.barriers.len(),
             self.states.len(),
         ];
-        lens.iter().zip(words(needs)).all(|(&len, wanted)| len >= wanted)
+        lens.iter()
+            .zip(words(needs))
+            .all(|(&len, wanted)| len >= wanted)
     }
 
     /// Replaces every buffer shorter than `needs` asks by one zeroed on `stream`, where the
@@ -115,8 +119,9 @@ impl Workspace {
         WorkspaceAddresses {
             row_stats: address(&self.row_stats),
             partials: address(&self.partials),
-            // The count of blocks that left comes first: launches see the words after it.
-            barriers: address(&self.barriers) + 4,
+            // The header (the count of blocks that left) comes first: launches see the words
+            // after it.
+            barriers: address(&self.barriers) + 4 * BARRIER_HEADER_WORDS as u64,
             states: address(&self.states),
         }
     }
@@ -253,7 +258,11 @@ impl Workspaces {
                 });
             };
             let event = lane.order.as_ref().expect("the graphs' lane is ordered").0;
-            wait(stream, event, sys::CUevent_wait_flags::CU_EVENT_WAIT_EXTERNAL)?;
+            wait(
+                stream,
+                event,
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_EXTERNAL,
+            )?;
             return Ok(Acquired {
                 addresses: lane.workspace.addresses(),
                 record: Record::ExternalNode(event),
@@ -271,7 +280,11 @@ impl Workspaces {
         let lane = &mut self.lanes[index];
         let record = match &lane.order {
             Some(event) => {
-                wait(stream, event.0, sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT)?;
+                wait(
+                    stream,
+                    event.0,
+                    sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+                )?;
                 Record::Event(event.0)
             }
             None => Record::Nothing,
@@ -370,7 +383,10 @@ fn stream_id(stream: sys::CUstream) -> Result<u64> {
 fn wait(stream: sys::CUstream, event: sys::CUevent, flags: sys::CUevent_wait_flags) -> Result<()> {
     // SAFETY: a live event and a stream of the current context.
     let status = unsafe { sys::cuStreamWaitEvent(stream, event, flags as u32) };
-    check(status, "ordering the stream after the workspace's previous use")
+    check(
+        status,
+        "ordering the stream after the workspace's previous use",
+    )
 }
 
 // A CUDA 12.0 driver call that cust 0.3.2's bindings predate; the driver library the crate
@@ -406,7 +422,8 @@ mod tests {
             barrier_words: 30,
             states: 4,
         };
-        assert_eq!(words(needs), [10, 20, 31, 8]);
-        assert_eq!(words(WorkspaceNeeds::default()), [2, 2, 1, 2]);
+        let header = BARRIER_HEADER_WORDS;
+        assert_eq!(words(needs), [10, 20, 30 + header, 8]);
+        assert_eq!(words(WorkspaceNeeds::default()), [2, 2, header, 2]);
     }
 }

@@ -692,7 +692,10 @@ fn a_missing_gpu_fails_the_gpu_tests_when_one_is_required() {
         "{stdout}"
     );
     let (status, stdout, stderr) = harness(None, NOTHING_MATCHES);
-    assert!(!status.success(), "a filter matching no test passed:\n{stdout}{stderr}");
+    assert!(
+        !status.success(),
+        "a filter matching no test passed:\n{stdout}{stderr}"
+    );
     assert!(stdout.contains("no test matches the filter"), "{stdout}");
 }
 
@@ -884,11 +887,12 @@ fn the_reference_handles_empty_rows_short_masks_and_wrong_lengths() {
     assert!(backward_f64(true, &[0.5; 4], &[1.0; 3], 2, &[1.0; 2]).len() <= 4);
     let short = [0.0f32; 2];
     let allowed = [1u8; 2];
+    let one_scale = [1.0f32];
     let x = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0];
     let masked = Scores {
         additive_mask: Some(&short),
         allowed_mask: Some(&allowed),
-        row_scale: Some(&short[..1]),
+        row_scale: Some(&one_scale),
         ..Scores::default()
     };
     let y = masked.forward(false, &x, 2, 3);

@@ -327,7 +327,7 @@ fn tuning_auto(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
         let mut reloaded = Softmax::new()
             .map_err(|e| e.to_string())?
             .with_tune_cache(Some(cache.clone()))
-        .map_err(|e| e.to_string())?;
+            .map_err(|e| e.to_string())?;
         if reloaded
             .kernels_for(Variant::Auto, shape)
             .map_err(|e| e.to_string())?

@@ -12,8 +12,8 @@ mod common;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use common::kernels::Holder;
 use cust::event::{Event, EventFlags};
-use cust::launch;
 use cust::memory::{CopyDestination, DeviceBuffer, DeviceCopy};
 use cust::module::Module;
 use cust::stream::{Stream, StreamFlags};
@@ -135,12 +135,32 @@ fn cases() -> Vec<Case> {
         case(Kind::Run, 4, 8192, "f32 block-registers in clusters"),
         case(Kind::Run, 64, 151_936, "f32 row-cluster"),
         case(Kind::Run, 4096, 1000, "f32 rows in registers"),
-        case(Kind::RunLeaving, 16, 262_144, "f32 row-slices, blocks leaving"),
+        case(
+            Kind::RunLeaving,
+            16,
+            262_144,
+            "f32 row-slices, blocks leaving",
+        ),
         case(Kind::Bf16Softmax, 16, 262_144, "bf16 row-slices"),
         case(Kind::Bf16Softmax, 1, 128_256, "bf16 operation, cooperative"),
-        case(Kind::Bf16LogSoftmax, 8, 128_256, "bf16 operation, cooperative"),
-        case(Kind::Bf16LogSoftmax, 2, 32_000, "bf16 operation in clusters"),
-        case(Kind::F32LogSoftmax, 300, 65_536, "f32 operation, two launches"),
+        case(
+            Kind::Bf16LogSoftmax,
+            8,
+            128_256,
+            "bf16 operation, cooperative",
+        ),
+        case(
+            Kind::Bf16LogSoftmax,
+            2,
+            32_000,
+            "bf16 operation in clusters",
+        ),
+        case(
+            Kind::F32LogSoftmax,
+            300,
+            65_536,
+            "f32 operation, two launches",
+        ),
         case(Kind::Bf16States, 1, 128_256, "bf16 row states, cooperative"),
     ]
 }
@@ -328,70 +348,76 @@ fn overlapping_pairs(intervals: &[Interval]) -> Result<usize, String> {
     Ok(pairs)
 }
 
-/// A kernel on its own stream that holds all but a few multiprocessors for a while (each of
-/// its blocks takes a multiprocessor's whole shared memory), so that the calls beside it
-/// trickle through the rest, their blocks interleaved.
-struct Holder {
-    module: Module,
-    stream: Stream,
-    blocks: u32,
-    shared_bytes: u32,
-}
-
 /// Multiprocessors the holder leaves free.
 const FREE_MULTIPROCESSORS: u32 = 8;
 /// How long each holder block holds its multiprocessor.
 const HOLD: Duration = Duration::from_millis(30);
 
-impl Holder {
-    fn new(softmax: &Softmax) -> Result<Self, String> {
-        let info = softmax.device();
-        Ok(Holder {
-            module: common::kernels::load(info.max_shared_per_block)?,
-            stream: non_blocking_stream()?,
-            blocks: info.multiprocessors.saturating_sub(FREE_MULTIPROCESSORS),
-            shared_bytes: info.max_shared_per_block,
-        })
-    }
-
-    /// Launches the holders, which leave by themselves after [`HOLD`], and gives them a moment
-    /// to take their places. The returned buffers must live until the holders have finished.
-    fn hold(&self) -> Result<Held, String> {
-        let flag = DeviceBuffer::from_slice(&[0u32]).map_err(text)?;
-        let record = DeviceBuffer::from_slice(&vec![0u64; 3 * self.blocks as usize]).map_err(text)?;
-        let stream = &self.stream;
-        let module = &self.module;
-        // SAFETY: `hold` reads `flag` and writes three words per block of `record`, which holds
-        // as many; both live in `Held` until the holders are waited for; its dynamic shared
-        // memory was allowed when the module was loaded.
-        unsafe {
-            launch!(module.hold<<<self.blocks, 32, self.shared_bytes, stream>>>(
-                flag.as_device_ptr(),
-                record.as_device_ptr(),
-                HOLD.as_nanos() as u64
-            ))
-        }
-        .map_err(|e| format!("launching the holders: {e}"))?;
-        std::thread::sleep(Duration::from_millis(2));
-        Ok(Held {
-            _flag: flag,
-            _record: record,
-        })
-    }
-}
-
-/// The buffers of holders in flight.
-struct Held {
-    _flag: DeviceBuffer<u32>,
-    _record: DeviceBuffer<u64>,
-}
-
 /// Which calls ran beside a holder: none, or this one.
 type Crowd<'a> = Option<&'a Holder>;
 
+/// How long the gate holds every stream's call back: far longer than enqueueing all of them
+/// takes, so that the calls start together on the device rather than as the host issues them.
+const GATE_NS: u64 = 2_000_000;
+
+/// A kernel on a stream of its own, and an event after it that streams wait for: their work
+/// queued behind the wait starts at once when the kernel ends.
+struct Gate {
+    module: Module,
+    stream: Stream,
+    opened: sys::CUevent,
+}
+
+/// A driver status as a test's result.
+fn status(status: sys::CUresult, what: &str) -> Result<(), String> {
+    (status == sys::CUresult::CUDA_SUCCESS)
+        .then_some(())
+        .ok_or_else(|| format!("{what}: {status:?}"))
+}
+
+impl Gate {
+    fn new() -> Result<Self, String> {
+        let mut opened = std::ptr::null_mut();
+        // SAFETY: writes one handle through a valid pointer; destroyed on drop.
+        status(unsafe { sys::cuEventCreate(&mut opened, 2) }, "creating an event")?;
+        Ok(Gate {
+            module: common::kernels::load(0)?,
+            stream: non_blocking_stream()?,
+            opened,
+        })
+    }
+
+    /// Closes the gate for [`GATE_NS`]; `pass` then holds each stream's later work behind it.
+    fn close(&self) -> Result<(), String> {
+        spin(&self.module, self.stream.as_inner(), GATE_NS)?;
+        // SAFETY: a live event and stream of the current context.
+        status(
+            unsafe { sys::cuEventRecord(self.opened, self.stream.as_inner()) },
+            "recording the gate",
+        )
+    }
+
+    fn pass(&self, stream: &Stream) -> Result<(), String> {
+        // SAFETY: a live event and stream of the current context.
+        status(
+            unsafe { sys::cuStreamWaitEvent(stream.as_inner(), self.opened, 0) },
+            "waiting for the gate",
+        )
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        // SAFETY: created in `new`, destroyed once.
+        unsafe { sys::cuEventDestroy_v2(self.opened) };
+    }
+}
+
 /// Runs every case `rounds()` times on `streams` new non-blocking streams through `softmax`,
-/// each stream with its own buffers, the calls not ordered with each other; checks every
-/// output; returns a summary with the overlapping pairs seen.
+/// each stream with its own buffers, the calls not ordered with each other (all behind one
+/// gate, so that they start together); checks every output; returns a summary with the
+/// overlapping pairs seen. Fails unless some calls overlapped; names the cases whose calls
+/// never did (the driver ran them in turn).
 fn streams_case_by_case(
     softmax: &mut Softmax,
     rng: &mut StdRng,
@@ -400,11 +426,12 @@ fn streams_case_by_case(
 ) -> Outcome {
     let mut impatient = Softmax::new().map_err(text)?;
     impatient.set_row_barrier_patience(Duration::ZERO);
+    let gate = Gate::new()?;
     let streams: Vec<Stream> = (0..streams)
         .map(|_| non_blocking_stream())
         .collect::<Result<_, _>>()?;
     let (mut calls, mut overlapped, mut pairs) = (0, 0, 0);
-    let mut families = Vec::new();
+    let (mut families, mut in_turn) = (Vec::new(), Vec::new());
     for case in cases() {
         let instance = if case.kind == Kind::RunLeaving {
             &mut impatient
@@ -423,9 +450,11 @@ fn streams_case_by_case(
                 .map(|_| Buffers::new(&case, rng))
                 .collect::<Result<_, _>>()?;
             cust::context::CurrentContext::synchronize().map_err(text)?;
-            let record = crowd.map(Holder::hold).transpose()?;
+            let record = crowd.map(|h| h.hold(HOLD)).transpose()?;
             let mut intervals = Vec::new();
+            gate.close()?;
             for (stream, buffers) in streams.iter().zip(&mut buffers) {
+                gate.pass(stream)?;
                 let interval = Interval::begin(stream)?;
                 issue(instance, &case, buffers, stream).map_err(|e| format!("{case:?}: {e}"))?;
                 interval.finish(stream)?;
@@ -453,16 +482,22 @@ fn streams_case_by_case(
         }
         overlapped += case_overlaps;
         if case_overlaps == 0 {
-            return Err(format!(
-                "{case:?}: the calls never overlapped, so this run proved nothing about them"
-            ));
+            in_turn.push(format!("{} {}", case.family, case.shape));
         }
         families.push(case.family);
     }
     families.dedup();
+    if overlapped == 0 {
+        return Err("no two calls ever overlapped, so this run proved nothing".into());
+    }
+    let in_turn = if in_turn.is_empty() {
+        String::new()
+    } else {
+        format!("; never overlapped (run in turn): {}", in_turn.join(", "))
+    };
     Ok(format!(
         "{calls} calls on {} streams through one instance, exact; {overlapped} of {pairs} pairs \
-         of calls overlapped (event timestamps); families: {}",
+         of calls overlapped (event timestamps){in_turn}; families: {}",
         streams.len(),
         families.join(", ")
     ))
@@ -477,7 +512,7 @@ fn four_streams(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
 }
 
 fn crowded_streams(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
-    let holder = Holder::new(softmax)?;
+    let holder = Holder::new(softmax.device(), FREE_MULTIPROCESSORS)?;
     let summary = streams_case_by_case(softmax, rng, 2, Some(&holder))?;
     Ok(format!(
         "beside {} multiprocessors held for {HOLD:?} at a time: {summary}",
@@ -611,7 +646,7 @@ fn end_capture(stream: &Stream) -> Result<sys::CUgraphExec, String> {
 /// instance makes the same kind of call on stream B, both beside the holder: both results
 /// exact at every replay.
 fn graph_beside_direct_calls(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
-    let holder = Holder::new(softmax)?;
+    let holder = Holder::new(softmax.device(), FREE_MULTIPROCESSORS)?;
     let case = Case {
         kind: Kind::Run,
         shape: shape(16, 262_144),
@@ -641,7 +676,7 @@ fn graph_beside_direct_calls(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome
         let mut direct = Buffers::new(&case, rng)?;
         cust::context::CurrentContext::synchronize().map_err(text)?;
         let record = if replay % 2 == 1 {
-            Some(holder.hold()?)
+            Some(holder.hold(HOLD)?)
         } else {
             None
         };
@@ -717,9 +752,11 @@ fn reserve_is_kept(_softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
         return Err(format!("launching the graph: {status:?}"));
     }
     check(&case, &buffers)?;
-    Ok("400 reserved bf16 shapes, 1000 eager shapes, then the first reserved one captured and \
+    Ok(
+        "400 reserved bf16 shapes, 1000 eager shapes, then the first reserved one captured and \
         replayed exactly"
-        .into())
+            .into(),
+    )
 }
 
 /// The context current on this thread.
@@ -793,9 +830,11 @@ fn context_restored(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
             wrong.join(", ")
         ));
     }
-    Ok("run, synchronize, a call on the caller's stream and a new instance each left the \
+    Ok(
+        "run, synchronize, a call on the caller's stream and a new instance each left the \
         caller's context current"
-        .into())
+            .into(),
+    )
 }
 
 /// cudarc buffers written on one cudarc stream (behind a 20 ms kernel) and read by the library

@@ -769,13 +769,17 @@ fn late_writer(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
 }
 
 /// Row-slices shapes (f32, and bf16 through the forward call, special values included) on an
-/// instance whose blocks wait no time for their rows: nearly every block leaves its slice to
-/// its row's last block, which writes it from the input again. The results must be as exact as
-/// ever, and the device's count of blocks that left must grow at every launch (so the leaving
-/// path ran, and the launch was row-slices).
+/// instance whose blocks wait no time for their rows, each launched beside a kernel that holds
+/// all but four multiprocessors (so a row's blocks cannot all be resident at once: on an idle
+/// GPU they all arrive within the timer's resolution, and none would leave). Blocks leave their
+/// slices to their rows' last blocks, which write them from the input again. The results must
+/// be as exact as ever, and the device's count of blocks that left must grow at every launch
+/// (so the leaving path ran, and the launch was row-slices).
 fn leaving_blocks(_softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     let mut impatient = Softmax::new().map_err(|e| e.to_string())?;
     impatient.set_row_barrier_patience(Duration::ZERO);
+    let holder = common::kernels::Holder::new(impatient.device(), 4)?;
+    let hold = Duration::from_millis(20);
     let cuda = |e: cust::error::CudaError| e.to_string();
     let left = |s: &Softmax| s.blocks_that_left().map_err(|e| e.to_string());
     let (mut checked, mut blocks_left) = (0, 0);
@@ -802,9 +806,12 @@ fn leaving_blocks(_softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
         let mut y = poisoned(shape.len())?;
         let (variant, what) = (Variant::RowSlices, "with blocks leaving");
         let before = left(&impatient)?;
+        let held = holder.hold(hold)?;
         if !run_f32_checked(&mut impatient, variant, (&x, &mut y), &values, shape, what)? {
             return Err(format!("row-slices refused {shape}"));
         }
+        holder.stream.synchronize().map_err(cuda)?;
+        drop(held);
         count(format!("f32 {shape}"), before, left(&impatient)?)?;
     }
     let special = Shape::new(common::SPECIAL_ROWS, 200_003).unwrap();
@@ -827,6 +834,7 @@ fn leaving_blocks(_softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
             poisoned_bf16(shape.len())?,
         );
         let before = left(&impatient)?;
+        let held = holder.hold(hold)?;
         forward_bf16_checked(
             &mut impatient,
             (&x, &mut y),
@@ -834,11 +842,15 @@ fn leaving_blocks(_softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
             shape,
             "with blocks leaving",
         )?;
+        holder.stream.synchronize().map_err(cuda)?;
+        drop(held);
         count(format!("bf16 {shape}"), before, left(&impatient)?)?;
     }
     Ok(format!(
-        "{checked} sliced launches with zero patience matched the reference (special values in \
-         bf16 included); {blocks_left} blocks left their slices, some in every launch"
+        "{checked} sliced launches with zero patience beside {} held multiprocessors matched the \
+         reference (special values in bf16 included); {blocks_left} blocks left their slices, \
+         some in every launch",
+        holder.blocks
     ))
 }
 

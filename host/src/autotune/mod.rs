@@ -310,7 +310,10 @@ mod tests {
     fn missing_corrupt_truncated_and_foreign_files_give_an_empty_cache() {
         let (_scratch, path) = temp_path("bad");
         assert!(
-            TuneCache::open(Some(path.clone())).unwrap().entries.is_empty(),
+            TuneCache::open(Some(path.clone()))
+                .unwrap()
+                .entries
+                .is_empty(),
             "missing file"
         );
         let mut cache = TuneCache::open(Some(path.clone())).unwrap();
@@ -333,7 +336,10 @@ mod tests {
             assert!(reopened.entries.is_empty(), "{bad:?} was accepted");
             reopened.save().unwrap();
             assert!(
-                TuneCache::open(Some(path.clone())).unwrap().entries.is_empty(),
+                TuneCache::open(Some(path.clone()))
+                    .unwrap()
+                    .entries
+                    .is_empty(),
                 "rebuilt file must load cleanly"
             );
         }

@@ -11,7 +11,7 @@ use std::time::Instant;
 use super::coldstart::upload;
 use super::timing::median;
 
-use crate::error::Result;
+use crate::error::{CudaContext, Result};
 use crate::shape::Shape;
 use crate::softmax::Softmax;
 use crate::variant::Variant;
@@ -25,7 +25,10 @@ const BATCHES: usize = 50;
 const WARMUP: usize = 1000;
 
 /// The median CPU time per call, in microseconds, of each call kind: f32 `run(Auto)`, bf16
-/// `forward` (softmax), and f32 log-softmax `forward` at a temperature with a per-row scale.
+/// `forward` (softmax), and f32 log-softmax `forward` at a temperature with a per-row scale,
+/// all on a tiny shape (rows in registers, no workspace); then f32 `run(Auto)` on one row cut
+/// into slices, whose blocks exchange through the workspace, on the instance's stream and on
+/// a stream of the caller's.
 pub fn measure(ordinal: u32) -> Result<Vec<(&'static str, f64)>> {
     let mut softmax = Softmax::on_device(ordinal)?;
     let shape = Shape::new(4, 256)?;
@@ -64,18 +67,47 @@ pub fn measure(ordinal: u32) -> Result<Vec<(&'static str, f64)>> {
         "f32 forward (log-softmax, temperature, row scale)",
         operation,
     ));
+
+    let sliced = Shape::new(1, 128_256)?;
+    let wide_input = upload(&vec![0.25f32; sliced.len()])?;
+    let mut wide_output = upload(&vec![0.0f32; sliced.len()])?;
+    let run = per_call(&mut softmax, |s| {
+        s.run(Variant::Auto, &wide_input, &mut wide_output, sliced)
+    })?;
+    results.push(("f32 run(Auto), one sliced row (workspace)", run));
+    let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None)
+        .during("creating a stream")?;
+    let on_stream = per_call_on(&mut softmax, Some(&stream), |s| {
+        s.on(&stream)
+            .run(Variant::Auto, &wide_input, &mut wide_output, sliced)
+    })?;
+    results.push((
+        "f32 run(Auto), one sliced row (workspace), caller's stream",
+        on_stream,
+    ));
     Ok(results)
 }
 
 /// Median microseconds per call of `call` over [`BATCHES`] batches of [`BATCH`] calls.
-fn per_call(
+fn per_call(softmax: &mut Softmax, call: impl FnMut(&mut Softmax) -> Result<()>) -> Result<f64> {
+    per_call_on(softmax, None, call)
+}
+
+/// [`per_call`] for calls issued on `stream` (else the instance's), which is drained between
+/// batches too.
+fn per_call_on(
     softmax: &mut Softmax,
+    stream: Option<&cust::stream::Stream>,
     mut call: impl FnMut(&mut Softmax) -> Result<()>,
 ) -> Result<f64> {
+    let drain = |softmax: &Softmax| {
+        softmax.synchronize()?;
+        stream.map_or(Ok(()), |s| s.synchronize().during("waiting for the stream"))
+    };
     for _ in 0..WARMUP {
         call(softmax)?;
     }
-    softmax.synchronize()?;
+    drain(softmax)?;
     let mut batches = Vec::with_capacity(BATCHES);
     for _ in 0..BATCHES {
         let started = Instant::now();
@@ -83,7 +115,7 @@ fn per_call(
             call(softmax)?;
         }
         batches.push(started.elapsed().as_secs_f64() * 1e6 / BATCH as f64);
-        softmax.synchronize()?;
+        drain(softmax)?;
     }
     Ok(median(batches))
 }

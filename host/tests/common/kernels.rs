@@ -199,3 +199,61 @@ pub fn write_late<T: DeviceCopy>(
     }
     .map_err(|e| format!("launching late_copy: {e}"))
 }
+
+/// A kernel on its own stream that holds all but a few multiprocessors for a while (each of
+/// its blocks takes a multiprocessor's whole shared memory), so that the work beside it
+/// trickles through the rest: a row's blocks cannot all be resident at once, and several
+/// streams' blocks interleave.
+pub struct Holder {
+    module: Module,
+    pub stream: Stream,
+    pub blocks: u32,
+    shared_bytes: u32,
+}
+
+impl Holder {
+    /// A holder of all but `free` multiprocessors of `device`.
+    pub fn new(device: &softmax::DeviceInfo, free: u32) -> Result<Self, String> {
+        Ok(Holder {
+            module: load(device.max_shared_per_block)?,
+            stream: Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None)
+                .map_err(|e| e.to_string())?,
+            blocks: device.multiprocessors.saturating_sub(free),
+            shared_bytes: device.max_shared_per_block,
+        })
+    }
+
+    /// Launches the holders, which leave by themselves after `hold`, and gives them a moment
+    /// to take their places. The returned buffers must live until the holders have finished
+    /// (wait for [`Holder::stream`]).
+    pub fn hold(&self, hold: std::time::Duration) -> Result<Held, String> {
+        let text = |e: cust::error::CudaError| e.to_string();
+        let flag = DeviceBuffer::from_slice(&[0u32]).map_err(text)?;
+        let record =
+            DeviceBuffer::from_slice(&vec![0u64; 3 * self.blocks as usize]).map_err(text)?;
+        let stream = &self.stream;
+        let module = &self.module;
+        // SAFETY: `hold` reads `flag` and writes three words per block of `record`, which holds
+        // as many; both live in `Held` until the holders are waited for; its dynamic shared
+        // memory was allowed when the module was loaded.
+        unsafe {
+            launch!(module.hold<<<self.blocks, 32, self.shared_bytes, stream>>>(
+                flag.as_device_ptr(),
+                record.as_device_ptr(),
+                hold.as_nanos() as u64
+            ))
+        }
+        .map_err(|e| format!("launching the holders: {e}"))?;
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        Ok(Held {
+            _flag: flag,
+            _record: record,
+        })
+    }
+}
+
+/// The buffers of holders in flight.
+pub struct Held {
+    _flag: DeviceBuffer<u32>,
+    _record: DeviceBuffer<u64>,
+}

@@ -25,3 +25,8 @@ pub const CLUSTER_STATS_FLOATS: u32 = 4;
 /// Most blocks in a cluster that holds a row: Hopper's largest, which is above the portable 8
 /// and so needs the function attribute that allows non-portable sizes (set when loading).
 pub const MAX_CLUSTER_BLOCKS: u32 = 16;
+
+/// Words before a launch's barrier words in the workspace: the first counts the row-slices
+/// blocks that left their slices (tests read it); the rest keep the barrier words at the
+/// 128-byte alignment of the allocation.
+pub const BARRIER_HEADER_WORDS: usize = 32;

@@ -150,8 +150,8 @@ pub enum RowExchange<S> {
 /// # Safety
 /// As for [`exchange_row_stats`], except that the blocks need not be resident together;
 /// `barriers` holds `2 · rows + rows · slices` words, zeroed when allocated, and is preceded by
-/// one more word (the count of blocks that left); the caller writes the slices of the blocks
-/// that left when told so.
+/// [`crate::launch::BARRIER_HEADER_WORDS`] more (the first counts the blocks that left); the
+/// caller writes the slices of the blocks that left when told so.
 #[inline(always)]
 pub unsafe fn exchange_row_stats_or_leave<S: Partial>(
     block: S,
@@ -199,10 +199,11 @@ pub unsafe fn exchange_row_stats_or_leave<S: Partial>(
     }
 }
 
-/// The word before a launch's barrier words: a running count of the blocks that left their
-/// slices, in every launch on this workspace, which tests read to prove the path ran.
+/// The first word of the header before a launch's barrier words: a running count of the
+/// blocks that left their slices, in every launch on this workspace, which tests read to prove
+/// the path ran.
 fn leaver_count(barriers: *mut u32) -> *mut u32 {
-    barriers.wrapping_sub(1)
+    barriers.wrapping_sub(crate::launch::BARRIER_HEADER_WORDS)
 }
 
 /// A flag's value once its block left; zero otherwise (a barrier word at rest, which a flag's

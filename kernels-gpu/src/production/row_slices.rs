@@ -30,7 +30,8 @@ use crate::primitives::row_part::EdgePerThreadSlice;
 /// PACK · size_of::<E>()` bytes of dynamic shared memory, where `cached` is 0 or 1. When
 /// `slices > 1`: `partials` holds `2 · rows · slices` floats, `barriers` holds
 /// `2 · rows + rows · slices` words zeroed when allocated and used by one launch at a time,
-/// preceded by one word that counts the blocks that left (kept, not reset), and `slices` ≤ `barrier_word::MAX_PARTICIPANTS`. The blocks need not be resident together:
+/// preceded by `BARRIER_HEADER_WORDS` words whose first counts the blocks that left (kept, not
+/// reset), and `slices` ≤ `barrier_word::MAX_PARTICIPANTS`. The blocks need not be resident together:
 /// a block whose row is still incomplete after `patience_ns` leaves its slice to the row's
 /// last block.
 #[inline(always)]
