@@ -15,7 +15,12 @@ fn main() {
     let cargo = PathBuf::from(env::var_os("CARGO").expect("set by cargo"));
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("set by cargo"));
 
-    ptx_builder::build_all_ptx(&cargo, &workspace, &out_dir).unwrap_or_else(|e| panic!("{e}"));
+    // A failure is one line for the user (the install command where the pinned toolchain is
+    // missing), not a panic's backtrace.
+    if let Err(e) = ptx_builder::build_all_ptx(&cargo, &workspace, &out_dir) {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
     println!(
         "cargo:rerun-if-changed={}",
         workspace.join("kernels-gpu").display()

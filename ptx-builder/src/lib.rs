@@ -73,13 +73,15 @@ fn ptx_target_dir(workspace: &Path) -> PathBuf {
 }
 
 /// Builds every module of [`PTX_MODULES`] for every [`KernelBuild`] into
-/// `dest_dir/<module>.<arch>.ptx`.
+/// `dest_dir/<module>.<arch>.ptx`, with the toolchain `rust-toolchain.toml` pins
+/// ([`KernelCargo::pinned`]; `cargo` where there is no rustup).
 pub fn build_all_ptx(cargo: &Path, workspace: &Path, dest_dir: &Path) -> Result<(), String> {
     std::fs::create_dir_all(dest_dir)
         .map_err(|e| format!("creating {}: {e}", dest_dir.display()))?;
+    let cargo = KernelCargo::pinned(workspace, cargo)?;
     for build in KernelBuild::ALL {
         for module in PTX_MODULES {
-            let built = build_kernels_ptx(cargo, workspace, module, build)?;
+            let built = build_kernels_ptx(&cargo, workspace, module, build)?;
             let ptx = std::fs::read_to_string(&built)
                 .map_err(|e| format!("reading {}: {e}", built.display()))?;
             let dest = dest_dir.join(build.ptx_file(module));
@@ -119,12 +121,120 @@ pub fn minify_ptx(ptx: &str) -> String {
     out
 }
 
+/// The toolchain `rust-toolchain.toml` in `workspace` pins: its channel and components.
+fn pinned_toolchain(workspace: &Path) -> Result<(String, Vec<String>), String> {
+    let file = workspace.join("rust-toolchain.toml");
+    let text = std::fs::read_to_string(&file)
+        .map_err(|e| format!("reading {}: {e}", file.display()))?;
+    let value = |key: &str| {
+        text.lines()
+            .find_map(|line| line.trim().strip_prefix(key)?.trim().strip_prefix('='))
+            .map(str::trim)
+    };
+    let quoted = |text: &str| -> Vec<String> {
+        text.split('"')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_owned)
+            .collect()
+    };
+    let channel = value("channel")
+        .and_then(|v| quoted(v).into_iter().next())
+        .ok_or_else(|| format!("{} names no channel", file.display()))?;
+    let components = value("components").map(quoted).unwrap_or_default();
+    Ok((channel, components))
+}
+
+/// The components the kernel build needs (the rest of the pinned list is for development).
+const KERNEL_COMPONENTS: [&str; 3] = [
+    "rust-src",
+    "llvm-tools-preview",
+    "llvm-bitcode-linker-preview",
+];
+
+/// How the kernels' cargo is started: the pinned toolchain through `rustup run`, whatever
+/// toolchain builds the crate that depends on the kernels (a user's crate on stable Rust, say),
+/// or, on a machine without rustup, the cargo of the outer build.
+#[derive(Debug)]
+pub struct KernelCargo {
+    program: PathBuf,
+    args: Vec<String>,
+}
+
+impl KernelCargo {
+    /// The pinned toolchain of `workspace`'s `rust-toolchain.toml`, checked to be installed
+    /// with the components the kernels need; where none is, an error that is one line naming
+    /// the exact install command. Without rustup, `fallback` (the outer build's cargo).
+    pub fn pinned(workspace: &Path, fallback: &Path) -> Result<Self, String> {
+        let (channel, _) = pinned_toolchain(workspace)?;
+        let install = format!(
+            "softmax-rs builds its GPU kernels with the Rust toolchain {channel} and the \
+             components {}; install them with: rustup toolchain install {channel} --profile \
+             minimal --component {}",
+            KERNEL_COMPONENTS.join(", "),
+            KERNEL_COMPONENTS.join(",")
+        );
+        let probe = Command::new("rustup")
+            .args(["run", &channel, "rustc", "--print", "sysroot"])
+            .env("RUSTUP_AUTO_INSTALL", "0")
+            .env_remove("RUSTUP_TOOLCHAIN")
+            .env_remove("RUSTC")
+            .output();
+        let sysroot = match probe {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(KernelCargo {
+                    program: fallback.to_path_buf(),
+                    args: Vec::new(),
+                });
+            }
+            Err(e) => return Err(format!("could not run rustup: {e}")),
+            Ok(out) if !out.status.success() => return Err(install),
+            Ok(out) => PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()),
+        };
+        // rustup keeps a manifest per installed component beside the toolchain's libraries.
+        let rustlib = sysroot.join("lib").join("rustlib");
+        let manifests: Vec<String> = std::fs::read_dir(&rustlib)
+            .map(|entries| {
+                entries
+                    .filter_map(|e| e.ok()?.file_name().into_string().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let installed = |component: &str| {
+            let base = component.trim_end_matches("-preview");
+            manifests.iter().any(|m| {
+                m.strip_prefix("manifest-")
+                    .is_some_and(|rest| rest.starts_with(base))
+            })
+        };
+        if !KERNEL_COMPONENTS.iter().all(|c| installed(c)) {
+            return Err(install);
+        }
+        Ok(KernelCargo {
+            program: PathBuf::from("rustup"),
+            args: vec!["run".to_owned(), channel, "cargo".to_owned()],
+        })
+    }
+
+    /// A command that runs this cargo, with none of the outer build's toolchain settings.
+    fn command(&self) -> Command {
+        let mut command = Command::new(&self.program);
+        command
+            .args(&self.args)
+            .env_remove("RUSTUP_TOOLCHAIN")
+            .env_remove("RUSTC")
+            .env_remove("RUSTDOC")
+            .env_remove("CARGO");
+        command
+    }
+}
+
 /// Runs `cargo rustc -p kernels-gpu --features <feature>` for `nvptx64-nvidia-cuda` with
 /// `cargo` and returns the path of the PTX it wrote. Each module and build has a target dir
 /// of its own: builds running at once (a `cargo build` beside a `cargo xtask`) then never
 /// overwrite each other's `kernels_gpu.ptx` between a build and its copy.
 fn build_kernels_ptx(
-    cargo: &Path,
+    cargo: &KernelCargo,
     workspace: &Path,
     feature: &str,
     build: KernelBuild,
@@ -139,7 +249,8 @@ fn build_kernels_ptx(
     if build == KernelBuild::Sm80 {
         rustflags.extend(["--cfg".to_owned(), "kernels_sm80".to_owned()]);
     }
-    let status = Command::new(cargo)
+    let status = cargo
+        .command()
         .current_dir(workspace)
         .args([
             "rustc",
@@ -167,7 +278,7 @@ fn build_kernels_ptx(
         .env_remove("CARGO_TARGET_DIR")
         .env_remove("CARGO_BUILD_TARGET")
         .status()
-        .map_err(|e| format!("could not run {}: {e}", cargo.display()))?;
+        .map_err(|e| format!("could not run {}: {e}", cargo.program.display()))?;
     if !status.success() {
         return Err(format!(
             "building kernels-gpu ({feature}, {}) for nvptx64 failed ({status})",
@@ -306,7 +417,55 @@ fn is_cubin(path: &Path) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::minify_ptx;
+    use super::{KernelCargo, minify_ptx, pinned_toolchain};
+
+    /// A folder of this test's own holding a `rust-toolchain.toml` that pins `channel`.
+    fn workspace_pinning(channel: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!(
+            "ptx-builder-{}-{}",
+            std::process::id(),
+            channel.replace('.', "-")
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("rust-toolchain.toml"),
+            format!(
+                "[toolchain]\nchannel = \"{channel}\"\ncomponents = [\"rust-src\", \"clippy\"]\n"
+            ),
+        )
+        .unwrap();
+        dir
+    }
+
+    #[test]
+    fn the_pinned_toolchain_is_read_from_the_toolchain_file() {
+        let dir = workspace_pinning("nightly-2026-10-30");
+        let (channel, components) = pinned_toolchain(&dir).unwrap();
+        assert_eq!(channel, "nightly-2026-10-30");
+        assert_eq!(components, ["rust-src", "clippy"]);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// A pinned toolchain that is not installed is one line with the install command (where
+    /// rustup is there to say so; without it the outer cargo is used).
+    #[test]
+    fn a_missing_pinned_toolchain_names_the_install_command() {
+        let dir = workspace_pinning("nightly-1999-01-01");
+        match KernelCargo::pinned(&dir, std::path::Path::new("cargo")) {
+            Err(message) => {
+                assert!(!message.contains('\n'), "{message}");
+                assert!(
+                    message.contains(
+                        "rustup toolchain install nightly-1999-01-01 --profile minimal \
+                         --component rust-src,llvm-tools-preview,llvm-bitcode-linker-preview"
+                    ),
+                    "{message}"
+                );
+            }
+            Ok(cargo) => assert!(cargo.args.is_empty(), "{cargo:?}"),
+        }
+        let _ = std::fs::remove_dir_all(dir);
+    }
 
     #[test]
     fn minified_ptx_keeps_every_instruction_and_drops_comments_and_blanks() {
