@@ -83,6 +83,59 @@ impl Drop for OwnErrors<'_> {
 const WAITS: &str = "ordering the stream after cudarc's earlier uses of the buffers";
 const RECORDS: &str = "recording the buffers' use on cudarc's events";
 
+/// Rows in a cudarc buffer: `shape`, row `r` starting at element `r · stride` (`stride ≥
+/// cols`; contiguous rows have `stride == cols`), as the strided calls take them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CudarcRows {
+    pub shape: Shape,
+    pub stride: usize,
+}
+
+impl CudarcRows {
+    /// Contiguous rows.
+    pub fn new(shape: Shape) -> Self {
+        CudarcRows {
+            shape,
+            stride: shape.cols(),
+        }
+    }
+
+    /// Rows `stride` elements apart.
+    pub fn strided(shape: Shape, stride: usize) -> Self {
+        CudarcRows { shape, stride }
+    }
+
+    /// The raw view of these rows at `address`.
+    fn raw(self, address: u64, dtype: DType) -> RawRows {
+        RawRows {
+            address,
+            dtype,
+            shape: self.shape,
+            stride: self.stride,
+        }
+    }
+
+    /// Refuses a buffer of `len` elements that ends before the last row does (the raw call
+    /// checks the stride itself).
+    fn check(self, what: &'static str, len: usize) -> Result<()> {
+        let needed = match (self.shape.rows(), self.shape.cols()) {
+            (0, _) | (_, 0) => 0,
+            (rows, cols) => (rows - 1).saturating_mul(self.stride).saturating_add(cols),
+        };
+        if len < needed {
+            return Err(Error::ViewLength {
+                what,
+                len,
+                needed,
+                rows: self.shape.rows(),
+                cols: self.shape.cols(),
+                stride: self.stride,
+            });
+        }
+        Ok(())
+    }
+}
+
 /// Refuses a buffer that does not hold `shape`'s elements.
 fn check_len(what: &'static str, len: usize, shape: Shape) -> Result<()> {
     if len != shape.len() {
@@ -141,6 +194,106 @@ impl Softmax {
                     op,
                     RawRows::new(x, I::DTYPE, shape),
                     RawRows::new(y, O::DTYPE, shape),
+                    options,
+                    stream.cu_stream().cast(),
+                )
+            }
+        };
+        launched.and(errors.check(RECORDS))
+    }
+
+    /// [`Softmax::forward_cudarc`] over strided rows: each buffer holds its rows as its
+    /// [`CudarcRows`] say (the two views of one shape), and may be longer.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_cudarc_strided<I: CudarcElement, O: CudarcElement>(
+        &mut self,
+        op: Operation,
+        input: &impl DevicePtr<I>,
+        input_rows: CudarcRows,
+        output: &mut impl DevicePtrMut<O>,
+        output_rows: CudarcRows,
+        options: &Options<'_>,
+        stream: &CudaStream,
+    ) -> Result<()> {
+        let _context = self.enter()?;
+        self.check_cudarc_stream(stream)?;
+        input_rows.check("input", input.len())?;
+        output_rows.check("output", output.len())?;
+        let errors = OwnErrors::set_aside(stream);
+        let launched = {
+            let (x, _x_read) = input.device_ptr(stream);
+            let (y, _y_written) = output.device_ptr_mut(stream);
+            errors.check(WAITS)?;
+            // SAFETY: as in `forward_cudarc`, with each buffer holding its view (checked).
+            unsafe {
+                self.forward_raw(
+                    op,
+                    input_rows.raw(x, I::DTYPE),
+                    output_rows.raw(y, O::DTYPE),
+                    options,
+                    stream.cu_stream().cast(),
+                )
+            }
+        };
+        launched.and(errors.check(RECORDS))
+    }
+
+    /// [`Softmax::forward_in_place`] over rows held in a cudarc buffer, on `stream`.
+    pub fn forward_cudarc_in_place<T: CudarcElement>(
+        &mut self,
+        op: Operation,
+        data: &mut impl DevicePtrMut<T>,
+        rows: CudarcRows,
+        options: &Options<'_>,
+        stream: &CudaStream,
+    ) -> Result<()> {
+        let _context = self.enter()?;
+        self.check_cudarc_stream(stream)?;
+        rows.check("input", data.len())?;
+        let errors = OwnErrors::set_aside(stream);
+        let launched = {
+            let (x, _x_written) = data.device_ptr_mut(stream);
+            errors.check(WAITS)?;
+            let view = rows.raw(x, T::DTYPE);
+            // SAFETY: as in `forward_cudarc`; the one buffer is read and written through the
+            // same view, which the call computes in place.
+            unsafe { self.forward_raw(op, view, view, options, stream.cu_stream().cast()) }
+        };
+        launched.and(errors.check(RECORDS))
+    }
+
+    /// [`Softmax::log_sum_exp_cudarc`] over rows laid out as `rows` say (strided, or longer
+    /// than the rows).
+    pub fn log_sum_exp_cudarc_strided<I: CudarcElement>(
+        &mut self,
+        input: &impl DevicePtr<I>,
+        rows: CudarcRows,
+        lse: &mut impl DevicePtrMut<f32>,
+        options: &Options<'_>,
+        stream: &CudaStream,
+    ) -> Result<()> {
+        let _context = self.enter()?;
+        self.check_cudarc_stream(stream)?;
+        rows.check("input", input.len())?;
+        if lse.len() != rows.shape.rows() {
+            return Err(Error::PerRowLength {
+                what: "log-sum-exp output",
+                len: lse.len(),
+                rows: rows.shape.rows(),
+                expected: rows.shape.rows(),
+            });
+        }
+        let errors = OwnErrors::set_aside(stream);
+        let launched = {
+            let (x, _x_read) = input.device_ptr(stream);
+            let (lse, _lse_written) = lse.device_ptr_mut(stream);
+            errors.check(WAITS)?;
+            // SAFETY: as in `forward_cudarc`; `input` holds its view and `lse` one f32 per row
+            // (checked).
+            unsafe {
+                self.log_sum_exp_raw(
+                    rows.raw(x, I::DTYPE),
+                    lse,
                     options,
                     stream.cu_stream().cast(),
                 )

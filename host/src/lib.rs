@@ -37,7 +37,7 @@ mod views;
 mod workspace;
 
 #[cfg(feature = "cudarc")]
-pub use cudarc_adapter::CudarcElement;
+pub use cudarc_adapter::{CudarcElement, CudarcRows};
 pub use device::DeviceInfo;
 pub use error::{Error, Result};
 pub use module::{KERNEL_BUILD_ENV, KernelBuild, KernelImage};

@@ -20,6 +20,10 @@
 //!   into `.gpu/bundle.tar.gz` with the kernel images they embed kept once. With `--base REV`,
 //!   the bundle also holds `host-base`, the `host` binary of revision `REV`, for A/B runs of two
 //!   builds side by side.
+//! - `check-candle`: clippy over `integrations/candle` on stable Rust without nvcc, against a
+//!   stand-in for candle-kernels made from its own source (see `candle.rs`).
+
+mod candle;
 
 use std::env;
 use std::fs;
@@ -30,7 +34,8 @@ use std::process::{Command, ExitCode};
 type Result<T> = std::result::Result<T, String>;
 
 const USAGE: &str = "usage: cargo xtask <build-ptx | fetch-driver | fetch-ptxas | \
-                     peer-wheels [PYTHON] | test [ARGS] | device-bundle [--base REV]>";
+                     peer-wheels [PYTHON] | test [ARGS] | device-bundle [--base REV] | \
+                     check-candle>";
 
 fn main() -> ExitCode {
     let args: Vec<String> = env::args().skip(1).collect();
@@ -44,6 +49,7 @@ fn main() -> ExitCode {
             _ => Err(USAGE.into()),
         },
         Some("test") => test(&args[1..]),
+        Some("check-candle") => candle::check_candle(&workspace()),
         Some("device-bundle") => match &args[1..] {
             [] => device_bundle(None),
             [flag, revision] if flag == "--base" => device_bundle(Some(revision)),
