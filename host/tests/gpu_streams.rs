@@ -379,7 +379,10 @@ impl Gate {
     fn new() -> Result<Self, String> {
         let mut opened = std::ptr::null_mut();
         // SAFETY: writes one handle through a valid pointer; destroyed on drop.
-        status(unsafe { sys::cuEventCreate(&mut opened, 2) }, "creating an event")?;
+        status(
+            unsafe { sys::cuEventCreate(&mut opened, 2) },
+            "creating an event",
+        )?;
         Ok(Gate {
             module: common::kernels::load(0)?,
             stream: non_blocking_stream()?,

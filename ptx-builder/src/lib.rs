@@ -124,8 +124,8 @@ pub fn minify_ptx(ptx: &str) -> String {
 /// The toolchain `rust-toolchain.toml` in `workspace` pins: its channel and components.
 fn pinned_toolchain(workspace: &Path) -> Result<(String, Vec<String>), String> {
     let file = workspace.join("rust-toolchain.toml");
-    let text = std::fs::read_to_string(&file)
-        .map_err(|e| format!("reading {}: {e}", file.display()))?;
+    let text =
+        std::fs::read_to_string(&file).map_err(|e| format!("reading {}: {e}", file.display()))?;
     let value = |key: &str| {
         text.lines()
             .find_map(|line| line.trim().strip_prefix(key)?.trim().strip_prefix('='))

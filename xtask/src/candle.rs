@@ -109,7 +109,10 @@ pub fn check_candle(workspace: &Path) -> Result<()> {
         .args(["--", "-D", "warnings"])
         // No nvcc to ask: cudarc's bindings of the CUDA version the GPU machine has.
         .env("CUDARC_CUDA_VERSION", "13000")
-        .env("CARGO_TARGET_DIR", workspace.join("target").join("candle-check")));
+        .env(
+            "CARGO_TARGET_DIR",
+            workspace.join("target").join("candle-check"),
+        ));
     fs::write(&lock, locked).map_err(|e| e.to_string())?;
     checked
 }

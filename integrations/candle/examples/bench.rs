@@ -63,9 +63,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let steps: Vec<(&str, &str, Step)> = vec![
         ("softmax", "copy", Box::new(|x: &Tensor| x.copy())),
-        ("softmax", "softmax-candle", Box::new(softmax_candle::softmax_last_dim)),
-        ("softmax", "candle", Box::new(candle_nn::ops::softmax_last_dim)),
-        ("log-softmax", "softmax-candle", Box::new(softmax_candle::log_softmax_last_dim)),
+        (
+            "softmax",
+            "softmax-candle",
+            Box::new(softmax_candle::softmax_last_dim),
+        ),
+        (
+            "softmax",
+            "candle",
+            Box::new(candle_nn::ops::softmax_last_dim),
+        ),
+        (
+            "log-softmax",
+            "softmax-candle",
+            Box::new(softmax_candle::log_softmax_last_dim),
+        ),
         (
             "log-softmax",
             "candle",

@@ -54,7 +54,10 @@ impl Model {
     /// softmax family from softmax-candle (`ours`) or from candle's own ops.
     fn loss(&self, tokens: &Tensor, targets: &Tensor, ours: bool) -> candle_core::Result<Tensor> {
         let head_width = WIDTH / HEADS;
-        let x = self.embedding.as_tensor().index_select(&tokens.flatten_all()?, 0)?;
+        let x = self
+            .embedding
+            .as_tensor()
+            .index_select(&tokens.flatten_all()?, 0)?;
         let split = |w: &Var| -> candle_core::Result<Tensor> {
             x.matmul(w.as_tensor())?
                 .reshape((BATCH, LENGTH, HEADS, head_width))?
@@ -66,13 +69,22 @@ impl Model {
         let scores = q.matmul(&k.t()?)?;
         let scale = 1.0 / (head_width as f64).sqrt();
         let attention = if ours {
-            softmax_candle::softmax(&scores, &SoftmaxOptions::softmax().scale(scale as f32).causal())?
+            softmax_candle::softmax(
+                &scores,
+                &SoftmaxOptions::softmax().scale(scale as f32).causal(),
+            )?
         } else {
             let future: Vec<f32> = (0..LENGTH * LENGTH)
-                .map(|i| if i % LENGTH > i / LENGTH { f32::NEG_INFINITY } else { 0.0 })
+                .map(|i| {
+                    if i % LENGTH > i / LENGTH {
+                        f32::NEG_INFINITY
+                    } else {
+                        0.0
+                    }
+                })
                 .collect();
             let future = Tensor::from_vec(future, (LENGTH, LENGTH), scores.device())?;
-            candle_nn::ops::softmax((scores * scale)?.broadcast_add(&future)?, D::Minus1)?
+            candle_nn::ops::softmax(&(scores * scale)?.broadcast_add(&future)?, D::Minus1)?
         };
         let context = attention
             .matmul(&v)?
@@ -90,7 +102,10 @@ impl Model {
 }
 
 /// The median wall time of `step` (which synchronizes) over `runs` runs after one warm-up.
-fn median_ms(runs: usize, mut step: impl FnMut() -> candle_core::Result<()>) -> candle_core::Result<f64> {
+fn median_ms(
+    runs: usize,
+    mut step: impl FnMut() -> candle_core::Result<()>,
+) -> candle_core::Result<f64> {
     step()?;
     let mut times = Vec::with_capacity(runs);
     for _ in 0..runs {
@@ -121,12 +136,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let (g_ours, g_theirs) = (ours.backward()?, theirs.backward()?);
     for (name, var) in model.vars() {
-        let (Some(a), Some(b)) = (g_ours.get(var.as_tensor()), g_theirs.get(var.as_tensor())) else {
+        let (Some(a), Some(b)) = (g_ours.get(var.as_tensor()), g_theirs.get(var.as_tensor()))
+        else {
             failures.push(format!("no gradient for {name}"));
             continue;
         };
-        let scale = b.abs()?.max_keepdim(0)?.max_keepdim(1)?.i((0, 0))?.to_scalar::<f32>()?;
-        let difference = (a - b)?.abs()?.max_keepdim(0)?.max_keepdim(1)?.i((0, 0))?.to_scalar::<f32>()?;
+        let scale = b
+            .abs()?
+            .max_keepdim(0)?
+            .max_keepdim(1)?
+            .i((0, 0))?
+            .to_scalar::<f32>()?;
+        let difference = (a - b)?
+            .abs()?
+            .max_keepdim(0)?
+            .max_keepdim(1)?
+            .i((0, 0))?
+            .to_scalar::<f32>()?;
         let relative = difference / scale.max(1e-30);
         println!("gradient of {name}: largest difference {relative:.2e} of its largest value");
         if relative > 1e-3 {

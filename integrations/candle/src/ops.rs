@@ -4,16 +4,16 @@
 //! each CPU implementation computes the library's f64 reference.
 
 use candle_core::backend::{BackendDevice, BackendStorage};
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DevicePtr, DeviceRepr};
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaStream, CudaView, DevicePtr};
 use candle_core::cuda_backend::{CudaDType, CudaDevice};
 use candle_core::{
     CpuStorage, CudaStorage, CustomOp1, CustomOp2, D, DType, DeviceLocation, InplaceOp1, Layout,
     Result, Shape as CandleShape, Tensor, bail,
 };
 use half::{bf16, f16};
-use softmax::cust::memory::{DevicePointer, DeviceSlice};
+use softmax::cust::memory::{DeviceCopy, DevicePointer, DeviceSlice};
 use softmax::reference::{Scores, backward_f64};
-use softmax::{CudarcElement, CudarcRows, MaskedRows, Operation, Options};
+use softmax::{CudarcRows, MaskedRows, Operation, Options};
 
 use crate::instance::with_softmax;
 use crate::rows::Rows;
@@ -50,7 +50,9 @@ impl Scoring {
 
     /// The library's options, with the mask at `mask` (a device slice of its values).
     fn options<'a>(&self, mask: Option<&'a MaskSlice>) -> Options<'a> {
-        let mut options = Options::new().scale(self.scale).masked_rows(self.masked_rows);
+        let mut options = Options::new()
+            .scale(self.scale)
+            .masked_rows(self.masked_rows);
         if self.causal {
             options = options.causal();
         }
@@ -60,7 +62,6 @@ impl Scoring {
             None => options,
         }
     }
-
 }
 
 /// A mask tensor's values as the library's options take them.
@@ -180,29 +181,47 @@ impl Scoring {
         }
     }
 
-    /// The mask tensor's values on the device, contiguous, ordered after its writes on
-    /// `device`'s stream (the call's own stream).
-    fn mask_slice(&self, storage: &CudaStorage, layout: &Layout) -> Result<MaskSlice> {
-        let Some((start, end)) = layout.contiguous_offsets() else {
+    /// Runs `call` with the library's options for these scores and, where the call carries
+    /// one, the mask tensor's values (contiguous), read through cudarc's bookkeeping on
+    /// `stream` (the call's own stream): ordered after the mask's writes, and its read
+    /// recorded after `call`'s launches.
+    fn with_options<R>(
+        &self,
+        mask: Option<(&CudaStorage, &Layout)>,
+        stream: &CudaStream,
+        call: impl FnOnce(&Options<'_>) -> Result<R>,
+    ) -> Result<R> {
+        let Some((storage, layout)) = mask else {
+            return call(&self.options(None));
+        };
+        let Some(range) = layout.contiguous_offsets() else {
             bail!("softmax-candle: the mask must be contiguous");
         };
-        let stream = storage.device().cuda_stream();
-        // The mask is read on the call's stream, the one it was made on.
-        fn raw<T: DeviceRepr + softmax::cust::memory::DeviceCopy + CudaDType>(
+        fn read<T: CudaDType + DeviceCopy, R>(
             storage: &CudaStorage,
             (start, end): (usize, usize),
-            stream: &candle_core::cuda_backend::cudarc::driver::CudaStream,
-        ) -> Result<DeviceSlice<T>> {
+            stream: &CudaStream,
+            call: impl FnOnce(DeviceSlice<T>) -> Result<R>,
+        ) -> Result<R> {
             let slice = storage.as_cuda_slice::<T>()?;
-            let (address, _read) = slice.slice(start..end).device_ptr(stream);
+            let view = slice.slice(start..end);
+            let (address, _read) = view.device_ptr(stream);
             // SAFETY: the range lies inside the mask's storage, which the tensor keeps alive
-            // for the operation; the library only reads it, on the same stream.
-            Ok(unsafe { DeviceSlice::from_raw_parts(DevicePointer::from_raw(address), end - start) })
+            // for the operation; the library only reads it, on `stream`, before `_read`
+            // records that use.
+            let values = unsafe {
+                DeviceSlice::from_raw_parts(DevicePointer::from_raw(address), end - start)
+            };
+            call(values)
         }
         match self.mask {
-            Some(MaskKind::Additive) => Ok(MaskSlice::Additive(raw(storage, (start, end), &stream)?)),
-            Some(MaskKind::Allowed) => Ok(MaskSlice::Allowed(raw(storage, (start, end), &stream)?)),
-            None => bail!("softmax-candle: no mask was asked for"),
+            Some(MaskKind::Additive) => read(storage, range, stream, |m| {
+                call(&self.options(Some(&MaskSlice::Additive(m))))
+            }),
+            Some(MaskKind::Allowed) => read(storage, range, stream, |m| {
+                call(&self.options(Some(&MaskSlice::Allowed(m))))
+            }),
+            None => bail!("softmax-candle: a mask tensor without a mask kind"),
         }
     }
 }
@@ -223,11 +242,19 @@ impl Forward {
         }
     }
 
-    fn cpu(&self, storage: &CpuStorage, layout: &Layout, mask: Option<&CpuMask>) -> Result<(CpuStorage, CandleShape)> {
+    fn cpu(
+        &self,
+        storage: &CpuStorage,
+        layout: &Layout,
+        mask: Option<&CpuMask>,
+    ) -> Result<(CpuStorage, CandleShape)> {
         let rows = Rows::of(layout)?;
         let x = cpu_rows(storage, &rows)?;
         let log = self.operation == Operation::LogSoftmax;
-        let y = self.scoring.scores(mask).forward(log, &x, rows.shape.rows(), rows.shape.cols());
+        let y = self
+            .scoring
+            .scores(mask)
+            .forward(log, &x, rows.shape.rows(), rows.shape.cols());
         Ok((cpu_storage(&y, self.output)?, layout.shape().clone()))
     }
 
@@ -240,25 +267,23 @@ impl Forward {
         let rows = Rows::of(layout)?;
         let device = storage.device().clone();
         let stream = device.cuda_stream();
-        let mask = mask
-            .map(|(s, l)| self.scoring.mask_slice(s, l))
-            .transpose()?;
-        let options = self.scoring.options(mask.as_ref());
         macro_rules! call {
             ($i:ty, $o:ty) => {{
                 let input = storage.as_cuda_slice::<$i>()?;
                 // SAFETY: every element is written by the call before anything reads it.
                 let mut output = unsafe { device.alloc::<$o>(rows.shape.len())? };
-                with_softmax(ordinal(&device)?, |softmax| {
-                    softmax.forward_cudarc_strided(
-                        self.operation,
-                        &view(input, &rows),
-                        rows.view(),
-                        &mut output,
-                        CudarcRows::new(rows.shape),
-                        &options,
-                        &stream,
-                    )
+                self.scoring.with_options(mask, &stream, |options| {
+                    with_softmax(ordinal(&device)?, |softmax| {
+                        softmax.forward_cudarc_strided(
+                            self.operation,
+                            &view(input, &rows),
+                            rows.view(),
+                            &mut output,
+                            CudarcRows::new(rows.shape),
+                            options,
+                            &stream,
+                        )
+                    })
                 })?;
                 <$o as CudaDType>::wrap_cuda_slice(output, device.clone())
             }};
@@ -288,7 +313,11 @@ impl CustomOp1 for Forward {
         self.cpu(storage, layout, None)
     }
 
-    fn cuda_fwd(&self, storage: &CudaStorage, layout: &Layout) -> Result<(CudaStorage, CandleShape)> {
+    fn cuda_fwd(
+        &self,
+        storage: &CudaStorage,
+        layout: &Layout,
+    ) -> Result<(CudaStorage, CandleShape)> {
         self.cuda(storage, layout, None)
     }
 
@@ -369,7 +398,13 @@ impl InplaceOp1 for Forward {
                 let data = storage.as_cuda_slice_mut::<$t>()?;
                 let mut data = data.slice_mut(rows.offset..rows.offset + rows.span());
                 with_softmax(ordinal(&device)?, |softmax| {
-                    softmax.forward_cudarc_in_place(self.operation, &mut data, rows.view(), &options, &stream)
+                    softmax.forward_cudarc_in_place(
+                        self.operation,
+                        &mut data,
+                        rows.view(),
+                        &options,
+                        &stream,
+                    )
                 })
             }};
         }
@@ -461,10 +496,18 @@ impl LogSumExp {
         CandleShape::from_dims(&dims[..dims.len().saturating_sub(1)])
     }
 
-    fn cpu(&self, storage: &CpuStorage, layout: &Layout, mask: Option<&CpuMask>) -> Result<(CpuStorage, CandleShape)> {
+    fn cpu(
+        &self,
+        storage: &CpuStorage,
+        layout: &Layout,
+        mask: Option<&CpuMask>,
+    ) -> Result<(CpuStorage, CandleShape)> {
         let rows = Rows::of(layout)?;
         let x = cpu_rows(storage, &rows)?;
-        let lse = self.scoring.scores(mask).log_sum_exp(&x, rows.shape.rows(), rows.shape.cols());
+        let lse = self
+            .scoring
+            .scores(mask)
+            .log_sum_exp(&x, rows.shape.rows(), rows.shape.cols());
         Ok((cpu_storage(&lse, DType::F32)?, Self::shape(layout)))
     }
 
@@ -477,17 +520,21 @@ impl LogSumExp {
         let rows = Rows::of(layout)?;
         let device = storage.device().clone();
         let stream = device.cuda_stream();
-        let mask = mask
-            .map(|(s, l)| self.scoring.mask_slice(s, l))
-            .transpose()?;
-        let options = self.scoring.options(mask.as_ref());
         // SAFETY: every element is written by the call before anything reads it.
         let mut lse = unsafe { device.alloc::<f32>(rows.shape.rows())? };
         macro_rules! call {
             ($i:ty) => {{
                 let input = storage.as_cuda_slice::<$i>()?;
-                with_softmax(ordinal(&device)?, |softmax| {
-                    softmax.log_sum_exp_cudarc_strided(&view(input, &rows), rows.view(), &mut lse, &options, &stream)
+                self.scoring.with_options(mask, &stream, |options| {
+                    with_softmax(ordinal(&device)?, |softmax| {
+                        softmax.log_sum_exp_cudarc_strided(
+                            &view(input, &rows),
+                            rows.view(),
+                            &mut lse,
+                            options,
+                            &stream,
+                        )
+                    })
                 })?
             }};
         }
@@ -497,7 +544,10 @@ impl LogSumExp {
             DType::F16 => call!(f16),
             other => bail!("softmax-candle: element type {other:?} is not f32, bf16 or f16"),
         }
-        Ok((CudaStorage::wrap_cuda_slice(lse, device), Self::shape(layout)))
+        Ok((
+            CudaStorage::wrap_cuda_slice(lse, device),
+            Self::shape(layout),
+        ))
     }
 
     /// `∂lse/∂x = softmax(x)` of the same scores (scaled: times the scale), times the
@@ -528,7 +578,11 @@ impl CustomOp1 for LogSumExp {
         self.cpu(storage, layout, None)
     }
 
-    fn cuda_fwd(&self, storage: &CudaStorage, layout: &Layout) -> Result<(CudaStorage, CandleShape)> {
+    fn cuda_fwd(
+        &self,
+        storage: &CudaStorage,
+        layout: &Layout,
+    ) -> Result<(CudaStorage, CandleShape)> {
         self.cuda(storage, layout, None)
     }
 

@@ -99,7 +99,10 @@ mod tests {
         assert_eq!((r.shape.rows(), r.shape.cols(), r.stride), (6, 10, 10));
         // The last dimension narrowed from 10 to 7, starting at element 2.
         let r = rows(&[2, 3, 7], &[30, 10, 1], 2).unwrap();
-        assert_eq!((r.shape.rows(), r.stride, r.offset, r.span()), (6, 10, 2, 57));
+        assert_eq!(
+            (r.shape.rows(), r.stride, r.offset, r.span()),
+            (6, 10, 2, 57)
+        );
         // Dimensions of size 1 may have any stride.
         let r = rows(&[1, 4, 1, 5], &[999, 5, 77, 1], 0).unwrap();
         assert_eq!((r.shape.rows(), r.stride), (4, 5));

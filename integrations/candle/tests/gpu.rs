@@ -19,7 +19,10 @@ const TESTS: &[common::Test] = &[
     ("candle_options_match_candle_composed", options),
     ("candle_gradients_match_candles_autograd", gradients),
     ("candle_in_place_matches_the_out_of_place_call", in_place),
-    ("candle_both_kinds_of_stream_and_the_cpu_agree", streams_and_cpu),
+    (
+        "candle_both_kinds_of_stream_and_the_cpu_agree",
+        streams_and_cpu,
+    ),
     ("candle_layouts_it_cannot_take_are_refused", refused),
 ];
 
@@ -36,7 +39,12 @@ fn device() -> Result<Device, String> {
 }
 
 /// Random scores of `dims` on `device`, in `dtype` (drawn in f32, seeded).
-fn scores(rng: &mut StdRng, dims: &[usize], dtype: DType, device: &Device) -> Result<Tensor, String> {
+fn scores(
+    rng: &mut StdRng,
+    dims: &[usize],
+    dtype: DType,
+    device: &Device,
+) -> Result<Tensor, String> {
     let len = dims.iter().product();
     let shape = softmax::Shape::new(1, len).map_err(text)?;
     let values = common::random_matrix(rng, shape, 8.0);
@@ -66,7 +74,11 @@ fn worst(a: &Tensor, b: &Tensor, floor: f32) -> Result<f32, String> {
         } else {
             f32::NAN
         };
-        if error.is_nan() { f32::NAN } else { w.max(error) }
+        if error.is_nan() {
+            f32::NAN
+        } else {
+            w.max(error)
+        }
     }))
 }
 
@@ -88,7 +100,13 @@ fn tolerance(dtype: DType) -> f32 {
     }
 }
 
-const SHAPES: [&[usize]; 5] = [&[3, 7, 1001], &[5, 32000], &[1, 128_256], &[2, 3, 50257], &[4096, 100]];
+const SHAPES: [&[usize]; 5] = [
+    &[3, 7, 1001],
+    &[5, 32000],
+    &[1, 128_256],
+    &[2, 3, 50257],
+    &[4096, 100],
+];
 
 /// Softmax, log-softmax and log-sum-exp of f32, bf16 and f16 tensors against candle's fused
 /// softmax, its composed log-softmax and its log-sum-exp computed in f32 on the same values;
@@ -117,18 +135,34 @@ fn values(_: &mut softmax::Softmax, rng: &mut StdRng) -> Outcome {
         let narrow = wide.narrow(D::Minus1, 4, 1001).map_err(text)?;
         let ours = softmax_candle::softmax_last_dim(&narrow).map_err(text)?;
         let theirs = candle_nn::ops::softmax_last_dim(
-            &narrow.to_dtype(DType::F32).and_then(|t| t.contiguous()).map_err(text)?,
+            &narrow
+                .to_dtype(DType::F32)
+                .and_then(|t| t.contiguous())
+                .map_err(text)?,
         )
         .map_err(text)?;
-        close(&format!("strided softmax {dtype:?}"), &ours, &theirs, 1e-30, tolerance(dtype))?;
+        close(
+            &format!("strided softmax {dtype:?}"),
+            &ours,
+            &theirs,
+            1e-30,
+            tolerance(dtype),
+        )?;
         checked += 1;
     }
-    Ok(format!("{checked} results match candle's own ops (f32, bf16, f16; strided rows)"))
+    Ok(format!(
+        "{checked} results match candle's own ops (f32, bf16, f16; strided rows)"
+    ))
 }
 
 /// The scores `options` describe, composed from candle ops in f32: scale, then an additive
 /// mask or the -inf of an allowed mask's zeros, or the causal triangle.
-fn composed_scores(x: &Tensor, scale: f64, mask: Option<&Tensor>, causal: bool) -> Result<Tensor, String> {
+fn composed_scores(
+    x: &Tensor,
+    scale: f64,
+    mask: Option<&Tensor>,
+    causal: bool,
+) -> Result<Tensor, String> {
     let mut s = (x.to_dtype(DType::F32).map_err(text)? * scale).map_err(text)?;
     if let Some(mask) = mask {
         s = s.broadcast_add(mask).map_err(text)?;
@@ -136,7 +170,13 @@ fn composed_scores(x: &Tensor, scale: f64, mask: Option<&Tensor>, causal: bool) 
     if causal {
         let cols = *x.dims().last().expect("a last dimension");
         let triangle: Vec<f32> = (0..cols * cols)
-            .map(|i| if i % cols > i / cols { f32::NEG_INFINITY } else { 0.0 })
+            .map(|i| {
+                if i % cols > i / cols {
+                    f32::NEG_INFINITY
+                } else {
+                    0.0
+                }
+            })
             .collect();
         let triangle = Tensor::from_vec(triangle, (cols, cols), x.device()).map_err(text)?;
         s = s.broadcast_add(&triangle).map_err(text)?;
@@ -160,16 +200,38 @@ fn options(_: &mut softmax::Softmax, rng: &mut StdRng) -> Outcome {
         let allowed = Tensor::from_vec(allowed_values, (64, 64), &device).map_err(text)?;
         let allowed_as_additive = Tensor::from_vec(as_additive, (64, 64), &device).map_err(text)?;
         let cases: [(SoftmaxOptions, f64, Option<&Tensor>, bool); 5] = [
-            (SoftmaxOptions::softmax().temperature(0.7), 1.0 / 0.7, None, false),
-            (SoftmaxOptions::log_softmax().scale(0.125), 0.125, None, false),
-            (SoftmaxOptions::softmax().mask(Mask::Additive(additive.clone())), 1.0, Some(&additive), false),
             (
-                SoftmaxOptions::softmax().scale(0.5).mask(Mask::Allowed(allowed.clone())),
+                SoftmaxOptions::softmax().temperature(0.7),
+                1.0 / 0.7,
+                None,
+                false,
+            ),
+            (
+                SoftmaxOptions::log_softmax().scale(0.125),
+                0.125,
+                None,
+                false,
+            ),
+            (
+                SoftmaxOptions::softmax().mask(Mask::Additive(additive.clone())),
+                1.0,
+                Some(&additive),
+                false,
+            ),
+            (
+                SoftmaxOptions::softmax()
+                    .scale(0.5)
+                    .mask(Mask::Allowed(allowed.clone())),
                 0.5,
                 Some(&allowed_as_additive),
                 false,
             ),
-            (SoftmaxOptions::log_softmax().scale(0.125).causal(), 0.125, None, true),
+            (
+                SoftmaxOptions::log_softmax().scale(0.125).causal(),
+                0.125,
+                None,
+                true,
+            ),
         ];
         for (i, (options, scale, mask, causal)) in cases.into_iter().enumerate() {
             let s = composed_scores(&x, scale, mask, causal)?;
@@ -182,7 +244,13 @@ fn options(_: &mut softmax::Softmax, rng: &mut StdRng) -> Outcome {
             .map_err(text)?;
             let ours = softmax_candle::softmax(&x, &options).map_err(text)?;
             let floor = if log { 1.0 } else { 1e-30 };
-            close(&format!("options case {i} {dtype:?}"), &ours, &theirs, floor, tolerance(dtype))?;
+            close(
+                &format!("options case {i} {dtype:?}"),
+                &ours,
+                &theirs,
+                floor,
+                tolerance(dtype),
+            )?;
             let lse = softmax_candle::log_sum_exp_with(&x, &options).map_err(text)?;
             close(
                 &format!("log-sum-exp, options case {i} {dtype:?}"),
@@ -199,13 +267,19 @@ fn options(_: &mut softmax::Softmax, rng: &mut StdRng) -> Outcome {
             .mask(Mask::Allowed(none))
             .masked_rows(MaskedRows::Zero);
         let y = softmax_candle::softmax(&x, &zero).map_err(text)?;
-        let total = y.to_dtype(DType::F32).and_then(|y| y.abs()?.sum_all()?.to_scalar::<f32>());
+        let total = y
+            .to_dtype(DType::F32)
+            .and_then(|y| y.abs()?.sum_all()?.to_scalar::<f32>());
         if total.map_err(text)? != 0.0 {
-            return Err(format!("{dtype:?}: rows masked everywhere are not all zeros"));
+            return Err(format!(
+                "{dtype:?}: rows masked everywhere are not all zeros"
+            ));
         }
         checked += 1;
     }
-    Ok(format!("{checked} results with options match candle's composed scores"))
+    Ok(format!(
+        "{checked} results with options match candle's composed scores"
+    ))
 }
 
 /// `loss = Σ (op(x · a) ⊙ w)` through a small graph (a matrix product before the operation),
@@ -216,9 +290,12 @@ fn gradients(_: &mut softmax::Softmax, rng: &mut StdRng) -> Outcome {
     let mut checked = 0;
     for dtype in [DType::F32, DType::BF16] {
         for (rows, inner, cols) in [(37, 16, 1001), (8, 32, 32000), (64, 64, 64)] {
-            let x = Var::from_tensor(&scores(rng, &[rows, inner], dtype, &device)?).map_err(text)?;
-            let a = Var::from_tensor(&(scores(rng, &[inner, cols], dtype, &device)? * 0.1).map_err(text)?)
-                .map_err(text)?;
+            let x =
+                Var::from_tensor(&scores(rng, &[rows, inner], dtype, &device)?).map_err(text)?;
+            let a = Var::from_tensor(
+                &(scores(rng, &[inner, cols], dtype, &device)? * 0.1).map_err(text)?,
+            )
+            .map_err(text)?;
             let w = scores(rng, &[rows, cols], DType::F32, &device)?;
             for case in 0..4 {
                 let loss = |ours: bool| -> Result<Tensor, String> {
@@ -229,8 +306,12 @@ fn gradients(_: &mut softmax::Softmax, rng: &mut StdRng) -> Outcome {
                         (0, false) => candle_nn::ops::softmax(&h32, D::Minus1),
                         (1, true) => softmax_candle::log_softmax_last_dim(&h),
                         (1, false) => candle_nn::ops::log_softmax(&h32, D::Minus1),
-                        (2, true) => softmax_candle::softmax(&h, &SoftmaxOptions::softmax().temperature(0.5)),
-                        (2, false) => candle_nn::ops::softmax(&(&h32 * 2.0).map_err(text)?, D::Minus1),
+                        (2, true) => {
+                            softmax_candle::softmax(&h, &SoftmaxOptions::softmax().temperature(0.5))
+                        }
+                        (2, false) => {
+                            candle_nn::ops::softmax(&(&h32 * 2.0).map_err(text)?, D::Minus1)
+                        }
                         (_, true) => softmax_candle::log_sum_exp(&h).and_then(|l| l.unsqueeze(1)),
                         (_, false) => h32.log_sum_exp(D::Minus1).and_then(|l| l.unsqueeze(1)),
                     }
@@ -241,17 +322,28 @@ fn gradients(_: &mut softmax::Softmax, rng: &mut StdRng) -> Outcome {
                         .map_err(text)
                 };
                 let (ours, theirs) = (loss(true)?, loss(false)?);
-                let (ours, theirs) = (ours.backward().map_err(text)?, theirs.backward().map_err(text)?);
+                let (ours, theirs) = (
+                    ours.backward().map_err(text)?,
+                    theirs.backward().map_err(text)?,
+                );
                 for (name, var) in [("x", &x), ("a", &a)] {
-                    let (g_ours, g_theirs) = (ours.get(var.as_tensor()), theirs.get(var.as_tensor()));
+                    let (g_ours, g_theirs) =
+                        (ours.get(var.as_tensor()), theirs.get(var.as_tensor()));
                     let (Some(g_ours), Some(g_theirs)) = (g_ours, g_theirs) else {
                         return Err(format!("case {case}: no gradient for {name}"));
                     };
                     let scale = g_theirs
                         .to_dtype(DType::F32)
-                        .and_then(|g| g.abs()?.max_keepdim(0)?.max_keepdim(1)?.flatten_all()?.to_vec1::<f32>())
+                        .and_then(|g| {
+                            g.abs()?
+                                .max_keepdim(0)?
+                                .max_keepdim(1)?
+                                .flatten_all()?
+                                .to_vec1::<f32>()
+                        })
                         .map_err(text)?[0];
-                    let what = format!("gradient of {name}, case {case}, {dtype:?} {rows}x{inner}x{cols}");
+                    let what =
+                        format!("gradient of {name}, case {case}, {dtype:?} {rows}x{inner}x{cols}");
                     let tol = if dtype == DType::BF16 { 5e-2 } else { 1e-3 };
                     close(&what, g_ours, g_theirs, scale.max(1e-30), tol)?;
                     checked += 1;
@@ -259,7 +351,9 @@ fn gradients(_: &mut softmax::Softmax, rng: &mut StdRng) -> Outcome {
             }
         }
     }
-    Ok(format!("{checked} gradients through a matrix product and the operation match candle's autograd"))
+    Ok(format!(
+        "{checked} gradients through a matrix product and the operation match candle's autograd"
+    ))
 }
 
 /// The in-place forms leave in the tensor what the out-of-place calls return.
@@ -267,7 +361,10 @@ fn in_place(_: &mut softmax::Softmax, rng: &mut StdRng) -> Outcome {
     let device = device()?;
     let mut checked = 0;
     for dtype in [DType::F32, DType::BF16, DType::F16] {
-        for options in [SoftmaxOptions::softmax(), SoftmaxOptions::log_softmax().temperature(0.7)] {
+        for options in [
+            SoftmaxOptions::softmax(),
+            SoftmaxOptions::log_softmax().temperature(0.7),
+        ] {
             let x = scores(rng, &[3, 50257], dtype, &device)?;
             let expected = softmax_candle::softmax(&x, &options).map_err(text)?;
             softmax_candle::softmax_in_place(&x, &options).map_err(text)?;
@@ -275,7 +372,9 @@ fn in_place(_: &mut softmax::Softmax, rng: &mut StdRng) -> Outcome {
             checked += 1;
         }
     }
-    Ok(format!("{checked} in-place calls equal the out-of-place ones"))
+    Ok(format!(
+        "{checked} in-place calls equal the out-of-place ones"
+    ))
 }
 
 /// Calls on a device with its own stream (`new_cuda_with_stream`) and on the per-thread
@@ -289,7 +388,13 @@ fn streams_and_cpu(_: &mut softmax::Softmax, rng: &mut StdRng) -> Outcome {
     for (name, device) in [("per-thread stream", &per_thread), ("own stream", &own)] {
         let y = softmax_candle::log_softmax_last_dim(&x.to_device(device).map_err(text)?)
             .map_err(text)?;
-        close(name, &y.to_device(&Device::Cpu).map_err(text)?, &cpu, 1.0, 2e-5)?;
+        close(
+            name,
+            &y.to_device(&Device::Cpu).map_err(text)?,
+            &cpu,
+            1.0,
+            2e-5,
+        )?;
     }
     Ok("the per-thread stream, a device's own stream and the CPU reference agree".into())
 }
@@ -308,7 +413,11 @@ fn refused(_: &mut softmax::Softmax, rng: &mut StdRng) -> Outcome {
                 .map_err(text)?,
             "collapse",
         ),
-        ("u32", x.to_dtype(DType::U32).map_err(text)?, "f32, bf16 or f16"),
+        (
+            "u32",
+            x.to_dtype(DType::U32).map_err(text)?,
+            "f32, bf16 or f16",
+        ),
     ];
     for (what, tensor, says) in cases {
         match softmax_candle::softmax_last_dim(&tensor) {
