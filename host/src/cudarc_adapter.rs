@@ -163,8 +163,26 @@ impl Softmax {
         Ok(())
     }
 
+    /// The frame of every call here: this instance's context current, `stream` checked to be
+    /// of this device, cudarc's error slot set aside. `call` takes the buffers' pointers
+    /// (whose guards record their use on `stream` when dropped, after the launches), checks
+    /// the waits those asked for ([`WAITS`]), and launches; the guards' records are checked
+    /// after it.
+    fn through_cudarc(
+        &mut self,
+        stream: &CudaStream,
+        call: impl FnOnce(&mut Self, &OwnErrors<'_>) -> Result<()>,
+    ) -> Result<()> {
+        let _context = self.enter()?;
+        self.check_cudarc_stream(stream)?;
+        let errors = OwnErrors::set_aside(stream);
+        let launched = call(self, &errors);
+        launched.and(errors.check(RECORDS))
+    }
+
     /// [`Softmax::forward`] of contiguous rows (`shape`) held in cudarc buffers (a
-    /// `CudaSlice`, `CudaView` or `CudaViewMut`), enqueued on `stream`.
+    /// `CudaSlice`, `CudaView` or `CudaViewMut`) of exactly `shape`'s elements, enqueued on
+    /// `stream`.
     pub fn forward_cudarc<I: CudarcElement, O: CudarcElement>(
         &mut self,
         op: Operation,
@@ -174,32 +192,10 @@ impl Softmax {
         options: &Options<'_>,
         stream: &CudaStream,
     ) -> Result<()> {
-        let _context = self.enter()?;
-        self.check_cudarc_stream(stream)?;
         check_len("input", input.len(), shape)?;
         check_len("output", output.len(), shape)?;
-        let errors = OwnErrors::set_aside(stream);
-        let launched = {
-            // The guards record this use on `stream` when dropped, after the launches.
-            let (x, _x_read) = input.device_ptr(stream);
-            let (y, _y_written) = output.device_ptr_mut(stream);
-            errors.check(WAITS)?;
-            // SAFETY: cudarc's buffers hold `shape.len()` elements of their types (checked)
-            // and stay allocated while borrowed, which outlasts the call; cudarc made `stream`
-            // wait for their earlier uses, and its guards order later uses after this work;
-            // the stream is of this device (checked), whose primary context both libraries
-            // use; `output` is borrowed mutably, so it is not `input`.
-            unsafe {
-                self.forward_raw(
-                    op,
-                    RawRows::new(x, I::DTYPE, shape),
-                    RawRows::new(y, O::DTYPE, shape),
-                    options,
-                    stream.cu_stream().cast(),
-                )
-            }
-        };
-        launched.and(errors.check(RECORDS))
+        let rows = CudarcRows::new(shape);
+        self.forward_cudarc_strided(op, input, rows, output, rows, options, stream)
     }
 
     /// [`Softmax::forward_cudarc`] over strided rows: each buffer holds its rows as its
@@ -215,18 +211,19 @@ impl Softmax {
         options: &Options<'_>,
         stream: &CudaStream,
     ) -> Result<()> {
-        let _context = self.enter()?;
-        self.check_cudarc_stream(stream)?;
         input_rows.check("input", input.len())?;
         output_rows.check("output", output.len())?;
-        let errors = OwnErrors::set_aside(stream);
-        let launched = {
+        self.through_cudarc(stream, |softmax, errors| {
             let (x, _x_read) = input.device_ptr(stream);
             let (y, _y_written) = output.device_ptr_mut(stream);
             errors.check(WAITS)?;
-            // SAFETY: as in `forward_cudarc`, with each buffer holding its view (checked).
+            // SAFETY: cudarc's buffers hold their views (checked) and stay allocated while
+            // borrowed, which outlasts the call; cudarc made `stream` wait for their earlier
+            // uses, and its guards order later uses after this work; the stream is of this
+            // device (checked), whose primary context both libraries use; `output` is borrowed
+            // mutably, so it is not `input`.
             unsafe {
-                self.forward_raw(
+                softmax.forward_raw(
                     op,
                     input_rows.raw(x, I::DTYPE),
                     output_rows.raw(y, O::DTYPE),
@@ -234,8 +231,7 @@ impl Softmax {
                     stream.cu_stream().cast(),
                 )
             }
-        };
-        launched.and(errors.check(RECORDS))
+        })
     }
 
     /// [`Softmax::forward_in_place`] over rows held in a cudarc buffer, on `stream`.
@@ -247,59 +243,15 @@ impl Softmax {
         options: &Options<'_>,
         stream: &CudaStream,
     ) -> Result<()> {
-        let _context = self.enter()?;
-        self.check_cudarc_stream(stream)?;
         rows.check("input", data.len())?;
-        let errors = OwnErrors::set_aside(stream);
-        let launched = {
+        self.through_cudarc(stream, |softmax, errors| {
             let (x, _x_written) = data.device_ptr_mut(stream);
             errors.check(WAITS)?;
             let view = rows.raw(x, T::DTYPE);
-            // SAFETY: as in `forward_cudarc`; the one buffer is read and written through the
-            // same view, which the call computes in place.
-            unsafe { self.forward_raw(op, view, view, options, stream.cu_stream().cast()) }
-        };
-        launched.and(errors.check(RECORDS))
-    }
-
-    /// [`Softmax::log_sum_exp_cudarc`] over rows laid out as `rows` say (strided, or longer
-    /// than the rows).
-    pub fn log_sum_exp_cudarc_strided<I: CudarcElement>(
-        &mut self,
-        input: &impl DevicePtr<I>,
-        rows: CudarcRows,
-        lse: &mut impl DevicePtrMut<f32>,
-        options: &Options<'_>,
-        stream: &CudaStream,
-    ) -> Result<()> {
-        let _context = self.enter()?;
-        self.check_cudarc_stream(stream)?;
-        rows.check("input", input.len())?;
-        if lse.len() != rows.shape.rows() {
-            return Err(Error::PerRowLength {
-                what: "log-sum-exp output",
-                len: lse.len(),
-                rows: rows.shape.rows(),
-                expected: rows.shape.rows(),
-            });
-        }
-        let errors = OwnErrors::set_aside(stream);
-        let launched = {
-            let (x, _x_read) = input.device_ptr(stream);
-            let (lse, _lse_written) = lse.device_ptr_mut(stream);
-            errors.check(WAITS)?;
-            // SAFETY: as in `forward_cudarc`; `input` holds its view and `lse` one f32 per row
-            // (checked).
-            unsafe {
-                self.log_sum_exp_raw(
-                    rows.raw(x, I::DTYPE),
-                    lse,
-                    options,
-                    stream.cu_stream().cast(),
-                )
-            }
-        };
-        launched.and(errors.check(RECORDS))
+            // SAFETY: as in `forward_cudarc_strided`; the one buffer is read and written
+            // through the same view, which the call computes in place.
+            unsafe { softmax.forward_raw(op, view, view, options, stream.cu_stream().cast()) }
+        })
     }
 
     /// [`Softmax::backward`] of contiguous rows held in cudarc buffers, on `stream`.
@@ -314,20 +266,17 @@ impl Softmax {
         options: &Options<'_>,
         stream: &CudaStream,
     ) -> Result<()> {
-        let _context = self.enter()?;
-        self.check_cudarc_stream(stream)?;
         check_len("forward output", y.len(), shape)?;
         check_len("gradient", dy.len(), shape)?;
         check_len("gradient output", dx.len(), shape)?;
-        let errors = OwnErrors::set_aside(stream);
-        let launched = {
+        self.through_cudarc(stream, |softmax, errors| {
             let (y, _y_read) = y.device_ptr(stream);
             let (dy, _dy_read) = dy.device_ptr(stream);
             let (dx, _dx_written) = dx.device_ptr_mut(stream);
             errors.check(WAITS)?;
-            // SAFETY: as in `forward_cudarc`, for the three buffers.
+            // SAFETY: as in `forward_cudarc_strided`, for the three buffers.
             unsafe {
-                self.backward_raw(
+                softmax.backward_raw(
                     op,
                     RawRows::new(y, T::DTYPE, shape),
                     RawRows::new(dy, T::DTYPE, shape),
@@ -336,12 +285,11 @@ impl Softmax {
                     stream.cu_stream().cast(),
                 )
             }
-        };
-        launched.and(errors.check(RECORDS))
+        })
     }
 
-    /// [`Softmax::log_sum_exp`] of contiguous rows held in a cudarc buffer into a cudarc
-    /// buffer of one f32 per row, on `stream`.
+    /// [`Softmax::log_sum_exp`] of contiguous rows held in a cudarc buffer of exactly
+    /// `shape`'s elements into a cudarc buffer of one f32 per row, on `stream`.
     pub fn log_sum_exp_cudarc<I: CudarcElement>(
         &mut self,
         input: &impl DevicePtr<I>,
@@ -350,32 +298,43 @@ impl Softmax {
         options: &Options<'_>,
         stream: &CudaStream,
     ) -> Result<()> {
-        let _context = self.enter()?;
-        self.check_cudarc_stream(stream)?;
         check_len("input", input.len(), shape)?;
-        if lse.len() != shape.rows() {
+        self.log_sum_exp_cudarc_strided(input, CudarcRows::new(shape), lse, options, stream)
+    }
+
+    /// [`Softmax::log_sum_exp_cudarc`] over rows laid out as `rows` say (strided, or longer
+    /// than the rows).
+    pub fn log_sum_exp_cudarc_strided<I: CudarcElement>(
+        &mut self,
+        input: &impl DevicePtr<I>,
+        rows: CudarcRows,
+        lse: &mut impl DevicePtrMut<f32>,
+        options: &Options<'_>,
+        stream: &CudaStream,
+    ) -> Result<()> {
+        rows.check("input", input.len())?;
+        if lse.len() != rows.shape.rows() {
             return Err(Error::PerRowLength {
                 what: "log-sum-exp output",
                 len: lse.len(),
-                rows: shape.rows(),
-                expected: shape.rows(),
+                rows: rows.shape.rows(),
+                expected: rows.shape.rows(),
             });
         }
-        let errors = OwnErrors::set_aside(stream);
-        let launched = {
+        self.through_cudarc(stream, |softmax, errors| {
             let (x, _x_read) = input.device_ptr(stream);
             let (lse, _lse_written) = lse.device_ptr_mut(stream);
             errors.check(WAITS)?;
-            // SAFETY: as in `forward_cudarc`; `lse` holds one f32 per row (checked).
+            // SAFETY: as in `forward_cudarc_strided`; `input` holds its view and `lse` one f32
+            // per row (checked).
             unsafe {
-                self.log_sum_exp_raw(
-                    RawRows::new(x, I::DTYPE, shape),
+                softmax.log_sum_exp_raw(
+                    rows.raw(x, I::DTYPE),
                     lse,
                     options,
                     stream.cu_stream().cast(),
                 )
             }
-        };
-        launched.and(errors.check(RECORDS))
+        })
     }
 }

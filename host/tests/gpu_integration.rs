@@ -193,40 +193,6 @@ fn callers_stream(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     ))
 }
 
-/// Begins capturing `stream` into a graph (global mode: what PyTorch uses by default).
-fn begin_capture(stream: &Stream) -> Result<(), String> {
-    // SAFETY: a valid stream of the current context.
-    let status = unsafe {
-        sys::cuStreamBeginCapture_v2(
-            stream.as_inner(),
-            sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
-        )
-    };
-    (status == sys::CUresult::CUDA_SUCCESS)
-        .then_some(())
-        .ok_or_else(|| format!("beginning a capture: {status:?}"))
-}
-
-/// Ends the capture and instantiates the graph.
-fn end_capture(stream: &Stream) -> Result<sys::CUgraphExec, String> {
-    let mut graph = std::ptr::null_mut();
-    let mut exec = std::ptr::null_mut();
-    // SAFETY: the stream is capturing; out-pointers are valid; the graph is destroyed once
-    // instantiated (the executable graph keeps what it needs).
-    unsafe {
-        let status = sys::cuStreamEndCapture(stream.as_inner(), &mut graph);
-        if status != sys::CUresult::CUDA_SUCCESS {
-            return Err(format!("ending the capture: {status:?}"));
-        }
-        let status = sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0);
-        sys::cuGraphDestroy(graph);
-        if status != sys::CUresult::CUDA_SUCCESS {
-            return Err(format!("instantiating the graph: {status:?}"));
-        }
-    }
-    Ok(exec)
-}
-
 /// f32 softmax (row-slices over sliced rows), a bf16 forward (operation kernels, cooperative)
 /// and an f32 backward captured into one graph, replayed 100 times on fresh inputs: every
 /// replay equals the same calls made directly, bit for bit. A call that was not reserved is
@@ -263,7 +229,7 @@ fn graph_capture(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     let (xu, mut yu) = (zeros(unreserved.len())?, zeros(unreserved.len())?);
     let stream = non_blocking_stream()?;
 
-    begin_capture(&stream)?;
+    common::begin_capture(&stream)?;
     let captured = (|| -> Result<Option<String>, Error> {
         let mut on = softmax.on(&stream);
         on.run(Variant::Auto, &xa, &mut ya, a)?;
@@ -285,7 +251,7 @@ fn graph_capture(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
             other => Some(format!("an unreserved call during capture gave {other:?}")),
         })
     })();
-    let exec = end_capture(&stream);
+    let exec = common::end_capture(&stream);
     let unexpected = captured.map_err(|e| format!("a reserved call during capture: {e}"))?;
     let exec = exec?;
     if let Some(why) = unexpected {

@@ -379,10 +379,8 @@ impl Gate {
     fn new() -> Result<Self, String> {
         let mut opened = std::ptr::null_mut();
         // SAFETY: writes one handle through a valid pointer; destroyed on drop.
-        status(
-            unsafe { sys::cuEventCreate(&mut opened, 2) },
-            "creating an event",
-        )?;
+        let created = unsafe { sys::cuEventCreate(&mut opened, 2) };
+        status(created, "creating an event")?;
         Ok(Gate {
             module: common::kernels::load(0)?,
             stream: non_blocking_stream()?,
@@ -394,18 +392,14 @@ impl Gate {
     fn close(&self) -> Result<(), String> {
         spin(&self.module, self.stream.as_inner(), GATE_NS)?;
         // SAFETY: a live event and stream of the current context.
-        status(
-            unsafe { sys::cuEventRecord(self.opened, self.stream.as_inner()) },
-            "recording the gate",
-        )
+        let recorded = unsafe { sys::cuEventRecord(self.opened, self.stream.as_inner()) };
+        status(recorded, "recording the gate")
     }
 
     fn pass(&self, stream: &Stream) -> Result<(), String> {
         // SAFETY: a live event and stream of the current context.
-        status(
-            unsafe { sys::cuStreamWaitEvent(stream.as_inner(), self.opened, 0) },
-            "waiting for the gate",
-        )
+        let waited = unsafe { sys::cuStreamWaitEvent(stream.as_inner(), self.opened, 0) };
+        status(waited, "waiting for the gate")
     }
 }
 
@@ -611,40 +605,6 @@ fn growth_beside_queued_work(_softmax: &mut Softmax, rng: &mut StdRng) -> Outcom
     ))
 }
 
-/// Begins capturing `stream` into a graph (global mode).
-fn begin_capture(stream: &Stream) -> Result<(), String> {
-    // SAFETY: a valid stream of the current context.
-    let status = unsafe {
-        sys::cuStreamBeginCapture_v2(
-            stream.as_inner(),
-            sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
-        )
-    };
-    (status == sys::CUresult::CUDA_SUCCESS)
-        .then_some(())
-        .ok_or_else(|| format!("beginning a capture: {status:?}"))
-}
-
-/// Ends the capture and instantiates the graph.
-fn end_capture(stream: &Stream) -> Result<sys::CUgraphExec, String> {
-    let mut graph = std::ptr::null_mut();
-    let mut exec = std::ptr::null_mut();
-    // SAFETY: the stream is capturing; out-pointers are valid; the graph is destroyed once
-    // instantiated (the executable graph keeps what it needs).
-    unsafe {
-        let status = sys::cuStreamEndCapture(stream.as_inner(), &mut graph);
-        if status != sys::CUresult::CUDA_SUCCESS {
-            return Err(format!("ending the capture: {status:?}"));
-        }
-        let status = sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0);
-        sys::cuGraphDestroy(graph);
-        if status != sys::CUresult::CUDA_SUCCESS {
-            return Err(format!("instantiating the graph: {status:?}"));
-        }
-    }
-    Ok(exec)
-}
-
 /// A graph of sliced f32 softmax, captured on stream A, replayed there while the same
 /// instance makes the same kind of call on stream B, both beside the holder: both results
 /// exact at every replay.
@@ -660,9 +620,9 @@ fn graph_beside_direct_calls(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome
         .map_err(text)?;
     let (a, b) = (non_blocking_stream()?, non_blocking_stream()?);
     let mut graphed = Buffers::new(&case, rng)?;
-    begin_capture(&a)?;
+    common::begin_capture(&a)?;
     let captured = issue(softmax, &case, &mut graphed, &a);
-    let exec = end_capture(&a);
+    let exec = common::end_capture(&a);
     captured.map_err(|e| format!("the captured call: {e}"))?;
     let exec = exec?;
     let replays = rounds() * 4;
@@ -741,9 +701,9 @@ fn reserve_is_kept(_softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
         family: "",
     };
     let mut buffers = Buffers::new(&case, rng)?;
-    begin_capture(&stream)?;
+    common::begin_capture(&stream)?;
     let captured = issue(&mut softmax, &case, &mut buffers, &stream);
-    let exec = end_capture(&stream);
+    let exec = common::end_capture(&stream);
     captured.map_err(|e| format!("the first reserved shape during capture: {e}"))?;
     let exec = exec?;
     // SAFETY: the executable graph and the stream belong to the current context.

@@ -9,6 +9,8 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::process::ExitCode;
 
 use cust::memory::{CopyDestination, DeviceBuffer};
+use cust::stream::Stream;
+use cust::sys;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use softmax::half::{bf16, f16};
@@ -458,4 +460,38 @@ pub fn special_rows(rng: &mut StdRng, cols: usize) -> Vec<f32> {
         x.extend(row);
     }
     x
+}
+
+/// Begins capturing `stream` into a graph (global mode: what PyTorch uses by default).
+pub fn begin_capture(stream: &Stream) -> Result<(), String> {
+    // SAFETY: a valid stream of the current context.
+    let status = unsafe {
+        sys::cuStreamBeginCapture_v2(
+            stream.as_inner(),
+            sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+        )
+    };
+    (status == sys::CUresult::CUDA_SUCCESS)
+        .then_some(())
+        .ok_or_else(|| format!("beginning a capture: {status:?}"))
+}
+
+/// Ends the capture and instantiates the graph.
+pub fn end_capture(stream: &Stream) -> Result<sys::CUgraphExec, String> {
+    let mut graph = std::ptr::null_mut();
+    let mut exec = std::ptr::null_mut();
+    // SAFETY: the stream is capturing; out-pointers are valid; the graph is destroyed once
+    // instantiated (the executable graph keeps what it needs).
+    unsafe {
+        let status = sys::cuStreamEndCapture(stream.as_inner(), &mut graph);
+        if status != sys::CUresult::CUDA_SUCCESS {
+            return Err(format!("ending the capture: {status:?}"));
+        }
+        let status = sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0);
+        sys::cuGraphDestroy(graph);
+        if status != sys::CUresult::CUDA_SUCCESS {
+            return Err(format!("instantiating the graph: {status:?}"));
+        }
+    }
+    Ok(exec)
 }

@@ -130,7 +130,13 @@ fn values(_: &mut softmax::Softmax, rng: &mut StdRng) -> Outcome {
             let what = |op: &str| format!("{op} {dtype:?} {dims:?}");
             let ours = softmax_candle::softmax_last_dim(&x).map_err(text)?;
             let theirs = candle_nn::ops::softmax_last_dim(&x32).map_err(text)?;
-            close(&what("softmax"), &ours, &theirs, smallest_normal(dtype), tolerance(dtype))?;
+            close(
+                &what("softmax"),
+                &ours,
+                &theirs,
+                smallest_normal(dtype),
+                tolerance(dtype),
+            )?;
             let ours = softmax_candle::log_softmax_last_dim(&x).map_err(text)?;
             let theirs = candle_nn::ops::log_softmax(&x32, D::Minus1).map_err(text)?;
             close(&what("log-softmax"), &ours, &theirs, 1.0, tolerance(dtype))?;
@@ -379,7 +385,13 @@ fn in_place(_: &mut softmax::Softmax, rng: &mut StdRng) -> Outcome {
             let expected = softmax_candle::softmax(&x, &options).map_err(text)?;
             softmax_candle::softmax_in_place(&x, &options).map_err(text)?;
             let tolerance = tolerance(dtype);
-            close(&format!("in place {dtype:?}"), &x, &expected, 1.0, tolerance)?;
+            close(
+                &format!("in place {dtype:?}"),
+                &x,
+                &expected,
+                1.0,
+                tolerance,
+            )?;
             checked += 1;
         }
     }
