@@ -214,12 +214,28 @@ mod tests {
 
 /// Whether `stream` is being captured into a graph.
 pub(crate) fn is_capturing(stream: sys::CUstream) -> Result<bool> {
+    Ok(capture_id(stream)?.is_some())
+}
+
+/// The id of the capture `stream` takes part in (one id for every stream forked into it), or
+/// `None` when it is not being captured.
+pub(crate) fn capture_id(stream: sys::CUstream) -> Result<Option<u64>> {
     let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-    // SAFETY: the stream belongs to the current context; the status is written through a
-    // valid pointer.
-    let result = unsafe { sys::cuStreamIsCapturing(stream, &mut status) };
+    let mut id = 0;
+    // SAFETY: the stream belongs to the current context; the status and id are written
+    // through valid pointers, the optional outputs are null.
+    let result = unsafe {
+        sys::cuStreamGetCaptureInfo_v2(
+            stream,
+            &mut status,
+            &mut id,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        )
+    };
     check(result, "asking whether the stream is capturing")?;
-    Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+    Ok((status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE).then_some(id))
 }
 
 /// The context current on this thread (null when none is).
@@ -236,6 +252,7 @@ pub(crate) fn current_context() -> Result<sys::CUcontext> {
 /// On a thread with no context current, the call's own stays current (as `cust::quick_init`
 /// leaves one), so the caller can make buffers there afterwards.
 #[derive(Debug)]
+#[must_use = "the scope puts the caller's context back when dropped: bind it for the call"]
 pub(crate) struct ContextScope {
     /// What to put back; `None` when the call found its own context current already.
     previous: Option<sys::CUcontext>,

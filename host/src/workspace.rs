@@ -10,9 +10,12 @@
 //!   stream that no longer exists); from then on every use of it waits for the previous one
 //!   through an event and records its own.
 //! - Calls captured into a graph use one workspace of their own, made by
-//!   [`Workspaces::reserve`], never used by direct calls. Each captured use becomes an
-//!   external event wait and record in the graph, so replays on any stream are ordered with
-//!   each other and with other captures.
+//!   [`Workspaces::reserve`], never used by direct calls. The first use in a capture waits for
+//!   the last use of earlier graphs (an external event wait node), every use records its own
+//!   (an external event record node), so replays on any stream are ordered with each other;
+//!   and each later use in the same capture waits for the one before it through an event
+//!   recorded inside the capture, so calls captured on parallel branches (streams forked into
+//!   one capture) are ordered in the graph too.
 //!
 //! Streams are told apart by the driver's stream id, unique for the life of the process, so a
 //! stream handle reused after its stream was destroyed is a new stream here.
@@ -163,12 +166,25 @@ struct Lane {
 }
 
 /// How a use of a lane ends: nothing to record, an event to record, or (in a graph being
-/// captured) an external event record node to add.
+/// captured) the capture's own event and an external event record node.
 #[derive(Clone, Copy, Debug)]
 enum Record {
     Nothing,
     Event(sys::CUevent),
-    ExternalNode(sys::CUevent),
+    Captured {
+        inside: sys::CUevent,
+        external: sys::CUevent,
+    },
+}
+
+/// The workspace of captured calls: its lane (whose event orders graphs against each other,
+/// through external nodes), the event that orders its uses inside one capture, and which
+/// capture recorded that last.
+#[derive(Debug)]
+struct GraphLane {
+    lane: Lane,
+    inside: OrderEvent,
+    capture: Option<u64>,
 }
 
 /// A workspace acquired for one call: its addresses, and what to do once the call's launches
@@ -184,7 +200,7 @@ pub(crate) struct Acquired {
 pub(crate) struct Workspaces {
     lanes: Vec<Lane>,
     /// The workspace of calls being captured into graphs, made by [`Workspaces::reserve`].
-    captured: Option<Lane>,
+    captured: Option<GraphLane>,
     /// Which lane each stream (by the driver's stream id) uses.
     by_stream: HashMap<u64, usize>,
     /// What every new workspace holds at least: the resident blocks, and what `reserve` asked.
@@ -232,12 +248,17 @@ impl Workspaces {
         self.minimum = self.minimum.max(needs);
         let minimum = self.minimum;
         if self.captured.is_none() {
-            self.captured = Some(Lane {
-                workspace: Workspace::new(minimum, stream)?,
-                order: Some(OrderEvent::new()?),
+            self.captured = Some(GraphLane {
+                lane: Lane {
+                    workspace: Workspace::new(minimum, stream)?,
+                    order: Some(OrderEvent::new()?),
+                },
+                inside: OrderEvent::new()?,
+                capture: None,
             });
         }
-        for lane in self.lanes.iter_mut().chain(self.captured.as_mut()) {
+        let graph = self.captured.as_mut().map(|g| &mut g.lane);
+        for lane in self.lanes.iter_mut().chain(graph) {
             if !lane.workspace.fits(minimum) {
                 lane.workspace.grow(minimum, stream)?;
             }
@@ -251,21 +272,43 @@ impl Workspaces {
     /// [`Error::NotReserved`]). Follow with [`Workspaces::release`] once the launches are
     /// enqueued.
     pub fn acquire(&mut self, stream: sys::CUstream, needs: WorkspaceNeeds) -> Result<Acquired> {
-        if device::is_capturing(stream)? {
-            let Some(lane) = self.captured.as_ref().filter(|l| l.workspace.fits(needs)) else {
+        if let Some(capture) = device::capture_id(stream)? {
+            let Some(graph) = self
+                .captured
+                .as_mut()
+                .filter(|g| g.lane.workspace.fits(needs))
+            else {
                 return Err(Error::NotReserved {
                     what: "use a workspace the call was not reserved for",
                 });
             };
-            let event = lane.order.as_ref().expect("the graphs' lane is ordered").0;
-            wait(
-                stream,
-                event,
-                sys::CUevent_wait_flags::CU_EVENT_WAIT_EXTERNAL,
-            )?;
+            let external = graph
+                .lane
+                .order
+                .as_ref()
+                .expect("the graphs' lane is ordered")
+                .0;
+            if graph.capture == Some(capture) {
+                // An edge inside the graph from this capture's previous use.
+                wait(
+                    stream,
+                    graph.inside.0,
+                    sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+                )?;
+            } else {
+                wait(
+                    stream,
+                    external,
+                    sys::CUevent_wait_flags::CU_EVENT_WAIT_EXTERNAL,
+                )?;
+            }
+            graph.capture = Some(capture);
             return Ok(Acquired {
-                addresses: lane.workspace.addresses(),
-                record: Record::ExternalNode(event),
+                addresses: graph.lane.workspace.addresses(),
+                record: Record::Captured {
+                    inside: graph.inside.0,
+                    external,
+                },
             });
         }
         let id = if stream == self.home.0 {
@@ -306,13 +349,16 @@ impl Workspaces {
             Record::Nothing => return Ok(()),
             // SAFETY: a live event and a stream of the current context.
             Record::Event(event) => unsafe { sys::cuEventRecord(event, stream) },
-            // SAFETY: as above; the stream is capturing, where the flag is valid.
-            Record::ExternalNode(event) => unsafe {
-                sys::cuEventRecordWithFlags(
-                    event,
-                    stream,
-                    sys::CUevent_record_flags::CU_EVENT_RECORD_EXTERNAL as u32,
-                )
+            // SAFETY: as above; the stream is capturing, where the external flag is valid.
+            Record::Captured { inside, external } => unsafe {
+                match sys::cuEventRecord(inside, stream) {
+                    sys::CUresult::CUDA_SUCCESS => sys::cuEventRecordWithFlags(
+                        external,
+                        stream,
+                        sys::CUevent_record_flags::CU_EVENT_RECORD_EXTERNAL as u32,
+                    ),
+                    failed => failed,
+                }
             },
         };
         let recorded = check(status, "recording the workspace's use");
@@ -358,7 +404,8 @@ impl Workspaces {
     /// (those not replaced by a growth), once the device is idle (the caller synchronizes).
     pub fn blocks_that_left(&self) -> Result<u64> {
         let mut total = 0;
-        for lane in self.lanes.iter().chain(&self.captured) {
+        let graph = self.captured.as_ref().map(|g| &g.lane);
+        for lane in self.lanes.iter().chain(graph) {
             let mut count = [0u32];
             let counter = lane.workspace.barriers.index(..1);
             cust::memory::CopyDestination::copy_to(&counter, &mut count[..])

@@ -43,6 +43,10 @@ const TESTS: &[common::Test] = &[
         graph_beside_direct_calls,
     ),
     (
+        "graph_branches_that_share_the_graphs_workspace_are_exact",
+        graph_branches,
+    ),
+    (
         "reserved_plans_survive_any_number_of_later_shapes",
         reserve_is_kept,
     ),
@@ -673,6 +677,82 @@ fn graph_beside_direct_calls(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome
     ))
 }
 
+/// Records a plain event on `from` and makes `to` wait for it: inside a capture, a fork (or
+/// join) of the captured streams.
+fn join(from: &Stream, to: &Stream) -> Result<(), String> {
+    let mut event = std::ptr::null_mut();
+    // SAFETY: a new event, recorded on and waited for by live streams of the current context,
+    // destroyed once both calls have taken it (the driver keeps what they need).
+    let status = unsafe {
+        let mut status = sys::cuEventCreate(&mut event, 2);
+        if status == sys::CUresult::CUDA_SUCCESS {
+            status = sys::cuEventRecord(event, from.as_inner());
+        }
+        if status == sys::CUresult::CUDA_SUCCESS {
+            status = sys::cuStreamWaitEvent(to.as_inner(), event, 0);
+        }
+        sys::cuEventDestroy_v2(event);
+        status
+    };
+    (status == sys::CUresult::CUDA_SUCCESS)
+        .then_some(())
+        .ok_or_else(|| format!("joining two streams: {status:?}"))
+}
+
+/// One graph with two sliced calls on parallel branches (stream B forked from A into the
+/// capture and joined back): both use the graphs' one workspace, so the graph must order
+/// them. Replayed beside the holder, every replay exact.
+fn graph_branches(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
+    let holder = Holder::new(softmax.device(), FREE_MULTIPROCESSORS)?;
+    let case = Case {
+        kind: Kind::Run,
+        shape: shape(16, 262_144),
+        family: "",
+    };
+    softmax
+        .reserve(&[(CallKind::Run(Variant::Auto), case.shape)])
+        .map_err(text)?;
+    let (a, b) = (non_blocking_stream()?, non_blocking_stream()?);
+    let (mut first, mut second) = (Buffers::new(&case, rng)?, Buffers::new(&case, rng)?);
+    common::begin_capture(&a)?;
+    let captured = (|| {
+        join(&a, &b)?;
+        issue(softmax, &case, &mut first, &a).map_err(text)?;
+        issue(softmax, &case, &mut second, &b).map_err(text)?;
+        join(&b, &a)
+    })();
+    let exec = common::end_capture(&a);
+    captured?;
+    let exec = exec?;
+    let replays = rounds() * 4;
+    for replay in 0..replays {
+        for buffers in [&mut first, &mut second] {
+            let values = common::random_matrix(rng, case.shape, 8.0);
+            let input = buffers.input32.as_mut().expect("f32 input");
+            input.copy_from(&values[..]).map_err(text)?;
+            buffers.values = values;
+        }
+        cust::context::CurrentContext::synchronize().map_err(text)?;
+        let held = holder.hold(HOLD)?;
+        // SAFETY: the executable graph and the stream belong to the current context.
+        let status = unsafe { sys::cuGraphLaunch(exec, a.as_inner()) };
+        if status != sys::CUresult::CUDA_SUCCESS {
+            return Err(format!("replay {replay}: launching the graph: {status:?}"));
+        }
+        a.synchronize().map_err(text)?;
+        holder.stream.synchronize().map_err(text)?;
+        drop(held);
+        check(&case, &first).map_err(|why| format!("replay {replay}, first branch: {why}"))?;
+        check(&case, &second).map_err(|why| format!("replay {replay}, second branch: {why}"))?;
+    }
+    // SAFETY: the executable graph is no longer used.
+    unsafe { sys::cuGraphExecDestroy(exec) };
+    Ok(format!(
+        "{replays} replays of a graph with two sliced calls on parallel branches, beside the \
+         holder, exact"
+    ))
+}
+
 /// 400 bf16 forward shapes reserved, 1000 other shapes called eagerly, then the first reserved
 /// shape captured into a graph: its plan is still there.
 fn reserve_is_kept(_softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
@@ -759,7 +839,15 @@ fn context_restored(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
         "synchronize",
         "a call on the caller's stream",
         "a new instance, dropped",
+        "forward",
+        "log_sum_exp",
+        "backward",
+        "forward_raw",
+        "reserve",
     ];
+    let mut logs = common::poisoned(case.shape.len())?;
+    let mut lse = common::poisoned(case.shape.rows())?;
+    let mut dx = common::poisoned(case.shape.len())?;
     let mut wrong = Vec::new();
     for (step, what) in steps.into_iter().enumerate() {
         // SAFETY: `other` is a live context of this process.
@@ -773,7 +861,38 @@ fn context_restored(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
             2 => softmax
                 .on(&stream)
                 .run(Variant::Auto, input, output, case.shape),
-            _ => Softmax::new().map(drop),
+            3 => Softmax::new().map(drop),
+            4 => Rows::new(input, case.shape).and_then(|x| {
+                let y = RowsMut::new(&mut logs, case.shape)?;
+                softmax.forward(Operation::LogSoftmax, x, y, &temperature())
+            }),
+            5 => Rows::new(input, case.shape)
+                .and_then(|x| softmax.log_sum_exp(x, &mut lse, &Options::new())),
+            6 => Rows::new(input, case.shape).and_then(|y| {
+                let dy = Rows::new(input, case.shape)?;
+                let dx = RowsMut::new(&mut dx, case.shape)?;
+                softmax.backward(Operation::Softmax, y, dy, dx, &Options::new())
+            }),
+            7 => {
+                let raw = |b: u64| softmax::RawRows::new(b, DType::F32, case.shape);
+                let (x, y) = (
+                    input.as_device_ptr().as_raw(),
+                    output.as_device_ptr().as_raw(),
+                );
+                // SAFETY: both buffers hold the shape's f32 elements and outlive the work,
+                // which the synchronize after each step waits for; the stream is the primary
+                // context's.
+                unsafe {
+                    softmax.forward_raw(
+                        Operation::Softmax,
+                        raw(x),
+                        raw(y),
+                        &Options::new(),
+                        stream.as_inner(),
+                    )
+                }
+            }
+            _ => softmax.reserve(&[(CallKind::Run(Variant::Auto), shape(3, 70_000))]),
         };
         let now = current_context()?;
         if now != other {
@@ -782,6 +901,8 @@ fn context_restored(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
         // SAFETY: the primary context is live; the stream below belongs to it.
         unsafe { sys::cuCtxSetCurrent(primary) };
         result.map_err(|e| format!("{what}: {e}"))?;
+        // Each step's work is done before the next writes the same buffers.
+        cust::context::CurrentContext::synchronize().map_err(text)?;
     }
     stream.synchronize().map_err(text)?;
     // SAFETY: nothing uses the second context any more.
@@ -793,11 +914,10 @@ fn context_restored(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
             wrong.join(", ")
         ));
     }
-    Ok(
-        "run, synchronize, a call on the caller's stream and a new instance each left the \
-        caller's context current"
-            .into(),
-    )
+    Ok(format!(
+        "{} kinds of call each left the caller's context current",
+        steps.len()
+    ))
 }
 
 /// cudarc buffers written on one cudarc stream (behind a 20 ms kernel) and read by the library

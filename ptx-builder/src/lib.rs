@@ -224,7 +224,12 @@ impl KernelCargo {
             .env_remove("RUSTUP_TOOLCHAIN")
             .env_remove("RUSTC")
             .env_remove("RUSTDOC")
-            .env_remove("CARGO");
+            .env_remove("CARGO")
+            // The same settings as cargo's configuration spells them in the environment.
+            .env_remove("CARGO_BUILD_RUSTC")
+            .env_remove("CARGO_BUILD_RUSTDOC")
+            .env_remove("CARGO_BUILD_RUSTC_WRAPPER")
+            .env_remove("CARGO_BUILD_RUSTC_WORKSPACE_WRAPPER");
         command
     }
 }

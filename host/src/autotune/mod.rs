@@ -90,14 +90,20 @@ pub fn default_path() -> Option<PathBuf> {
 /// The tune cache file the environment names: [`crate::TUNE_CACHE_ENV`], where it is set and
 /// not empty (an empty value means unset).
 pub fn path_from_env() -> Option<PathBuf> {
-    std::env::var_os(crate::TUNE_CACHE_ENV)
-        .filter(|value| !value.is_empty())
-        .map(Into::into)
+    path_from(std::env::var_os(crate::TUNE_CACHE_ENV))
 }
 
-/// Refuses a tune cache path that a save could not write: a folder, or a file whose folder
-/// cannot be made or written (tried by making and removing a file of this process's own).
+/// The tune cache file a value of [`crate::TUNE_CACHE_ENV`] names: none when unset or empty.
+fn path_from(value: Option<std::ffi::OsString>) -> Option<PathBuf> {
+    value.filter(|value| !value.is_empty()).map(Into::into)
+}
+
+/// Refuses a tune cache path that a save could not write: a folder, or a file whose nearest
+/// existing folder cannot be written (tried by making and removing a file of this call's own,
+/// named apart from every other thread's and process's). Nothing is created on the way.
 fn check_writable(path: &Path) -> Result<()> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static PROBES: AtomicU64 = AtomicU64::new(0);
     let io = |source| Error::Io {
         what: format!("the tune cache {} cannot be written", path.display()),
         source,
@@ -105,12 +111,29 @@ fn check_writable(path: &Path) -> Result<()> {
     if path.is_dir() {
         return Err(io(std::io::Error::other("it is a folder")));
     }
-    let folder = match path.parent() {
-        Some(parent) if !parent.as_os_str().is_empty() => parent,
-        _ => Path::new("."),
-    };
-    std::fs::create_dir_all(folder).map_err(io)?;
-    let probe = folder.join(format!(".softmax-rs-probe-{}", std::process::id()));
+    let folder = path
+        .ancestors()
+        .skip(1)
+        .map(|a| {
+            if a.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                a
+            }
+        })
+        .find(|a| a.exists())
+        .unwrap_or(Path::new("."));
+    if !folder.is_dir() {
+        return Err(io(std::io::Error::other(format!(
+            "{} is not a folder",
+            folder.display()
+        ))));
+    }
+    let probe = folder.join(format!(
+        ".softmax-rs-probe-{}-{}",
+        std::process::id(),
+        PROBES.fetch_add(1, Ordering::Relaxed)
+    ));
     std::fs::write(&probe, b"").map_err(io)?;
     std::fs::remove_file(&probe).map_err(io)
 }
@@ -209,6 +232,43 @@ impl TuneCache {
         let _ = path;
         self.entries = all;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod path_tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_variable_means_no_tune_cache() {
+        assert_eq!(path_from(None), None);
+        assert_eq!(path_from(Some("".into())), None);
+        assert_eq!(
+            path_from(Some("/tmp/t.json".into())),
+            Some("/tmp/t.json".into())
+        );
+    }
+
+    /// A folder, or a path below a file, cannot be a tune cache; a path whose folders do not
+    /// exist yet can, and checking it creates nothing.
+    #[test]
+    fn unwritable_tune_cache_paths_are_refused_when_opened() {
+        let scratch = std::env::temp_dir().join(format!("tune-path-{}", std::process::id()));
+        std::fs::create_dir_all(&scratch).unwrap();
+        let file = scratch.join("a-file");
+        std::fs::write(&file, b"").unwrap();
+        assert!(matches!(
+            TuneCache::open(Some(scratch.clone())),
+            Err(Error::Io { .. })
+        ));
+        assert!(matches!(
+            TuneCache::open(Some(file.join("tune.json"))),
+            Err(Error::Io { .. })
+        ));
+        let nested = scratch.join("not").join("yet").join("tune.json");
+        assert!(TuneCache::open(Some(nested)).is_ok());
+        assert!(!scratch.join("not").exists());
+        let _ = std::fs::remove_dir_all(scratch);
     }
 }
 

@@ -300,7 +300,7 @@ impl Softmax {
         output: RowsMut<'_, O>,
         options: &Options<'_>,
     ) -> Result<()> {
-        self.enter()?;
+        let _context = self.enter()?;
         check_shapes(input.shape, output.shape, "output")?;
         let x = Span::of_rows("input", &input);
         let y = Span::of("output", &*output.data, output.shape, output.stride);
@@ -314,7 +314,7 @@ impl Softmax {
         data: RowsMut<'_, T>,
         options: &Options<'_>,
     ) -> Result<()> {
-        self.enter()?;
+        let _context = self.enter()?;
         let x = Span::of("input", &*data.data, data.shape, data.stride);
         let y = Span {
             what: "output",
@@ -380,7 +380,7 @@ impl Softmax {
         lse: &mut DeviceSlice<f32>,
         options: &Options<'_>,
     ) -> Result<()> {
-        self.enter()?;
+        let _context = self.enter()?;
         check_per_row(lse.len(), input.shape.rows(), "log-sum-exp output")?;
         let output = Span::whole("log-sum-exp output", &*lse);
         let x = Span::of_rows("input", &input);
@@ -400,7 +400,7 @@ impl Softmax {
         dx: RowsMut<'_, O>,
         options: &Options<'_>,
     ) -> Result<()> {
-        self.enter()?;
+        let _context = self.enter()?;
         check_shapes(y.shape, dy.shape, "gradient")?;
         check_shapes(y.shape, dx.shape, "gradient output")?;
         let y = Span::of_rows("forward output", &y);
@@ -417,7 +417,7 @@ impl Softmax {
         dy: RowsMut<'_, T>,
         options: &Options<'_>,
     ) -> Result<()> {
-        self.enter()?;
+        let _context = self.enter()?;
         check_shapes(y.shape, dy.shape, "gradient")?;
         let y = Span::of_rows("forward output", &y);
         let dy = Span::of("gradient", &*dy.data, dy.shape, dy.stride);
@@ -473,7 +473,7 @@ impl Softmax {
         states: &mut DeviceSlice<RowState>,
         options: &Options<'_>,
     ) -> Result<()> {
-        self.enter()?;
+        let _context = self.enter()?;
         check_per_row(states.len(), input.shape.rows(), "row states")?;
         let output = Span::whole("row states", &*states);
         let x = Span::of_rows("input", &input);
@@ -493,7 +493,7 @@ impl Softmax {
         output: RowsMut<'_, O>,
         options: &Options<'_>,
     ) -> Result<()> {
-        self.enter()?;
+        let _context = self.enter()?;
         check_shapes(input.shape, output.shape, "output")?;
         let x = Span::of_rows("input", &input);
         let y = Span::of("output", &*output.data, output.shape, output.stride);
@@ -656,7 +656,7 @@ impl Softmax {
         shape: Shape,
         buffers: &[&DeviceSlice<T>],
     ) -> Result<String> {
-        self.enter()?;
+        let _context = self.enter()?;
         let operands: Vec<Operand> = buffers
             .iter()
             .map(|b| Span::of("buffer", *b, shape, shape.cols()).operand)

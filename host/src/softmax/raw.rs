@@ -104,7 +104,7 @@ impl Softmax {
         options: &Options<'_>,
         stream: sys::CUstream,
     ) -> Result<()> {
-        self.enter()?;
+        let _context = self.enter()?;
         check_shapes(input.shape, output.shape, "output")?;
         let x = input.span("input")?;
         let y = output.span("output")?;
@@ -126,7 +126,7 @@ impl Softmax {
         options: &Options<'_>,
         stream: sys::CUstream,
     ) -> Result<()> {
-        self.enter()?;
+        let _context = self.enter()?;
         check_shapes(y.shape, dy.shape, "gradient")?;
         check_shapes(y.shape, dx.shape, "gradient output")?;
         if dy.dtype != y.dtype {
@@ -154,7 +154,7 @@ impl Softmax {
         options: &Options<'_>,
         stream: sys::CUstream,
     ) -> Result<()> {
-        self.enter()?;
+        let _context = self.enter()?;
         let x = input.span("input")?;
         let lse = per_row("log-sum-exp output", lse, 4, input.shape.rows())?;
         self.with_stream(stream, |s| {
@@ -173,7 +173,7 @@ impl Softmax {
         options: &Options<'_>,
         stream: sys::CUstream,
     ) -> Result<()> {
-        self.enter()?;
+        let _context = self.enter()?;
         let x = input.span("input")?;
         let size = size_of::<RowState>() as u32;
         let states = per_row("row states", states, size, input.shape.rows())?;
@@ -198,7 +198,7 @@ impl Softmax {
         options: &Options<'_>,
         stream: sys::CUstream,
     ) -> Result<()> {
-        self.enter()?;
+        let _context = self.enter()?;
         check_shapes(input.shape, output.shape, "output")?;
         let x = input.span("input")?;
         let y = output.span("output")?;

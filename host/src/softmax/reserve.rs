@@ -103,7 +103,7 @@ impl Softmax {
     /// one launch, is an error here as it would be in the call. It waits for the instance's
     /// stream before it returns.
     pub fn reserve(&mut self, calls: &[(CallKind, Shape)]) -> Result<()> {
-        self.enter()?;
+        let _context = self.enter()?;
         let mut needs = WorkspaceNeeds::default();
         for &(call, shape) in calls {
             if shape.is_empty() {
@@ -153,7 +153,7 @@ impl Softmax {
     #[cfg(feature = "bench")]
     #[doc(hidden)]
     pub fn planned_entries(&mut self, call: CallKind, shape: Shape) -> Result<Vec<String>> {
-        self.enter()?;
+        let _context = self.enter()?;
         let mut entries = Vec::new();
         for (request, layout) in call.requests() {
             if let Ok(prepared) = self.prepared(request, shape, layout) {
