@@ -205,27 +205,14 @@ impl Scoring {
         ) -> Result<R> {
             let slice = storage.as_cuda_slice::<T>()?;
             let view = slice.slice(start..end);
-            // cudarc keeps the failures of its waits and records in one slot per context:
-            // what another operation left there is set aside, and put back after this use.
-            let context = stream.context();
-            let earlier = context.check_err().err();
-            let used = (|| {
-                let (address, _read) = view.device_ptr(stream);
-                context.check_err().map_err(candle_core::Error::wrap)?;
-                // SAFETY: the range lies inside the mask's storage, which the tensor keeps
-                // alive for the operation; the library only reads it, on `stream`, before
-                // `_read` records that use.
-                let values = unsafe {
-                    DeviceSlice::from_raw_parts(DevicePointer::from_raw(address), end - start)
-                };
-                call(values)
-            })();
-            let recorded = context.check_err().map_err(candle_core::Error::wrap);
-            if let Some(earlier) = earlier {
-                context.record_err::<()>(Err(earlier));
-            }
-            let value = used?;
-            recorded.map(|()| value)
+            let (address, _read) = view.device_ptr(stream);
+            // SAFETY: the range lies inside the mask's storage, which the tensor keeps alive
+            // for the operation; the library only reads it, on `stream`, before `_read`
+            // records that use.
+            let values = unsafe {
+                DeviceSlice::from_raw_parts(DevicePointer::from_raw(address), end - start)
+            };
+            call(values)
         }
         match self.mask {
             Some(MaskKind::Additive) => read(storage, range, stream, |m| {
@@ -313,15 +300,7 @@ impl Forward {
             scale: self.scoring.scale,
             output: arg.dtype(),
         };
-        let dx = y.apply_op2_no_bwd(&dy.contiguous()?, &backward)?;
-        let masked = self.scoring.mask.is_some() || self.scoring.causal;
-        if self.operation != Operation::LogSoftmax || !masked {
-            return Ok(dx);
-        }
-        // A masked score is a constant -inf whatever the input: no gradient reaches the input
-        // there. (Softmax gets this from y = 0; log-softmax's backward would pass dy through.)
-        let kept = y.ne(f64::NEG_INFINITY)?;
-        kept.where_cond(&dx, &dx.zeros_like()?)
+        y.apply_op2_no_bwd(&dy.contiguous()?, &backward)
     }
 }
 

@@ -18,10 +18,6 @@ const TESTS: &[common::Test] = &[
     ("candle_values_match_candles_own_ops", values),
     ("candle_options_match_candle_composed", options),
     ("candle_gradients_match_candles_autograd", gradients),
-    (
-        "candle_gradients_of_causal_scores_match_candles_autograd",
-        causal_gradients,
-    ),
     ("candle_in_place_matches_the_out_of_place_call", in_place),
     (
         "candle_both_kinds_of_stream_and_the_cpu_agree",
@@ -372,85 +368,6 @@ fn gradients(_: &mut softmax::Softmax, rng: &mut StdRng) -> Outcome {
     }
     Ok(format!(
         "{checked} gradients through a matrix product and the operation match candle's autograd"
-    ))
-}
-
-/// Gradients of causal, scaled softmax and log-softmax (4 blocks of 32×32 scores) against
-/// candle's composed ops on the same scores with the future set to -inf by `where_cond`, so
-/// that no gradient reaches a masked score; the loss reads only the allowed outputs.
-fn causal_gradients(_: &mut softmax::Softmax, rng: &mut StdRng) -> Outcome {
-    let device = device()?;
-    let (blocks, length) = (4, 32);
-    let x = Var::from_tensor(&scores(
-        rng,
-        &[blocks * length, length],
-        DType::F32,
-        &device,
-    )?)
-    .map_err(text)?;
-    let w = scores(rng, &[blocks * length, length], DType::F32, &device)?;
-    let allowed: Vec<u8> = (0..blocks * length * length)
-        .map(|i| u8::from(i % length <= (i / length) % length))
-        .collect();
-    let allowed = Tensor::from_vec(allowed, (blocks * length, length), &device).map_err(text)?;
-    let zeros = Tensor::zeros((blocks * length, length), DType::F32, &device).map_err(text)?;
-    let minus_infinity = (zeros.clone() + f64::NEG_INFINITY).map_err(text)?;
-    let mut checked = 0;
-    for log in [false, true] {
-        let loss = |ours: bool| -> Result<Tensor, String> {
-            let y = if ours {
-                let options = if log {
-                    SoftmaxOptions::log_softmax()
-                } else {
-                    SoftmaxOptions::softmax()
-                };
-                softmax_candle::softmax(x.as_tensor(), &options.scale(0.5).causal())
-            } else {
-                let s = allowed
-                    .where_cond(&(x.as_tensor() * 0.5).map_err(text)?, &minus_infinity)
-                    .map_err(text)?;
-                if log {
-                    candle_nn::ops::log_softmax(&s, D::Minus1)
-                } else {
-                    candle_nn::ops::softmax(&s, D::Minus1)
-                }
-            }
-            .map_err(text)?;
-            allowed
-                .where_cond(&y, &zeros)
-                .and_then(|y| (y * &w)?.sum_all())
-                .map_err(text)
-        };
-        let (ours, theirs) = (loss(true)?, loss(false)?);
-        let (g_ours, g_theirs) = (
-            ours.backward().map_err(text)?,
-            theirs.backward().map_err(text)?,
-        );
-        let (Some(g_ours), Some(g_theirs)) =
-            (g_ours.get(x.as_tensor()), g_theirs.get(x.as_tensor()))
-        else {
-            return Err("no gradient for x".into());
-        };
-        let scale = g_theirs
-            .abs()
-            .and_then(|g| {
-                g.max_keepdim(0)?
-                    .max_keepdim(1)?
-                    .flatten_all()?
-                    .to_vec1::<f32>()
-            })
-            .map_err(text)?[0];
-        close(
-            &format!("causal gradient, log {log}"),
-            g_ours,
-            g_theirs,
-            scale.max(1e-30),
-            1e-4,
-        )?;
-        checked += 1;
-    }
-    Ok(format!(
-        "{checked} gradients of causal scaled scores match candle's autograd"
     ))
 }
 
