@@ -29,11 +29,6 @@ pub struct DeviceInfo {
 }
 
 impl DeviceInfo {
-    /// Whether the device has thread-block clusters (compute capability 9.0 and later).
-    pub fn has_thread_block_clusters(&self) -> bool {
-        self.compute_capability.0 >= 9
-    }
-
     /// A short lowercase name for file names, e.g. `nvidia-h200`.
     pub fn slug(&self) -> String {
         let slug: String = self

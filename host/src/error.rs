@@ -28,6 +28,11 @@ pub enum Error {
         name: String,
     },
 
+    /// A plan named an entry of a kernel module that is not loaded: a bug in the library (each
+    /// call loads the modules its plans need before planning), reported rather than launched.
+    #[error("the kernel module of {entry} is not loaded")]
+    ModuleNotLoaded { entry: String },
+
     /// The input buffer does not hold `rows × cols` elements.
     #[error("input holds {len} elements but the shape {rows}×{cols} needs {expected}")]
     InputLength {

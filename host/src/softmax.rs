@@ -245,11 +245,8 @@ impl Limits<'_> {
     fn module(&self, entry: Entry) -> Result<&LoadedModule> {
         self.modules
             .get(entry.module())
-            .ok_or_else(|| Error::Unsupported {
-                variant: entry.to_string(),
-                rows: 0,
-                cols: 0,
-                why: "its module is not loaded".into(),
+            .ok_or_else(|| Error::ModuleNotLoaded {
+                entry: entry.to_string(),
             })
     }
 }
@@ -634,11 +631,8 @@ impl Softmax {
                 let module = self.modules.get(l.entry.module());
                 module.map_or_else(
                     || {
-                        Err(Error::Unsupported {
-                            variant: l.entry.to_string(),
-                            rows: shape.rows(),
-                            cols: shape.cols(),
-                            why: "its module is not loaded".into(),
+                        Err(Error::ModuleNotLoaded {
+                            entry: l.entry.to_string(),
                         })
                     },
                     |m| m.function(l.entry),
