@@ -38,7 +38,7 @@ use crate::plan::WorkspaceNeeds;
 const MAX_RESIDENT_BLOCKS_PER_SM: usize = 32;
 
 /// Workspaces for direct calls; a stream beyond this many shares one.
-pub(crate) const MAX_LANES: usize = 8;
+const MAX_LANES: usize = 8;
 
 /// Streams remembered; past this many the map starts over (streams then share workspaces,
 /// which stays correct: see the module comment).

@@ -12,10 +12,9 @@ mod common;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use common::kernels::Holder;
+use common::kernels::{Gate, Holder};
 use cust::event::{Event, EventFlags};
 use cust::memory::{CopyDestination, DeviceBuffer, DeviceCopy};
-use cust::module::Module;
 use cust::stream::{Stream, StreamFlags};
 use cust::sys;
 use half::bf16;
@@ -364,56 +363,6 @@ type Crowd<'a> = Option<&'a Holder>;
 /// takes, so that the calls start together on the device rather than as the host issues them.
 const GATE_NS: u64 = 2_000_000;
 
-/// A kernel on a stream of its own, and an event after it that streams wait for: their work
-/// queued behind the wait starts at once when the kernel ends.
-struct Gate {
-    module: Module,
-    stream: Stream,
-    opened: sys::CUevent,
-}
-
-/// A driver status as a test's result.
-fn status(status: sys::CUresult, what: &str) -> Result<(), String> {
-    (status == sys::CUresult::CUDA_SUCCESS)
-        .then_some(())
-        .ok_or_else(|| format!("{what}: {status:?}"))
-}
-
-impl Gate {
-    fn new() -> Result<Self, String> {
-        let mut opened = std::ptr::null_mut();
-        // SAFETY: writes one handle through a valid pointer; destroyed on drop.
-        let created = unsafe { sys::cuEventCreate(&mut opened, 2) };
-        status(created, "creating an event")?;
-        Ok(Gate {
-            module: common::kernels::load(0)?,
-            stream: non_blocking_stream()?,
-            opened,
-        })
-    }
-
-    /// Closes the gate for [`GATE_NS`]; `pass` then holds each stream's later work behind it.
-    fn close(&self) -> Result<(), String> {
-        spin(&self.module, self.stream.as_inner(), GATE_NS)?;
-        // SAFETY: a live event and stream of the current context.
-        let recorded = unsafe { sys::cuEventRecord(self.opened, self.stream.as_inner()) };
-        status(recorded, "recording the gate")
-    }
-
-    fn pass(&self, stream: &Stream) -> Result<(), String> {
-        // SAFETY: a live event and stream of the current context.
-        let waited = unsafe { sys::cuStreamWaitEvent(stream.as_inner(), self.opened, 0) };
-        status(waited, "waiting for the gate")
-    }
-}
-
-impl Drop for Gate {
-    fn drop(&mut self) {
-        // SAFETY: created in `new`, destroyed once.
-        unsafe { sys::cuEventDestroy_v2(self.opened) };
-    }
-}
-
 /// Runs every case `rounds()` times on `streams` new non-blocking streams through `softmax`,
 /// each stream with its own buffers, the calls not ordered with each other (all behind one
 /// gate, so that they start together); checks every output; returns a summary with the
@@ -427,7 +376,7 @@ fn streams_case_by_case(
 ) -> Outcome {
     let mut impatient = Softmax::new().map_err(text)?;
     impatient.set_row_barrier_patience(Duration::ZERO);
-    let gate = Gate::new()?;
+    let gate = Gate::new(GATE_NS)?;
     let streams: Vec<Stream> = (0..streams)
         .map(|_| non_blocking_stream())
         .collect::<Result<_, _>>()?;
@@ -455,7 +404,7 @@ fn streams_case_by_case(
             let mut intervals = Vec::new();
             gate.close()?;
             for (stream, buffers) in streams.iter().zip(&mut buffers) {
-                gate.pass(stream)?;
+                gate.hold(stream)?;
                 let interval = Interval::begin(stream)?;
                 issue(instance, &case, buffers, stream).map_err(|e| format!("{case:?}: {e}"))?;
                 interval.finish(stream)?;
@@ -521,33 +470,6 @@ fn crowded_streams(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     ))
 }
 
-/// Launches `spin` on `stream` for `nanoseconds`: the work queued behind it waits that long.
-fn spin(module: &Module, stream: sys::CUstream, nanoseconds: u64) -> Result<(), String> {
-    let function = module.get_function("spin").map_err(text)?;
-    let mut argument = nanoseconds;
-    let mut arguments = [(&raw mut argument).cast::<std::ffi::c_void>()];
-    // SAFETY: `spin` takes one u64 and touches no memory; the stream is a live stream of the
-    // current context.
-    let status = unsafe {
-        sys::cuLaunchKernel(
-            function.to_raw(),
-            1,
-            1,
-            1,
-            1,
-            1,
-            1,
-            0,
-            stream,
-            arguments.as_mut_ptr(),
-            std::ptr::null_mut(),
-        )
-    };
-    (status == sys::CUresult::CUDA_SUCCESS)
-        .then_some(())
-        .ok_or_else(|| format!("launching spin: {status:?}"))
-}
-
 /// A fresh instance; stream A holds a sliced call queued behind a 20 ms kernel; stream B then
 /// makes a call that grows the workspace (the row states of two launches over slices), also
 /// queued behind a kernel; then A makes the grown kind of call too; twice, the second growth
@@ -584,11 +506,11 @@ fn growth_beside_queued_work(_softmax: &mut Softmax, rng: &mut StdRng) -> Outcom
         let mut grown_a = Buffers::new(&grow, rng)?;
         cust::context::CurrentContext::synchronize().map_err(text)?;
         let first = Interval::begin(&a)?;
-        spin(&module, a.as_inner(), 20_000_000)?;
+        common::kernels::spin(&module, a.as_inner(), 20_000_000)?;
         issue(&mut softmax, &sliced, &mut queued, &a).map_err(text)?;
         first.finish(&a)?;
         let second = Interval::begin(&b)?;
-        spin(&module, b.as_inner(), 10_000_000)?;
+        common::kernels::spin(&module, b.as_inner(), 10_000_000)?;
         issue(&mut softmax, &grow, &mut grown_b, &b).map_err(text)?;
         second.finish(&b)?;
         let third = Interval::begin(&a)?;
@@ -609,10 +531,9 @@ fn growth_beside_queued_work(_softmax: &mut Softmax, rng: &mut StdRng) -> Outcom
     ))
 }
 
-/// A graph of sliced f32 softmax, captured on stream A, replayed there while the same
-/// instance makes the same kind of call on stream B, both beside the holder: both results
-/// exact at every replay.
-fn graph_beside_direct_calls(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
+/// What the graph tests share: a holder, and sliced f32 softmax of 16×262144 reserved (so a
+/// capture of it plans and allocates nothing).
+fn graph_setup(softmax: &mut Softmax) -> Result<(Holder, Case), String> {
     let holder = Holder::new(softmax.device(), FREE_MULTIPROCESSORS)?;
     let case = Case {
         kind: Kind::Run,
@@ -622,6 +543,14 @@ fn graph_beside_direct_calls(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome
     softmax
         .reserve(&[(CallKind::Run(Variant::Auto), case.shape)])
         .map_err(text)?;
+    Ok((holder, case))
+}
+
+/// A graph of sliced f32 softmax, captured on stream A, replayed there while the same
+/// instance makes the same kind of call on stream B, both beside the holder: both results
+/// exact at every replay.
+fn graph_beside_direct_calls(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
+    let (holder, case) = graph_setup(softmax)?;
     let (a, b) = (non_blocking_stream()?, non_blocking_stream()?);
     let mut graphed = Buffers::new(&case, rng)?;
     common::begin_capture(&a)?;
@@ -703,15 +632,7 @@ fn join(from: &Stream, to: &Stream) -> Result<(), String> {
 /// capture and joined back): both use the graphs' one workspace, so the graph must order
 /// them. Replayed beside the holder, every replay exact.
 fn graph_branches(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
-    let holder = Holder::new(softmax.device(), FREE_MULTIPROCESSORS)?;
-    let case = Case {
-        kind: Kind::Run,
-        shape: shape(16, 262_144),
-        family: "",
-    };
-    softmax
-        .reserve(&[(CallKind::Run(Variant::Auto), case.shape)])
-        .map_err(text)?;
+    let (holder, case) = graph_setup(softmax)?;
     let (a, b) = (non_blocking_stream()?, non_blocking_stream()?);
     let (mut first, mut second) = (Buffers::new(&case, rng)?, Buffers::new(&case, rng)?);
     common::begin_capture(&a)?;
@@ -943,7 +864,7 @@ fn cudarc_across_streams(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
         writer.synchronize().map_err(text)?;
         // The upload waits behind a kernel on the writer's stream, so a read not ordered after
         // it would see zeros.
-        spin(&module, writer.cu_stream().cast(), 20_000_000)?;
+        common::kernels::spin(&module, writer.cu_stream().cast(), 20_000_000)?;
         writer.memcpy_htod(&values, &mut x).map_err(text)?;
         softmax
             .forward_cudarc(

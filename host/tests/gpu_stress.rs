@@ -8,12 +8,10 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::Duration;
 
+use common::kernels::Gate;
 use common::{Span, poisoned};
-use cust::event::{Event, EventFlags, EventStatus};
-use cust::launch;
+use cust::event::{Event, EventFlags};
 use cust::memory::{AsyncCopyDestination, CopyDestination, DeviceBuffer, LockedBuffer};
-use cust::module::Module;
-use cust::stream::{Stream, StreamFlags, StreamWaitEventFlags};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use softmax::half::bf16;
@@ -152,59 +150,6 @@ const OVERLAP_RATIO: f64 = 0.9;
 
 /// Problems in one stream's workload.
 const WORKLOAD_PROBLEMS: usize = 64;
-
-/// Holds streams back until the host has enqueued all their work, so the GPU runs it as
-/// fast as it can rather than as fast as the host enqueues it: a spinning kernel on a stream
-/// of its own, then `opened`, the start every stream's events are timed from.
-struct Gate {
-    module: Module,
-    stream: Stream,
-    opened: Event,
-}
-
-impl Gate {
-    fn new() -> Result<Self, String> {
-        let text = |e: cust::error::CudaError| e.to_string();
-        Ok(Gate {
-            module: common::kernels::load(0)?,
-            stream: Stream::new(StreamFlags::NON_BLOCKING, None).map_err(text)?,
-            opened: Event::new(EventFlags::DEFAULT).map_err(text)?,
-        })
-    }
-
-    /// Closes the gate for [`GATE_NS`], then records `opened`.
-    fn close(&self) -> Result<(), String> {
-        let (module, stream) = (&self.module, &self.stream);
-        // SAFETY: `spin` takes one u64 and touches no memory.
-        unsafe { launch!(module.spin<<<1, 1, 0, stream>>>(GATE_NS)) }
-            .map_err(|e| format!("launching the gate: {e}"))?;
-        self.opened
-            .record(stream)
-            .map_err(|e| format!("recording the gate: {e}"))
-    }
-
-    /// Makes `stream`'s later work wait until the gate opens.
-    fn hold(&self, stream: &Stream) -> Result<(), String> {
-        let text = |e: cust::error::CudaError| format!("holding a stream at the gate: {e}");
-        let opened = Event::new(EventFlags::DISABLE_TIMING).map_err(text)?;
-        opened.record(&self.stream).map_err(text)?;
-        stream
-            .wait_event(opened, StreamWaitEventFlags::DEFAULT)
-            .map_err(text)
-    }
-
-    /// An error if the gate opened before the host finished enqueueing: then the timings
-    /// would measure the host.
-    fn still_closed(&self) -> Result<(), String> {
-        match self.opened.query().map_err(|e| e.to_string())? {
-            EventStatus::NotReady => Ok(()),
-            EventStatus::Ready => Err(format!(
-                "enqueueing took longer than the gate's {} ms",
-                GATE_NS / 1_000_000
-            )),
-        }
-    }
-}
 
 /// One problem of a [`Workload`]: its input and output in pinned host memory and on the
 /// device, and its reference.
@@ -483,7 +428,7 @@ fn worker(seed: u64, gate: &Gate, commands: mpsc::Receiver<Command>, replies: mp
 /// all at once, enqueueing from their threads at the same time.
 fn threads(_softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     const THREADS: usize = 4;
-    let gate = Gate::new()?;
+    let gate = Gate::new(GATE_NS)?;
     let seeds: Vec<u64> = (0..THREADS).map(|_| rng.random()).collect();
     thread::scope(|scope| {
         let mut threads = Threads {
@@ -511,7 +456,7 @@ fn threads(_softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
 /// Two instances (two streams) driven from one thread: each alone, then both, their launches
 /// enqueued one instance after the other without a wait.
 fn two_streams(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
-    let gate = Gate::new()?;
+    let gate = Gate::new(GATE_NS)?;
     let mut second = Softmax::new().map_err(|e| e.to_string())?;
     let first_workload = Workload::new(softmax, rng, &[Variant::Auto])?;
     let second_workload = Workload::new(&mut second, rng, &[Variant::Auto])?;

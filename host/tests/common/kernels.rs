@@ -1,10 +1,11 @@
 //! Hand-written PTX kernels the GPU tests launch beside the library's: a late writer, and a
 //! holder that occupies multiprocessors until a release kernel (or a timeout) lets it go.
 
+use cust::event::{Event, EventFlags, EventStatus};
 use cust::launch;
 use cust::memory::{DeviceBuffer, DeviceCopy};
 use cust::module::Module;
-use cust::stream::Stream;
+use cust::stream::{Stream, StreamFlags, StreamWaitEventFlags};
 use cust::sys;
 
 /// `late_copy(src, dst, words, spin_ns)`: lets the next grid in its stream start at once
@@ -256,4 +257,87 @@ impl Holder {
 pub struct Held {
     _flag: DeviceBuffer<u32>,
     _record: DeviceBuffer<u64>,
+}
+
+/// Launches `spin` (one thread) on `stream` for `nanoseconds`: the work queued behind it there
+/// waits that long. The stream is a raw handle, so cudarc's streams take it too.
+pub fn spin(module: &Module, stream: sys::CUstream, nanoseconds: u64) -> Result<(), String> {
+    let function = module.get_function("spin").map_err(|e| e.to_string())?;
+    let mut argument = nanoseconds;
+    let mut arguments = [(&raw mut argument).cast::<std::ffi::c_void>()];
+    // SAFETY: `spin` takes one u64 and touches no memory; the stream is a live stream of the
+    // current context.
+    let status = unsafe {
+        sys::cuLaunchKernel(
+            function.to_raw(),
+            1,
+            1,
+            1,
+            1,
+            1,
+            1,
+            0,
+            stream,
+            arguments.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    };
+    (status == sys::CUresult::CUDA_SUCCESS)
+        .then_some(())
+        .ok_or_else(|| format!("launching spin: {status:?}"))
+}
+
+/// Holds streams back until the host has enqueued all their work, so the GPU runs it as
+/// fast as it can rather than as fast as the host enqueues it (and the streams' work starts
+/// together): a spinning kernel on a stream of its own, then `opened`, the start every
+/// stream's events are timed from.
+pub struct Gate {
+    module: Module,
+    stream: Stream,
+    pub opened: Event,
+    hold_ns: u64,
+}
+
+impl Gate {
+    /// A gate that holds for `hold_ns` nanoseconds each time it closes.
+    pub fn new(hold_ns: u64) -> Result<Self, String> {
+        let text = |e: cust::error::CudaError| e.to_string();
+        Ok(Gate {
+            module: load(0)?,
+            stream: Stream::new(StreamFlags::NON_BLOCKING, None).map_err(text)?,
+            opened: Event::new(EventFlags::DEFAULT).map_err(text)?,
+            hold_ns,
+        })
+    }
+
+    /// Closes the gate for its hold, then records `opened`.
+    pub fn close(&self) -> Result<(), String> {
+        spin(&self.module, self.stream.as_inner(), self.hold_ns)
+            .map_err(|e| format!("the gate: {e}"))?;
+        self.opened
+            .record(&self.stream)
+            .map_err(|e| format!("recording the gate: {e}"))
+    }
+
+    /// Makes `stream`'s later work wait until the gate opens.
+    pub fn hold(&self, stream: &Stream) -> Result<(), String> {
+        let text = |e: cust::error::CudaError| format!("holding a stream at the gate: {e}");
+        let opened = Event::new(EventFlags::DISABLE_TIMING).map_err(text)?;
+        opened.record(&self.stream).map_err(text)?;
+        stream
+            .wait_event(opened, StreamWaitEventFlags::DEFAULT)
+            .map_err(text)
+    }
+
+    /// An error if the gate opened before the host finished enqueueing: then the timings
+    /// would measure the host.
+    pub fn still_closed(&self) -> Result<(), String> {
+        match self.opened.query().map_err(|e| e.to_string())? {
+            EventStatus::NotReady => Ok(()),
+            EventStatus::Ready => Err(format!(
+                "enqueueing took longer than the gate's {} ms",
+                self.hold_ns / 1_000_000
+            )),
+        }
+    }
 }
