@@ -199,6 +199,11 @@ pub enum Error {
         value: String,
     },
 
+    /// A cudarc buffer in a call whose stream is not a cudarc stream: cudarc orders its
+    /// buffers' uses on its own streams, so the call must name one ([`crate::Options::on`]).
+    #[error("{what} is a cudarc buffer: issue the call on a cudarc stream (Options::on)")]
+    CudarcStreamNeeded { what: &'static str },
+
     /// A variant name that the command line or `Variant::from_str` does not know.
     #[error("unknown variant `{0}` (known: {known})", known = crate::Variant::NAMES.join(", "))]
     UnknownVariant(String),

@@ -12,41 +12,42 @@
 //!
 //! Special values follow `torch.softmax`: a row holding a NaN or a `+inf` comes out all NaN,
 //! a row that is entirely `-inf` comes out all NaN, and a `-inf` entry in any other row gives 0.
-
 //!
-//! The crate is one pipeline: the public API ([`Softmax`] and the views and options in
-//! `views`) checks a call and states what it computes; `plan` turns that into typed launches
-//! (pure, tested on the CPU against a model H200); `launch` enqueues them on the PTX modules
-//! that `module` loads, with the workspace from `workspace`.
+//! The crate is layered, each layer importing only those below it:
+//! - `api`: the handle, the views of any kind of buffer, the options with the stream, and the
+//!   one call description every operation goes through;
+//! - `runtime`: everything that talks to the driver (modules, the plan cache, launches,
+//!   workspaces, the tune cache);
+//! - `plan`: pure, tested on the CPU against a model H200: a request, a shape and a layout
+//!   become typed launches;
+//! - the vocabulary every layer shares: `shape`, `variant`, `error`.
+//!
+//! `reference` (the f64 CPU oracle) stands apart, and `bench` and the `host` binary sit above
+//! the public API.
 
-pub mod autotune;
+mod api;
 #[cfg(feature = "bench")]
 pub mod bench;
-#[cfg(feature = "cudarc")]
-mod cudarc_adapter;
-mod device;
 mod error;
-mod launch;
-mod module;
 mod plan;
 pub mod reference;
+mod runtime;
 mod shape;
-mod softmax;
 mod variant;
-mod views;
-mod workspace;
 
-#[cfg(feature = "cudarc")]
-pub use cudarc_adapter::{CudarcElement, CudarcRows};
-pub use device::DeviceInfo;
-pub use error::{Error, Result};
-pub use module::{KERNEL_BUILD_ENV, KernelBuild, KernelImage};
-pub use shape::Shape;
-pub use softmax::{CallKind, OnStream, RawRows, Softmax, TUNE_CACHE_ENV};
-pub use variant::Variant;
-pub use views::{
-    DType, Element, Mask, MaskedRows, Operation, Options, RowState, Rows, RowsMut, merge_row_states,
+pub use api::{
+    CallKind, CallStream, DType, Element, Mask, MaskedRows, Operation, Options, RowState, Rows,
+    RowsMut, Softmax, Value, Values, ValuesMut, merge_row_states,
 };
+#[cfg(feature = "cudarc")]
+pub use api::{CudarcElement, CudarcType};
+pub use error::{Error, Result};
+pub use runtime::driver::DeviceInfo;
+pub use runtime::modules::{KERNEL_BUILD_ENV, KernelBuild, KernelImage};
+pub use runtime::tune as autotune;
+pub use runtime::tune::TUNE_CACHE_ENV;
+pub use shape::Shape;
+pub use variant::Variant;
 
 /// cust, re-exported so users build device buffers with the same version the API takes.
 pub use cust;

@@ -278,8 +278,8 @@ fn plot<DB: DrawingBackend>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::DType;
     use crate::bench::{Measurement, fixtures, seed_sweep_shapes};
-    use crate::views::DType;
 
     fn measurement(variant: &str, shape: Shape, gbps: f64, timing: Timing) -> Measurement {
         fixtures::timed(variant, shape.rows(), shape.cols(), gbps, timing)

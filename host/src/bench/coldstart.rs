@@ -7,12 +7,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
+use crate::Softmax;
 use crate::cust::memory::DeviceBuffer;
 use crate::error::{CudaContext, Error, Result};
 use crate::shape::Shape;
-use crate::softmax::Softmax;
 use crate::variant::Variant;
-use crate::views::{Element, Operation, Options, Rows, RowsMut};
+use crate::{Element, Operation, Options, Rows, RowsMut};
 
 /// Set in the children: they measure and print `what seconds` lines instead of spawning.
 pub const CHILD_ENV: &str = "SOFTMAX_COLDSTART_CHILD";

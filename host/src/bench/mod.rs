@@ -30,11 +30,11 @@ use rand::{Rng, SeedableRng};
 pub use report::Report;
 use timing::Contender;
 
+use crate::DType;
+use crate::Softmax;
 use crate::error::Result;
 use crate::shape::Shape;
-use crate::softmax::Softmax;
 use crate::variant::Variant;
-use crate::views::DType;
 
 /// Row widths of the seeds' sweep: 32, 64, …, 16384.
 pub const SEED_SWEEP_WIDTHS: std::ops::RangeInclusive<u32> = 5..=14;
@@ -554,7 +554,7 @@ fn random_values(rng: &mut SmallRng, len: usize) -> Vec<f32> {
 pub(crate) mod fixtures {
     use super::{Measurement, Outcome, Timing};
 
-    pub(crate) use crate::device::fixtures::h200;
+    pub(crate) use crate::runtime::driver::fixtures::h200;
 
     /// `variant` timed on f32 `rows × cols` at `gbps` in `timing` (1 ms, 100% of copy).
     pub(crate) fn timed(

@@ -18,11 +18,11 @@ use super::{
     traffic_bytes,
 };
 use crate::error::{CudaContext, Error, Result};
-use crate::views::{DType, Element, Operation, Options, Rows, RowsMut};
+use crate::{DType, Element, Operation, Options, Rows, RowsMut};
 
+use crate::Softmax;
 use crate::reference::softmax_f64;
 use crate::shape::Shape;
-use crate::softmax::Softmax;
 
 /// The element types benchmarked: those of the API, which are plain bits (so that the output
 /// can be poisoned with a memset).
@@ -140,13 +140,13 @@ impl<T: Bench> OpPools<T> {
         let shape = self.shape;
         let options = Options::new();
         match self.op {
-            BenchOp::Softmax | BenchOp::LogSoftmax => softmax.forward::<T, T>(
+            BenchOp::Softmax | BenchOp::LogSoftmax => softmax.forward(
                 forward_operation(self.op),
                 Rows::new(input, shape)?,
                 RowsMut::new(output, shape)?,
                 &options,
             ),
-            BenchOp::Backward => softmax.backward::<T, T>(
+            BenchOp::Backward => softmax.backward(
                 Operation::Softmax,
                 Rows::new(input, shape)?,
                 Rows::new(grad, shape)?,

@@ -11,11 +11,11 @@ use std::time::Instant;
 use super::coldstart::upload;
 use super::timing::median;
 
+use crate::Softmax;
 use crate::error::{CudaContext, Result};
 use crate::shape::Shape;
-use crate::softmax::Softmax;
 use crate::variant::Variant;
-use crate::views::{Operation, Options, Rows, RowsMut};
+use crate::{Operation, Options, Rows, RowsMut};
 
 /// Calls per timed batch: well under the driver's queue of pending launches.
 const BATCH: usize = 200;
@@ -78,8 +78,10 @@ pub fn measure(ordinal: u32) -> Result<Vec<(&'static str, f64)>> {
     let stream = cust::stream::Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None)
         .during("creating a stream")?;
     let on_stream = per_call_on(&mut softmax, Some(&stream), |s| {
-        s.on(&stream)
-            .run(Variant::Auto, &wide_input, &mut wide_output, sliced)
+        let options = Options::new().on(&stream);
+        let input = Rows::new(&wide_input, sliced)?;
+        let output = RowsMut::new(&mut wide_output, sliced)?;
+        s.forward(Operation::Softmax, input, output, &options)
     })?;
     results.push((
         "f32 run(Auto), one sliced row (workspace), caller's stream",

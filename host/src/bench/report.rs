@@ -8,10 +8,10 @@ use serde::{Deserialize, Serialize};
 use super::{
     BenchOp, FLOOR_VARIANT, Measurement, Outcome, Timing, chart, is_default_run, parse_dtype,
 };
-use crate::device::DeviceInfo;
+use crate::DType;
+use crate::DeviceInfo;
 use crate::error::{Error, Result};
 use crate::shape::Shape;
-use crate::views::DType;
 
 /// Everything one benchmark run measured, with where and when.
 #[derive(Debug, Serialize, Deserialize)]

@@ -17,11 +17,10 @@ use rand::Rng;
 use rand::rngs::SmallRng;
 
 use super::{BenchConfig, Outcome, Timing, random_values};
-use crate::device::check;
+use crate::Softmax;
 use crate::error::{CudaContext, Error, Result};
 use crate::reference::{deviation, softmax_f64};
 use crate::shape::Shape;
-use crate::softmax::Softmax;
 use crate::variant::Variant;
 
 /// Input and output pairs for a shape: at least this many times the L2 between them.
@@ -275,7 +274,14 @@ impl Isolation {
                 std::ptr::null_mut(),
             )
         };
-        check(status, "launching the floor kernel")
+        match status {
+            sys::CUresult::CUDA_SUCCESS => Ok(()),
+            status => Err(crate::Error::CudaStatus {
+                during: "launching the floor kernel",
+                code: status as u32,
+                name: format!("{status:?}"),
+            }),
+        }
     }
 }
 

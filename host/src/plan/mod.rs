@@ -3,7 +3,7 @@
 //! CPU tests check every plan against a model H200.
 //!
 //! A [`Launch`] names its kernel with a typed [`Entry`] and carries its arguments as typed
-//! [`Params`]; the launch path (`crate::launch`) lays them out in the entry's parameter order.
+//! [`Params`]; the launch path (`crate::runtime::launch`) lays them out in the entry's parameter order.
 
 pub(crate) mod operations;
 pub(crate) mod variants;
@@ -126,7 +126,7 @@ pub(crate) enum Params {
     Rows { rows: u32, cols: u32 },
     /// `(input, output, cols)`: a block per row.
     BlockPerRow { cols: u32 },
-    /// The unfused stages; each takes its own subset (`crate::launch` lays them out).
+    /// The unfused stages; each takes its own subset (`crate::runtime::launch` lays them out).
     Unfused { rows: u32, cols: u32, len: u64 },
     /// `(input, output, cols, slices, slice_packs, partials, barriers)`.
     BlockRegisters { cols: u32, slicing: Slicing },

@@ -87,13 +87,18 @@ pub fn default_path() -> Option<PathBuf> {
     Some(cache.join("softmax-rs").join("tune.json"))
 }
 
-/// The tune cache file the environment names: [`crate::TUNE_CACHE_ENV`], where it is set and
+/// The environment variable naming a tune cache file that `Variant::Auto` reads (see
+/// [`crate::Softmax::with_tune_cache`]); without it, or set empty, `Auto` uses the built-in
+/// dispatch alone.
+pub const TUNE_CACHE_ENV: &str = "SOFTMAX_TUNE_CACHE";
+
+/// The tune cache file the environment names: [`TUNE_CACHE_ENV`], where it is set and
 /// not empty (an empty value means unset).
 pub fn path_from_env() -> Option<PathBuf> {
-    path_from(std::env::var_os(crate::TUNE_CACHE_ENV))
+    path_from(std::env::var_os(TUNE_CACHE_ENV))
 }
 
-/// The tune cache file a value of [`crate::TUNE_CACHE_ENV`] names: none when unset or empty.
+/// The tune cache file a value of [`TUNE_CACHE_ENV`] names: none when unset or empty.
 fn path_from(value: Option<std::ffi::OsString>) -> Option<PathBuf> {
     value.filter(|value| !value.is_empty()).map(Into::into)
 }

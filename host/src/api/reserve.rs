@@ -13,8 +13,8 @@ use crate::variant::Variant;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum CallKind {
-    /// [`Softmax::run`] with this variant (f32); `Variant::Auto` also covers f32 softmax
-    /// through [`Softmax::forward`] without options.
+    /// f32 softmax with this variant ([`Softmax::run`], or [`Softmax::forward`] with
+    /// [`crate::Options::variant`]); `Variant::Auto` covers f32 softmax without options.
     Run(Variant),
     /// [`Softmax::forward`] and [`Softmax::forward_in_place`] (softmax or log-softmax, any
     /// output type), [`Softmax::log_sum_exp`] and [`Softmax::normalize_with_states`] on
@@ -39,7 +39,7 @@ const LAYOUTS: [Layout; 3] = [Layout::Aligned, Layout::Peeled, Layout::Elements]
 
 impl CallKind {
     /// Every request (with its layout) a call of this kind on any buffers may make.
-    fn requests(self) -> Vec<(Request, Layout)> {
+    pub(super) fn requests(self) -> Vec<(Request, Layout)> {
         let operation = |direction, input, mode| Request::Operation {
             direction,
             input,
@@ -115,7 +115,7 @@ impl Softmax {
                 .iter()
                 .filter(|(request, _)| *request == Request::Variant(Variant::Auto))
                 .filter_map(|&(_, layout)| {
-                    let tuned = self.tune_cache.get(&self.tune_key(shape, layout))?;
+                    let tuned = self.tuned_choice(shape, layout)?;
                     Some((Request::Variant(tuned), layout))
                 })
                 .collect();
@@ -127,7 +127,7 @@ impl Softmax {
                     Ok(prepared) => {
                         planned_any = true;
                         needs = needs.max(prepared.needs);
-                        self.reserved.insert((request, shape, layout));
+                        self.runtime.keep((request, shape, layout));
                     }
                     Err(error) => {
                         first_error.get_or_insert(error);
@@ -140,26 +140,10 @@ impl Softmax {
                 return Err(error);
             }
         }
-        self.workspaces.reserve(needs, self.stream.as_inner())?;
+        let stream = self.stream().as_inner();
+        self.runtime.reserve_workspace(needs, stream)?;
         // The growth zeroed the workspaces on this instance's stream; the reserved calls may be
         // issued on another.
         self.synchronize()
-    }
-
-    /// The entries the plans of `call` on `shape` launch, with the block size of the entries
-    /// that take it at launch, over every layout (what [`Softmax::reserve`] prepares): which
-    /// instances the planner uses on this device, for pruning the instance tables (`host
-    /// entries`). Plans that fail are left out.
-    #[cfg(feature = "bench")]
-    #[doc(hidden)]
-    pub fn planned_entries(&mut self, call: CallKind, shape: Shape) -> Result<Vec<String>> {
-        let _context = self.enter()?;
-        let mut entries = Vec::new();
-        for (request, layout) in call.requests() {
-            if let Ok(prepared) = self.prepared(request, shape, layout) {
-                entries.extend(prepared.launches.iter().map(|l| l.label(&[])));
-            }
-        }
-        Ok(entries)
     }
 }

@@ -9,9 +9,9 @@ use cust::module::Module;
 use cust::sys;
 use kernels_gpu::launch::ops::{DType, OpKernelShape};
 
-use crate::device::{DeviceInfo, check, check_code};
+use super::driver::{DeviceInfo, check, check_code};
+use super::launch::{LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, LaunchConfig, launch_attribute};
 use crate::error::{CudaContext, Error, Result};
-use crate::launch::{LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, LaunchConfig, launch_attribute};
 use crate::plan::{self, Entry};
 
 /// The code embedded for one module: the PTX of both kernel builds, and the cubins `ptxas`
@@ -588,7 +588,7 @@ mod tests {
         DeviceInfo {
             name: "a GPU".into(),
             compute_capability: capability,
-            ..crate::device::fixtures::h200()
+            ..super::driver::fixtures::h200()
         }
     }
 

@@ -27,9 +27,9 @@ use cust::sys;
 
 use kernels_gpu::launch::BARRIER_HEADER_WORDS;
 
-use crate::device::{self, check};
+use super::driver::{self, check};
+use super::launch::WorkspaceAddresses;
 use crate::error::{CudaContext, Error, Result};
-use crate::launch::WorkspaceAddresses;
 use crate::plan::WorkspaceNeeds;
 
 /// Most blocks of one kernel a multiprocessor can hold (Hopper: 32): a new workspace covers
@@ -222,7 +222,7 @@ impl Workspaces {
             ..WorkspaceNeeds::default()
         };
         let workspace = Workspace::new(minimum, stream)?;
-        device::check(
+        driver::check(
             // SAFETY: the instance's stream, of the current context.
             unsafe { sys::cuStreamSynchronize(stream) },
             "zeroing the workspace",
@@ -272,7 +272,7 @@ impl Workspaces {
     /// [`Error::NotReserved`]). Follow with [`Workspaces::release`] once the launches are
     /// enqueued.
     pub fn acquire(&mut self, stream: sys::CUstream, needs: WorkspaceNeeds) -> Result<Acquired> {
-        if let Some(capture) = device::capture_id(stream)? {
+        if let Some(capture) = driver::capture_id(stream)? {
             let Some(graph) = self
                 .captured
                 .as_mut()
@@ -422,7 +422,7 @@ fn stream_id(stream: sys::CUstream) -> Result<u64> {
     // SAFETY: writes one integer through a valid pointer; the stream is of the current context
     // (or a special handle, which the driver resolves).
     let status = unsafe { cuStreamGetId(stream, &mut id) };
-    device::check_code(status, "reading the stream's id")?;
+    driver::check_code(status, "reading the stream's id")?;
     Ok(id)
 }
 

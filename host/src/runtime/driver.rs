@@ -207,6 +207,41 @@ mod tests {
     }
 }
 
+/// Waits for everything enqueued on `stream` so far.
+pub(crate) fn synchronize_stream(stream: sys::CUstream) -> Result<()> {
+    // SAFETY: a stream of the current context, valid for the call.
+    check(
+        unsafe { sys::cuStreamSynchronize(stream) },
+        "waiting for the stream",
+    )
+}
+
+/// Writes, for each of `rows` rows, `words` 32-bit words at the row's place in a per-row
+/// buffer at `address`: `-inf`, then zeros (the identity state; a log-sum-exp of `-inf`).
+///
+/// # Safety
+/// `address` holds `rows · words` words of device memory of the current context's device,
+/// which nothing else uses until the fill, enqueued on `stream`, completes.
+pub(crate) unsafe fn fill_identity_states(
+    address: u64,
+    rows: usize,
+    words: usize,
+    stream: sys::CUstream,
+) -> Result<()> {
+    const NEG_INFINITY_BITS: u32 = 0xff80_0000;
+    let pitch = 4 * words;
+    // SAFETY: both fills stay inside the buffer (forwarded contract) and are ordered on the
+    // stream.
+    let status = unsafe {
+        let mut status = sys::cuMemsetD32Async(address, 0, rows * words, stream);
+        if status == sys::CUresult::CUDA_SUCCESS {
+            status = sys::cuMemsetD2D32Async(address, pitch, NEG_INFINITY_BITS, 1, rows, stream);
+        }
+        status
+    };
+    check(status, "writing identity states")
+}
+
 /// Whether `stream` is being captured into a graph.
 pub(crate) fn is_capturing(stream: sys::CUstream) -> Result<bool> {
     Ok(capture_id(stream)?.is_some())

@@ -7,7 +7,7 @@ use std::marker::PhantomData;
 use cust::sys;
 use kernels_gpu::launch::ops::{RowOpParams, mode};
 
-use crate::device::check_code;
+use super::driver::check_code;
 use crate::error::Result;
 use crate::plan::{Entry, Launch, OperationPass, Params, Scheduling};
 

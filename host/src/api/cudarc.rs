@@ -1,0 +1,283 @@
+//! cudarc's buffers and streams as views and call streams (feature `cudarc`): the path of a
+//! program whose device memory is cudarc's, as candle's CUDA storage is. cudarc and cust
+//! share the device's primary context, so an instance and a cudarc `CudaContext` on one
+//! device see the same memory.
+//!
+//! A view of a cudarc buffer keeps the buffer, not its address: the call takes the address on
+//! its own stream, which makes that stream wait for the buffer's earlier uses as cudarc's
+//! bookkeeping asks, and records this use on the buffer's events after the launches. cudarc
+//! keeps the failures of that bookkeeping in one error slot per context rather than returning
+//! them; a call sets aside what the slot held before it (another operation's failure, which
+//! stays there for its owner) and reports only what its own bookkeeping put there.
+
+use cudarc::driver::{
+    CudaContext, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DriverError, SyncOnDrop,
+};
+use kernels_gpu::launch::ops::DType;
+
+use super::options::{CallStream, StreamKind};
+use super::views::{Place, PlaceMut, Rows, RowsMut, Value, Values, ValuesMut, check_view};
+use crate::error::{Error, Result};
+use crate::shape::Shape;
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for half2::bf16 {}
+    impl Sealed for half2::f16 {}
+    impl Sealed for u8 {}
+}
+
+/// A cudarc buffer a call reads, its element type erased.
+#[derive(Clone, Copy)]
+pub enum Read<'a> {
+    F32(&'a dyn DevicePtr<f32>),
+    Bf16(&'a dyn DevicePtr<half2::bf16>),
+    F16(&'a dyn DevicePtr<half2::f16>),
+    U8(&'a dyn DevicePtr<u8>),
+}
+
+/// A cudarc buffer a call writes, its element type erased.
+pub enum Write<'a> {
+    F32(&'a mut dyn DevicePtrMut<f32>),
+    Bf16(&'a mut dyn DevicePtrMut<half2::bf16>),
+    F16(&'a mut dyn DevicePtrMut<half2::f16>),
+}
+
+impl std::fmt::Debug for Read<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("cudarc buffer")
+    }
+}
+
+impl std::fmt::Debug for Write<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("cudarc buffer")
+    }
+}
+
+/// A type of cudarc buffers the views take: `f32`, half 2's `bf16` and `f16` (the types
+/// cudarc's `f16` feature implements), and `u8` for masks.
+pub trait CudarcType: DeviceRepr + sealed::Sealed + 'static {
+    #[doc(hidden)]
+    fn read(data: &dyn DevicePtr<Self>) -> Read<'_>;
+}
+
+/// An element type of cudarc buffers that rows hold: `f32`, `bf16` and `f16`.
+pub trait CudarcElement: CudarcType {
+    const DTYPE: DType;
+    #[doc(hidden)]
+    fn write(data: &mut dyn DevicePtrMut<Self>) -> Write<'_>;
+}
+
+macro_rules! cudarc_types {
+    ($($ty:ty => $variant:ident, $dtype:expr;)+) => {$(
+        impl CudarcType for $ty {
+            fn read(data: &dyn DevicePtr<Self>) -> Read<'_> {
+                Read::$variant(data)
+            }
+        }
+
+        impl CudarcElement for $ty {
+            const DTYPE: DType = $dtype;
+            fn write(data: &mut dyn DevicePtrMut<Self>) -> Write<'_> {
+                Write::$variant(data)
+            }
+        }
+    )+};
+}
+
+cudarc_types! {
+    f32 => F32, DType::F32;
+    half2::bf16 => Bf16, DType::Bf16;
+    half2::f16 => F16, DType::F16;
+}
+
+impl CudarcType for u8 {
+    fn read(data: &dyn DevicePtr<Self>) -> Read<'_> {
+        Read::U8(data)
+    }
+}
+
+impl<'a> Rows<'a> {
+    /// Contiguous rows in a cudarc buffer (a `CudaSlice` or `CudaView`) of exactly `shape`'s
+    /// elements. The call that takes the view must run on a cudarc stream
+    /// ([`crate::Options::on`]).
+    pub fn cudarc<T: CudarcElement>(data: &'a impl DevicePtr<T>, shape: Shape) -> Result<Self> {
+        shape.check_lengths(data.len(), shape.len())?;
+        Ok(Rows::at(
+            Place::Cudarc(T::read(data)),
+            T::DTYPE,
+            shape,
+            shape.cols(),
+        ))
+    }
+
+    /// Rows `stride` elements apart in a cudarc buffer that reaches the last row's end.
+    pub fn cudarc_strided<T: CudarcElement>(
+        data: &'a impl DevicePtr<T>,
+        shape: Shape,
+        stride: usize,
+    ) -> Result<Self> {
+        check_view(data.len(), shape, stride, "input")?;
+        Ok(Rows::at(
+            Place::Cudarc(T::read(data)),
+            T::DTYPE,
+            shape,
+            stride,
+        ))
+    }
+}
+
+impl<'a> RowsMut<'a> {
+    /// Contiguous writable rows in a cudarc buffer (a `CudaSlice` or `CudaViewMut`) of
+    /// exactly `shape`'s elements.
+    pub fn cudarc<T: CudarcElement>(
+        data: &'a mut impl DevicePtrMut<T>,
+        shape: Shape,
+    ) -> Result<Self> {
+        shape.check_lengths(shape.len(), data.len())?;
+        Ok(RowsMut::at(
+            PlaceMut::Cudarc(T::write(data)),
+            T::DTYPE,
+            shape,
+            shape.cols(),
+        ))
+    }
+
+    /// Writable rows `stride` elements apart in a cudarc buffer.
+    pub fn cudarc_strided<T: CudarcElement>(
+        data: &'a mut impl DevicePtrMut<T>,
+        shape: Shape,
+        stride: usize,
+    ) -> Result<Self> {
+        check_view(data.len(), shape, stride, "output")?;
+        Ok(RowsMut::at(
+            PlaceMut::Cudarc(T::write(data)),
+            T::DTYPE,
+            shape,
+            stride,
+        ))
+    }
+}
+
+impl<'a, T: Value + CudarcType> Values<'a, T> {
+    /// The values of a cudarc buffer.
+    pub fn cudarc(data: &'a impl DevicePtr<T>) -> Self {
+        Values::at(Place::Cudarc(T::read(data)), data.len())
+    }
+}
+
+impl<'a> ValuesMut<'a, f32> {
+    /// The writable values of a cudarc buffer of f32 (log-sum-exps).
+    pub fn cudarc(data: &'a mut impl DevicePtrMut<f32>) -> Self {
+        let len = data.len();
+        ValuesMut::at(PlaceMut::Cudarc(f32::write(data)), len)
+    }
+}
+
+impl<'a> From<&'a CudaStream> for CallStream<'a> {
+    fn from(stream: &'a CudaStream) -> Self {
+        CallStream(StreamKind::Cudarc(stream))
+    }
+}
+
+impl<'a> From<&'a std::sync::Arc<CudaStream>> for CallStream<'a> {
+    fn from(stream: &'a std::sync::Arc<CudaStream>) -> Self {
+        CallStream(StreamKind::Cudarc(stream))
+    }
+}
+
+/// What the guards' waits and records are checked as.
+const WAITS: &str = "ordering the stream after cudarc's earlier uses of the buffers";
+const RECORDS: &str = "recording the buffers' use on cudarc's events";
+
+/// A call's dealings with cudarc: its stream, the guards of the buffers it took addresses of
+/// (which record the use when dropped, after the launches), and cudarc's error slot, whose
+/// earlier content is set aside for the call and put back after it.
+pub(crate) struct CudarcCall<'r> {
+    stream: &'r CudaStream,
+    context: &'r CudaContext,
+    earlier: Option<DriverError>,
+    guards: Vec<SyncOnDrop<'r>>,
+}
+
+impl<'r> CudarcCall<'r> {
+    /// Sets cudarc's error slot aside for a call on `stream`, of device `ordinal`.
+    pub fn begin(stream: &'r CudaStream, ordinal: u32) -> Result<Self> {
+        let device = stream.context().ordinal() as u32;
+        if device != ordinal {
+            return Err(Error::WrongDevice {
+                what: "the cudarc stream",
+                device,
+                expected: ordinal,
+            });
+        }
+        let context = stream.context();
+        Ok(CudarcCall {
+            stream,
+            context,
+            earlier: context.check_err().err(),
+            guards: Vec::new(),
+        })
+    }
+
+    /// The address of a buffer the call reads, its stream made to wait for the buffer's
+    /// earlier writes.
+    pub fn read(&mut self, data: Read<'r>) -> u64 {
+        let (address, guard) = match data {
+            Read::F32(d) => d.device_ptr(self.stream),
+            Read::Bf16(d) => d.device_ptr(self.stream),
+            Read::F16(d) => d.device_ptr(self.stream),
+            Read::U8(d) => d.device_ptr(self.stream),
+        };
+        self.guards.push(guard);
+        address
+    }
+
+    /// The address of a buffer the call writes, its stream made to wait for the buffer's
+    /// earlier uses.
+    pub fn write(&mut self, data: &'r mut Write<'_>) -> u64 {
+        let (address, guard) = match data {
+            Write::F32(d) => d.device_ptr_mut(self.stream),
+            Write::Bf16(d) => d.device_ptr_mut(self.stream),
+            Write::F16(d) => d.device_ptr_mut(self.stream),
+        };
+        self.guards.push(guard);
+        address
+    }
+
+    /// A failure of the waits the addresses asked for, as the call's error.
+    pub fn check_waits(&self) -> Result<()> {
+        self.check(WAITS)
+    }
+
+    /// Records the buffers' use (after the launches enqueued so far) and reports a failure of
+    /// those records.
+    pub fn finish(mut self) -> Result<()> {
+        self.guards.clear();
+        self.check(RECORDS)
+    }
+
+    fn check(&self, during: &'static str) -> Result<()> {
+        self.context.check_err().map_err(|error| Error::CudaStatus {
+            during,
+            code: error.0 as u32,
+            name: format!("{error:?}"),
+        })
+    }
+}
+
+impl Drop for CudarcCall<'_> {
+    fn drop(&mut self) {
+        // A call that failed before `finish` reports its own error; what its records put in
+        // the slot goes with it.
+        if !self.guards.is_empty() {
+            self.guards.clear();
+            let _ = self.context.check_err();
+        }
+        if let Some(earlier) = self.earlier.take() {
+            self.context.record_err::<()>(Err(earlier));
+        }
+    }
+}

@@ -1,0 +1,25 @@
+//! The public API: the handle ([`Softmax`]), the views every call takes whatever its buffers
+//! are ([`Rows`], [`RowsMut`], [`Values`], [`ValuesMut`]), the options with the stream
+//! ([`Options`], [`CallStream`]), and the one call description (`call`) every operation goes
+//! through on its way to the runtime.
+
+mod call;
+#[cfg(feature = "cudarc")]
+mod cudarc;
+mod inspect;
+mod operations;
+mod options;
+mod reserve;
+mod softmax;
+mod tune;
+mod views;
+
+#[cfg(feature = "cudarc")]
+pub use cudarc::{CudarcElement, CudarcType};
+pub use options::{CallStream, Options};
+pub use reserve::CallKind;
+pub use softmax::Softmax;
+pub use views::{
+    DType, Element, Mask, MaskedRows, Operation, RowState, Rows, RowsMut, Value, Values, ValuesMut,
+    merge_row_states,
+};
