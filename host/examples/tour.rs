@@ -147,7 +147,7 @@ fn main() -> Outcome {
     let mask_row = DeviceBuffer::from_slice(&mask_row)?;
     let opts = Options::new()
         .scale(0.125)
-        .mask(Mask::Additive(&mask_row))
+        .mask(Mask::additive(&mask_row))
         .masked_rows(MaskedRows::Zero);
     let p = forward_to_f32(&mut softmax, Operation::Softmax, &s, shape, &opts)?;
     softmax.synchronize()?;
@@ -168,7 +168,7 @@ fn main() -> Outcome {
     let s = DeviceBuffer::from_slice(&scores(shape.len(), 5))?;
     let opts = Options::new()
         .causal()
-        .mask(Mask::Allowed(&keep))
+        .mask(Mask::allowed(&keep))
         .row_scale(&inverse_temperatures);
     let p = forward_to_f32(&mut softmax, Operation::Softmax, &s, shape, &opts)?;
     softmax.synchronize()?;
@@ -282,9 +282,12 @@ fn main() -> Outcome {
     let input = DeviceBuffer::from_slice(&x)?;
     let mut output = zeros(shape.len())?;
     softmax.synchronize()?; // the pageable upload above has landed
-    softmax
-        .on(&stream)
-        .run(Variant::Auto, &input, &mut output, shape)?;
+    softmax.forward(
+        Operation::Softmax,
+        Rows::new(&input, shape)?,
+        RowsMut::new(&mut output, shape)?,
+        &Options::new().on(&stream),
+    )?;
     stream.synchronize()?; // before the output is read and the buffers dropped
     let output = to_host(&output)?;
     check(

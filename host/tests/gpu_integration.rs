@@ -15,7 +15,7 @@ use half::bf16;
 use rand::rngs::StdRng;
 use softmax::reference::{backward_f64, deviation, softmax_f64};
 use softmax::{
-    CallKind, DType, Error, Operation, Options, RawRows, Rows, RowsMut, Shape, Softmax, Variant,
+    CallKind, CallStream, DType, Error, Operation, Options, Rows, RowsMut, Shape, Softmax, Variant,
 };
 
 type Outcome = Result<String, String>;
@@ -130,24 +130,20 @@ fn callers_stream(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
         let raw_y = common::poisoned(shape.len())?;
         CurrentContext::synchronize().map_err(text)?;
         common::kernels::write_late(&module, &stream, &source, &x)?;
-        softmax
-            .on(&stream)
-            .run(Variant::Auto, &x, &mut y, shape)
-            .map_err(text)?;
+        common::run_on(softmax, &Options::new().on(&stream), &x, &mut y, shape).map_err(text)?;
         // The raw entry point on the same stream, after another late write.
         common::kernels::write_late(&module, &stream, &source, &x)?;
-        let raw =
-            |b: &DeviceBuffer<f32>| RawRows::new(b.as_device_ptr().as_raw(), DType::F32, shape);
+        let address = |b: &DeviceBuffer<f32>| b.as_device_ptr().as_raw();
         // SAFETY: both buffers hold `shape` contiguous f32 of this device and outlive the
-        // stream's work (synchronized below); nothing else touches them meanwhile.
+        // stream's work (synchronized below); nothing else touches them meanwhile; the stream
+        // is the primary context's.
         unsafe {
-            softmax.forward_raw(
-                Operation::Softmax,
-                raw(&x),
-                raw(&raw_y),
-                &Options::new(),
-                stream.as_inner(),
-            )
+            let cols = shape.cols();
+            Rows::raw(address(&x), DType::F32, shape, cols).and_then(|x| {
+                let y = RowsMut::raw(address(&raw_y), DType::F32, shape, cols)?;
+                let on = Options::new().on(CallStream::raw(stream.as_inner()));
+                softmax.forward(Operation::Softmax, x, y, &on)
+            })
         }
         .map_err(text)?;
         stream.synchronize().map_err(text)?;
@@ -172,12 +168,11 @@ fn callers_stream(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     CurrentContext::synchronize().map_err(text)?;
     common::kernels::write_late(&module, &stream, &source, &x)?;
     softmax
-        .on(&stream)
         .forward(
             Operation::Softmax,
             Rows::new(&x, shape).map_err(text)?,
             RowsMut::new(&mut y, shape).map_err(text)?,
-            &Options::new(),
+            &Options::new().on(&stream),
         )
         .map_err(text)?;
     stream.synchronize().map_err(text)?;
@@ -231,25 +226,27 @@ fn graph_capture(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
 
     common::begin_capture(&stream)?;
     let captured = (|| -> Result<Option<String>, Error> {
-        let mut on = softmax.on(&stream);
-        on.run(Variant::Auto, &xa, &mut ya, a)?;
-        on.forward(
+        let on = Options::new().on(&stream);
+        common::run_on(softmax, &on, &xa, &mut ya, a)?;
+        softmax.forward(
             Operation::Softmax,
             Rows::new(&xb, b)?,
             RowsMut::new(&mut yb, b)?,
-            &Options::new(),
+            &on,
         )?;
-        on.backward(
+        softmax.backward(
             Operation::Softmax,
             Rows::new(&yc, c)?,
             Rows::new(&dyc, c)?,
             RowsMut::new(&mut dxc, c)?,
-            &Options::new(),
+            &on,
         )?;
-        Ok(match on.run(Variant::Auto, &xu, &mut yu, unreserved) {
-            Err(Error::NotReserved { .. }) => None,
-            other => Some(format!("an unreserved call during capture gave {other:?}")),
-        })
+        Ok(
+            match common::run_on(softmax, &on, &xu, &mut yu, unreserved) {
+                Err(Error::NotReserved { .. }) => None,
+                other => Some(format!("an unreserved call during capture gave {other:?}")),
+            },
+        )
     })();
     let exec = common::end_capture(&stream);
     let unexpected = captured.map_err(|e| format!("a reserved call during capture: {e}"))?;
@@ -279,24 +276,25 @@ fn graph_capture(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
         if status != sys::CUresult::CUDA_SUCCESS {
             return Err(format!("replay {replay}: launching the graph: {status:?}"));
         }
-        let mut on = softmax.on(&stream);
-        on.run(Variant::Auto, &xa, &mut ya_direct, a)
+        let on = Options::new().on(&stream);
+        common::run_on(softmax, &on, &xa, &mut ya_direct, a).map_err(text)?;
+        softmax
+            .forward(
+                Operation::Softmax,
+                Rows::new(&xb, b).map_err(text)?,
+                RowsMut::new(&mut yb_direct, b).map_err(text)?,
+                &on,
+            )
             .map_err(text)?;
-        on.forward(
-            Operation::Softmax,
-            Rows::new(&xb, b).map_err(text)?,
-            RowsMut::new(&mut yb_direct, b).map_err(text)?,
-            &Options::new(),
-        )
-        .map_err(text)?;
-        on.backward(
-            Operation::Softmax,
-            Rows::new(&yc, c).map_err(text)?,
-            Rows::new(&dyc, c).map_err(text)?,
-            RowsMut::new(&mut dxc_direct, c).map_err(text)?,
-            &Options::new(),
-        )
-        .map_err(text)?;
+        softmax
+            .backward(
+                Operation::Softmax,
+                Rows::new(&yc, c).map_err(text)?,
+                Rows::new(&dyc, c).map_err(text)?,
+                RowsMut::new(&mut dxc_direct, c).map_err(text)?,
+                &on,
+            )
+            .map_err(text)?;
         stream.synchronize().map_err(text)?;
         let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
         let bits16 = |v: Vec<bf16>| v.into_iter().map(bf16::to_bits).collect::<Vec<_>>();
@@ -592,14 +590,14 @@ fn crowded_gpu(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
         // Everything that could wait for the device happens before the holders start.
         softmax.reserve(&[(kind, shape)]).map_err(text)?;
         let crowding = hold_and_release(&module, streams, crowd, |stream| {
-            let mut on = softmax.on(stream);
+            let on = Options::new().on(stream);
             match dtype {
-                DType::F32 => on.run(Variant::Auto, &x32, &mut y32, shape),
-                _ => on.forward(
+                DType::F32 => common::run_on(softmax, &on, &x32, &mut y32, shape),
+                _ => softmax.forward(
                     Operation::Softmax,
                     Rows::new(&x16, shape).map_err(text)?,
                     RowsMut::new(&mut y16, shape).map_err(text)?,
-                    &Options::new(),
+                    &on,
                 ),
             }
             .map_err(text)
@@ -693,18 +691,16 @@ fn fault() -> Result<String, String> {
     let output = DeviceBuffer::from_slice(&[0.0f32; 2048]).map_err(text)?;
     let buffer = DeviceBuffer::from_slice(&[0.5f32; 1024]).map_err(text)?;
     let shape = Shape::new(2, 1024).map_err(text)?;
-    let wild = RawRows {
-        address: buffer.as_device_ptr().as_raw(),
-        dtype: DType::F32,
-        shape,
-        stride: 1 << 40,
-    };
-    let out = RawRows::new(output.as_device_ptr().as_raw(), DType::F32, shape);
-    let stream = softmax.stream().as_inner();
     // SAFETY: deliberately broken: the input view's second row lies 4 TiB past its buffer,
     // which is what this test wants the device to fault on.
-    unsafe { softmax.forward_raw(Operation::Softmax, wild, out, &Options::new(), stream) }
-        .map_err(|e| format!("the faulting call was refused before launch: {e}"))?;
+    unsafe {
+        let wild =
+            Rows::raw(buffer.as_device_ptr().as_raw(), DType::F32, shape, 1 << 40).map_err(text)?;
+        let out =
+            RowsMut::raw(output.as_device_ptr().as_raw(), DType::F32, shape, 1024).map_err(text)?;
+        softmax.forward(Operation::Softmax, wild, out, &Options::new())
+    }
+    .map_err(|e| format!("the faulting call was refused before launch: {e}"))?;
     let reported = match softmax.synchronize() {
         Err(error @ Error::Cuda { .. }) => error.to_string(),
         other => return Err(format!("the fault was reported as {other:?}")),
@@ -741,14 +737,13 @@ fn cudarc_buffers(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     let values = common::random_matrix(rng, shape, 8.0);
     let x = stream.clone_htod(&values).map_err(text)?;
     let mut y = stream.alloc_zeros::<f32>(shape.len()).map_err(text)?;
+    let on = Options::new().on(&stream);
     softmax
-        .forward_cudarc(
+        .forward(
             Operation::Softmax,
-            &x,
-            &mut y,
-            shape,
-            &Options::new(),
-            &stream,
+            Rows::cudarc(&x, shape).map_err(text)?,
+            RowsMut::cudarc(&mut y, shape).map_err(text)?,
+            &on,
         )
         .map_err(text)?;
     let probabilities = stream.clone_dtoh(&y).map_err(text)?;
@@ -760,13 +755,11 @@ fn cudarc_buffers(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
         .alloc_zeros::<half2::bf16>(shape.len())
         .map_err(text)?;
     softmax
-        .forward_cudarc(
+        .forward(
             Operation::Softmax,
-            &xb,
-            &mut yb,
-            shape,
-            &Options::new(),
-            &stream,
+            Rows::cudarc(&xb, shape).map_err(text)?,
+            RowsMut::cudarc(&mut yb, shape).map_err(text)?,
+            &on,
         )
         .map_err(text)?;
     let out: Vec<bf16> = stream
@@ -786,14 +779,12 @@ fn cudarc_buffers(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
         .map_err(text)?;
     let mut dx = stream.alloc_zeros::<f32>(shape.len()).map_err(text)?;
     softmax
-        .backward_cudarc(
+        .backward(
             Operation::Softmax,
-            &y,
-            &dy,
-            &mut dx,
-            shape,
-            &Options::new(),
-            &stream,
+            Rows::cudarc(&y, shape).map_err(text)?,
+            Rows::cudarc(&dy, shape).map_err(text)?,
+            RowsMut::cudarc(&mut dx, shape).map_err(text)?,
+            &on,
         )
         .map_err(text)?;
     let expected = backward_f64(
@@ -809,8 +800,9 @@ fn cudarc_buffers(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
         return Err(format!("cudarc backward: {deviation:?}"));
     }
     let mut lse = stream.alloc_zeros::<f32>(shape.rows()).map_err(text)?;
+    let input = Rows::cudarc(&x, shape).map_err(text)?;
     softmax
-        .log_sum_exp_cudarc(&x, &mut lse, shape, &Options::new(), &stream)
+        .log_sum_exp(input, softmax::ValuesMut::cudarc(&mut lse), &on)
         .map_err(text)?;
     let lse = stream.clone_dtoh(&lse).map_err(text)?;
     for (r, row) in values.chunks(shape.cols()).enumerate() {

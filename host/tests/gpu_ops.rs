@@ -412,7 +412,7 @@ fn special_values_for<I: Element>(
         ),
         (
             Options::new()
-                .mask(Mask::Allowed(&allowed_device))
+                .mask(Mask::allowed(&allowed_device))
                 .masked_rows(MaskedRows::Zero),
             Scores {
                 allowed_mask: Some(&allowed),
@@ -705,7 +705,7 @@ fn largest_foundation_shapes(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome
             &x,
             &masked.forward(false, &x, rows, cols),
             shape,
-            &Options::new().mask(Mask::Additive(&additive_device)),
+            &Options::new().mask(Mask::additive(&additive_device)),
         )?;
         let y = rounded::<T>(&softmax_y.iter().map(|&v| v as f32).collect::<Vec<_>>());
         let dy = rounded::<T>(&random_matrix(rng, shape, 1.0));
@@ -777,7 +777,7 @@ fn scales_masks_and_causal(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
                 },
             ),
             (
-                Options::new().mask(Mask::Additive(&additive_device)),
+                Options::new().mask(Mask::additive(&additive_device)),
                 Scores {
                     additive_mask: Some(&additive),
                     ..Scores::default()
@@ -787,7 +787,7 @@ fn scales_masks_and_causal(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
         for (masked_rows, zero) in [(MaskedRows::Nan, false), (MaskedRows::Zero, true)] {
             cases.push((
                 Options::new()
-                    .mask(Mask::Allowed(&allowed_device))
+                    .mask(Mask::allowed(&allowed_device))
                     .masked_rows(masked_rows),
                 Scores {
                     allowed_mask: Some(&allowed),
@@ -1233,7 +1233,7 @@ fn bad_input_is_refused(softmax: &mut Softmax, _rng: &mut StdRng) -> Outcome {
         run(
             softmax,
             &mut output,
-            &Options::new().mask(Mask::Additive(&short_mask)),
+            &Options::new().mask(Mask::additive(&short_mask)),
         ),
         |e| matches!(e, Error::MaskLength { .. }),
     )?;
@@ -1276,7 +1276,7 @@ fn bad_input_is_refused(softmax: &mut Softmax, _rng: &mut StdRng) -> Outcome {
             Rows::new(&y, shape).map_err(text)?,
             Rows::new(&y, shape).map_err(text)?,
             RowsMut::new(&mut output, shape).map_err(text)?,
-            &Options::new().mask(Mask::Additive(&mask)),
+            &Options::new().mask(Mask::additive(&mask)),
         ),
         |e| matches!(e, Error::Unsupported { .. }),
     )?;
@@ -1287,7 +1287,7 @@ fn bad_input_is_refused(softmax: &mut Softmax, _rng: &mut StdRng) -> Outcome {
         DeviceBuffer::from_slice(&vec![RowState::default(); wide.rows()]).map_err(text)?;
     // Unmasked and masked: the two plan with different kernels.
     let allowed = DeviceBuffer::from_slice(&vec![1u8; wide.cols()]).map_err(text)?;
-    for options in [Options::new(), Options::new().mask(Mask::Allowed(&allowed))] {
+    for options in [Options::new(), Options::new().mask(Mask::allowed(&allowed))] {
         expect(
             "row states of rows too many and too wide to keep resident",
             softmax.row_states(
@@ -1393,7 +1393,7 @@ fn written<O: Element>(
     what: &str,
     at: Placement,
     shape: Shape,
-    call: impl FnOnce(&mut Softmax, RowsMut<'_, O>) -> softmax::Result<()>,
+    call: impl FnOnce(&mut Softmax, RowsMut<'_>) -> softmax::Result<()>,
 ) -> Result<Vec<f32>, String> {
     let output = poisoned::<O>(at.allocation(shape))?;
     let mut view = output.index(at.offset..);

@@ -21,7 +21,8 @@ use half::bf16;
 use rand::rngs::StdRng;
 use softmax::reference::{Scores, deviation, softmax_f64, value_deviation};
 use softmax::{
-    CallKind, DType, Error, Operation, Options, RowState, Rows, RowsMut, Shape, Softmax, Variant,
+    CallKind, CallStream, DType, Error, Operation, Options, RowState, Rows, RowsMut, Shape,
+    Softmax, Variant,
 };
 
 type Outcome = Result<String, String>;
@@ -233,42 +234,42 @@ fn issue(
     stream: &Stream,
 ) -> Result<(), Error> {
     let shape = case.shape;
-    let mut on = softmax.on(stream);
+    let on = Options::new().on(stream);
     match case.kind {
-        Kind::Run | Kind::RunLeaving => on.run(
-            Variant::Auto,
-            buffers.input32.as_ref().expect("f32 input"),
-            buffers.output32.as_mut().expect("f32 output"),
-            shape,
+        Kind::Run | Kind::RunLeaving => softmax.forward(
+            Operation::Softmax,
+            Rows::new(buffers.input32.as_ref().expect("f32 input"), shape)?,
+            RowsMut::new(buffers.output32.as_mut().expect("f32 output"), shape)?,
+            &on,
         ),
-        Kind::Bf16Softmax => on.forward(
+        Kind::Bf16Softmax => softmax.forward(
             Operation::Softmax,
             Rows::new(buffers.input16.as_ref().expect("bf16 input"), shape)?,
             RowsMut::new(buffers.output16.as_mut().expect("bf16 output"), shape)?,
-            &Options::new(),
+            &on,
         ),
-        Kind::Bf16LogSoftmax => on.forward(
+        Kind::Bf16LogSoftmax => softmax.forward(
             Operation::LogSoftmax,
             Rows::new(buffers.input16.as_ref().expect("bf16 input"), shape)?,
             RowsMut::new(buffers.output32.as_mut().expect("f32 output"), shape)?,
-            &temperature(),
+            &temperature().on(stream),
         ),
-        Kind::F32LogSoftmax => on.forward(
+        Kind::F32LogSoftmax => softmax.forward(
             Operation::LogSoftmax,
             Rows::new(buffers.input32.as_ref().expect("f32 input"), shape)?,
             RowsMut::new(buffers.output32.as_mut().expect("f32 output"), shape)?,
-            &Options::new(),
+            &on,
         ),
         Kind::Bf16States => {
             let input = buffers.input16.as_ref().expect("bf16 input");
             let states = buffers.states.as_mut().expect("states");
-            on.row_states(Rows::new(input, shape)?, states, &Options::new())?;
-            on.normalize_with_states(
+            softmax.row_states(Rows::new(input, shape)?, &mut *states, &on)?;
+            softmax.normalize_with_states(
                 Operation::Softmax,
                 Rows::new(input, shape)?,
-                states,
+                &*states,
                 RowsMut::new(buffers.output32.as_mut().expect("f32 output"), shape)?,
-                &Options::new(),
+                &on,
             )
         }
     }
@@ -763,7 +764,7 @@ fn context_restored(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
         "forward",
         "log_sum_exp",
         "backward",
-        "forward_raw",
+        "forward over raw views",
         "reserve",
     ];
     let mut logs = common::poisoned(case.shape.len())?;
@@ -779,9 +780,10 @@ fn context_restored(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
             0 => softmax.run(Variant::Auto, input, output, case.shape),
             1 => softmax.synchronize(),
             // The stream belongs to the primary context; the call makes that current itself.
-            2 => softmax
-                .on(&stream)
-                .run(Variant::Auto, input, output, case.shape),
+            2 => Rows::new(input, case.shape).and_then(|x| {
+                let y = RowsMut::new(output, case.shape)?;
+                softmax.forward(Operation::Softmax, x, y, &Options::new().on(&stream))
+            }),
             3 => Softmax::new().map(drop),
             4 => Rows::new(input, case.shape).and_then(|x| {
                 let y = RowsMut::new(&mut logs, case.shape)?;
@@ -795,22 +797,20 @@ fn context_restored(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
                 softmax.backward(Operation::Softmax, y, dy, dx, &Options::new())
             }),
             7 => {
-                let raw = |b: u64| softmax::RawRows::new(b, DType::F32, case.shape);
                 let (x, y) = (
                     input.as_device_ptr().as_raw(),
                     output.as_device_ptr().as_raw(),
                 );
+                let (rows, cols) = (case.shape, case.shape.cols());
                 // SAFETY: both buffers hold the shape's f32 elements and outlive the work,
                 // which the synchronize after each step waits for; the stream is the primary
                 // context's.
                 unsafe {
-                    softmax.forward_raw(
-                        Operation::Softmax,
-                        raw(x),
-                        raw(y),
-                        &Options::new(),
-                        stream.as_inner(),
-                    )
+                    Rows::raw(x, DType::F32, rows, cols).and_then(|x| {
+                        let y = RowsMut::raw(y, DType::F32, rows, cols)?;
+                        let on = Options::new().on(CallStream::raw(stream.as_inner()));
+                        softmax.forward(Operation::Softmax, x, y, &on)
+                    })
                 }
             }
             _ => softmax.reserve(&[(CallKind::Run(Variant::Auto), shape(3, 70_000))]),
@@ -867,13 +867,11 @@ fn cudarc_across_streams(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
         common::kernels::spin(&module, writer.cu_stream().cast(), 20_000_000)?;
         writer.memcpy_htod(&values, &mut x).map_err(text)?;
         softmax
-            .forward_cudarc(
+            .forward(
                 Operation::Softmax,
-                &x,
-                &mut y,
-                case.shape,
-                &Options::new(),
-                &reader,
+                Rows::cudarc(&x, case.shape).map_err(text)?,
+                RowsMut::cudarc(&mut y, case.shape).map_err(text)?,
+                &Options::new().on(&reader),
             )
             .map_err(text)?;
         let output = writer.clone_dtoh(&y).map_err(text)?;
@@ -904,14 +902,10 @@ fn cudarc_foreign_errors(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     let mut y = stream.alloc_zeros::<f32>(case_shape.len()).map_err(text)?;
     let foreign = cudarc_sys::cudaError_enum::CUDA_ERROR_INVALID_HANDLE;
     context.record_err::<()>(Err(DriverError(foreign)));
-    let call = softmax.forward_cudarc(
-        Operation::Softmax,
-        &x,
-        &mut y,
-        case_shape,
-        &Options::new(),
-        &stream,
-    );
+    let call = Rows::cudarc(&x, case_shape).and_then(|x| {
+        let y = RowsMut::cudarc(&mut y, case_shape)?;
+        softmax.forward(Operation::Softmax, x, y, &Options::new().on(&stream))
+    });
     let left = context.check_err();
     call.map_err(|e| format!("the call reported another operation's error: {e}"))?;
     match left {

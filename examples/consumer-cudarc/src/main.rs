@@ -4,7 +4,7 @@
 use cudarc::driver::CudaContext;
 use half::bf16;
 use softmax::reference::softmax_f64;
-use softmax::{Operation, Options, Shape, Softmax};
+use softmax::{Operation, Options, Rows, RowsMut, Shape, Softmax};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut softmax = Softmax::new()?;
@@ -16,13 +16,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .collect();
     let input = stream.clone_htod(&logits)?;
     let mut output = stream.alloc_zeros::<bf16>(shape.len())?;
-    softmax.forward_cudarc(
+    softmax.forward(
         Operation::Softmax,
-        &input,
-        &mut output,
-        shape,
-        &Options::new(),
-        &stream,
+        Rows::cudarc(&input, shape)?,
+        RowsMut::cudarc(&mut output, shape)?,
+        &Options::new().on(&stream),
     )?;
     let probabilities = stream.clone_dtoh(&output)?;
     let exact: Vec<f32> = logits.iter().map(|v| v.to_f32()).collect();

@@ -15,11 +15,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .collect();
     let input = DeviceBuffer::from_slice(&logits)?;
     let mut output = DeviceBuffer::from_slice(&vec![0.0f32; shape.len()])?;
-    softmax.on(&stream).forward(
+    softmax.forward(
         Operation::Softmax,
         Rows::new(&input, shape)?,
         RowsMut::new(&mut output, shape)?,
-        &Options::new(),
+        &Options::new().on(&stream),
     )?;
     stream.synchronize()?;
     let mut probabilities = vec![0.0f32; shape.len()];

@@ -588,7 +588,7 @@ mod tests {
         DeviceInfo {
             name: "a GPU".into(),
             compute_capability: capability,
-            ..super::driver::fixtures::h200()
+            ..crate::runtime::driver::fixtures::h200()
         }
     }
 

@@ -495,3 +495,17 @@ pub fn end_capture(stream: &Stream) -> Result<sys::CUgraphExec, String> {
     }
     Ok(exec)
 }
+
+/// f32 softmax with `Variant::Auto` of contiguous `shape` rows, with `options` (a stream, for
+/// the calls that run on the caller's): what `Softmax::run` does on the instance's stream.
+pub fn run_on(
+    softmax: &mut softmax::Softmax,
+    options: &softmax::Options<'_>,
+    input: &cust::memory::DeviceSlice<f32>,
+    output: &mut cust::memory::DeviceSlice<f32>,
+    shape: softmax::Shape,
+) -> softmax::Result<()> {
+    let x = softmax::Rows::new(input, shape)?;
+    let y = softmax::RowsMut::new(output, shape)?;
+    softmax.forward(softmax::Operation::Softmax, x, y, options)
+}

@@ -4,16 +4,17 @@
 //! each CPU implementation computes the library's f64 reference.
 
 use candle_core::backend::{BackendDevice, BackendStorage};
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaStream, CudaView, DevicePtr};
+use std::sync::Arc;
+
+use candle_core::cuda_backend::cudarc::driver::CudaStream;
 use candle_core::cuda_backend::{CudaDType, CudaDevice};
 use candle_core::{
     CpuStorage, CudaStorage, CustomOp1, CustomOp2, D, DType, DeviceLocation, InplaceOp1, Layout,
     Result, Shape as CandleShape, Tensor, bail,
 };
 use half::{bf16, f16};
-use softmax::cust::memory::{DeviceCopy, DevicePointer, DeviceSlice};
 use softmax::reference::{Scores, backward_f64};
-use softmax::{CudarcRows, MaskedRows, Operation, Options};
+use softmax::{MaskedRows, Operation, Options, RowsMut, Values, ValuesMut};
 
 use crate::instance::with_softmax;
 use crate::rows::Rows;
@@ -48,8 +49,8 @@ impl Scoring {
         }
     }
 
-    /// The library's options, with the mask at `mask` (a device slice of its values).
-    fn options<'a>(&self, mask: Option<&'a MaskSlice>) -> Options<'a> {
+    /// The library's options, with `mask`.
+    fn options<'a>(&self, mask: Option<softmax::Mask<'a>>) -> Options<'a> {
         let mut options = Options::new()
             .scale(self.scale)
             .masked_rows(self.masked_rows);
@@ -57,17 +58,10 @@ impl Scoring {
             options = options.causal();
         }
         match mask {
-            Some(MaskSlice::Additive(m)) => options.mask(softmax::Mask::Additive(m)),
-            Some(MaskSlice::Allowed(m)) => options.mask(softmax::Mask::Allowed(m)),
+            Some(mask) => options.mask(mask),
             None => options,
         }
     }
-}
-
-/// A mask tensor's values as the library's options take them.
-enum MaskSlice {
-    Additive(DeviceSlice<f32>),
-    Allowed(DeviceSlice<u8>),
 }
 
 /// The device ordinal of a CUDA device.
@@ -76,11 +70,6 @@ fn ordinal(device: &CudaDevice) -> Result<usize> {
         DeviceLocation::Cuda { gpu_id } => Ok(gpu_id),
         other => bail!("softmax-candle: expected a CUDA device, got {other:?}"),
     }
-}
-
-/// A view of `rows` in a candle CUDA slice.
-fn view<'a, T>(slice: &'a CudaSlice<T>, rows: &Rows) -> CudaView<'a, T> {
-    slice.slice(rows.offset..rows.offset + rows.span())
 }
 
 /// The element types the library takes.
@@ -181,46 +170,33 @@ impl Scoring {
         }
     }
 
-    /// Runs `call` with the library's options for these scores and, where the call carries
-    /// one, the mask tensor's values (contiguous), read through cudarc's bookkeeping on
-    /// `stream` (the call's own stream): ordered after the mask's writes, and its read
-    /// recorded after `call`'s launches.
+    /// Runs `call` with the library's options for these scores on `stream` (the call's own)
+    /// and, where the call carries one, the mask tensor's values (contiguous), which the call
+    /// reads through cudarc's bookkeeping on that stream: ordered after the mask's writes,
+    /// its read recorded after the launches, a failure of either reported as the call's.
     fn with_options<R>(
         &self,
         mask: Option<(&CudaStorage, &Layout)>,
-        stream: &CudaStream,
+        stream: &Arc<CudaStream>,
         call: impl FnOnce(&Options<'_>) -> Result<R>,
     ) -> Result<R> {
         let Some((storage, layout)) = mask else {
-            return call(&self.options(None));
+            return call(&self.options(None).on(stream));
         };
-        let Some(range) = layout.contiguous_offsets() else {
+        let Some((start, end)) = layout.contiguous_offsets() else {
             bail!("softmax-candle: the mask must be contiguous");
         };
-        fn read<T: CudaDType + DeviceCopy, R>(
-            storage: &CudaStorage,
-            (start, end): (usize, usize),
-            stream: &CudaStream,
-            call: impl FnOnce(DeviceSlice<T>) -> Result<R>,
-        ) -> Result<R> {
-            let slice = storage.as_cuda_slice::<T>()?;
-            let view = slice.slice(start..end);
-            let (address, _read) = view.device_ptr(stream);
-            // SAFETY: the range lies inside the mask's storage, which the tensor keeps alive
-            // for the operation; the library only reads it, on `stream`, before `_read`
-            // records that use.
-            let values = unsafe {
-                DeviceSlice::from_raw_parts(DevicePointer::from_raw(address), end - start)
-            };
-            call(values)
-        }
         match self.mask {
-            Some(MaskKind::Additive) => read(storage, range, stream, |m| {
-                call(&self.options(Some(&MaskSlice::Additive(m))))
-            }),
-            Some(MaskKind::Allowed) => read(storage, range, stream, |m| {
-                call(&self.options(Some(&MaskSlice::Allowed(m))))
-            }),
+            Some(MaskKind::Additive) => {
+                let values = storage.as_cuda_slice::<f32>()?.slice(start..end);
+                let mask = softmax::Mask::Additive(Values::cudarc(&values));
+                call(&self.options(Some(mask)).on(stream))
+            }
+            Some(MaskKind::Allowed) => {
+                let values = storage.as_cuda_slice::<u8>()?.slice(start..end);
+                let mask = softmax::Mask::Allowed(Values::cudarc(&values));
+                call(&self.options(Some(mask)).on(stream))
+            }
             None => bail!("softmax-candle: a mask tensor without a mask kind"),
         }
     }
@@ -274,14 +250,11 @@ impl Forward {
                 let mut output = unsafe { device.alloc::<$o>(rows.shape.len())? };
                 self.scoring.with_options(mask, &stream, |options| {
                     with_softmax(ordinal(&device)?, |softmax| {
-                        softmax.forward_cudarc_strided(
+                        softmax.forward(
                             self.operation,
-                            &view(input, &rows),
-                            rows.view(),
-                            &mut output,
-                            CudarcRows::new(rows.shape),
+                            rows.view_of(&input.slice(rows.range()))?,
+                            RowsMut::cudarc(&mut output, rows.shape)?,
                             options,
-                            &stream,
                         )
                     })
                 })?;
@@ -392,19 +365,14 @@ impl InplaceOp1 for Forward {
         let rows = Rows::of(layout)?;
         let device = storage.device().clone();
         let stream = device.cuda_stream();
-        let options = self.scoring.options(None);
+        let options = self.scoring.options(None).on(&stream);
         macro_rules! call {
             ($t:ty) => {{
                 let data = storage.as_cuda_slice_mut::<$t>()?;
-                let mut data = data.slice_mut(rows.offset..rows.offset + rows.span());
+                let mut data = data.slice_mut(rows.range());
                 with_softmax(ordinal(&device)?, |softmax| {
-                    softmax.forward_cudarc_in_place(
-                        self.operation,
-                        &mut data,
-                        rows.view(),
-                        &options,
-                        &stream,
-                    )
+                    let view = RowsMut::cudarc_strided(&mut data, rows.shape, rows.stride)?;
+                    softmax.forward_in_place(self.operation, view, &options)
                 })
             }};
         }
@@ -459,21 +427,19 @@ impl CustomOp2 for Backward {
         }
         let device = y.device().clone();
         let stream = device.cuda_stream();
-        let options = Options::new().scale(self.scale);
+        let options = Options::new().scale(self.scale).on(&stream);
         macro_rules! call {
             ($t:ty, $o:ty) => {{
                 let (y_slice, dy_slice) = (y.as_cuda_slice::<$t>()?, dy.as_cuda_slice::<$t>()?);
                 // SAFETY: every element is written by the call before anything reads it.
                 let mut dx = unsafe { device.alloc::<$o>(rows.shape.len())? };
                 with_softmax(ordinal(&device)?, |softmax| {
-                    softmax.backward_cudarc(
+                    softmax.backward(
                         self.operation,
-                        &view(y_slice, &rows),
-                        &view(dy_slice, &dy_rows),
-                        &mut dx,
-                        rows.shape,
+                        rows.view_of(&y_slice.slice(rows.range()))?,
+                        dy_rows.view_of(&dy_slice.slice(dy_rows.range()))?,
+                        RowsMut::cudarc(&mut dx, rows.shape)?,
                         &options,
-                        &stream,
                     )
                 })?;
                 <$o as CudaDType>::wrap_cuda_slice(dx, device.clone())
@@ -527,12 +493,10 @@ impl LogSumExp {
                 let input = storage.as_cuda_slice::<$i>()?;
                 self.scoring.with_options(mask, &stream, |options| {
                     with_softmax(ordinal(&device)?, |softmax| {
-                        softmax.log_sum_exp_cudarc_strided(
-                            &view(input, &rows),
-                            rows.view(),
-                            &mut lse,
+                        softmax.log_sum_exp(
+                            rows.view_of(&input.slice(rows.range()))?,
+                            ValuesMut::cudarc(&mut lse),
                             options,
-                            &stream,
                         )
                     })
                 })?

@@ -1,8 +1,9 @@
 //! A candle layout as the rows the library takes: how many rows of the last dimension, how
 //! wide, how many elements apart, from which element of the storage.
 
+use candle_core::cuda_backend::cudarc::driver::CudaView;
 use candle_core::{Layout, Result, bail};
-use softmax::{CudarcRows, Shape};
+use softmax::{CudarcElement, Shape};
 
 /// The rows of a tensor's last dimension in its storage.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,9 +75,18 @@ impl Rows {
         }
     }
 
-    /// The view the library's strided calls take.
-    pub fn view(&self) -> CudarcRows {
-        CudarcRows::strided(self.shape, self.stride)
+    /// The library's view of these rows in `view`, the range of their storage that
+    /// [`Rows::range`] gives.
+    pub fn view_of<'a, T: CudarcElement>(
+        &self,
+        view: &'a CudaView<'_, T>,
+    ) -> softmax::Result<softmax::Rows<'a>> {
+        softmax::Rows::cudarc_strided(view, self.shape, self.stride)
+    }
+
+    /// The range of the storage from the first row's start to the last row's end.
+    pub fn range(&self) -> std::ops::Range<usize> {
+        self.offset..self.offset + self.span()
     }
 
     /// Whether the rows are contiguous (one after another, no gaps).
