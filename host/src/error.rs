@@ -73,12 +73,15 @@ pub enum Error {
         why: String,
     },
 
-    /// Two views that must have one shape do not.
-    #[error("{what} has shape {actual} but the input has shape {expected}")]
+    /// Two views that must have one shape do not (shapes as `(rows, cols)`).
+    #[error(
+        "{what} has shape {}×{} but the input has shape {}×{}",
+        .actual.0, .actual.1, .expected.0, .expected.1
+    )]
     ShapeMismatch {
         what: &'static str,
-        expected: crate::Shape,
-        actual: crate::Shape,
+        expected: (usize, usize),
+        actual: (usize, usize),
     },
 
     /// Two buffers that must hold one element type do not.
@@ -205,8 +208,8 @@ pub enum Error {
     CudarcStreamNeeded { what: &'static str },
 
     /// A variant name that the command line or `Variant::from_str` does not know.
-    #[error("unknown variant `{0}` (known: {known})", known = crate::Variant::NAMES.join(", "))]
-    UnknownVariant(String),
+    #[error("unknown variant `{0}` (known: {known})", known = .1.join(", "))]
+    UnknownVariant(String, &'static [&'static str]),
 }
 
 /// The library's result type.

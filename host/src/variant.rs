@@ -137,7 +137,7 @@ impl std::str::FromStr for Variant {
         if let Some(threads) = text.strip_prefix("block-smem:") {
             let threads_per_block = threads
                 .parse()
-                .map_err(|_| Error::UnknownVariant(text.to_owned()))?;
+                .map_err(|_| Error::UnknownVariant(text.to_owned(), &Variant::NAMES))?;
             let variant = Variant::BlockPerRowSmem { threads_per_block };
             variant.validate()?;
             return Ok(variant);
@@ -145,6 +145,6 @@ impl std::str::FromStr for Variant {
         let index = Variant::NAMES.iter().position(|name| *name == text);
         index
             .map(|i| Variant::all()[i])
-            .ok_or_else(|| Error::UnknownVariant(text.to_owned()))
+            .ok_or_else(|| Error::UnknownVariant(text.to_owned(), &Variant::NAMES))
     }
 }

@@ -232,7 +232,7 @@ fn variant_names_round_trip() {
     );
     assert!(matches!(
         "nope".parse::<Variant>(),
-        Err(Error::UnknownVariant(_))
+        Err(Error::UnknownVariant(..))
     ));
 }
 

@@ -273,8 +273,8 @@ pub(crate) fn check_shapes(input: Shape, output: Shape, what: &'static str) -> R
     if input != output {
         return Err(Error::ShapeMismatch {
             what,
-            expected: input,
-            actual: output,
+            expected: (input.rows(), input.cols()),
+            actual: (output.rows(), output.cols()),
         });
     }
     Ok(())

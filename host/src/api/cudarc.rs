@@ -10,94 +10,14 @@
 //! them; a call sets aside what the slot held before it (another operation's failure, which
 //! stays there for its owner) and reports only what its own bookkeeping put there.
 
-use cudarc::driver::{
-    CudaContext, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DriverError, SyncOnDrop,
-};
-use kernels_gpu::launch::ops::DType;
+use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut, DriverError, SyncOnDrop};
 
 use super::options::{CallStream, StreamKind};
+pub use super::place::{CudarcElement, CudarcType};
+use super::place::{Read, Write};
 use super::views::{Place, PlaceMut, Rows, RowsMut, Value, Values, ValuesMut, check_view};
 use crate::error::{Error, Result};
 use crate::shape::Shape;
-
-mod sealed {
-    pub trait Sealed {}
-    impl Sealed for f32 {}
-    impl Sealed for half2::bf16 {}
-    impl Sealed for half2::f16 {}
-    impl Sealed for u8 {}
-}
-
-/// A cudarc buffer a call reads, its element type erased.
-#[derive(Clone, Copy)]
-pub enum Read<'a> {
-    F32(&'a dyn DevicePtr<f32>),
-    Bf16(&'a dyn DevicePtr<half2::bf16>),
-    F16(&'a dyn DevicePtr<half2::f16>),
-    U8(&'a dyn DevicePtr<u8>),
-}
-
-/// A cudarc buffer a call writes, its element type erased.
-pub enum Write<'a> {
-    F32(&'a mut dyn DevicePtrMut<f32>),
-    Bf16(&'a mut dyn DevicePtrMut<half2::bf16>),
-    F16(&'a mut dyn DevicePtrMut<half2::f16>),
-}
-
-impl std::fmt::Debug for Read<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("cudarc buffer")
-    }
-}
-
-impl std::fmt::Debug for Write<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("cudarc buffer")
-    }
-}
-
-/// A type of cudarc buffers the views take: `f32`, half 2's `bf16` and `f16` (the types
-/// cudarc's `f16` feature implements), and `u8` for masks.
-pub trait CudarcType: DeviceRepr + sealed::Sealed + 'static {
-    #[doc(hidden)]
-    fn read(data: &dyn DevicePtr<Self>) -> Read<'_>;
-}
-
-/// An element type of cudarc buffers that rows hold: `f32`, `bf16` and `f16`.
-pub trait CudarcElement: CudarcType {
-    const DTYPE: DType;
-    #[doc(hidden)]
-    fn write(data: &mut dyn DevicePtrMut<Self>) -> Write<'_>;
-}
-
-macro_rules! cudarc_types {
-    ($($ty:ty => $variant:ident, $dtype:expr;)+) => {$(
-        impl CudarcType for $ty {
-            fn read(data: &dyn DevicePtr<Self>) -> Read<'_> {
-                Read::$variant(data)
-            }
-        }
-
-        impl CudarcElement for $ty {
-            const DTYPE: DType = $dtype;
-            fn write(data: &mut dyn DevicePtrMut<Self>) -> Write<'_> {
-                Write::$variant(data)
-            }
-        }
-    )+};
-}
-
-cudarc_types! {
-    f32 => F32, DType::F32;
-    half2::bf16 => Bf16, DType::Bf16;
-    half2::f16 => F16, DType::F16;
-}
-
-impl CudarcType for u8 {
-    fn read(data: &dyn DevicePtr<Self>) -> Read<'_> {
-        Read::U8(data)
-    }
-}
 
 impl<'a> Rows<'a> {
     /// Contiguous rows in a cudarc buffer (a `CudaSlice` or `CudaView`) of exactly `shape`'s

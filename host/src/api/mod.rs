@@ -9,6 +9,7 @@ mod cudarc;
 mod inspect;
 mod operations;
 mod options;
+mod place;
 mod reserve;
 mod softmax;
 mod tune;

@@ -7,6 +7,7 @@ use std::marker::PhantomData;
 use cust::memory::{DeviceBuffer, DeviceCopy, DeviceSlice};
 pub use kernels_gpu::launch::ops::{DType, RowState};
 
+pub(crate) use super::place::{Place, PlaceMut};
 use crate::error::{Error, Result};
 use crate::shape::Shape;
 
@@ -71,24 +72,6 @@ impl Operation {
             Operation::LogSoftmax => kernels_gpu::launch::ops::op::LOG_SOFTMAX,
         }
     }
-}
-
-/// Where a view's elements are: device memory at a known address (a cust slice, or an
-/// address the caller vouches for), or a cudarc buffer, whose address is taken on the call's
-/// stream (with the waits and records cudarc's bookkeeping asks for).
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Place<'a> {
-    Address(u64, PhantomData<&'a ()>),
-    #[cfg(feature = "cudarc")]
-    Cudarc(super::cudarc::Read<'a>),
-}
-
-/// The writable counterpart of [`Place`].
-#[derive(Debug)]
-pub(crate) enum PlaceMut<'a> {
-    Address(u64, PhantomData<&'a mut ()>),
-    #[cfg(feature = "cudarc")]
-    Cudarc(super::cudarc::Write<'a>),
 }
 
 /// Elements a view of `shape` at `stride` reaches: `(rows − 1) · stride + cols`, or 0 for an

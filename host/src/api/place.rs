@@ -1,0 +1,110 @@
+//! Where a view's elements are, and (feature `cudarc`) cudarc's buffers with their element
+//! types erased, which the views hold until a call resolves them on its stream.
+
+use std::marker::PhantomData;
+
+#[cfg(feature = "cudarc")]
+pub use self::cudarc_buffers::*;
+
+/// Where a view's elements are: device memory at a known address (a cust slice, or an
+/// address the caller vouches for), or a cudarc buffer, whose address is taken on the call's
+/// stream (with the waits and records cudarc's bookkeeping asks for).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Place<'a> {
+    Address(u64, PhantomData<&'a ()>),
+    #[cfg(feature = "cudarc")]
+    Cudarc(Read<'a>),
+}
+
+/// The writable counterpart of [`Place`].
+#[derive(Debug)]
+pub(crate) enum PlaceMut<'a> {
+    Address(u64, PhantomData<&'a mut ()>),
+    #[cfg(feature = "cudarc")]
+    Cudarc(Write<'a>),
+}
+
+#[cfg(feature = "cudarc")]
+mod cudarc_buffers {
+    use cudarc::driver::{DevicePtr, DevicePtrMut, DeviceRepr};
+    use kernels_gpu::launch::ops::DType;
+
+    mod sealed {
+        pub trait Sealed {}
+        impl Sealed for f32 {}
+        impl Sealed for half2::bf16 {}
+        impl Sealed for half2::f16 {}
+        impl Sealed for u8 {}
+    }
+
+    /// A cudarc buffer a call reads, its element type erased.
+    #[derive(Clone, Copy)]
+    pub enum Read<'a> {
+        F32(&'a dyn DevicePtr<f32>),
+        Bf16(&'a dyn DevicePtr<half2::bf16>),
+        F16(&'a dyn DevicePtr<half2::f16>),
+        U8(&'a dyn DevicePtr<u8>),
+    }
+
+    /// A cudarc buffer a call writes, its element type erased.
+    pub enum Write<'a> {
+        F32(&'a mut dyn DevicePtrMut<f32>),
+        Bf16(&'a mut dyn DevicePtrMut<half2::bf16>),
+        F16(&'a mut dyn DevicePtrMut<half2::f16>),
+    }
+
+    impl std::fmt::Debug for Read<'_> {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("cudarc buffer")
+        }
+    }
+
+    impl std::fmt::Debug for Write<'_> {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("cudarc buffer")
+        }
+    }
+
+    /// A type of cudarc buffers the views take: `f32`, half 2's `bf16` and `f16` (the types
+    /// cudarc's `f16` feature implements), and `u8` for masks.
+    pub trait CudarcType: DeviceRepr + sealed::Sealed + 'static {
+        #[doc(hidden)]
+        fn read(data: &dyn DevicePtr<Self>) -> Read<'_>;
+    }
+
+    /// An element type of cudarc buffers that rows hold: `f32`, `bf16` and `f16`.
+    pub trait CudarcElement: CudarcType {
+        const DTYPE: DType;
+        #[doc(hidden)]
+        fn write(data: &mut dyn DevicePtrMut<Self>) -> Write<'_>;
+    }
+
+    macro_rules! cudarc_types {
+        ($($ty:ty => $variant:ident, $dtype:expr;)+) => {$(
+            impl CudarcType for $ty {
+                fn read(data: &dyn DevicePtr<Self>) -> Read<'_> {
+                    Read::$variant(data)
+                }
+            }
+
+            impl CudarcElement for $ty {
+                const DTYPE: DType = $dtype;
+                fn write(data: &mut dyn DevicePtrMut<Self>) -> Write<'_> {
+                    Write::$variant(data)
+                }
+            }
+        )+};
+    }
+
+    cudarc_types! {
+        f32 => F32, DType::F32;
+        half2::bf16 => Bf16, DType::Bf16;
+        half2::f16 => F16, DType::F16;
+    }
+
+    impl CudarcType for u8 {
+        fn read(data: &dyn DevicePtr<Self>) -> Read<'_> {
+            Read::U8(data)
+        }
+    }
+}
