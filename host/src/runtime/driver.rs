@@ -318,3 +318,92 @@ impl Drop for ContextScope {
         }
     }
 }
+
+/// A driver event without timing, destroyed with its owner: what orders uses of one buffer
+/// across streams.
+#[derive(Debug)]
+pub(crate) struct OrderEvent(pub sys::CUevent);
+
+impl OrderEvent {
+    pub fn new() -> Result<Self> {
+        let mut event = std::ptr::null_mut();
+        // SAFETY: writes one handle through a valid pointer; the context is current.
+        let status = unsafe {
+            sys::cuEventCreate(
+                &mut event,
+                sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
+            )
+        };
+        check(status, "creating an event")?;
+        Ok(OrderEvent(event))
+    }
+}
+
+impl Drop for OrderEvent {
+    fn drop(&mut self) {
+        // SAFETY: the event was created by `new` and is destroyed once; the driver keeps it
+        // alive for work still pending on it.
+        unsafe { sys::cuEventDestroy_v2(self.0) };
+    }
+}
+
+/// Records `event` after the work enqueued on `stream` so far.
+pub(crate) fn record(event: sys::CUevent, stream: sys::CUstream) -> Result<()> {
+    // SAFETY: a live event and a stream of the current context.
+    let status = unsafe { sys::cuEventRecord(event, stream) };
+    check(status, "recording the workspace's use")
+}
+
+/// Adds an external event record node for `event` to the graph `stream` is capturing.
+pub(crate) fn record_external(event: sys::CUevent, stream: sys::CUstream) -> Result<()> {
+    // SAFETY: a live event and a stream of the current context, capturing, where the external
+    // flag is valid.
+    let status = unsafe {
+        sys::cuEventRecordWithFlags(
+            event,
+            stream,
+            sys::CUevent_record_flags::CU_EVENT_RECORD_EXTERNAL as u32,
+        )
+    };
+    check(status, "recording the workspace's use")
+}
+
+/// Makes `stream` wait for the work `event` last recorded.
+pub(crate) fn wait(
+    stream: sys::CUstream,
+    event: sys::CUevent,
+    flags: sys::CUevent_wait_flags,
+) -> Result<()> {
+    // SAFETY: a live event and a stream of the current context.
+    let status = unsafe { sys::cuStreamWaitEvent(stream, event, flags as u32) };
+    check(
+        status,
+        "ordering the stream after the workspace's previous use",
+    )
+}
+
+/// The driver's id of `stream`, unique for the life of the process.
+pub(crate) fn stream_id(stream: sys::CUstream) -> Result<u64> {
+    let mut id = 0u64;
+    // SAFETY: writes one integer through a valid pointer; the stream is of the current context
+    // (or a special handle, which the driver resolves).
+    let status = unsafe { cuStreamGetId(stream, &mut id) };
+    check_code(status, "reading the stream's id")?;
+    Ok(id)
+}
+
+// A CUDA 12.0 driver call that cust 0.3.2's bindings predate; the driver library the crate
+// links (CUDA 12 or later) exports it.
+unsafe extern "C" {
+    fn cuStreamGetId(stream: sys::CUstream, id: *mut u64) -> c_int;
+}
+
+/// Zeroes `words` 32-bit words from `address`, enqueued on `stream`.
+///
+/// # Safety
+/// `address` holds `words` words of device memory of the current context's device.
+pub(crate) unsafe fn zero_words(address: u64, words: usize, stream: sys::CUstream) -> Result<()> {
+    // SAFETY: forwarded.
+    let status = unsafe { sys::cuMemsetD32Async(address, 0, words, stream) };
+    check(status, "zeroing the workspace")
+}

@@ -27,7 +27,7 @@ use cust::sys;
 
 use kernels_gpu::launch::BARRIER_HEADER_WORDS;
 
-use super::driver::{self, check};
+use super::driver;
 use super::launch::WorkspaceAddresses;
 use crate::error::{CudaContext, Error, Result};
 use crate::plan::WorkspaceNeeds;
@@ -130,39 +130,12 @@ impl Workspace {
     }
 }
 
-/// A driver event without timing, destroyed with its owner.
-#[derive(Debug)]
-struct OrderEvent(sys::CUevent);
-
-impl OrderEvent {
-    fn new() -> Result<Self> {
-        let mut event = std::ptr::null_mut();
-        // SAFETY: writes one handle through a valid pointer; the context is current.
-        let status = unsafe {
-            sys::cuEventCreate(
-                &mut event,
-                sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
-            )
-        };
-        check(status, "creating an event")?;
-        Ok(OrderEvent(event))
-    }
-}
-
-impl Drop for OrderEvent {
-    fn drop(&mut self) {
-        // SAFETY: the event was created by `new` and is destroyed once; the driver keeps it
-        // alive for work still pending on it.
-        unsafe { sys::cuEventDestroy_v2(self.0) };
-    }
-}
-
 /// A workspace and, once it serves several streams (or graphs), the event that orders its
 /// uses.
 #[derive(Debug)]
 struct Lane {
     workspace: Workspace,
-    order: Option<OrderEvent>,
+    order: Option<driver::OrderEvent>,
 }
 
 /// How a use of a lane ends: nothing to record, an event to record, or (in a graph being
@@ -183,7 +156,7 @@ enum Record {
 #[derive(Debug)]
 struct GraphLane {
     lane: Lane,
-    inside: OrderEvent,
+    inside: driver::OrderEvent,
     capture: Option<u64>,
 }
 
@@ -222,12 +195,8 @@ impl Workspaces {
             ..WorkspaceNeeds::default()
         };
         let workspace = Workspace::new(minimum, stream)?;
-        driver::check(
-            // SAFETY: the instance's stream, of the current context.
-            unsafe { sys::cuStreamSynchronize(stream) },
-            "zeroing the workspace",
-        )?;
-        let id = stream_id(stream)?;
+        driver::synchronize_stream(stream)?;
+        let id = driver::stream_id(stream)?;
         Ok(Workspaces {
             lanes: vec![Lane {
                 workspace,
@@ -251,9 +220,9 @@ impl Workspaces {
             self.captured = Some(GraphLane {
                 lane: Lane {
                     workspace: Workspace::new(minimum, stream)?,
-                    order: Some(OrderEvent::new()?),
+                    order: Some(driver::OrderEvent::new()?),
                 },
-                inside: OrderEvent::new()?,
+                inside: driver::OrderEvent::new()?,
                 capture: None,
             });
         }
@@ -290,13 +259,13 @@ impl Workspaces {
                 .0;
             if graph.capture == Some(capture) {
                 // An edge inside the graph from this capture's previous use.
-                wait(
+                driver::wait(
                     stream,
                     graph.inside.0,
                     sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
                 )?;
             } else {
-                wait(
+                driver::wait(
                     stream,
                     external,
                     sys::CUevent_wait_flags::CU_EVENT_WAIT_EXTERNAL,
@@ -314,7 +283,7 @@ impl Workspaces {
         let id = if stream == self.home.0 {
             self.home.1
         } else {
-            stream_id(stream)?
+            driver::stream_id(stream)?
         };
         let index = match self.by_stream.get(&id) {
             Some(&index) => index,
@@ -323,7 +292,7 @@ impl Workspaces {
         let lane = &mut self.lanes[index];
         let record = match &lane.order {
             Some(event) => {
-                wait(
+                driver::wait(
                     stream,
                     event.0,
                     sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
@@ -345,26 +314,14 @@ impl Workspaces {
     /// adds the graph's record node) after the launches. If recording fails, waits for the
     /// stream, so that the next use is ordered all the same, and reports the failure.
     pub fn release(&mut self, acquired: Acquired, stream: sys::CUstream) -> Result<()> {
-        let status = match acquired.record {
+        let recorded = match acquired.record {
             Record::Nothing => return Ok(()),
-            // SAFETY: a live event and a stream of the current context.
-            Record::Event(event) => unsafe { sys::cuEventRecord(event, stream) },
-            // SAFETY: as above; the stream is capturing, where the external flag is valid.
-            Record::Captured { inside, external } => unsafe {
-                match sys::cuEventRecord(inside, stream) {
-                    sys::CUresult::CUDA_SUCCESS => sys::cuEventRecordWithFlags(
-                        external,
-                        stream,
-                        sys::CUevent_record_flags::CU_EVENT_RECORD_EXTERNAL as u32,
-                    ),
-                    failed => failed,
-                }
-            },
+            Record::Event(event) => driver::record(event, stream),
+            Record::Captured { inside, external } => driver::record(inside, stream)
+                .and_then(|()| driver::record_external(external, stream)),
         };
-        let recorded = check(status, "recording the workspace's use");
         if recorded.is_err() && matches!(acquired.record, Record::Event(_)) {
-            // SAFETY: a stream of the current context.
-            let _ = unsafe { sys::cuStreamSynchronize(stream) };
+            let _ = driver::synchronize_stream(stream);
         }
         recorded
     }
@@ -392,7 +349,7 @@ impl Workspaces {
                 // once; every later use records the event the next one waits for.
                 cust::context::CurrentContext::synchronize()
                     .during("sharing a workspace between streams")?;
-                lane.order = Some(OrderEvent::new()?);
+                lane.order = Some(driver::OrderEvent::new()?);
             }
             index
         };
@@ -416,32 +373,6 @@ impl Workspaces {
     }
 }
 
-/// The driver's id of `stream`, unique for the life of the process.
-fn stream_id(stream: sys::CUstream) -> Result<u64> {
-    let mut id = 0u64;
-    // SAFETY: writes one integer through a valid pointer; the stream is of the current context
-    // (or a special handle, which the driver resolves).
-    let status = unsafe { cuStreamGetId(stream, &mut id) };
-    driver::check_code(status, "reading the stream's id")?;
-    Ok(id)
-}
-
-/// Makes `stream` wait for the work `event` last recorded.
-fn wait(stream: sys::CUstream, event: sys::CUevent, flags: sys::CUevent_wait_flags) -> Result<()> {
-    // SAFETY: a live event and a stream of the current context.
-    let status = unsafe { sys::cuStreamWaitEvent(stream, event, flags as u32) };
-    check(
-        status,
-        "ordering the stream after the workspace's previous use",
-    )
-}
-
-// A CUDA 12.0 driver call that cust 0.3.2's bindings predate; the driver library the crate
-// links (CUDA 12 or later) exports it.
-unsafe extern "C" {
-    fn cuStreamGetId(stream: sys::CUstream, id: *mut u64) -> std::ffi::c_int;
-}
-
 /// A buffer of `len` words, zeroed by a memset enqueued on `stream`.
 fn zeroed_on<T: DeviceCopy>(len: usize, stream: sys::CUstream) -> Result<DeviceBuffer<T>> {
     // SAFETY: the words are zeroed on `stream` before any work enqueued there after this
@@ -451,9 +382,7 @@ fn zeroed_on<T: DeviceCopy>(len: usize, stream: sys::CUstream) -> Result<DeviceB
         unsafe { DeviceBuffer::<T>::uninitialized(len) }.during("growing the workspace")?;
     let words = len * size_of::<T>() / 4;
     // SAFETY: the memset writes `words` words inside the buffer just allocated.
-    let status =
-        unsafe { sys::cuMemsetD32Async(buffer.as_device_ptr().as_raw(), 0, words, stream) };
-    check(status, "zeroing the workspace")?;
+    unsafe { driver::zero_words(buffer.as_device_ptr().as_raw(), words, stream) }?;
     Ok(buffer)
 }
 
