@@ -12,10 +12,10 @@ use kernels_gpu::launch::ops::{DType, Direction, RowState, mode};
 
 use super::Softmax;
 use super::call::{
-    Call, OptionSpans, Span, check_dtype, check_output, check_per_row, check_shapes,
+    Call, Frame, OptionSpans, Span, check_dtype, check_output, check_per_row, check_shapes,
 };
 use super::options::Options;
-use super::views::{Operation, Rows, RowsMut, Values, ValuesMut};
+use super::views::{Operation, Rows, RowsMut, Value, Values, ValuesMut};
 use crate::error::{Error, Result};
 use crate::plan::{self, Request};
 use crate::runtime::CallBuffers;
@@ -26,6 +26,15 @@ use crate::variant::Variant;
 enum RowOutput {
     LogSumExp,
     States,
+}
+
+impl RowOutput {
+    fn name(self) -> &'static str {
+        match self {
+            RowOutput::LogSumExp => "log-sum-exp output",
+            RowOutput::States => "row states",
+        }
+    }
 }
 
 impl Softmax {
@@ -51,12 +60,9 @@ impl Softmax {
         let mut frame = self.frame(options)?;
         let x = frame.rows("input", &input)?;
         let y = frame.rows_mut("output", &mut output)?;
-        let buffers = frame.options(options)?;
-        frame.check_waits()?;
-        let done = self.with_stream(frame.stream, |s| {
-            s.forward_spans(op, x, y, options, &buffers)
-        });
-        done.and(frame.finish())
+        self.launch_framed(frame, options, |s, buffers| {
+            s.forward_spans(op, x, y, options, buffers)
+        })
     }
 
     /// [`Softmax::forward`] with the output written over the input.
@@ -69,13 +75,10 @@ impl Softmax {
         let _context = self.enter()?;
         let mut frame = self.frame(options)?;
         let x = frame.rows_mut("input", &mut data)?;
-        let buffers = frame.options(options)?;
-        frame.check_waits()?;
         let y = x.named("output");
-        let done = self.with_stream(frame.stream, |s| {
-            s.forward_spans(op, x, y, options, &buffers)
-        });
-        done.and(frame.finish())
+        self.launch_framed(frame, options, |s, buffers| {
+            s.forward_spans(op, x, y, options, buffers)
+        })
     }
 
     /// Enqueues the log-sum-exp of each row of `input · scale + mask` into `lse` (one f32
@@ -86,18 +89,7 @@ impl Softmax {
         lse: impl Into<ValuesMut<'l, f32>>,
         options: &Options<'_>,
     ) -> Result<()> {
-        let _context = self.enter()?;
-        let mut lse = lse.into();
-        check_per_row(lse.len, input.shape.rows(), "log-sum-exp output")?;
-        let mut frame = self.frame(options)?;
-        let x = frame.rows("input", &input)?;
-        let output = frame.values_mut("log-sum-exp output", &mut lse)?;
-        let buffers = frame.options(options)?;
-        frame.check_waits()?;
-        let done = self.with_stream(frame.stream, |s| {
-            s.per_row_spans(x, output, RowOutput::LogSumExp, options, &buffers)
-        });
-        done.and(frame.finish())
+        self.per_row(input, lse.into(), RowOutput::LogSumExp, options)
     }
 
     /// Enqueues the gradient of softmax (`dx = y ⊙ (dy − Σ dy⊙y)`) or log-softmax
@@ -122,12 +114,9 @@ impl Softmax {
         let y = frame.rows("forward output", &y)?;
         let dy = frame.rows("gradient", &dy)?;
         let dx = frame.rows_mut("gradient output", &mut dx)?;
-        let buffers = frame.options(options)?;
-        frame.check_waits()?;
-        let done = self.with_stream(frame.stream, |s| {
-            s.backward_spans(op, (y, dy), dx, options, &buffers)
-        });
-        done.and(frame.finish())
+        self.launch_framed(frame, options, |s, buffers| {
+            s.backward_spans(op, (y, dy), dx, options, buffers)
+        })
     }
 
     /// [`Softmax::backward`] with `dx` written over `dy`.
@@ -144,13 +133,10 @@ impl Softmax {
         let mut frame = self.frame(options)?;
         let y = frame.rows("forward output", &y)?;
         let dy = frame.rows_mut("gradient", &mut dy)?;
-        let buffers = frame.options(options)?;
-        frame.check_waits()?;
         let dx = dy.named("gradient output");
-        let done = self.with_stream(frame.stream, |s| {
-            s.backward_spans(op, (y, dy), dx, options, &buffers)
-        });
-        done.and(frame.finish())
+        self.launch_framed(frame, options, |s, buffers| {
+            s.backward_spans(op, (y, dy), dx, options, buffers)
+        })
     }
 
     /// Enqueues the [`RowState`] (maximum and `Σ e^(x − max)` of `x · scale + mask`) of each
@@ -165,17 +151,38 @@ impl Softmax {
         states: impl Into<ValuesMut<'s, RowState>>,
         options: &Options<'_>,
     ) -> Result<()> {
+        self.per_row(input, states.into(), RowOutput::States, options)
+    }
+
+    /// [`Softmax::log_sum_exp`] or [`Softmax::row_states`]: one value per row into `output`.
+    fn per_row<T: Value>(
+        &mut self,
+        input: Rows<'_>,
+        mut output: ValuesMut<'_, T>,
+        what: RowOutput,
+        options: &Options<'_>,
+    ) -> Result<()> {
         let _context = self.enter()?;
-        let mut states = states.into();
-        check_per_row(states.len, input.shape.rows(), "row states")?;
+        check_per_row(output.len, input.shape.rows(), what.name())?;
         let mut frame = self.frame(options)?;
         let x = frame.rows("input", &input)?;
-        let output = frame.values_mut("row states", &mut states)?;
+        let output = frame.values_mut(what.name(), &mut output)?;
+        self.launch_framed(frame, options, |s, buffers| {
+            s.per_row_spans(x, output, what, options, buffers)
+        })
+    }
+
+    /// Resolves the options' buffers in `frame`, reports a failure of the waits resolving
+    /// the views asked for, runs `call` on the frame's stream, and ends the frame.
+    fn launch_framed<'r>(
+        &mut self,
+        mut frame: Frame<'r>,
+        options: &Options<'r>,
+        call: impl FnOnce(&mut Self, &OptionSpans) -> Result<()>,
+    ) -> Result<()> {
         let buffers = frame.options(options)?;
         frame.check_waits()?;
-        let done = self.with_stream(frame.stream, |s| {
-            s.per_row_spans(x, output, RowOutput::States, options, &buffers)
-        });
+        let done = self.with_stream(frame.stream, |s| call(s, &buffers));
         done.and(frame.finish())
     }
 
@@ -199,12 +206,9 @@ impl Softmax {
         let x = frame.rows("input", &input)?;
         let states = frame.values("row states", &states)?;
         let y = frame.rows_mut("output", &mut output)?;
-        let buffers = frame.options(options)?;
-        frame.check_waits()?;
-        let done = self.with_stream(frame.stream, |s| {
-            s.normalize_spans(op, x, states, y, options, &buffers)
-        });
-        done.and(frame.finish())
+        self.launch_framed(frame, options, |s, buffers| {
+            s.normalize_spans(op, x, states, y, options, buffers)
+        })
     }
 
     /// [`Softmax::forward`] on resolved views.
