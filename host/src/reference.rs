@@ -265,3 +265,221 @@ pub fn value_deviation(actual: &[f32], expected: &[f64]) -> Deviation {
         nan_mismatches,
     }
 }
+
+/// How losses are reduced over the rows, as `torch.nn.functional.cross_entropy` does.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Reduction {
+    /// One loss per row (0 for an ignored row).
+    None,
+    /// The sum of the rows' losses.
+    Sum,
+    /// The sum divided by the summed weights of the rows not ignored (their count without
+    /// class weights); NaN when every row is ignored, as in torch.
+    #[default]
+    Mean,
+}
+
+/// The cross-entropy options, for the reference. `weight` holds one weight per class
+/// (column); `softcap` is 0 for none.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CrossEntropyReference<'a> {
+    pub ignore_index: Option<i64>,
+    pub label_smoothing: f64,
+    pub z_loss: f64,
+    pub softcap: f64,
+    pub reduction: Reduction,
+    pub weight: Option<&'a [f32]>,
+}
+
+/// What [`cross_entropy_f64`] computes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CrossEntropyResult {
+    /// Each row's loss (0 where ignored; NaN where the target is out of range).
+    pub losses: Vec<f64>,
+    /// Each row's log-sum-exp of its (softcapped) logits.
+    pub lse: Vec<f64>,
+    /// The reduced loss: the losses' sum, or their sum over `denominator` (mean); for
+    /// [`Reduction::None`], the sum.
+    pub reduced: f64,
+    /// The mean's divisor: the weights of the targets of the rows not ignored, summed.
+    pub denominator: f64,
+    /// The gradient of the reduced loss (of each row's loss for [`Reduction::None`]) with
+    /// respect to the logits, before any upstream gradient.
+    pub gradient: Vec<f64>,
+}
+
+/// Cross-entropy of `rows × cols` logits against one target per row, in f64: with `z = cap ·
+/// tanh(x / cap)` (or `z = x` without a softcap), `lse = ln Σ e^z`, a row's loss is
+/// `(1 − ε) · w[t] · (lse − z[t]) + (ε / V) · Σ_i w[i] · (lse − z[i]) + λ · lse²` (`ε` the label
+/// smoothing, `λ` the z-loss scale, `V = cols`, `w = 1` without class weights), 0 for a row
+/// whose target is the ignore index, and NaN for a target outside `0..cols`.
+pub fn cross_entropy_f64(
+    logits: &[f32],
+    rows: usize,
+    cols: usize,
+    targets: &[i64],
+    options: &CrossEntropyReference<'_>,
+) -> CrossEntropyResult {
+    let weight = |c: usize| options.weight.map_or(1.0, |w| f64::from(w[c]));
+    let eps = options.label_smoothing;
+    let vocab = cols as f64;
+    let total_weight: f64 = (0..cols).map(weight).sum();
+    let mut result = CrossEntropyResult {
+        losses: Vec::with_capacity(rows),
+        lse: Vec::with_capacity(rows),
+        reduced: 0.0,
+        denominator: 0.0,
+        gradient: Vec::with_capacity(rows * cols),
+    };
+    let mut coefficients = Vec::with_capacity(rows);
+    for r in 0..rows {
+        let x = &logits[r * cols..(r + 1) * cols];
+        let z: Vec<f64> = x
+            .iter()
+            .map(|&v| {
+                let v = f64::from(v);
+                if options.softcap > 0.0 {
+                    options.softcap * (v / options.softcap).tanh()
+                } else {
+                    v
+                }
+            })
+            .collect();
+        let max = z.iter().copied().fold(f64::NEG_INFINITY, nan_propagating_max);
+        let lse = if max == f64::NEG_INFINITY {
+            f64::NEG_INFINITY
+        } else {
+            max + z.iter().map(|s| (s - max).exp()).sum::<f64>().ln()
+        };
+        result.lse.push(lse);
+        let target = targets[r];
+        if options.ignore_index == Some(target) {
+            result.losses.push(0.0);
+            coefficients.push(None);
+            continue;
+        }
+        if target < 0 || target as usize >= cols {
+            result.losses.push(f64::NAN);
+            coefficients.push(Some((f64::NAN, 0, f64::NAN)));
+            continue;
+        }
+        let t = target as usize;
+        let w_t = weight(t);
+        let smooth: f64 = (0..cols).map(|c| weight(c) * (lse - z[c])).sum();
+        let loss = (1.0 - eps) * w_t * (lse - z[t]) + eps / vocab * smooth + options.z_loss * lse * lse;
+        result.losses.push(loss);
+        result.denominator += w_t;
+        coefficients.push(Some((w_t, t, lse)));
+    }
+    result.reduced = result.losses.iter().sum();
+    let scale = match options.reduction {
+        Reduction::Mean => {
+            result.reduced /= result.denominator;
+            1.0 / result.denominator
+        }
+        Reduction::Sum | Reduction::None => 1.0,
+    };
+    for (r, coefficient) in coefficients.into_iter().enumerate() {
+        let x = &logits[r * cols..(r + 1) * cols];
+        let Some((w_t, t, lse)) = coefficient else {
+            result.gradient.extend(std::iter::repeat_n(0.0, cols));
+            continue;
+        };
+        let p_factor = (1.0 - eps) * w_t + eps * total_weight / vocab + 2.0 * options.z_loss * lse;
+        for (c, &v) in x.iter().enumerate() {
+            let v = f64::from(v);
+            let (z, dz_dx) = if options.softcap > 0.0 {
+                let tanh = (v / options.softcap).tanh();
+                (options.softcap * tanh, 1.0 - tanh * tanh)
+            } else {
+                (v, 1.0)
+            };
+            let p = (z - lse).exp();
+            let onehot = if c == t { (1.0 - eps) * w_t } else { 0.0 };
+            let dz = p * p_factor - onehot - eps * weight(c) / vocab;
+            result.gradient.push(scale * dz * dz_dx);
+        }
+    }
+    result
+}
+
+#[cfg(test)]
+mod cross_entropy_tests {
+    use super::*;
+
+    /// The reduced loss of `logits` with one logit moved by `delta`.
+    fn loss_at(
+        logits: &[f32],
+        index: usize,
+        delta: f32,
+        rows: usize,
+        cols: usize,
+        targets: &[i64],
+        options: &CrossEntropyReference<'_>,
+    ) -> f64 {
+        let mut moved = logits.to_vec();
+        moved[index] += delta;
+        cross_entropy_f64(&moved, rows, cols, targets, options).reduced
+    }
+
+    #[test]
+    fn the_gradient_is_the_derivative_of_the_reduced_loss() {
+        let (rows, cols) = (3, 7);
+        let logits: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 37 % 11) as f32 - 5.0) * 0.7)
+            .collect();
+        let targets = [2, -100, 6];
+        let weight: Vec<f32> = (0..cols).map(|c| 0.5 + c as f32 * 0.25).collect();
+        let choices = [
+            CrossEntropyReference::default(),
+            CrossEntropyReference {
+                ignore_index: Some(-100),
+                label_smoothing: 0.1,
+                z_loss: 1e-2,
+                softcap: 3.0,
+                reduction: Reduction::Mean,
+                weight: Some(&weight),
+            },
+            CrossEntropyReference {
+                ignore_index: Some(-100),
+                reduction: Reduction::Sum,
+                label_smoothing: 0.2,
+                ..CrossEntropyReference::default()
+            },
+        ];
+        for options in choices {
+            let targets: Vec<i64> = targets
+                .iter()
+                .map(|&t| if options.ignore_index.is_none() && t < 0 { 1 } else { t })
+                .collect();
+            let result = cross_entropy_f64(&logits, rows, cols, &targets, &options);
+            for (i, &analytic) in result.gradient.iter().enumerate() {
+                let h = 1e-3;
+                let numeric = (loss_at(&logits, i, h, rows, cols, &targets, &options)
+                    - loss_at(&logits, i, -h, rows, cols, &targets, &options))
+                    / (2.0 * f64::from(h));
+                assert!(
+                    (numeric - analytic).abs() < 1e-4,
+                    "{options:?}: element {i}: {analytic} against {numeric}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn ignored_rows_out_of_range_targets_and_an_all_ignored_mean() {
+        let logits = [1.0, 2.0, 3.0, 0.0, 0.0, 0.0];
+        let options = CrossEntropyReference {
+            ignore_index: Some(-1),
+            ..CrossEntropyReference::default()
+        };
+        let result = cross_entropy_f64(&logits, 2, 3, &[-1, -1], &options);
+        assert_eq!(result.losses, [0.0, 0.0]);
+        assert!(result.reduced.is_nan(), "torch's mean of no rows is NaN");
+        assert!(result.gradient.iter().all(|&g| g == 0.0));
+        let result = cross_entropy_f64(&logits, 2, 3, &[3, 0], &options);
+        assert!(result.losses[0].is_nan() && result.gradient[..3].iter().all(|g| g.is_nan()));
+        let expected = (3.0f64).ln();
+        assert!((result.losses[1] - expected).abs() < 1e-12);
+    }
+}
