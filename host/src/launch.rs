@@ -1,15 +1,17 @@
 //! The one launch path: a planned [`Launch`] and the buffers of a call ([`Bindings`]) become
-//! the entry's arguments, in its parameter order, and one driver launch on a stream.
+//! the entry's one parameter (its family's `#[repr(C)]` struct, shared with the kernels), and
+//! one driver launch on a stream.
 
 use std::ffi::{c_int, c_void};
 use std::marker::PhantomData;
 
 use cust::sys;
 use kernels_gpu::launch::ops::{RowOpParams, mode};
+use kernels_gpu::launch::softmax::SoftmaxParams;
 
 use crate::device::check_code;
 use crate::error::Result;
-use crate::plan::{Entry, Launch, OperationPass, Params, Scheduling};
+use crate::plan::{Launch, OperationPass, Params, Scheduling, Slicing};
 
 /// Device addresses of the workspace a launch may use.
 #[derive(Clone, Copy, Debug)]
@@ -62,154 +64,103 @@ pub(crate) unsafe fn enqueue(
     bindings: &Bindings<'_>,
     stream: sys::CUstream,
 ) -> Result<()> {
-    let mut args = KernelArgs::default();
-    let b = bindings;
-    let w = b.workspace;
-    let row_sums = w.row_stats + 4 * u64::from(b.rows);
-    match launch.params {
-        Params::Rows { rows, cols } => args.u64(b.input).u64(b.output).u32(rows).u32(cols),
-        Params::BlockPerRow { cols } => args.u64(b.input).u64(b.output).u32(cols),
-        Params::Unfused { rows, cols, len } => match launch.entry {
-            Entry::UnfusedRowMax => args.u64(b.input).u64(w.row_stats).u32(rows).u32(cols),
-            Entry::UnfusedSubtract => args
-                .u64(b.input)
-                .u64(w.row_stats)
-                .u64(b.output)
-                .u32(rows)
-                .u32(cols),
-            Entry::UnfusedExp => args.u64(b.output).u64(len),
-            _ => args.u64(b.output).u64(row_sums).u32(rows).u32(cols),
-        },
-        Params::BlockRegisters { cols, slicing } => args
-            .u64(b.input)
-            .u64(b.output)
-            .u32(cols)
-            .u32(slicing.slices)
-            .u32(slicing.slice_packs)
-            .u64(w.partials)
-            .u64(w.barriers),
-        Params::RowSlices {
-            cols,
-            slicing,
-            cached,
-        } => args
-            .u64(b.input)
-            .u64(b.output)
-            .u32(cols)
-            .u32(slicing.slices)
-            .u32(slicing.slice_packs)
-            .u32(cached.into())
-            .u64(w.partials)
-            .u64(w.barriers)
-            .u64(b.patience_ns),
-        Params::RowCluster {
-            cols,
-            slicing,
-            cached,
-        } => args
-            .u64(b.input)
-            .u64(b.output)
-            .u32(cols)
-            .u32(slicing.slices)
-            .u32(slicing.slice_packs)
-            .u32(cached.into()),
-        Params::Operation { pass, slicing } => {
-            let mut params = RowOpParams {
-                slices: slicing.slices,
-                slice_packs: slicing.slice_packs,
-                ..*b.operation
-            };
-            if launch.scheduling == Scheduling::Cooperative {
-                params.partials = w.partials;
-                params.barriers = w.barriers;
-            }
-            match pass {
-                OperationPass::Call => {}
-                OperationPass::SliceStatesToWorkspace | OperationPass::ApplyWorkspaceStates => {
-                    params.states = w.states;
-                    params.state_slots = slicing.slices;
-                    params.mode = match pass {
-                        OperationPass::SliceStatesToWorkspace => mode::SLICE_STATES,
-                        _ => mode::APPLY_STATES,
-                    };
-                }
-            }
-            args.operation(params)
-        }
-    };
-    let mut pointers = args.pointers();
-    // SAFETY: the caller vouches for the launch, its buffers and `function`; the arguments
-    // are laid out in the entry's parameter order above and outlive the call, which copies
-    // them.
+    let mut params = KernelParams::of(launch, bindings);
+    let mut pointer = params.pointer();
+    // SAFETY: the caller vouches for the launch, its buffers and `function`; the entry takes
+    // one parameter, the struct `params` holds for its family, which outlives the call (the
+    // driver copies it).
     unsafe {
         launch_raw(
             function,
             launch,
-            pointers.as_mut_ptr(),
+            &mut pointer,
             stream,
-            b.programmatic_overlap,
+            bindings.programmatic_overlap,
         )
     }
 }
 
-/// Most parameters an entry takes.
-const MAX_ARGS: usize = 9;
-
-/// One kernel argument's storage; the driver reads it through a pointer.
+/// The one parameter an entry takes: its family's struct, passed by value.
 #[derive(Clone, Copy, Debug)]
-enum Arg {
-    U32(u32),
-    U64(u64),
+enum KernelParams {
+    Softmax(SoftmaxParams),
     Operation(RowOpParams),
 }
 
-/// A kernel's arguments, pushed in parameter order (no allocation).
-#[derive(Debug)]
-struct KernelArgs {
-    values: [Arg; MAX_ARGS],
-    len: usize,
-}
-
-impl Default for KernelArgs {
-    fn default() -> Self {
-        KernelArgs {
-            values: [Arg::U32(0); MAX_ARGS],
-            len: 0,
+impl KernelParams {
+    /// The parameter struct of `launch` for the call `bindings` describe.
+    fn of(launch: &Launch, bindings: &Bindings<'_>) -> Self {
+        let b = bindings;
+        let w = b.workspace;
+        let softmax = |rows: u32, cols: u32, slicing: Slicing, cached: bool, len: u64| {
+            KernelParams::Softmax(SoftmaxParams {
+                input: b.input,
+                output: b.output,
+                row_max: w.row_stats,
+                row_sum: w.row_stats + 4 * u64::from(b.rows),
+                partials: w.partials,
+                barriers: w.barriers,
+                patience_ns: b.patience_ns,
+                len,
+                rows,
+                cols,
+                slices: slicing.slices,
+                slice_packs: slicing.slice_packs,
+                cached: cached.into(),
+            })
+        };
+        let whole_rows = Slicing {
+            slices: 1,
+            slice_packs: 0,
+        };
+        match launch.params {
+            Params::Rows { rows, cols } => softmax(rows, cols, whole_rows, false, 0),
+            Params::BlockPerRow { cols } => softmax(b.rows, cols, whole_rows, false, 0),
+            Params::Unfused { rows, cols, len } => softmax(rows, cols, whole_rows, false, len),
+            Params::BlockRegisters { cols, slicing } => softmax(b.rows, cols, slicing, false, 0),
+            Params::RowSlices {
+                cols,
+                slicing,
+                cached,
+            }
+            | Params::RowCluster {
+                cols,
+                slicing,
+                cached,
+            } => softmax(b.rows, cols, slicing, cached, 0),
+            Params::Operation { pass, slicing } => {
+                let mut params = RowOpParams {
+                    slices: slicing.slices,
+                    slice_packs: slicing.slice_packs,
+                    ..*b.operation
+                };
+                if launch.scheduling == Scheduling::Cooperative {
+                    params.partials = w.partials;
+                    params.barriers = w.barriers;
+                }
+                match pass {
+                    OperationPass::Call => {}
+                    OperationPass::SliceStatesToWorkspace | OperationPass::ApplyWorkspaceStates => {
+                        params.states = w.states;
+                        params.state_slots = slicing.slices;
+                        params.mode = match pass {
+                            OperationPass::SliceStatesToWorkspace => mode::SLICE_STATES,
+                            _ => mode::APPLY_STATES,
+                        };
+                    }
+                }
+                KernelParams::Operation(params)
+            }
         }
     }
-}
 
-impl KernelArgs {
-    fn push(&mut self, value: Arg) -> &mut Self {
-        self.values[self.len] = value;
-        self.len += 1;
-        self
-    }
-
-    fn u32(&mut self, value: u32) -> &mut Self {
-        self.push(Arg::U32(value))
-    }
-
-    /// A `u64`: a count or a device address.
-    fn u64(&mut self, value: u64) -> &mut Self {
-        self.push(Arg::U64(value))
-    }
-
-    fn operation(&mut self, params: RowOpParams) -> &mut Self {
-        self.push(Arg::Operation(params))
-    }
-
-    /// One pointer per argument, into `self` (which must stay put while they are used).
-    fn pointers(&mut self) -> [*mut c_void; MAX_ARGS] {
-        let mut pointers = [std::ptr::null_mut(); MAX_ARGS];
-        for (pointer, value) in pointers.iter_mut().zip(&mut self.values[..self.len]) {
-            *pointer = match value {
-                Arg::U32(v) => (v as *mut u32).cast(),
-                Arg::U64(v) => (v as *mut u64).cast(),
-                Arg::Operation(p) => (p as *mut RowOpParams).cast(),
-            };
+    /// The driver's argument pointer: to the struct in `self` (which must stay put while it
+    /// is used).
+    fn pointer(&mut self) -> *mut c_void {
+        match self {
+            KernelParams::Softmax(params) => (params as *mut SoftmaxParams).cast(),
+            KernelParams::Operation(params) => (params as *mut RowOpParams).cast(),
         }
-        pointers
     }
 }
 
@@ -217,8 +168,8 @@ impl KernelArgs {
 /// tail where `overlap` says the entry waits for it.
 ///
 /// # Safety
-/// `params` points to the entry's argument values in parameter order, each satisfying its
-/// `# Safety` contract for this grid; `function` and `stream` belong to the current context;
+/// `params` points to the entry's argument pointers (one: its parameter struct), whose values
+/// satisfy the kernel's `# Safety` contract for this grid; `function` and `stream` belong to the current context;
 /// `overlap` only where `function` starts with `griddepcontrol.wait`.
 unsafe fn launch_raw(
     function: sys::CUfunction,
@@ -373,16 +324,14 @@ mod tests {
     }
 
     #[test]
-    fn arguments_point_at_their_values_in_order() {
-        let mut args = KernelArgs::default();
-        args.u64(7).u32(3).u64(9);
-        let pointers = args.pointers();
-        // SAFETY: the pointers point into `args`, alive and unmoved, at values of these types.
-        unsafe {
-            assert_eq!(*pointers[0].cast::<u64>(), 7);
-            assert_eq!(*pointers[1].cast::<u32>(), 3);
-            assert_eq!(*pointers[2].cast::<u64>(), 9);
-        }
-        assert!(pointers[3].is_null());
+    fn the_parameter_pointer_points_at_the_struct() {
+        let softmax = SoftmaxParams {
+            cols: 3,
+            ..SoftmaxParams::default()
+        };
+        let mut params = KernelParams::Softmax(softmax);
+        let pointer = params.pointer();
+        // SAFETY: the pointer points into `params`, alive and unmoved, at a `SoftmaxParams`.
+        assert_eq!(unsafe { *pointer.cast::<SoftmaxParams>() }, softmax);
     }
 }

@@ -14,18 +14,21 @@ use crate::error::{CudaContext, Error, Result};
 use crate::launch::{LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, LaunchConfig, launch_attribute};
 use crate::plan::{self, Entry};
 
-/// The code embedded for one module: the PTX of both kernel builds, and the cubins `ptxas`
-/// compiled from them at build time (none where the build found no `ptxas`).
+/// The code embedded for one module: the PTX of every kernel build (in the order of
+/// [`KernelBuild::ALL`]), and the cubins `ptxas` compiled from them at build time (none where
+/// the build found no `ptxas`).
 #[derive(Debug)]
 pub(crate) struct ModuleImages {
-    pub sm_90_ptx: &'static str,
-    pub sm_80_ptx: &'static str,
+    pub ptx: [&'static str; KernelBuild::ALL.len()],
     /// `(architecture, cubin)`: `("sm_90", …)` from the sm_90 PTX, `("sm_80", …)` and
     /// `("sm_89", …)` from the sm_80 PTX.
     pub cubins: &'static [(&'static str, &'static [u8])],
 }
 
-// `SOFTMAX`, `OPS_F32`, `OPS_BF16`, `OPS_F16`: written by build.rs.
+// The module table, from ptx-builder's lists of modules and builds: `MODULE_COUNT`,
+// `ModuleId::{ALL, index, name}`, `KernelBuild::{ALL, index, name}`, `MODULE_IMAGES`. Written
+// by build.rs. A table of loaded modules is `[Option<LoadedModule>; MODULE_COUNT]`, indexed by
+// `ModuleId::index`.
 include!(concat!(env!("OUT_DIR"), "/images.rs"));
 
 /// The environment variable that chooses the kernel build ([`KernelBuild::from_name`]), as
@@ -57,20 +60,11 @@ impl KernelBuild {
         }
     }
 
-    /// `sm_80` or `sm_90`.
+    /// The build [`KernelBuild::name`] spells `name` (`sm_80` or `sm_90`).
     pub fn from_name(name: &str) -> Option<KernelBuild> {
-        match name {
-            "sm_80" => Some(KernelBuild::Sm80),
-            "sm_90" => Some(KernelBuild::Sm90),
-            _ => None,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            KernelBuild::Sm80 => "sm_80",
-            KernelBuild::Sm90 => "sm_90",
-        }
+        KernelBuild::ALL
+            .into_iter()
+            .find(|build| build.name() == name)
     }
 
     /// The build [`KERNEL_BUILD_ENV`] asks for, if set (and not empty).
@@ -141,7 +135,8 @@ impl std::fmt::Display for KernelImage {
     }
 }
 
-/// One module the library embeds: `kernels-gpu` built with one feature.
+/// One module the library embeds: `kernels-gpu` built with one `kernels_module` cfg (the
+/// table in ptx-builder's `MODULES`; build.rs generates `ALL`, `index` and `name`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum ModuleId {
     /// The f32 softmax variants (the seeds and the production kernels).
@@ -152,29 +147,13 @@ pub(crate) enum ModuleId {
 }
 
 impl ModuleId {
-    #[cfg(test)]
-    pub const ALL: [ModuleId; 4] = [
-        ModuleId::Softmax,
-        ModuleId::Operations(DType::F32),
-        ModuleId::Operations(DType::Bf16),
-        ModuleId::Operations(DType::F16),
-    ];
-
     pub fn images(self) -> &'static ModuleImages {
-        match self {
-            ModuleId::Softmax => &SOFTMAX,
-            ModuleId::Operations(DType::F32) => &OPS_F32,
-            ModuleId::Operations(DType::Bf16) => &OPS_BF16,
-            ModuleId::Operations(DType::F16) => &OPS_F16,
-        }
+        &MODULE_IMAGES[self.index()]
     }
 
     /// The PTX of `build`.
     pub fn ptx(self, build: KernelBuild) -> &'static str {
-        match build {
-            KernelBuild::Sm90 => self.images().sm_90_ptx,
-            KernelBuild::Sm80 => self.images().sm_80_ptx,
-        }
+        self.images().ptx[build.index()]
     }
 
     /// The image of `build` that a device of compute capability `(major, minor)` loads: the
@@ -231,6 +210,7 @@ impl Entry {
 /// One loaded module and a handle for each entry.
 #[derive(Debug)]
 pub(crate) struct LoadedModule {
+    id: ModuleId,
     functions: HashMap<Entry, sys::CUfunction>,
     /// Keeps the functions valid; dropped after them.
     _module: Module,
@@ -275,6 +255,7 @@ impl LoadedModule {
             functions.insert(entry, function.to_raw());
         }
         let loaded = LoadedModule {
+            id,
             functions,
             _module: module,
         };
@@ -309,7 +290,7 @@ impl LoadedModule {
                 variant: entry.to_string(),
                 rows: 0,
                 cols: 0,
-                why: "the kernel entry is not in its module".into(),
+                why: format!("the kernel entry is not in the {} module", self.id.name()),
             })
     }
 
@@ -645,6 +626,92 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// The family of `entry` and the file that generates it, for docs/entries.md.
+    fn family_and_source(entry: Entry) -> (&'static str, &'static str) {
+        match entry {
+            Entry::UnfusedRowMax
+            | Entry::UnfusedSubtract
+            | Entry::UnfusedExp
+            | Entry::UnfusedRowSum
+            | Entry::UnfusedDivide => ("unfused (seed)", "seeds/unfused.rs"),
+            Entry::ThreadPerRowNaive | Entry::ThreadPerRowOnline => {
+                ("thread per row (seed)", "seeds/thread_per_row.rs")
+            }
+            Entry::WarpPerRowOnline => ("warp per row (seed)", "seeds/warp_per_row.rs"),
+            Entry::BlockPerRowSmem => (
+                "block per row, shared memory (seed)",
+                "seeds/block_per_row_smem.rs",
+            ),
+            Entry::RowsInRegisters(_) => ("rows in registers", "production/rows_in_registers.rs"),
+            Entry::BlockRegisters(_) => ("block registers", "production/block_registers.rs"),
+            Entry::RowSlices(_) => ("row slices", "production/row_slices.rs"),
+            Entry::RowCluster { .. } => ("row cluster", "production/row_cluster.rs"),
+            Entry::Operation(instance) => match instance.shape {
+                OpKernelShape::Rows { .. } => ("operation, group per row", "ops/rows.rs"),
+                OpKernelShape::Block { .. } => {
+                    ("operation, block per row or slice", "ops/block.rs")
+                }
+            },
+        }
+    }
+
+    /// docs/entries.md: every entry of every module, with its module, the builds that hold
+    /// it, its family and the file that generates it.
+    fn entry_listing() -> String {
+        let mut listing = String::from(
+            "# Kernel entries\n\n\
+             Every PTX entry the library embeds, by module, in the planner's order. Generated \
+             from the host's entry tables (whose names come from `entry_name_pieces!` in \
+             `kernels-gpu/src/launch/mod.rs`, as the kernels' exported names do) by `cargo \
+             xtask entries`; a host test fails when this file is stale. Sources are under \
+             `kernels-gpu/src/`.\n\n\
+             | entry | module | builds | family | source |\n|---|---|---|---|---|\n",
+        );
+        for module in ModuleId::ALL {
+            let everywhere = module.entries(KernelBuild::Sm80);
+            for entry in module.entries(KernelBuild::Sm90) {
+                let builds = if everywhere.contains(&entry) {
+                    "sm_90, sm_80"
+                } else {
+                    "sm_90"
+                };
+                let (family, source) = family_and_source(entry);
+                listing += &format!(
+                    "| `{entry}` | {} | {builds} | {family} | `{source}` |\n",
+                    module.name()
+                );
+            }
+        }
+        listing
+    }
+
+    /// The environment variable with which the listing test rewrites docs/entries.md.
+    const WRITE_ENTRIES_ENV: &str = "SOFTMAX_WRITE_ENTRIES";
+
+    #[test]
+    fn the_entry_listing_is_current() {
+        let workspace = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .expect("host/ sits in the workspace");
+        for module in ModuleId::ALL {
+            for entry in module.entries(KernelBuild::Sm90) {
+                let (_, source) = family_and_source(entry);
+                let file = workspace.join("kernels-gpu/src").join(source);
+                assert!(file.is_file(), "{entry}: {} is missing", file.display());
+            }
+        }
+        let path = workspace.join("docs/entries.md");
+        let listing = entry_listing();
+        if std::env::var_os(WRITE_ENTRIES_ENV).is_some() {
+            std::fs::write(&path, &listing).unwrap();
+        }
+        let written = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            written == listing,
+            "docs/entries.md is stale: regenerate it with `cargo xtask entries`"
+        );
     }
 
     /// The instance tables (which the host plans from) and the entries the kernel crate

@@ -31,4 +31,29 @@ macro_rules! kernel_entry {
     };
 }
 
+/// A [`kernel_entry!`] whose kernel takes a [`SoftmaxParams`]: the entry's parameters are the
+/// struct's fields (from `launch::softmax::with_softmax_param_fields!`, the list the struct is
+/// made from), so the compiler knows its buffer addresses are global memory; the entry
+/// rebuilds the struct and binds it to `$params` for `$call`. Invoked as
+/// `with_softmax_param_fields!(softmax_entry, [attributes], (name), (|params| call))`.
+///
+/// [`SoftmaxParams`]: crate::launch::softmax::SoftmaxParams
+#[cfg(not(kernels_module = "ops-f32"))]
+macro_rules! softmax_entry {
+    (
+        [$(#[$attribute:meta])*], ($name:expr), (|$params:ident| $call:expr),
+        $($(#[$doc:meta])* $field:ident: $type:ty,)+
+    ) => {
+        $crate::primitives::entry::kernel_entry!(
+            $(#[$attribute])*
+            export $name, ($($field: $type),+) => {
+                let $params = $crate::launch::softmax::SoftmaxParams { $($field),+ };
+                $call
+            }
+        );
+    };
+}
+
 pub(crate) use kernel_entry;
+#[cfg(not(kernels_module = "ops-f32"))]
+pub(crate) use softmax_entry;
