@@ -141,9 +141,11 @@ pub fn build_all_ptx(cargo: &Path, workspace: &Path, dest_dir: &Path) -> Result<
 
 /// `ptx` without what neither `ptxas` nor the driver reads: comments (LLVM writes one before
 /// and after every inline `asm!` block, and loop annotations), indentation, runs of blanks
-/// and empty lines; and with short names for what is local to the module: a function's
-/// parameters (`<function>_param_<n>` becomes `p<n>`, LLVM's spelling repeats the function's
-/// name, up to a hundred characters of mangling, in every parameter load) and the anonymous
+/// and empty lines; and with short names for what is local to a function or the module: a
+/// function's parameters (`<function>_param_<n>` becomes `p<n>`: LLVM's spelling repeats the
+/// function's name, up to a hundred characters of mangling, in every parameter load), its
+/// labels (`$L__BB<function>_<block>`, unique in the module, becomes `$L<k>`, numbered in the
+/// function in order of first use: a label's scope is its function's body) and the anonymous
 /// shared-memory symbols (`anon_$_<hash>_$_<n>` becomes `anon_<k>`, numbered in order of first
 /// use). The host looks entries up by their names, which stay as they are. `ptxas` makes the
 /// same cubin of either text, but for those names. Lines holding a quote (a `.file` name) are
@@ -182,6 +184,8 @@ struct LocalNames {
     function: String,
     /// Each anonymous shared-memory symbol met so far, in order.
     shared: Vec<String>,
+    /// Each label of the current function met so far, in order.
+    labels: Vec<String>,
 }
 
 impl LocalNames {
@@ -190,6 +194,14 @@ impl LocalNames {
         let declares_function = line
             .split_whitespace()
             .any(|word| word == ".entry" || word == ".func");
+        // The function's name is the last plain word outside parentheses (after a return
+        // value's, before its parameters').
+        if declares_function {
+            if let Some(name) = Self::declared_name(line) {
+                self.function = name.to_owned();
+                self.labels.clear();
+            }
+        }
         let is_name = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '$';
         let mut rest = line;
         while let Some(start) = rest.find(is_name) {
@@ -199,9 +211,6 @@ impl LocalNames {
             let (word, tail) = after.split_at(len);
             // A word right after a `.` or `%` is part of a directive or a register.
             let qualified = out.ends_with('.') || out.ends_with('%');
-            if declares_function && !qualified && tail.starts_with('(') {
-                self.function = word.to_owned();
-            }
             match self.short_name(word) {
                 Some(short) if !qualified => out.push_str(&short),
                 _ => out.push_str(word),
@@ -211,7 +220,45 @@ impl LocalNames {
         out.push_str(rest);
     }
 
+    /// The name a function declaration line declares: its last plain word outside
+    /// parentheses, if any.
+    fn declared_name(line: &str) -> Option<&str> {
+        let mut depth = 0usize;
+        let mut name = None;
+        let mut word_start = None;
+        for (i, c) in line.char_indices().chain([(line.len(), ' ')]) {
+            let in_word = c.is_ascii_alphanumeric() || c == '_' || c == '$';
+            match (in_word, word_start) {
+                (true, None) => word_start = Some(i),
+                (false, Some(start)) => {
+                    let qualified = start > 0 && matches!(line.as_bytes()[start - 1], b'.' | b'%');
+                    if depth == 0 && !qualified {
+                        name = Some(&line[start..i]);
+                    }
+                    word_start = None;
+                }
+                _ => {}
+            }
+            match c {
+                '(' => depth += 1,
+                ')' => depth = depth.saturating_sub(1),
+                _ => {}
+            }
+        }
+        name
+    }
+
     fn short_name(&mut self, word: &str) -> Option<String> {
+        if word.starts_with("$L__") {
+            let k = match self.labels.iter().position(|label| label == word) {
+                Some(k) => k,
+                None => {
+                    self.labels.push(word.to_owned());
+                    self.labels.len() - 1
+                }
+            };
+            return Some(format!("$L{k}"));
+        }
         if let Some(index) = word
             .strip_prefix(self.function.as_str())
             .and_then(|rest| rest.strip_prefix("_param_"))
@@ -595,33 +642,37 @@ mod tests {
         assert_eq!(
             minify_ptx(ptx),
             ".version 7.8\n.target sm_90\n.visible .entry f(\n.param .u64 p0\n)\n{\n\
-             .reg .b32 %r<3>;\ngriddepcontrol.wait;\n$L__BB0_1:\nadd.s32 %r1, %r2, 1;\n\
+             .reg .b32 %r<3>;\ngriddepcontrol.wait;\n$L0:\nadd.s32 %r1, %r2, 1;\n\
              .file 1 \"/a//b.rs\"\nret;\n}\n"
         );
     }
 
-    /// Parameters take short names in the function that declares them (and only there), and
-    /// each anonymous shared symbol one name throughout the module.
+    /// Parameters and labels take short names in the function that declares them (and only
+    /// there), and each anonymous shared symbol one name throughout the module.
     #[test]
     fn minified_ptx_shortens_parameter_and_shared_names_consistently() {
         let ptx = ".extern .shared .align 16 .b8 anon_$_ab12_$_3[];\n\
                    .extern .shared .align 16 .b8 anon_$_cd34_$_0[];\n\
                    .func (.param .b32 func_retval0) _RNvCs1_4core5panic(\n\
                    .param .b64 _RNvCs1_4core5panic_param_0\n)\n;\n\
+                   .func _RNvCs2_4core4trap\n(\n.param .b64 _RNvCs2_4core4trap_param_0\n)\n;\n\
                    .visible .entry op_rows_fwd_f32_p4_l8_n2(\n\
                    .param .align 8 .b8 op_rows_fwd_f32_p4_l8_n2_param_0[168],\n\
                    .param .u32 op_rows_fwd_f32_p4_l8_n2_param_1\n)\n{\n\
                    ld.param.b64 %rd1, [op_rows_fwd_f32_p4_l8_n2_param_0+8];\n\
                    ld.param.b32 %r1, [op_rows_fwd_f32_p4_l8_n2_param_1];\n\
                    mov.u64 %rd2, anon_$_cd34_$_0;\nmov.u64 %rd3, anon_$_ab12_$_3;\n\
-                   ld.param.b64 %rd4, [other_param_0];\n}\n";
+                   ld.param.b64 %rd4, [other_param_0];\n@%p1 bra $L__BB3_7;\n$L__BB3_2:\n\
+                   bra.uni $L__BB3_2;\n$L__BB3_7:\nret;\n}\n";
         assert_eq!(
             minify_ptx(ptx),
             ".extern .shared .align 16 .b8 anon_0[];\n.extern .shared .align 16 .b8 anon_1[];\n\
              .func (.param .b32 func_retval0) _RNvCs1_4core5panic(\n.param .b64 p0\n)\n;\n\
+             .func _RNvCs2_4core4trap\n(\n.param .b64 p0\n)\n;\n\
              .visible .entry op_rows_fwd_f32_p4_l8_n2(\n.param .align 8 .b8 p0[168],\n\
              .param .u32 p1\n)\n{\nld.param.b64 %rd1, [p0+8];\nld.param.b32 %r1, [p1];\n\
-             mov.u64 %rd2, anon_1;\nmov.u64 %rd3, anon_0;\nld.param.b64 %rd4, [other_param_0];\n}\n"
+             mov.u64 %rd2, anon_1;\nmov.u64 %rd3, anon_0;\nld.param.b64 %rd4, [other_param_0];\n\
+             @%p1 bra $L0;\n$L1:\nbra.uni $L1;\n$L0:\nret;\n}\n"
         );
     }
 }
