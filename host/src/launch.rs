@@ -65,22 +65,24 @@ pub(crate) unsafe fn enqueue(
     stream: sys::CUstream,
 ) -> Result<()> {
     let mut params = KernelParams::of(launch, bindings);
-    let mut pointer = params.pointer();
-    // SAFETY: the caller vouches for the launch, its buffers and `function`; the entry takes
-    // one parameter, the struct `params` holds for its family, which outlives the call (the
-    // driver copies it).
+    let mut pointers = params.argument_pointers();
+    // SAFETY: the caller vouches for the launch, its buffers and `function`; the pointers
+    // point into `params`, its family's struct laid out as the entry's parameters, which
+    // outlives the call (the driver copies the values).
     unsafe {
         launch_raw(
             function,
             launch,
-            &mut pointer,
+            pointers.as_mut_ptr(),
             stream,
             bindings.programmatic_overlap,
         )
     }
 }
 
-/// The one parameter an entry takes: its family's struct, passed by value.
+/// What an entry takes: its family's struct. An operation entry takes its `RowOpParams` as
+/// one parameter; the other entries take each field of their `SoftmaxParams` as a parameter
+/// of its own, in field order (kernels-gpu's `softmax_entry!`).
 #[derive(Clone, Copy, Debug)]
 enum KernelParams {
     Softmax(SoftmaxParams),
@@ -154,12 +156,16 @@ impl KernelParams {
         }
     }
 
-    /// The driver's argument pointer: to the struct in `self` (which must stay put while it
-    /// is used).
-    fn pointer(&mut self) -> *mut c_void {
+    /// The driver's argument array: one pointer per entry parameter, into `self` (which must
+    /// stay put while they are used); null past the entry's last parameter.
+    fn argument_pointers(&mut self) -> [*mut c_void; SoftmaxParams::FIELDS] {
         match self {
-            KernelParams::Softmax(params) => (params as *mut SoftmaxParams).cast(),
-            KernelParams::Operation(params) => (params as *mut RowOpParams).cast(),
+            KernelParams::Softmax(params) => params.argument_pointers(),
+            KernelParams::Operation(params) => {
+                let mut pointers = [std::ptr::null_mut(); SoftmaxParams::FIELDS];
+                pointers[0] = (params as *mut RowOpParams).cast();
+                pointers
+            }
         }
     }
 }
@@ -168,7 +174,7 @@ impl KernelParams {
 /// tail where `overlap` says the entry waits for it.
 ///
 /// # Safety
-/// `params` points to the entry's argument pointers (one: its parameter struct), whose values
+/// `params` points to the entry's argument pointers, one per parameter, whose values
 /// satisfy the kernel's `# Safety` contract for this grid; `function` and `stream` belong to the current context;
 /// `overlap` only where `function` starts with `griddepcontrol.wait`.
 unsafe fn launch_raw(
@@ -324,14 +330,35 @@ mod tests {
     }
 
     #[test]
-    fn the_parameter_pointer_points_at_the_struct() {
+    fn softmax_arguments_point_at_each_field_in_order() {
         let softmax = SoftmaxParams {
+            input: 7,
             cols: 3,
+            cached: 1,
             ..SoftmaxParams::default()
         };
         let mut params = KernelParams::Softmax(softmax);
-        let pointer = params.pointer();
-        // SAFETY: the pointer points into `params`, alive and unmoved, at a `SoftmaxParams`.
-        assert_eq!(unsafe { *pointer.cast::<SoftmaxParams>() }, softmax);
+        let pointers = params.argument_pointers();
+        // SAFETY: the pointers point into `params`, alive and unmoved, at fields of these
+        // types: `input` first, `cols` tenth, `cached` last.
+        unsafe {
+            assert_eq!(*pointers[0].cast::<u64>(), 7);
+            assert_eq!(*pointers[9].cast::<u32>(), 3);
+            assert_eq!(*pointers[SoftmaxParams::FIELDS - 1].cast::<u32>(), 1);
+        }
+    }
+
+    #[test]
+    fn an_operation_argument_is_its_struct() {
+        let operation = RowOpParams {
+            cols: 5,
+            ..RowOpParams::default()
+        };
+        let mut params = KernelParams::Operation(operation);
+        let pointers = params.argument_pointers();
+        // SAFETY: the first pointer points into `params`, alive and unmoved, at a
+        // `RowOpParams`.
+        assert_eq!(unsafe { *pointers[0].cast::<RowOpParams>() }, operation);
+        assert!(pointers[1].is_null());
     }
 }

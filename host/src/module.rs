@@ -628,6 +628,75 @@ mod tests {
         }
     }
 
+    /// The parameter declarations of entry `name` in `ptx`.
+    fn entry_parameters<'a>(ptx: &'a str, name: &str) -> Vec<&'a str> {
+        let header = format!(".entry {name}(");
+        let Some(start) = ptx.find(&header) else {
+            return Vec::new();
+        };
+        let list = &ptx[start + header.len()..];
+        let list = &list[..list.find(')').unwrap_or(list.len())];
+        list.lines()
+            .map(|line| line.trim().trim_end_matches(','))
+            .filter(|line| line.starts_with(".param"))
+            .collect()
+    }
+
+    /// Every entry takes what the launch path passes it: an operation entry one
+    /// `RowOpParams`, every other entry each field of `SoftmaxParams` as a parameter of the
+    /// field's size, in field order.
+    #[test]
+    fn every_entry_takes_the_parameters_the_launch_passes() {
+        use kernels_gpu::launch::ops::RowOpParams;
+        use kernels_gpu::launch::softmax::SoftmaxParams;
+        let probe = SoftmaxParams::default();
+        let field_bytes = {
+            let mut copy = probe;
+            let pointers = copy.argument_pointers();
+            let base = (&raw mut copy).cast::<u8>();
+            let mut offsets: Vec<usize> = pointers
+                .iter()
+                .map(|p| p.cast::<u8>() as usize - base as usize)
+                .collect();
+            offsets.push(std::mem::size_of::<SoftmaxParams>());
+            offsets
+                .windows(2)
+                .map(|pair| pair[1] - pair[0])
+                .collect::<Vec<_>>()
+        };
+        for module in ModuleId::ALL {
+            for build in KernelBuild::ALL {
+                let ptx = module.ptx(build);
+                for entry in module.entries(build) {
+                    let parameters = entry_parameters(ptx, &entry.to_string());
+                    if let Entry::Operation(_) = entry {
+                        let expected = format!(
+                            ".param .align 8 .b8 p0[{}]",
+                            std::mem::size_of::<RowOpParams>()
+                        );
+                        assert_eq!(parameters, [expected.as_str()], "{entry} ({build})");
+                        continue;
+                    }
+                    assert_eq!(parameters.len(), SoftmaxParams::FIELDS, "{entry} ({build})");
+                    for (i, (parameter, &bytes)) in parameters.iter().zip(&field_bytes).enumerate()
+                    {
+                        // Fields are packed without padding but for alignment, which a
+                        // 32-bit field followed by a 64-bit one would show.
+                        let width = if parameter.contains(".b64") || parameter.contains(".u64") {
+                            8
+                        } else {
+                            4
+                        };
+                        assert!(
+                            parameter.ends_with(&format!(" p{i}")) && width <= bytes,
+                            "{entry} ({build}): parameter {i} is `{parameter}`, field of {bytes} bytes"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     /// The family of `entry` and the file that generates it, for docs/entries.md.
     fn family_and_source(entry: Entry) -> (&'static str, &'static str) {
         match entry {

@@ -196,11 +196,9 @@ impl LocalNames {
             .any(|word| word == ".entry" || word == ".func");
         // The function's name is the last plain word outside parentheses (after a return
         // value's, before its parameters').
-        if declares_function {
-            if let Some(name) = Self::declared_name(line) {
-                self.function = name.to_owned();
-                self.labels.clear();
-            }
+        if declares_function && let Some(name) = Self::declared_name(line) {
+            self.function = name.to_owned();
+            self.labels.clear();
         }
         let is_name = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '$';
         let mut rest = line;
