@@ -1,7 +1,9 @@
 //! How every kernel entry is made: one macro, so each family's entries differ only in name,
-//! parameters and the kernel they call.
+//! parameters and the kernel they call; and its form for the kernels that take a
+//! `SoftmaxParams`, whose fields are the entry's parameters.
 
-/// One `ptx-kernel` entry, exported as `$name` (a string expression, e.g. a `concat!`), with
+/// One `ptx-kernel` entry, exported as `$name` (a string literal from
+/// [`entry_name!`](crate::launch::entry_name), the one place entry names are spelled), with
 /// parameters `$param: $type` and body `$call`, an `unsafe` call of the kernel. The entry first
 /// waits for the previous grid in its stream ([`await_previous_grid`]), before any branch or
 /// memory access, as the host's overlapped launches require. Attributes (`cfg`) apply to the
