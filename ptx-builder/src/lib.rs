@@ -148,8 +148,8 @@ pub fn build_all_ptx(cargo: &Path, workspace: &Path, dest_dir: &Path) -> Result<
 /// function in order of first use: a label's scope is its function's body) and the anonymous
 /// shared-memory symbols (`anon_$_<hash>_$_<n>` becomes `anon_<k>`, numbered in order of first
 /// use). The host looks entries up by their names, which stay as they are. `ptxas` makes the
-/// same cubin of either text, but for those names. Lines holding a quote (a `.file` name) are
-/// kept as they are.
+/// same cubin of either text (byte for byte, for a module whose kernels did not change). Lines
+/// holding a quote (a `.file` name) are kept as they are.
 pub fn minify_ptx(ptx: &str) -> String {
     let mut out = String::with_capacity(ptx.len());
     let mut names = LocalNames::default();
