@@ -345,7 +345,10 @@ pub fn cross_entropy_f64(
                 }
             })
             .collect();
-        let max = z.iter().copied().fold(f64::NEG_INFINITY, nan_propagating_max);
+        let max = z
+            .iter()
+            .copied()
+            .fold(f64::NEG_INFINITY, nan_propagating_max);
         let lse = if max == f64::NEG_INFINITY {
             f64::NEG_INFINITY
         } else {
@@ -366,7 +369,8 @@ pub fn cross_entropy_f64(
         let t = target as usize;
         let w_t = weight(t);
         let smooth: f64 = (0..cols).map(|c| weight(c) * (lse - z[c])).sum();
-        let loss = (1.0 - eps) * w_t * (lse - z[t]) + eps / vocab * smooth + options.z_loss * lse * lse;
+        let loss =
+            (1.0 - eps) * w_t * (lse - z[t]) + eps / vocab * smooth + options.z_loss * lse * lse;
         result.losses.push(loss);
         result.denominator += w_t;
         coefficients.push(Some((w_t, t, lse)));
@@ -450,7 +454,13 @@ mod cross_entropy_tests {
         for options in choices {
             let targets: Vec<i64> = targets
                 .iter()
-                .map(|&t| if options.ignore_index.is_none() && t < 0 { 1 } else { t })
+                .map(|&t| {
+                    if options.ignore_index.is_none() && t < 0 {
+                        1
+                    } else {
+                        t
+                    }
+                })
                 .collect();
             let result = cross_entropy_f64(&logits, rows, cols, &targets, &options);
             for (i, &analytic) in result.gradient.iter().enumerate() {

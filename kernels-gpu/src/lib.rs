@@ -34,20 +34,6 @@
     )
 )]
 #![cfg_attr(target_arch = "nvptx64", allow(internal_features))]
-// Each PTX module is built from one feature's kernels, so helpers another module uses are
-// unused in it.
-#![cfg_attr(
-    all(
-        target_arch = "nvptx64",
-        not(all(
-            feature = "softmax",
-            feature = "ops-f32",
-            feature = "ops-bf16",
-            feature = "ops-f16"
-        ))
-    ),
-    allow(dead_code, unused_imports)
-)]
 
 /// What the host and the kernels share: constants, instance tables, kernel names,
 /// parameters. No device code, no entries.
@@ -56,15 +42,16 @@ pub mod launch;
 pub mod primitives;
 
 /// The seed baselines (the `softmax` module).
-#[cfg(all(target_arch = "nvptx64", feature = "softmax"))]
+#[cfg(all(target_arch = "nvptx64", kernels_module = "softmax"))]
 mod seeds;
 
-/// The production f32 softmax kernels (the `softmax` module; row slices in every module).
-#[cfg(target_arch = "nvptx64")]
+/// The production f32 softmax kernels (the `softmax` module; row slices also in the 16-bit
+/// operation modules).
+#[cfg(all(target_arch = "nvptx64", not(kernels_module = "ops-f32")))]
 mod production;
 
 /// The operation kernels: one module per input type.
-#[cfg(target_arch = "nvptx64")]
+#[cfg(all(target_arch = "nvptx64", not(kernels_module = "softmax")))]
 mod ops;
 
 #[cfg(target_arch = "nvptx64")]

@@ -21,10 +21,57 @@ use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 
-/// The PTX modules: each is `kernels-gpu` built with the feature of that name. `softmax` holds
-/// the f32 softmax variants, `ops-<type>` the operation kernels for one input type; the host
-/// loads a module the first time it needs one of its kernels.
-pub const PTX_MODULES: [&str; 4] = ["softmax", "ops-f32", "ops-bf16", "ops-f16"];
+/// What one PTX module compiles: the kernels of one [`ModuleKernels`] kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ModuleKernels {
+    /// The f32 softmax variants: the seeds, the production families, f32 row slices and row
+    /// clusters.
+    Softmax,
+    /// The operation kernels for one input type (named as `DType::name` spells it), and that
+    /// type's row-slices entries when it is a 16-bit type.
+    Operations(&'static str),
+}
+
+/// One PTX module: `kernels-gpu` built with `--cfg kernels_module="<name>"`, which selects
+/// the kernels its `cfg` gates name. The host loads a module the first time it needs one of
+/// its kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PtxModule {
+    /// The module's name: its `kernels_module` cfg value and the stem of its files.
+    pub name: &'static str,
+    pub kernels: ModuleKernels,
+}
+
+/// Every PTX module, in the order of the host's module table (which `host/build.rs`
+/// generates from this list, as `kernels-gpu`'s build script declares the `kernels_module`
+/// values from it).
+pub const MODULES: [PtxModule; 4] = [
+    PtxModule {
+        name: "softmax",
+        kernels: ModuleKernels::Softmax,
+    },
+    PtxModule {
+        name: "ops-f32",
+        kernels: ModuleKernels::Operations("f32"),
+    },
+    PtxModule {
+        name: "ops-bf16",
+        kernels: ModuleKernels::Operations("bf16"),
+    },
+    PtxModule {
+        name: "ops-f16",
+        kernels: ModuleKernels::Operations("f16"),
+    },
+];
+
+/// The cfg whose value names the module a device build compiles.
+pub const MODULE_CFG: &str = "kernels_module";
+
+/// The `--check-cfg` argument that declares [`MODULE_CFG`] with every module's name.
+pub fn module_check_cfg() -> String {
+    let names: Vec<String> = MODULES.iter().map(|m| format!("\"{}\"", m.name)).collect();
+    format!("cfg({MODULE_CFG}, values({}))", names.join(", "))
+}
 
 /// One build of the kernels: the PTX target and the native architectures compiled from it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -72,7 +119,7 @@ fn ptx_target_dir(workspace: &Path) -> PathBuf {
     workspace.join("target").join("ptx")
 }
 
-/// Builds every module of [`PTX_MODULES`] for every [`KernelBuild`] into
+/// Builds every module of [`MODULES`] for every [`KernelBuild`] into
 /// `dest_dir/<module>.<arch>.ptx`, with the toolchain `rust-toolchain.toml` pins
 /// ([`KernelCargo::pinned`]; `cargo` where there is no rustup).
 pub fn build_all_ptx(cargo: &Path, workspace: &Path, dest_dir: &Path) -> Result<(), String> {
@@ -80,11 +127,11 @@ pub fn build_all_ptx(cargo: &Path, workspace: &Path, dest_dir: &Path) -> Result<
         .map_err(|e| format!("creating {}: {e}", dest_dir.display()))?;
     let cargo = KernelCargo::pinned(workspace, cargo)?;
     for build in KernelBuild::ALL {
-        for module in PTX_MODULES {
-            let built = build_kernels_ptx(&cargo, workspace, module, build)?;
+        for module in MODULES {
+            let built = build_kernels_ptx(&cargo, workspace, module.name, build)?;
             let ptx = std::fs::read_to_string(&built)
                 .map_err(|e| format!("reading {}: {e}", built.display()))?;
-            let dest = dest_dir.join(build.ptx_file(module));
+            let dest = dest_dir.join(build.ptx_file(module.name));
             std::fs::write(&dest, minify_ptx(&ptx))
                 .map_err(|e| format!("writing {}: {e}", dest.display()))?;
         }
@@ -94,10 +141,18 @@ pub fn build_all_ptx(cargo: &Path, workspace: &Path, dest_dir: &Path) -> Result<
 
 /// `ptx` without what neither `ptxas` nor the driver reads: comments (LLVM writes one before
 /// and after every inline `asm!` block, and loop annotations), indentation, runs of blanks
-/// and empty lines. A quarter of the text; `ptxas` makes the same cubin of either (checked for
-/// every module). Lines holding a quote (a `.file` name) are kept as they are.
+/// and empty lines; and with short names for what is local to a function or the module: a
+/// function's parameters (`<function>_param_<n>` becomes `p<n>`: LLVM's spelling repeats the
+/// function's name, up to a hundred characters of mangling, in every parameter load), its
+/// labels (`$L__BB<function>_<block>`, unique in the module, becomes `$L<k>`, numbered in the
+/// function in order of first use: a label's scope is its function's body) and the anonymous
+/// shared-memory symbols (`anon_$_<hash>_$_<n>` becomes `anon_<k>`, numbered in order of first
+/// use). The host looks entries up by their names, which stay as they are. `ptxas` makes the
+/// same cubin of either text (byte for byte, for a module whose kernels did not change). Lines
+/// holding a quote (a `.file` name) are kept as they are.
 pub fn minify_ptx(ptx: &str) -> String {
     let mut out = String::with_capacity(ptx.len());
+    let mut names = LocalNames::default();
     for line in ptx.lines() {
         if line.contains('"') {
             if !line.trim().is_empty() {
@@ -111,14 +166,117 @@ pub fn minify_ptx(ptx: &str) -> String {
         let Some(first) = words.next() else {
             continue;
         };
-        out.push_str(first);
+        let mut minified = String::from(first);
         for word in words {
-            out.push(' ');
-            out.push_str(word);
+            minified.push(' ');
+            minified.push_str(word);
         }
+        names.shorten(&minified, &mut out);
         out.push('\n');
     }
     out
+}
+
+/// The short names [`minify_ptx`] gives a module's local symbols.
+#[derive(Debug, Default)]
+struct LocalNames {
+    /// The function whose header or body the lines are in.
+    function: String,
+    /// Each anonymous shared-memory symbol met so far, in order.
+    shared: Vec<String>,
+    /// Each label of the current function met so far, in order.
+    labels: Vec<String>,
+}
+
+impl LocalNames {
+    /// Appends `line` to `out` with its local names shortened.
+    fn shorten(&mut self, line: &str, out: &mut String) {
+        let declares_function = line
+            .split_whitespace()
+            .any(|word| word == ".entry" || word == ".func");
+        // The function's name is the last plain word outside parentheses (after a return
+        // value's, before its parameters').
+        if declares_function && let Some(name) = Self::declared_name(line) {
+            self.function = name.to_owned();
+            self.labels.clear();
+        }
+        let is_name = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '$';
+        let mut rest = line;
+        while let Some(start) = rest.find(is_name) {
+            out.push_str(&rest[..start]);
+            let after = &rest[start..];
+            let len = after.find(|c: char| !is_name(c)).unwrap_or(after.len());
+            let (word, tail) = after.split_at(len);
+            // A word right after a `.` or `%` is part of a directive or a register.
+            let qualified = out.ends_with('.') || out.ends_with('%');
+            match self.short_name(word) {
+                Some(short) if !qualified => out.push_str(&short),
+                _ => out.push_str(word),
+            }
+            rest = tail;
+        }
+        out.push_str(rest);
+    }
+
+    /// The name a function declaration line declares: its last plain word outside
+    /// parentheses, if any.
+    fn declared_name(line: &str) -> Option<&str> {
+        let mut depth = 0usize;
+        let mut name = None;
+        let mut word_start = None;
+        for (i, c) in line.char_indices().chain([(line.len(), ' ')]) {
+            let in_word = c.is_ascii_alphanumeric() || c == '_' || c == '$';
+            match (in_word, word_start) {
+                (true, None) => word_start = Some(i),
+                (false, Some(start)) => {
+                    let qualified = start > 0 && matches!(line.as_bytes()[start - 1], b'.' | b'%');
+                    if depth == 0 && !qualified {
+                        name = Some(&line[start..i]);
+                    }
+                    word_start = None;
+                }
+                _ => {}
+            }
+            match c {
+                '(' => depth += 1,
+                ')' => depth = depth.saturating_sub(1),
+                _ => {}
+            }
+        }
+        name
+    }
+
+    fn short_name(&mut self, word: &str) -> Option<String> {
+        if word.starts_with("$L__") {
+            let k = match self.labels.iter().position(|label| label == word) {
+                Some(k) => k,
+                None => {
+                    self.labels.push(word.to_owned());
+                    self.labels.len() - 1
+                }
+            };
+            return Some(format!("$L{k}"));
+        }
+        if let Some(index) = word
+            .strip_prefix(self.function.as_str())
+            .and_then(|rest| rest.strip_prefix("_param_"))
+            .filter(|index| !index.is_empty() && index.bytes().all(|b| b.is_ascii_digit()))
+            .filter(|_| !self.function.is_empty())
+        {
+            return Some(format!("p{index}"));
+        }
+        if word.starts_with("anon_$_") {
+            let k = match self.shared.iter().position(|name| name == word) {
+                Some(k) => k,
+                None => {
+                    self.shared.push(word.to_owned());
+                    self.shared.len() - 1
+                }
+            };
+            return Some(format!("anon_{k}"));
+        }
+        None
+    }
 }
 
 /// The toolchain `rust-toolchain.toml` in `workspace` pins: its channel and components.
@@ -234,22 +392,24 @@ impl KernelCargo {
     }
 }
 
-/// Runs `cargo rustc -p kernels-gpu --features <feature>` for `nvptx64-nvidia-cuda` with
+/// Runs `cargo rustc -p kernels-gpu` with `--cfg kernels_module="<module>"` for `nvptx64-nvidia-cuda` with
 /// `cargo` and returns the path of the PTX it wrote. Each module and build has a target dir
 /// of its own: builds running at once (a `cargo build` beside a `cargo xtask`) then never
 /// overwrite each other's `kernels_gpu.ptx` between a build and its copy.
 fn build_kernels_ptx(
     cargo: &KernelCargo,
     workspace: &Path,
-    feature: &str,
+    module: &str,
     build: KernelBuild,
 ) -> Result<PathBuf, String> {
-    let target_dir = ptx_target_dir(workspace).join(build.arch()).join(feature);
+    let target_dir = ptx_target_dir(workspace).join(build.arch()).join(module);
     // Unrolling must be allowed to finish the constant-trip loops of the widest register
     // kernels, or their row arrays go to local memory.
     let mut rustflags = vec![
         format!("-Ctarget-cpu={}", build.arch()),
         "-Cllvm-args=-unroll-threshold=2000".to_owned(),
+        "--cfg".to_owned(),
+        format!("{MODULE_CFG}=\"{module}\""),
     ];
     if build == KernelBuild::Sm80 {
         rustflags.extend(["--cfg".to_owned(), "kernels_sm80".to_owned()]);
@@ -264,8 +424,6 @@ fn build_kernels_ptx(
             "--release",
             "--crate-type",
             "cdylib",
-            "--features",
-            feature,
         ])
         .args([
             "--target",
@@ -286,7 +444,7 @@ fn build_kernels_ptx(
         .map_err(|e| format!("could not run {}: {e}", cargo.program.display()))?;
     if !status.success() {
         return Err(format!(
-            "building kernels-gpu ({feature}, {}) for nvptx64 failed ({status})",
+            "building kernels-gpu ({module}, {}) for nvptx64 failed ({status})",
             build.arch()
         ));
     }
@@ -364,7 +522,7 @@ pub fn compile_cubins(ptxas: &Path, workspace: &Path, dest_dir: &Path) -> Result
     let mut running: Vec<(Child, PathBuf, PathBuf, String)> = Vec::new();
     let mut copies = Vec::new();
     for build in KernelBuild::ALL {
-        for module in PTX_MODULES {
+        for module in MODULES.map(|m| m.name) {
             let ptx_path = dest_dir.join(build.ptx_file(module));
             let ptx = std::fs::read(&ptx_path)
                 .map_err(|e| format!("reading {}: {e}", ptx_path.display()))?;
@@ -481,9 +639,38 @@ mod tests {
                    \tadd.s32 \t%r1, %r2, 1;   // trailing\n\t.file 1 \"/a//b.rs\"\n\tret;\n}\n";
         assert_eq!(
             minify_ptx(ptx),
-            ".version 7.8\n.target sm_90\n.visible .entry f(\n.param .u64 f_param_0\n)\n{\n\
-             .reg .b32 %r<3>;\ngriddepcontrol.wait;\n$L__BB0_1:\nadd.s32 %r1, %r2, 1;\n\
+            ".version 7.8\n.target sm_90\n.visible .entry f(\n.param .u64 p0\n)\n{\n\
+             .reg .b32 %r<3>;\ngriddepcontrol.wait;\n$L0:\nadd.s32 %r1, %r2, 1;\n\
              .file 1 \"/a//b.rs\"\nret;\n}\n"
+        );
+    }
+
+    /// Parameters and labels take short names in the function that declares them (and only
+    /// there), and each anonymous shared symbol one name throughout the module.
+    #[test]
+    fn minified_ptx_shortens_parameter_and_shared_names_consistently() {
+        let ptx = ".extern .shared .align 16 .b8 anon_$_ab12_$_3[];\n\
+                   .extern .shared .align 16 .b8 anon_$_cd34_$_0[];\n\
+                   .func (.param .b32 func_retval0) _RNvCs1_4core5panic(\n\
+                   .param .b64 _RNvCs1_4core5panic_param_0\n)\n;\n\
+                   .func _RNvCs2_4core4trap\n(\n.param .b64 _RNvCs2_4core4trap_param_0\n)\n;\n\
+                   .visible .entry op_rows_fwd_f32_p4_l8_n2(\n\
+                   .param .align 8 .b8 op_rows_fwd_f32_p4_l8_n2_param_0[168],\n\
+                   .param .u32 op_rows_fwd_f32_p4_l8_n2_param_1\n)\n{\n\
+                   ld.param.b64 %rd1, [op_rows_fwd_f32_p4_l8_n2_param_0+8];\n\
+                   ld.param.b32 %r1, [op_rows_fwd_f32_p4_l8_n2_param_1];\n\
+                   mov.u64 %rd2, anon_$_cd34_$_0;\nmov.u64 %rd3, anon_$_ab12_$_3;\n\
+                   ld.param.b64 %rd4, [other_param_0];\n@%p1 bra $L__BB3_7;\n$L__BB3_2:\n\
+                   bra.uni $L__BB3_2;\n$L__BB3_7:\nret;\n}\n";
+        assert_eq!(
+            minify_ptx(ptx),
+            ".extern .shared .align 16 .b8 anon_0[];\n.extern .shared .align 16 .b8 anon_1[];\n\
+             .func (.param .b32 func_retval0) _RNvCs1_4core5panic(\n.param .b64 p0\n)\n;\n\
+             .func _RNvCs2_4core4trap\n(\n.param .b64 p0\n)\n;\n\
+             .visible .entry op_rows_fwd_f32_p4_l8_n2(\n.param .align 8 .b8 p0[168],\n\
+             .param .u32 p1\n)\n{\nld.param.b64 %rd1, [p0+8];\nld.param.b32 %r1, [p1];\n\
+             mov.u64 %rd2, anon_1;\nmov.u64 %rd3, anon_0;\nld.param.b64 %rd4, [other_param_0];\n\
+             @%p1 bra $L0;\n$L1:\nbra.uni $L1;\n$L0:\nret;\n}\n"
         );
     }
 }

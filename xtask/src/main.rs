@@ -4,6 +4,8 @@
 //!   `target/ptx-modules/`, list its entries and, where `ptxas` is found, its registers, shared
 //!   memory and spills per kernel; end with the entries and bytes of each module (what the
 //!   driver compiles when it loads it as PTX).
+//! - `entries`: regenerate `docs/entries.md`, the listing of every kernel entry (the host's
+//!   test that checks it, run so that it writes the file).
 //! - `fetch-driver`: unpack Debian's `libcuda1` under `target/cuda-driver` so machines without
 //!   CUDA can link cust (it reports "no device" at run time).
 //! - `fetch-ptxas`: unpack `ptxas` from NVIDIA's `nvidia-cuda-nvcc-cu12` wheel (through pip)
@@ -33,7 +35,7 @@ use std::process::{Command, ExitCode};
 
 type Result<T> = std::result::Result<T, String>;
 
-const USAGE: &str = "usage: cargo xtask <build-ptx | fetch-driver | fetch-ptxas | \
+const USAGE: &str = "usage: cargo xtask <build-ptx | entries | fetch-driver | fetch-ptxas | \
                      peer-wheels [PYTHON] | test [ARGS] | device-bundle [--base REV] | \
                      check-candle>";
 
@@ -41,6 +43,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("build-ptx") => build_ptx(),
+        Some("entries") => write_entry_listing(),
         Some("fetch-driver") => fetch_driver().map(|_| ()),
         Some("fetch-ptxas") => fetch_ptxas().map(|_| ()),
         Some("peer-wheels") => match &args[1..] {
@@ -95,7 +98,7 @@ fn build_ptx() -> Result<()> {
     ptx_builder::build_all_ptx(&cargo(), &workspace, &modules)?;
     let mut sizes = Vec::new();
     for build in ptx_builder::KernelBuild::ALL {
-        for module in ptx_builder::PTX_MODULES {
+        for module in ptx_builder::MODULES.map(|m| m.name) {
             let path = modules.join(build.ptx_file(module));
             let ptx = fs::read_to_string(&path).map_err(|e| e.to_string())?;
             let entries = entry_names(&ptx);
@@ -401,6 +404,31 @@ fn driver_linkable() -> bool {
                 .iter()
                 .any(|lib| root.join(lib).exists())
         })
+}
+
+/// `docs/entries.md`, written by the host test that compares it with the entry tables.
+fn write_entry_listing() -> Result<()> {
+    if !driver_linkable() {
+        fetch_driver()?;
+    }
+    let status = Command::new(cargo())
+        .current_dir(workspace())
+        .args([
+            "test",
+            "--package",
+            "host",
+            "--lib",
+            "--",
+            "the_entry_listing_is_current",
+        ])
+        .env("SOFTMAX_WRITE_ENTRIES", "1")
+        .status()
+        .map_err(|e| format!("could not start cargo test: {e}"))?;
+    if !status.success() {
+        return Err(format!("writing docs/entries.md failed ({status})"));
+    }
+    println!("wrote docs/entries.md");
+    Ok(())
 }
 
 fn test(args: &[String]) -> Result<()> {

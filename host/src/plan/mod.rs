@@ -3,14 +3,16 @@
 //! CPU tests check every plan against a model H200.
 //!
 //! A [`Launch`] names its kernel with a typed [`Entry`] and carries its arguments as typed
-//! [`Params`]; the launch path (`crate::runtime::launch`) lays them out in the entry's parameter order.
+//! [`Params`]; the launch path (`crate::runtime::launch`) fills the entry's one parameter
+//! struct from them (`SoftmaxParams` or `RowOpParams`).
 
 pub(crate) mod operations;
 pub(crate) mod variants;
 
 use kernels_gpu::launch::ops::{DType, Direction, OpInstance, OpKernelShape};
 use kernels_gpu::launch::softmax::{
-    BlockRegisterInstance, RegisterKernelName, RowSlicesKernelName,
+    BlockRegisterInstance, RegisterKernelName, RowClusterKernelName, RowSlicesKernelName,
+    seed_entries,
 };
 use kernels_gpu::launch::{CLUSTER_STATS_FLOATS, MAX_CLUSTER_BLOCKS, REDUCTION_SCRATCH_FLOATS};
 
@@ -22,10 +24,9 @@ use crate::variant::Variant;
 pub(crate) use kernels_gpu::launch::ops::PackLayout as Layout;
 
 /// Smallest 16-bit tensor whose plain softmax takes row-slices where the operation kernels
-/// would slice its rows. Measured on the H200 (docs/performance-log.md, 2026-11-30), bf16, %
-/// of copy, operation kernels → row-slices: 8×128256 (2 MB) 66 → 55 and 1×1048576 (2 MB)
-/// even; 16×262144 (8.4 MB) 61 → 65, 32×151936 (9.7 MB) 63 → 63.5, 128×50257 80 → 84,
-/// 64×151936 56 → 74. The cut lies between, not measured closer.
+/// would slice its rows: below it the operation kernels were faster, above it row-slices, and
+/// the cut lies between the shapes measured, not measured closer (performance log: "The
+/// 16-bit row-slices cut at 4 MiB").
 const SIXTEEN_BIT_ROW_SLICES_FROM_BYTES: u64 = 4 << 20;
 
 /// Most blocks a grid holds along x.
@@ -81,19 +82,19 @@ pub(crate) enum Entry {
 impl std::fmt::Display for Entry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Entry::UnfusedRowMax => f.write_str("softmax_unfused_row_max"),
-            Entry::UnfusedSubtract => f.write_str("softmax_unfused_subtract"),
-            Entry::UnfusedExp => f.write_str("softmax_unfused_exp"),
-            Entry::UnfusedRowSum => f.write_str("softmax_unfused_row_sum"),
-            Entry::UnfusedDivide => f.write_str("softmax_unfused_divide"),
-            Entry::ThreadPerRowNaive => f.write_str("softmax_thread_per_row_naive"),
-            Entry::ThreadPerRowOnline => f.write_str("softmax_thread_per_row_online"),
-            Entry::WarpPerRowOnline => f.write_str("softmax_warp_per_row_online"),
-            Entry::BlockPerRowSmem => f.write_str("softmax_block_per_row_smem"),
+            Entry::UnfusedRowMax => f.write_str(seed_entries::UNFUSED_ROW_MAX),
+            Entry::UnfusedSubtract => f.write_str(seed_entries::UNFUSED_SUBTRACT),
+            Entry::UnfusedExp => f.write_str(seed_entries::UNFUSED_EXP),
+            Entry::UnfusedRowSum => f.write_str(seed_entries::UNFUSED_ROW_SUM),
+            Entry::UnfusedDivide => f.write_str(seed_entries::UNFUSED_DIVIDE),
+            Entry::ThreadPerRowNaive => f.write_str(seed_entries::THREAD_PER_ROW_NAIVE),
+            Entry::ThreadPerRowOnline => f.write_str(seed_entries::THREAD_PER_ROW_ONLINE),
+            Entry::WarpPerRowOnline => f.write_str(seed_entries::WARP_PER_ROW_ONLINE),
+            Entry::BlockPerRowSmem => f.write_str(seed_entries::BLOCK_PER_ROW_SMEM),
             Entry::RowsInRegisters(name) => name.fmt(f),
             Entry::BlockRegisters(name) => name.fmt(f),
             Entry::RowSlices(name) => name.fmt(f),
-            Entry::RowCluster { pack } => write!(f, "softmax_row_cluster_p{pack}"),
+            Entry::RowCluster { pack } => RowClusterKernelName { pack: *pack }.fmt(f),
             Entry::Operation(name) => name.fmt(f),
         }
     }
@@ -119,24 +120,25 @@ pub(crate) enum OperationPass {
 }
 
 /// A launch's arguments, typed by kernel family. Buffers (the call's and the workspace's) are
-/// filled in at launch time; the comments give each family's parameter order.
+/// filled in at launch time, when `crate::launch` makes the entry's one parameter struct:
+/// `SoftmaxParams` for every family but the operation kernels, which take `RowOpParams`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Params {
-    /// `(input, output, rows, cols)`: one thread, warp or group of lanes per row.
+    /// One thread, warp or group of lanes per row.
     Rows { rows: u32, cols: u32 },
-    /// `(input, output, cols)`: a block per row.
+    /// A block per row.
     BlockPerRow { cols: u32 },
-    /// The unfused stages; each takes its own subset (`crate::runtime::launch` lays them out).
+    /// The unfused stages (each reads the fields its kernel needs).
     Unfused { rows: u32, cols: u32, len: u64 },
-    /// `(input, output, cols, slices, slice_packs, partials, barriers)`.
+    /// Block registers: the partials and barriers are the workspace's.
     BlockRegisters { cols: u32, slicing: Slicing },
-    /// `(input, output, cols, slices, slice_packs, cached, partials, barriers, patience)`.
+    /// Row slices: the partials, barriers and patience are the workspace's and the call's.
     RowSlices {
         cols: u32,
         slicing: Slicing,
         cached: bool,
     },
-    /// `(input, output, cols, slices, slice_packs, cached)`.
+    /// Row clusters.
     RowCluster {
         cols: u32,
         slicing: Slicing,
@@ -193,11 +195,10 @@ pub(crate) fn block_shared_bytes(clustered: bool) -> u32 {
 /// as one thread-block cluster per row instead: the same blocks, exchanging their statistics
 /// through distributed shared memory at the cluster's hardware barrier rather than through
 /// global memory. Needs the sm_90 build, at most [`MAX_CLUSTER_BLOCKS`] slices, and a cluster
-/// the driver can schedule. On the H200 (docs/performance-log.md, 2026-12-02): bf16 1×32000
-/// in 16 slices 59.6 → 64.8% of the copy, f32 1×8000 62.0 → 66.8%; a row cut into 16 slices
-/// for a cluster where the cooperative launch would take more lost up to half its speed
-/// (fewer multiprocessors reading it), so only the cooperative rule's own slicing is ever
-/// clustered.
+/// the driver can schedule. Clusters gained where the cooperative rule itself makes at most 16
+/// slices; a row cut into 16 slices for a cluster where the cooperative launch would take
+/// more lost up to half its speed (fewer multiprocessors reading it), so only the cooperative
+/// rule's own slicing is ever clustered (performance log: "One cluster per sliced row").
 pub(crate) fn slices_form_clusters(
     device: &dyn DeviceLimits,
     entry: Entry,

@@ -224,8 +224,8 @@ pub(crate) fn plan(
     // slice per thread (the statistics exchange reads one each). First the most packs per
     // thread (fewer slices, so less exchange; among equals the smallest block) whose blocks
     // still cover every multiprocessor; failing that (one or two rows), the fewest packs per
-    // thread (the most blocks). Measured on the H200 (docs/performance-log.md, 2026-11-29):
-    // bf16 16x262144 34% -> 55% of copy, 32x151936 47% -> 55%, one-row shapes unchanged.
+    // thread (the most blocks). It won on the multi-row shapes and changed nothing on single
+    // rows (performance log: "Odd widths peeled, and the cooperative slicing rule").
     let sliced = |&(k, resident): &(OpInstance, u32)| {
         let slices = row_packs.div_ceil(k.slots());
         let fits = slices > 1

@@ -310,10 +310,10 @@ fn register_launch(instance: RegisterKernelName, rows: u32, cols: u32) -> Launch
 }
 
 /// Smallest tensor for which `auto` passes few rows that block registers would slice to
-/// [`wide_rows_launch`] (row-slices, or a cluster per row) instead. On the H200
-/// (docs/performance-log.md, 2026-11-29): row-slices faster or even from 4.1 MB (8×128256 8.5
-/// against 10.9 µs, 1×1048576 8.9 against 9.9, 16×262144 15.3 each), block-registers faster
-/// up to 1.3 MB (1×128256, 3×100003, 1×32000), about even at 1.6 MB; the cut is at 1.5 MiB.
+/// [`wide_rows_launch`] (row-slices, or a cluster per row) instead: row-slices was faster or
+/// even on the larger tensors measured, block-registers on the smaller, about even near the
+/// cut (performance log: "8 loads in flight", and "Row-cluster where row-slices cannot
+/// cache" for the 1.5 MiB cut).
 const SLICED_ROW_SLICES_FROM_BYTES: u64 = 3 << 19;
 
 /// Bytes of shared memory that cache `slice_packs` packs of `pack` elements of `element_bytes`
@@ -381,8 +381,8 @@ pub(crate) fn row_slices_launch(
     // and the row waits for its slowest block's slowest thread: with 256 threads, 32×151936's
     // 2374 packs per slice are 9.3 per thread, three rounds of which the last is a third
     // full. Take one round fewer with the threads that needs (whole warps), if every block
-    // stays resident (there 320 threads, two rounds: 77.2 → 78.8% of copy on the H200,
-    // docs/performance-log.md, 2026-11-30).
+    // stays resident (there 320 threads, two rounds; performance log: "Threads that save a
+    // round of loads").
     let sliced = |per_sm: u32| {
         let wanted = u64::from(per_sm) * u64::from(sms) / u64::from(rows);
         let mut candidate = wanted.clamp(1, u64::from(ROW_SLICE_THREADS)) as u32;
@@ -418,10 +418,10 @@ pub(crate) fn row_slices_launch(
     // Otherwise, with fewer rows than two blocks per multiprocessor, a block per row leaves
     // most of the GPU idle: cut rows into slices until the resident blocks are used, aiming
     // at four blocks per multiprocessor. 16-bit rows aim at two where those blocks need at
-    // most `SIXTEEN_BIT_HALF_SLICING_MAX_THREADS` threads: measured on sixteen bf16 shapes
-    // (docs/performance-log.md, 2026-11-30), two per multiprocessor gained 2 to 6 points of the copy
-    // wherever its blocks had 256 to 352 threads, about nothing at 384, and lost up to 7.5
-    // points with 416 or more (the f32 kernel lost at two everywhere).
+    // most `SIXTEEN_BIT_HALF_SLICING_MAX_THREADS` threads: two per multiprocessor gained
+    // where its blocks were small, about nothing at 384 threads, and lost with more (the f32
+    // kernel lost at two everywhere; performance log: "16-bit row-slices at two blocks per
+    // multiprocessor where blocks stay small").
     if rows < 2 * sms && !one_wave {
         let half = (dtype.bytes() == 2)
             .then(|| sliced(2))
@@ -449,9 +449,9 @@ pub(crate) fn row_slices_launch(
 /// Wide rows that block registers do not take: row-slices, unless it cannot cache its slices
 /// (the input is then read twice) and also does not fill the GPU with whole rows, one full
 /// block per row on at least 90% of the multiprocessors; then a cluster per row, if one can
-/// cache its slices (clusters run in waves, so they need not all be resident at once). On the
-/// H200 (docs/performance-log.md, 2026-11-29): 64×151936, which row-slices cuts into uncached slices, 33 → 64% of copy
-/// with clusters; 128×151936, a full uncached block per row, 58% against the clusters' 49%.
+/// cache its slices (clusters run in waves, so they need not all be resident at once). Clusters
+/// won where row-slices' slices were uncached, and lost where a full uncached block per row
+/// fills the GPU (performance log: "Row-cluster where row-slices cannot cache").
 fn wide_rows_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) -> Launch {
     let peelable = layout != Layout::Elements;
     let (slices, slices_read_once) = row_slices_launch(shape, DType::F32, peelable, device);
@@ -488,9 +488,9 @@ struct ClusterCandidate {
 /// clusters (the driver's cluster occupancy), and among equals the first from the preferred
 /// size up, then down; else the first schedulable one uncached (the second pass re-reads);
 /// else one block per row, which needs no cluster. The flag says whether the slices are
-/// cached. Waves first: on the H200 (docs/performance-log.md, 2026-12-02), 56×262144 went from
-/// clusters of 9 in more waves to clusters of 10, 39.1% → 66.0% of the copy, and 40×262144
-/// from 13 to 14, 62.6% → 69.5%; shapes already in their fewest waves kept their size.
+/// cached. Waves first: shapes moved to the size with fewer waves gained, and shapes already
+/// in their fewest waves kept their size (performance log: "Row-cluster's cluster size by
+/// waves").
 fn row_cluster_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) -> (Launch, bool) {
     let pack = peeled_pack(layout);
     let rows = shape.rows() as u32;

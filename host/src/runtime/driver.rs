@@ -4,9 +4,11 @@ use cust::context::Context;
 use cust::device::{Device, DeviceAttribute};
 use cust::error::CudaError;
 use cust::sys;
-use std::ffi::{c_char, c_int};
+use std::ffi::{c_char, c_int, c_void};
+use std::marker::PhantomData;
 
 use crate::error::{CudaContext, Error, Result};
+use crate::plan::{Launch, Scheduling};
 
 /// Facts about the device a [`crate::Softmax`] runs on.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -192,6 +194,24 @@ pub(crate) mod fixtures {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn launch_structs_have_the_driver_layout() {
+        // cuda.h (12.x): CUlaunchAttribute is 72 bytes, 8-aligned, its value at offset 8;
+        // CUlaunchConfig has hStream at 32, attrs at 40, numAttrs at 48 (56 bytes).
+        assert_eq!(
+            (
+                std::mem::size_of::<LaunchAttribute>(),
+                std::mem::align_of::<LaunchAttribute>()
+            ),
+            (72, 8)
+        );
+        assert_eq!(std::mem::offset_of!(LaunchAttribute, value), 8);
+        assert_eq!(std::mem::offset_of!(LaunchConfig, stream), 32);
+        assert_eq!(std::mem::offset_of!(LaunchConfig, attributes), 40);
+        assert_eq!(std::mem::offset_of!(LaunchConfig, attribute_count), 48);
+        assert_eq!(std::mem::size_of::<LaunchConfig>(), 56);
+    }
 
     #[test]
     fn statuses_newer_than_custs_enum_keep_their_driver_name() {
@@ -406,4 +426,224 @@ pub(crate) unsafe fn zero_words(address: u64, words: usize, stream: sys::CUstrea
     // SAFETY: forwarded.
     let status = unsafe { sys::cuMemsetD32Async(address, 0, words, stream) };
     check(status, "zeroing the workspace")
+}
+
+/// The driver launch of `launch`'s grid with `params`, allowed to overlap the previous grid's
+/// tail where `overlap` says the entry waits for it.
+///
+/// # Safety
+/// `params` points to the entry's argument pointers, one per parameter, whose values
+/// satisfy the kernel's `# Safety` contract for this grid; `function` and `stream` belong to the current context;
+/// `overlap` only where `function` starts with `griddepcontrol.wait`.
+pub(crate) unsafe fn launch(
+    function: sys::CUfunction,
+    launch: &Launch,
+    params: *mut *mut c_void,
+    stream: sys::CUstream,
+    overlap: bool,
+) -> Result<()> {
+    // SAFETY: forwarded from this function's contract; the configuration and its attribute
+    // array outlive the launch call, during which the driver reads them.
+    let status = unsafe {
+        match launch.scheduling {
+            // No programmatic overlap: a cooperative grid must find every block a place at
+            // once, so it starts after the previous grid left (measured: allowing overlap
+            // here gained nothing).
+            Scheduling::Cooperative => sys::cuLaunchCooperativeKernel(
+                function,
+                launch.grid,
+                1,
+                1,
+                launch.block,
+                1,
+                1,
+                launch.shared_bytes,
+                stream,
+                params,
+            ) as c_int,
+            // Every entry of the sm_90 build starts with `griddepcontrol.wait` (kernels-gpu's
+            // contract), so the grid may start once every block of the previous kernel in the
+            // stream has exited, before that kernel's completion is signalled.
+            Scheduling::Ordinary | Scheduling::Clusters(_) => {
+                let cluster = match launch.scheduling {
+                    Scheduling::Clusters(blocks) => blocks,
+                    _ => 1,
+                };
+                let mut attributes = [
+                    launch_attribute(LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, &[cluster, 1, 1]),
+                    launch_attribute(LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, &[1]),
+                ];
+                let first = if cluster > 1 { 0 } else { 1 };
+                let last = if overlap { 2 } else { 1 };
+                let config = LaunchConfig::new(
+                    launch.grid,
+                    launch.block,
+                    launch.shared_bytes,
+                    stream,
+                    &mut attributes[first..last.max(first)],
+                );
+                cuLaunchKernelEx(&config, function, params, std::ptr::null_mut())
+            }
+        }
+    };
+    check_code(status, "launching a kernel")
+}
+
+/// `CUlaunchAttribute` of the CUDA 12 driver API (`cuda.h`): an id, padding to 8 bytes, and a
+/// 64-byte value union (8-byte aligned: some members are pointers); for the cluster dimension
+/// the value starts with x, y and z, for programmatic stream serialization it is one int.
+#[repr(C, align(8))]
+pub(crate) struct LaunchAttribute {
+    id: u32,
+    pad: [u8; 4],
+    value: [u32; 16],
+}
+
+/// `CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION`.
+pub(crate) const LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION: u32 = 4;
+
+/// `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`: with a nonzero value, the grid may
+/// start once every block of the previous kernel in the stream has exited, before that kernel's
+/// completion is signalled (programmatic dependent launch).
+const LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION: u32 = 6;
+
+/// `CUlaunchConfig` of the CUDA 12 driver API, borrowing its attribute array for `'a` (so the
+/// configuration cannot outlive the attributes the driver reads through it).
+#[repr(C)]
+pub(crate) struct LaunchConfig<'a> {
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared_bytes: u32,
+    stream: sys::CUstream,
+    attributes: *mut LaunchAttribute,
+    attribute_count: u32,
+    borrowed: PhantomData<&'a mut [LaunchAttribute]>,
+}
+
+impl<'a> LaunchConfig<'a> {
+    /// `grid` blocks of `block` threads along x on `stream`, with `attributes`.
+    pub(crate) fn new(
+        grid: u32,
+        block: u32,
+        shared_bytes: u32,
+        stream: sys::CUstream,
+        attributes: &'a mut [LaunchAttribute],
+    ) -> Self {
+        LaunchConfig {
+            grid: [grid, 1, 1],
+            block: [block, 1, 1],
+            shared_bytes,
+            stream,
+            attributes: attributes.as_mut_ptr(),
+            attribute_count: attributes.len() as u32,
+            borrowed: PhantomData,
+        }
+    }
+}
+
+// A CUDA 12 driver call that cust 0.3.2's bindings predate; the driver library the crate links
+// (a CUDA 12 or later driver) exports it. It returns a plain int: its cluster errors (e.g. 912,
+// `CUDA_ERROR_INVALID_CLUSTER_SIZE`) are newer than cust's `CUresult` enum.
+unsafe extern "C" {
+    /// The extensible launch, here with the programmatic-overlap and cluster attributes.
+    fn cuLaunchKernelEx(
+        config: *const LaunchConfig<'_>,
+        function: sys::CUfunction,
+        params: *mut *mut c_void,
+        extra: *mut *mut c_void,
+    ) -> c_int;
+}
+
+/// A launch attribute whose value starts with `values` (an int, or a cluster's x, y and z).
+pub(crate) fn launch_attribute(id: u32, values: &[u32]) -> LaunchAttribute {
+    let mut value = [0; 16];
+    value[..values.len()].copy_from_slice(values);
+    LaunchAttribute {
+        id,
+        pad: [0; 4],
+        value,
+    }
+}
+
+/// Blocks of `function` resident per multiprocessor at this block size and dynamic shared
+/// memory.
+pub(crate) fn blocks_per_sm(
+    function: sys::CUfunction,
+    threads: u32,
+    shared_bytes: u32,
+) -> Result<u32> {
+    let mut blocks = 0;
+    // SAFETY: valid function handle and out-pointer.
+    let status = unsafe {
+        sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
+            &mut blocks,
+            function,
+            threads as i32,
+            shared_bytes as usize,
+        )
+    };
+    check(status, "querying occupancy")?;
+    Ok(blocks.max(0) as u32)
+}
+
+/// Clusters of `cluster` blocks of `function` (with this block size and dynamic shared
+/// memory) that can be active on the device at once; 0 when not even one can be scheduled
+/// (`cuOccupancyMaxActiveClusters`).
+pub(crate) fn active_clusters(
+    function: sys::CUfunction,
+    threads: u32,
+    shared_bytes: u32,
+    cluster: u32,
+) -> Result<u32> {
+    let mut attribute = [launch_attribute(
+        LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+        &[cluster, 1, 1],
+    )];
+    let config = LaunchConfig::new(
+        cluster,
+        threads,
+        shared_bytes,
+        std::ptr::null_mut(),
+        &mut attribute,
+    );
+    let mut clusters = 0;
+    // SAFETY: valid function handle, out-pointer and configuration (which outlives the
+    // call).
+    let status = unsafe { cuOccupancyMaxActiveClusters(&mut clusters, function, &config) };
+    check_code(status, "querying cluster occupancy")?;
+    Ok(clusters.max(0) as u32)
+}
+
+/// `cuFuncSetAttribute` on `function`, with the attribute as the driver's plain int.
+pub(crate) fn set_attribute(
+    function: sys::CUfunction,
+    attribute: c_int,
+    value: c_int,
+    during: &'static str,
+) -> Result<()> {
+    // SAFETY: the handle comes from a loaded module; every attribute set here takes an int.
+    let status = unsafe { set_function_attribute(function, attribute, value) };
+    check_code(status, during)
+}
+
+/// `CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED` (CUDA 12; not in cust's enum).
+pub(crate) const FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED: c_int = 14;
+
+// cust_raw declares `cuFuncSetAttribute` with its attribute enum, which stops before the
+// cluster attributes; the C function takes a plain int (every attribute goes through this).
+#[allow(clashing_extern_declarations)]
+unsafe extern "C" {
+    #[link_name = "cuFuncSetAttribute"]
+    fn set_function_attribute(function: sys::CUfunction, attribute: c_int, value: c_int) -> c_int;
+}
+
+// A CUDA 12 driver call that cust 0.3.2's bindings predate; it returns a plain int (its cluster
+// errors are newer than cust's `CUresult` enum).
+unsafe extern "C" {
+    /// Clusters of the configuration's size that can be active at once.
+    fn cuOccupancyMaxActiveClusters(
+        clusters: *mut c_int,
+        function: sys::CUfunction,
+        config: *const LaunchConfig<'_>,
+    ) -> c_int;
 }

@@ -1,16 +1,14 @@
-//! The kernel modules of one build as an instance holds them: the softmax module loaded with
-//! the instance, each operation module (by input type) on first use.
+//! The kernel modules of one build as an instance holds them, one place per module of the
+//! generated table: the softmax module loaded with the instance, each operation module (by
+//! input type) on first use.
 
-use kernels_gpu::launch::ops::DType;
-
-use super::modules::{KernelBuild, LoadedModule, ModuleId};
+use super::modules::{KernelBuild, LoadedModule, MODULE_COUNT, ModuleId};
 use crate::error::{Error, Result};
 use crate::plan::Entry;
 
 #[derive(Debug)]
 pub(crate) struct Modules {
-    softmax: LoadedModule,
-    operations: [Option<LoadedModule>; DType::ALL.len()],
+    loaded: [Option<LoadedModule>; MODULE_COUNT],
     max_shared_per_block: u32,
     pub build: KernelBuild,
     compute_capability: (u32, u32),
@@ -24,26 +22,18 @@ impl Modules {
         compute_capability: (u32, u32),
         max_shared_per_block: u32,
     ) -> Result<Self> {
-        let softmax = Self::load_one(
-            ModuleId::Softmax,
-            build,
-            compute_capability,
-            max_shared_per_block,
-        )?;
-        Ok(Modules {
-            softmax,
-            operations: [const { None }; DType::ALL.len()],
+        let mut modules = Modules {
+            loaded: [const { None }; MODULE_COUNT],
             max_shared_per_block,
             build,
             compute_capability,
-        })
+        };
+        modules.load(ModuleId::Softmax)?;
+        Ok(modules)
     }
 
     pub fn get(&self, id: ModuleId) -> Option<&LoadedModule> {
-        match id {
-            ModuleId::Softmax => Some(&self.softmax),
-            ModuleId::Operations(input) => self.operations[input as usize].as_ref(),
-        }
+        self.loaded[id.index()].as_ref()
     }
 
     /// The loaded module holding `entry`, or [`Error::ModuleNotLoaded`].
@@ -54,29 +44,13 @@ impl Modules {
             })
     }
 
-    /// Loads `id` of `build` as the image a device of `compute_capability` takes.
-    fn load_one(
-        id: ModuleId,
-        build: KernelBuild,
-        compute_capability: (u32, u32),
-        max_shared_per_block: u32,
-    ) -> Result<LoadedModule> {
-        let image = id.image_for(build, compute_capability);
-        LoadedModule::load(id, build, image, max_shared_per_block)
-    }
-
-    /// Loads `id` unless it is loaded (the context must be current).
+    /// Loads `id` of this build, as the image the device takes, unless it is loaded (the
+    /// context must be current).
     pub fn load(&mut self, id: ModuleId) -> Result<()> {
-        if let ModuleId::Operations(input) = id
-            && self.operations[input as usize].is_none()
-        {
-            let loaded = Self::load_one(
-                id,
-                self.build,
-                self.compute_capability,
-                self.max_shared_per_block,
-            )?;
-            self.operations[input as usize] = Some(loaded);
+        if self.loaded[id.index()].is_none() {
+            let image = id.image_for(self.build, self.compute_capability);
+            let module = LoadedModule::load(id, self.build, image, self.max_shared_per_block)?;
+            self.loaded[id.index()] = Some(module);
         }
         Ok(())
     }

@@ -9,23 +9,25 @@ use cust::module::Module;
 use cust::sys;
 use kernels_gpu::launch::ops::{DType, OpKernelShape};
 
-use super::driver::{DeviceInfo, check, check_code};
-use super::launch::{LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, LaunchConfig, launch_attribute};
+use super::driver::{self, DeviceInfo};
 use crate::error::{CudaContext, Error, Result};
 use crate::plan::{self, Entry};
 
-/// The code embedded for one module: the PTX of both kernel builds, and the cubins `ptxas`
-/// compiled from them at build time (none where the build found no `ptxas`).
+/// The code embedded for one module: the PTX of every kernel build (in the order of
+/// [`KernelBuild::ALL`]), and the cubins `ptxas` compiled from them at build time (none where
+/// the build found no `ptxas`).
 #[derive(Debug)]
 pub(crate) struct ModuleImages {
-    pub sm_90_ptx: &'static str,
-    pub sm_80_ptx: &'static str,
+    pub ptx: [&'static str; KernelBuild::ALL.len()],
     /// `(architecture, cubin)`: `("sm_90", …)` from the sm_90 PTX, `("sm_80", …)` and
     /// `("sm_89", …)` from the sm_80 PTX.
     pub cubins: &'static [(&'static str, &'static [u8])],
 }
 
-// `SOFTMAX`, `OPS_F32`, `OPS_BF16`, `OPS_F16`: written by build.rs.
+// The module table, from ptx-builder's lists of modules and builds: `MODULE_COUNT`,
+// `ModuleId::{ALL, index, name}`, `KernelBuild::{ALL, index, name}`, `MODULE_IMAGES`. Written
+// by build.rs. A table of loaded modules is `[Option<LoadedModule>; MODULE_COUNT]`, indexed by
+// `ModuleId::index`.
 include!(concat!(env!("OUT_DIR"), "/images.rs"));
 
 /// The environment variable that chooses the kernel build ([`KernelBuild::from_name`]), as
@@ -57,20 +59,11 @@ impl KernelBuild {
         }
     }
 
-    /// `sm_80` or `sm_90`.
+    /// The build [`KernelBuild::name`] spells `name` (`sm_80` or `sm_90`).
     pub fn from_name(name: &str) -> Option<KernelBuild> {
-        match name {
-            "sm_80" => Some(KernelBuild::Sm80),
-            "sm_90" => Some(KernelBuild::Sm90),
-            _ => None,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            KernelBuild::Sm80 => "sm_80",
-            KernelBuild::Sm90 => "sm_90",
-        }
+        KernelBuild::ALL
+            .into_iter()
+            .find(|build| build.name() == name)
     }
 
     /// The build [`KERNEL_BUILD_ENV`] asks for, if set (and not empty).
@@ -141,7 +134,8 @@ impl std::fmt::Display for KernelImage {
     }
 }
 
-/// One module the library embeds: `kernels-gpu` built with one feature.
+/// One module the library embeds: `kernels-gpu` built with one `kernels_module` cfg (the
+/// table in ptx-builder's `MODULES`; build.rs generates `ALL`, `index` and `name`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum ModuleId {
     /// The f32 softmax variants (the seeds and the production kernels).
@@ -152,29 +146,13 @@ pub(crate) enum ModuleId {
 }
 
 impl ModuleId {
-    #[cfg(test)]
-    pub const ALL: [ModuleId; 4] = [
-        ModuleId::Softmax,
-        ModuleId::Operations(DType::F32),
-        ModuleId::Operations(DType::Bf16),
-        ModuleId::Operations(DType::F16),
-    ];
-
     pub fn images(self) -> &'static ModuleImages {
-        match self {
-            ModuleId::Softmax => &SOFTMAX,
-            ModuleId::Operations(DType::F32) => &OPS_F32,
-            ModuleId::Operations(DType::Bf16) => &OPS_BF16,
-            ModuleId::Operations(DType::F16) => &OPS_F16,
-        }
+        &MODULE_IMAGES[self.index()]
     }
 
     /// The PTX of `build`.
     pub fn ptx(self, build: KernelBuild) -> &'static str {
-        match build {
-            KernelBuild::Sm90 => self.images().sm_90_ptx,
-            KernelBuild::Sm80 => self.images().sm_80_ptx,
-        }
+        self.images().ptx[build.index()]
     }
 
     /// The image of `build` that a device of compute capability `(major, minor)` loads: the
@@ -231,6 +209,7 @@ impl Entry {
 /// One loaded module and a handle for each entry.
 #[derive(Debug)]
 pub(crate) struct LoadedModule {
+    id: ModuleId,
     functions: HashMap<Entry, sys::CUfunction>,
     /// Keeps the functions valid; dropped after them.
     _module: Module,
@@ -275,12 +254,13 @@ impl LoadedModule {
             functions.insert(entry, function.to_raw());
         }
         let loaded = LoadedModule {
+            id,
             functions,
             _module: module,
         };
         for (&entry, &function) in &loaded.functions {
             if entry.takes_large_shared_memory() {
-                set_attribute(
+                driver::set_attribute(
                     function,
                     sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
                         as c_int,
@@ -289,9 +269,9 @@ impl LoadedModule {
                 )?;
             }
             if clusters && entry.runs_in_clusters() {
-                set_attribute(
+                driver::set_attribute(
                     function,
-                    FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+                    driver::FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
                     1,
                     "allowing non-portable cluster sizes",
                 )?;
@@ -309,29 +289,18 @@ impl LoadedModule {
                 variant: entry.to_string(),
                 rows: 0,
                 cols: 0,
-                why: "the kernel entry is not in its module".into(),
+                why: format!("the kernel entry is not in the {} module", self.id.name()),
             })
     }
 
     /// Blocks of `entry` resident per multiprocessor at this block size and shared memory.
     pub fn blocks_per_sm(&self, entry: Entry, threads: u32, shared_bytes: u32) -> Result<u32> {
-        let mut blocks = 0;
-        // SAFETY: valid function handle and out-pointer.
-        let status = unsafe {
-            sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
-                &mut blocks,
-                self.function(entry)?,
-                threads as i32,
-                shared_bytes as usize,
-            )
-        };
-        check(status, "querying occupancy")?;
-        Ok(blocks.max(0) as u32)
+        driver::blocks_per_sm(self.function(entry)?, threads, shared_bytes)
     }
 
     /// Clusters of `cluster` blocks of `entry` (with this block size and dynamic shared
     /// memory) that can be active on the device at once; 0 when not even one can be
-    /// scheduled (`cuOccupancyMaxActiveClusters`).
+    /// scheduled.
     pub fn active_clusters(
         &self,
         entry: Entry,
@@ -339,59 +308,8 @@ impl LoadedModule {
         shared_bytes: u32,
         cluster: u32,
     ) -> Result<u32> {
-        let mut attribute = [launch_attribute(
-            LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
-            &[cluster, 1, 1],
-        )];
-        let config = LaunchConfig::new(
-            cluster,
-            threads,
-            shared_bytes,
-            std::ptr::null_mut(),
-            &mut attribute,
-        );
-        let mut clusters = 0;
-        // SAFETY: valid function handle, out-pointer and configuration (which outlives the
-        // call).
-        let status =
-            unsafe { cuOccupancyMaxActiveClusters(&mut clusters, self.function(entry)?, &config) };
-        check_code(status, "querying cluster occupancy")?;
-        Ok(clusters.max(0) as u32)
+        driver::active_clusters(self.function(entry)?, threads, shared_bytes, cluster)
     }
-}
-
-/// `cuFuncSetAttribute` on `function`, with the attribute as the driver's plain int.
-fn set_attribute(
-    function: sys::CUfunction,
-    attribute: c_int,
-    value: c_int,
-    during: &'static str,
-) -> Result<()> {
-    // SAFETY: the handle comes from a loaded module; every attribute set here takes an int.
-    let status = unsafe { set_function_attribute(function, attribute, value) };
-    check_code(status, during)
-}
-
-/// `CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED` (CUDA 12; not in cust's enum).
-const FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED: c_int = 14;
-
-// cust_raw declares `cuFuncSetAttribute` with its attribute enum, which stops before the
-// cluster attributes; the C function takes a plain int (every attribute goes through this).
-#[allow(clashing_extern_declarations)]
-unsafe extern "C" {
-    #[link_name = "cuFuncSetAttribute"]
-    fn set_function_attribute(function: sys::CUfunction, attribute: c_int, value: c_int) -> c_int;
-}
-
-// A CUDA 12 driver call that cust 0.3.2's bindings predate; it returns a plain int (its cluster
-// errors are newer than cust's `CUresult` enum).
-unsafe extern "C" {
-    /// Clusters of the configuration's size that can be active at once.
-    fn cuOccupancyMaxActiveClusters(
-        clusters: *mut c_int,
-        function: sys::CUfunction,
-        config: *const LaunchConfig<'_>,
-    ) -> c_int;
 }
 
 #[cfg(test)]
@@ -645,6 +563,161 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// The parameter declarations of entry `name` in `ptx`.
+    fn entry_parameters<'a>(ptx: &'a str, name: &str) -> Vec<&'a str> {
+        let header = format!(".entry {name}(");
+        let Some(start) = ptx.find(&header) else {
+            return Vec::new();
+        };
+        let list = &ptx[start + header.len()..];
+        let list = &list[..list.find(')').unwrap_or(list.len())];
+        list.lines()
+            .map(|line| line.trim().trim_end_matches(','))
+            .filter(|line| line.starts_with(".param"))
+            .collect()
+    }
+
+    /// Every entry takes what the launch path passes it: an operation entry one
+    /// `RowOpParams`, every other entry each field of `SoftmaxParams` as a parameter of the
+    /// field's size, in field order.
+    #[test]
+    fn every_entry_takes_the_parameters_the_launch_passes() {
+        use kernels_gpu::launch::ops::RowOpParams;
+        use kernels_gpu::launch::softmax::SoftmaxParams;
+        let probe = SoftmaxParams::default();
+        let field_bytes = {
+            let mut copy = probe;
+            let pointers = copy.argument_pointers();
+            let base = (&raw mut copy).cast::<u8>();
+            let mut offsets: Vec<usize> = pointers
+                .iter()
+                .map(|p| p.cast::<u8>() as usize - base as usize)
+                .collect();
+            offsets.push(std::mem::size_of::<SoftmaxParams>());
+            offsets
+                .windows(2)
+                .map(|pair| pair[1] - pair[0])
+                .collect::<Vec<_>>()
+        };
+        for module in ModuleId::ALL {
+            for build in KernelBuild::ALL {
+                let ptx = module.ptx(build);
+                for entry in module.entries(build) {
+                    let parameters = entry_parameters(ptx, &entry.to_string());
+                    if let Entry::Operation(_) = entry {
+                        let expected = format!(
+                            ".param .align 8 .b8 p0[{}]",
+                            std::mem::size_of::<RowOpParams>()
+                        );
+                        assert_eq!(parameters, [expected.as_str()], "{entry} ({build})");
+                        continue;
+                    }
+                    assert_eq!(parameters.len(), SoftmaxParams::FIELDS, "{entry} ({build})");
+                    for (i, (parameter, &bytes)) in parameters.iter().zip(&field_bytes).enumerate()
+                    {
+                        // Fields are packed without padding but for alignment, which a
+                        // 32-bit field followed by a 64-bit one would show.
+                        let width = if parameter.contains(".b64") || parameter.contains(".u64") {
+                            8
+                        } else {
+                            4
+                        };
+                        assert!(
+                            parameter.ends_with(&format!(" p{i}")) && width <= bytes,
+                            "{entry} ({build}): parameter {i} is `{parameter}`, field of {bytes} bytes"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// The family of `entry` and the file that generates it, for docs/entries.md.
+    fn family_and_source(entry: Entry) -> (&'static str, &'static str) {
+        match entry {
+            Entry::UnfusedRowMax
+            | Entry::UnfusedSubtract
+            | Entry::UnfusedExp
+            | Entry::UnfusedRowSum
+            | Entry::UnfusedDivide => ("unfused (seed)", "seeds/unfused.rs"),
+            Entry::ThreadPerRowNaive | Entry::ThreadPerRowOnline => {
+                ("thread per row (seed)", "seeds/thread_per_row.rs")
+            }
+            Entry::WarpPerRowOnline => ("warp per row (seed)", "seeds/warp_per_row.rs"),
+            Entry::BlockPerRowSmem => (
+                "block per row, shared memory (seed)",
+                "seeds/block_per_row_smem.rs",
+            ),
+            Entry::RowsInRegisters(_) => ("rows in registers", "production/rows_in_registers.rs"),
+            Entry::BlockRegisters(_) => ("block registers", "production/block_registers.rs"),
+            Entry::RowSlices(_) => ("row slices", "production/row_slices.rs"),
+            Entry::RowCluster { .. } => ("row cluster", "production/row_cluster.rs"),
+            Entry::Operation(instance) => match instance.shape {
+                OpKernelShape::Rows { .. } => ("operation, group per row", "ops/rows.rs"),
+                OpKernelShape::Block { .. } => {
+                    ("operation, block per row or slice", "ops/block.rs")
+                }
+            },
+        }
+    }
+
+    /// docs/entries.md: every entry of every module, with its module, the builds that hold
+    /// it, its family and the file that generates it.
+    fn entry_listing() -> String {
+        let mut listing = String::from(
+            "# Kernel entries\n\n\
+             Every PTX entry the library embeds, by module, in the planner's order. Generated \
+             from the host's entry tables (whose names come from `entry_name_pieces!` in \
+             `kernels-gpu/src/launch/mod.rs`, as the kernels' exported names do) by `cargo \
+             xtask entries`; a host test fails when this file is stale. Sources are under \
+             `kernels-gpu/src/`.\n\n\
+             | entry | module | builds | family | source |\n|---|---|---|---|---|\n",
+        );
+        for module in ModuleId::ALL {
+            let everywhere = module.entries(KernelBuild::Sm80);
+            for entry in module.entries(KernelBuild::Sm90) {
+                let builds = if everywhere.contains(&entry) {
+                    "sm_90, sm_80"
+                } else {
+                    "sm_90"
+                };
+                let (family, source) = family_and_source(entry);
+                listing += &format!(
+                    "| `{entry}` | {} | {builds} | {family} | `{source}` |\n",
+                    module.name()
+                );
+            }
+        }
+        listing
+    }
+
+    /// The environment variable with which the listing test rewrites docs/entries.md.
+    const WRITE_ENTRIES_ENV: &str = "SOFTMAX_WRITE_ENTRIES";
+
+    #[test]
+    fn the_entry_listing_is_current() {
+        let workspace = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .expect("host/ sits in the workspace");
+        for module in ModuleId::ALL {
+            for entry in module.entries(KernelBuild::Sm90) {
+                let (_, source) = family_and_source(entry);
+                let file = workspace.join("kernels-gpu/src").join(source);
+                assert!(file.is_file(), "{entry}: {} is missing", file.display());
+            }
+        }
+        let path = workspace.join("docs/entries.md");
+        let listing = entry_listing();
+        if std::env::var_os(WRITE_ENTRIES_ENV).is_some() {
+            std::fs::write(&path, &listing).unwrap();
+        }
+        let written = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            written == listing,
+            "docs/entries.md is stale: regenerate it with `cargo xtask entries`"
+        );
     }
 
     /// The instance tables (which the host plans from) and the entries the kernel crate

@@ -6,6 +6,76 @@
 pub mod ops;
 pub mod softmax;
 
+/// Every kernel entry's name, spelled here once for each family: the name's literal parts
+/// and the given values, in order. The device exports each entry as [`entry_name!`] makes it
+/// (`concat!`), and the host's name types (`RegisterKernelName`, `OpInstance`, …) write theirs
+/// with [`write_entry_name!`] through the same arm, so the two cannot disagree.
+/// docs/entries.md lists every entry (a host test keeps it current).
+macro_rules! entry_name_pieces {
+    ($to:tt; seed $name:ident) => {
+        $crate::launch::entry_name_pieces!(@emit $to "softmax_", stringify!($name))
+    };
+    ($to:tt; rows_in_registers $pack:tt $lanes:tt $packs:tt) => {
+        $crate::launch::entry_name_pieces!(
+            @emit $to "softmax_rows_in_registers_p", $pack, "_l", $lanes, "_n", $packs
+        )
+    };
+    ($to:tt; block_registers $pack:tt $packs:tt) => {
+        $crate::launch::entry_name_pieces!(
+            @emit $to "softmax_block_registers_p", $pack, "_n", $packs
+        )
+    };
+    ($to:tt; row_slices_f32 $pack:tt) => {
+        $crate::launch::entry_name_pieces!(@emit $to "softmax_row_slices_p", $pack)
+    };
+    ($to:tt; row_slices $input:tt $pack:tt) => {
+        $crate::launch::entry_name_pieces!(
+            @emit $to "softmax_row_slices_", $input, "_p", $pack
+        )
+    };
+    ($to:tt; row_cluster $pack:tt) => {
+        $crate::launch::entry_name_pieces!(@emit $to "softmax_row_cluster_p", $pack)
+    };
+    ($to:tt; op_rows $direction:tt $input:tt $pack:tt $layout:tt $lanes:tt $packs:tt) => {
+        $crate::launch::entry_name_pieces!(
+            @emit $to "op_rows_", $direction, "_", $input, "_p", $pack, $layout, "_l", $lanes,
+            "_n", $packs
+        )
+    };
+    ($to:tt; op_block $direction:tt $input:tt $pack:tt $layout:tt $packs:tt) => {
+        $crate::launch::entry_name_pieces!(
+            @emit $to "op_block_", $direction, "_", $input, "_p", $pack, $layout, "_n", $packs
+        )
+    };
+    (@emit [literal] $($piece:expr),+) => {
+        concat!($($piece),+)
+    };
+    (@emit [write $f:expr] $($piece:expr),+) => {{
+        let f: &mut core::fmt::Formatter<'_> = $f;
+        $(core::fmt::Display::fmt(&$piece, f)?;)+
+        Ok(())
+    }};
+}
+
+/// An entry's name as a string literal, from literal pieces: `entry_name!(row_cluster 4)` is
+/// `"softmax_row_cluster_p4"` (the forms are [`entry_name_pieces!`]'s).
+macro_rules! entry_name {
+    ($($family:tt)+) => {
+        $crate::launch::entry_name_pieces!([literal]; $($family)+)
+    };
+}
+
+/// Writes an entry's name to the formatter `$f` from runtime pieces (each one token: a
+/// literal or a parenthesized expression) through the same arm of [`entry_name_pieces!`] as
+/// [`entry_name!`]; evaluates to `core::fmt::Result`.
+macro_rules! write_entry_name {
+    ($f:expr, $($family:tt)+) => {
+        $crate::launch::entry_name_pieces!([write $f]; $($family)+)
+    };
+}
+
+pub(crate) use {entry_name, entry_name_pieces, write_entry_name};
+
 /// Threads in a warp.
 pub const WARP_SIZE: u32 = 32;
 

@@ -7,7 +7,7 @@
 //! compile-time parameter (it fixes the width of a 16-byte pack); the output type, the
 //! operation and every option are runtime fields, uniform across the launch.
 
-use super::{MAX_BLOCK_THREADS, WARP_SIZE};
+use super::{MAX_BLOCK_THREADS, WARP_SIZE, write_entry_name};
 
 /// An element type of the data a kernel reads or writes.
 #[repr(u32)]
@@ -219,8 +219,8 @@ macro_rules! op_tables {
 /// An instance table: `(packs per thread, the widths that entry runs with)`.
 pub type OpTable = &'static [(u32, &'static [u32])];
 
-// The device build generates the entries from it too.
-#[cfg(target_arch = "nvptx64")]
+// The operation modules' builds generate the entries from it too.
+#[cfg(all(target_arch = "nvptx64", not(kernels_module = "softmax")))]
 pub(crate) use with_op_instances;
 
 with_op_instances!(op_tables);
@@ -456,16 +456,13 @@ impl core::fmt::Display for OpInstance {
         };
         let (direction, input, pack) = (self.direction.tag(), self.input.name(), self.pack());
         match self.shape {
-            OpKernelShape::Rows { lanes } => write!(
+            OpKernelShape::Rows { lanes } => write_entry_name!(
                 f,
-                "op_rows_{direction}_{input}_p{pack}{peeled}_l{lanes}_n{}",
-                self.packs
+                op_rows(direction)(input)(pack)(peeled)(lanes)(self.packs)
             ),
-            OpKernelShape::Block { .. } => write!(
-                f,
-                "op_block_{direction}_{input}_p{pack}{peeled}_n{}",
-                self.packs
-            ),
+            OpKernelShape::Block { .. } => {
+                write_entry_name!(f, op_block(direction)(input)(pack)(peeled)(self.packs))
+            }
         }
     }
 }

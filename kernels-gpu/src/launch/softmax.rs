@@ -2,8 +2,109 @@
 //! production kernels, and the row-slices entries of every element type): block sizes, the
 //! instance tables and the kernel names the host launches by.
 
-use super::{MAX_BLOCK_THREADS, WARP_SIZE};
+use super::{MAX_BLOCK_THREADS, WARP_SIZE, entry_name, write_entry_name};
 use crate::launch::ops::DType;
+
+/// A device address in a [`SoftmaxParams`] buffer field: on the device an untyped pointer
+/// (the kernel says the element type), on the host the address as an integer; 8 bytes on both.
+/// Pointers on the device because each field is also one kernel parameter, and the compiler
+/// knows pointer parameters of a kernel address global memory: the kernels' plain loads and
+/// stores through them are then global-memory ones (`ld.global`), which they would not be
+/// through an integer or a struct passed whole.
+#[cfg(target_arch = "nvptx64")]
+pub type DeviceAddress = *const core::ffi::c_void;
+/// A device address in a [`SoftmaxParams`] buffer field (a pointer on the device).
+#[cfg(not(target_arch = "nvptx64"))]
+pub type DeviceAddress = u64;
+
+/// The fields of [`SoftmaxParams`], written once: passes them to `$callback!` after the given
+/// arguments, as `field: type` with their documentation. The struct and the parameter list of
+/// every entry that takes it (`primitives::entry::softmax_entry!`) are both made from it.
+macro_rules! with_softmax_param_fields {
+    ($callback:ident $(, $argument:tt)*) => {
+        $callback!(
+            $($argument,)*
+            /// The input rows: `rows · cols` elements of the entry's type, row-major.
+            input: $crate::launch::softmax::DeviceAddress,
+            /// The output rows, as `input` (a distinct buffer); the unfused variant's
+            /// element-wise kernels also work in place in it.
+            output: $crate::launch::softmax::DeviceAddress,
+            /// The unfused variant's row maxima: `rows` floats.
+            row_max: $crate::launch::softmax::DeviceAddress,
+            /// The unfused variant's row sums: `rows` floats.
+            row_sum: $crate::launch::softmax::DeviceAddress,
+            /// Two floats per block of a sliced launch: the statistics its blocks exchange.
+            partials: $crate::launch::softmax::DeviceAddress,
+            /// The barrier words of a sliced launch (each family says how many), zeroed when
+            /// allocated and used by one launch at a time.
+            barriers: $crate::launch::softmax::DeviceAddress,
+            /// How long a row-slices block waits for its row before leaving its slice, in ns.
+            patience_ns: u64,
+            /// The elements of the unfused variant's element-wise passes (`rows · cols`).
+            len: u64,
+            rows: u32,
+            cols: u32,
+            /// Blocks sharing one row (1 = a block per row).
+            slices: u32,
+            /// Packs of a row each slice holds.
+            slice_packs: u32,
+            /// 1 when each block keeps its slice in shared memory between the two passes,
+            /// else 0.
+            cached: u32,
+        );
+    };
+}
+
+// The device build makes the entries' parameter lists from it too (row slices are in every
+// module but the f32 operations').
+#[cfg(all(target_arch = "nvptx64", not(kernels_module = "ops-f32")))]
+pub(crate) use with_softmax_param_fields;
+
+/// The struct, and on the host the driver's argument array for it.
+macro_rules! softmax_params_struct {
+    ($($(#[$doc:meta])* $field:ident: $type:ty,)+) => {
+        /// Everything a kernel of the f32 softmax families (the seeds, rows in registers,
+        /// block registers, row slices of every element type, row clusters) takes. The host
+        /// fills every field for every launch; each kernel reads the ones its `# Safety`
+        /// contract names, under that contract. An entry takes the fields as its parameters,
+        /// one each in this order (see [`DeviceAddress`]), and rebuilds the struct from them.
+        #[repr(C)]
+        #[derive(Clone, Copy, Debug, PartialEq)]
+        #[cfg_attr(not(target_arch = "nvptx64"), derive(Default))]
+        pub struct SoftmaxParams {
+            $($(#[$doc])* pub $field: $type,)+
+        }
+
+        impl SoftmaxParams {
+            /// Kernel parameters of an entry that takes these fields: one per field.
+            pub const FIELDS: usize = [$(stringify!($field)),+].len();
+
+            /// The driver's argument array: a pointer to each field, in parameter order
+            /// (valid while `self` stays put).
+            #[cfg(not(target_arch = "nvptx64"))]
+            pub fn argument_pointers(&mut self) -> [*mut core::ffi::c_void; Self::FIELDS] {
+                [$((&mut self.$field as *mut $type).cast()),+]
+            }
+        }
+    };
+}
+
+with_softmax_param_fields!(softmax_params_struct);
+
+/// The seeds' entries, one name each.
+pub mod seed_entries {
+    use super::entry_name;
+
+    pub const UNFUSED_ROW_MAX: &str = entry_name!(seed unfused_row_max);
+    pub const UNFUSED_SUBTRACT: &str = entry_name!(seed unfused_subtract);
+    pub const UNFUSED_EXP: &str = entry_name!(seed unfused_exp);
+    pub const UNFUSED_ROW_SUM: &str = entry_name!(seed unfused_row_sum);
+    pub const UNFUSED_DIVIDE: &str = entry_name!(seed unfused_divide);
+    pub const THREAD_PER_ROW_NAIVE: &str = entry_name!(seed thread_per_row_naive);
+    pub const THREAD_PER_ROW_ONLINE: &str = entry_name!(seed thread_per_row_online);
+    pub const WARP_PER_ROW_ONLINE: &str = entry_name!(seed warp_per_row_online);
+    pub const BLOCK_PER_ROW_SMEM: &str = entry_name!(seed block_per_row_smem);
+}
 
 /// Threads per block for the one-thread-per-row variants.
 pub const THREAD_PER_ROW_BLOCK: u32 = 128;
@@ -48,8 +149,8 @@ macro_rules! with_register_instances {
     };
 }
 
-// The device build generates the entries from it too.
-#[cfg(target_arch = "nvptx64")]
+// The softmax module's build generates the entries from it too.
+#[cfg(all(target_arch = "nvptx64", kernels_module = "softmax"))]
 pub(crate) use with_register_instances;
 
 /// The rows-in-registers tables the host dispatches from.
@@ -99,11 +200,7 @@ pub struct RegisterKernelName {
 
 impl core::fmt::Display for RegisterKernelName {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        write!(
-            f,
-            "softmax_rows_in_registers_p{}_l{}_n{}",
-            self.pack, self.lanes, self.packs
-        )
+        write_entry_name!(f, rows_in_registers(self.pack)(self.lanes)(self.packs))
     }
 }
 
@@ -123,8 +220,8 @@ macro_rules! with_block_register_instances {
     };
 }
 
-// The device build generates the entries from it too.
-#[cfg(target_arch = "nvptx64")]
+// The softmax module's build generates the entries from it too.
+#[cfg(all(target_arch = "nvptx64", kernels_module = "softmax"))]
 pub(crate) use with_block_register_instances;
 
 /// The block-registers tables the host plans from.
@@ -180,7 +277,7 @@ pub struct BlockRegisterInstance {
 
 impl core::fmt::Display for BlockRegisterInstance {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        write!(f, "softmax_block_registers_p{}_n{}", self.pack, self.packs)
+        write_entry_name!(f, block_registers(self.pack)(self.packs))
     }
 }
 
@@ -203,16 +300,29 @@ impl RowSlicesKernelName {
 impl core::fmt::Display for RowSlicesKernelName {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self.dtype {
-            DType::F32 => write!(f, "softmax_row_slices_p{}", self.pack),
-            other => write!(f, "softmax_row_slices_{}_p{}", other.name(), self.pack),
+            DType::F32 => write_entry_name!(f, row_slices_f32(self.pack)),
+            other => write_entry_name!(f, row_slices(other.name())(self.pack)),
         }
     }
 }
 
+/// A row-cluster entry: its pack width (1 or [`VECTOR_PACK`]). Its `Display` is the PTX entry
+/// name (`softmax_row_cluster_p4`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RowClusterKernelName {
+    pub pack: u32,
+}
+
+impl core::fmt::Display for RowClusterKernelName {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write_entry_name!(f, row_cluster(self.pack))
+    }
+}
+
 /// Most threads per block with which a sliced row-slices launch chooses its slices (and most
-/// slices per row); the host then adds threads if that saves a round of loads. Measured on the
-/// H200 (docs/performance-log.md, 2026-11-30): 256 rather than 512 lets more, shorter slices stay
-/// resident; f32 32x151936 20.2 -> 18.2 us, 128x50257 23.8 -> 22.5 us.
+/// slices per row); the host then adds threads if that saves a round of loads. 256 rather than
+/// 512 lets more, shorter slices stay resident (performance log: "Row slices at most 256 threads
+/// per block").
 pub const ROW_SLICE_THREADS: u32 = 256;
 
 /// Vector packs each thread loads before it uses any of them: the loads in flight per thread.

@@ -3,12 +3,15 @@
 //! exchange their statistics (through distributed shared memory when they form one
 //! thread-block cluster, else through global memory in one cooperative launch) or store them
 //! for a later launch. Its entries are generated at the bottom, one set per input type behind
-//! that type's feature, from the instance lists the host's tables come from
+//! that type's module cfg, from the instance lists the host's tables come from
 //! ([`crate::launch::ops`]).
 
 use crate::launch::ops::{RowOpParams, mode, with_op_instances};
 use crate::primitives::device::{block_dim, block_idx, dynamic_shared_f32, recomputed, thread_idx};
-use crate::primitives::element::{Bf16, F16};
+#[cfg(kernels_module = "ops-bf16")]
+use crate::primitives::element::Bf16;
+#[cfg(kernels_module = "ops-f16")]
+use crate::primitives::element::F16;
 use crate::primitives::row_exchange::{
     exchange_sliced_row_stats, leave_row_cluster, row_is_cluster,
 };
@@ -139,7 +142,7 @@ pub unsafe fn op_block<
 /// ends) and its directions.
 macro_rules! block_entries_for {
     (
-        $feature:literal, $input:ty, $name:literal, $vector:literal,
+        $module:literal, $input:ty, $name:literal, $vector:literal,
         rows_vector $rows_vector:tt,
         rows_peeled $rows_peeled:tt,
         rows_masked $rows_masked:tt,
@@ -149,9 +152,8 @@ macro_rules! block_entries_for {
         block_scalar $block_scalar:tt
     ) => {
         op_entries!(
-            ($feature, $input, $name),
+            ($module, $input, $name),
             op_block,
-            "block",
             (Aligned, 0),
             $vector,
             "",
@@ -159,9 +161,8 @@ macro_rules! block_entries_for {
             $block_vector
         );
         op_entries!(
-            ($feature, $input, $name),
+            ($module, $input, $name),
             op_block,
-            "block",
             (Aligned, 0),
             $vector,
             "",
@@ -169,9 +170,8 @@ macro_rules! block_entries_for {
             $block_masked
         );
         op_entries!(
-            ($feature, $input, $name),
+            ($module, $input, $name),
             op_block,
-            "block",
             (Aligned, 0),
             1,
             "",
@@ -179,9 +179,8 @@ macro_rules! block_entries_for {
             $block_scalar
         );
         op_entries!(
-            ($feature, $input, $name),
+            ($module, $input, $name),
             op_block,
-            "block",
             (PeeledApart, 1),
             $vector,
             "peeled",

@@ -91,7 +91,7 @@ impl ForwardRow {
         let sum = row.sum();
         let inv_sum = reciprocal_approx(sum);
         // Only log-softmax writes read these. Computed for softmax rows too, `ln_sum` took
-        // the 8-pack blocks from 64 to 72 registers (ptxas 12.9).
+        // the 8-pack blocks to more registers.
         let (ln_sum, log_offset) = if self.log {
             let ln_sum = ln(sum);
             // Kept differences are relative to the maximum this thread reduced to (its

@@ -22,64 +22,64 @@ mod states;
 /// - groups (`@lanes`): one entry per (direction, lanes, packs),
 ///   `op_rows_<direction>_<input>_p<pack><layout>_l<lanes>_n<packs>`: the group width is a
 ///   compile-time constant, which the narrow rows' reductions and indexing need to keep up
-///   with the copy (a launch-parameter width cost them 3–4% of the copy on the H200).
+///   with the copy (performance log: "Fewer, leaner kernel entries", change 2).
 ///
-/// Names as [`crate::launch::ops::OpInstance`] spells them; each thread holds `packs + extra`
+/// Names made by [`entry_name!`](crate::launch::entry_name) with the template's name for the
+/// family, as [`crate::launch::ops::OpInstance`] writes them; each thread holds `packs + extra`
 /// slots (`extra`: the [`slots::PeeledApart`] ends' slot).
 macro_rules! op_entries {
     (
-        @lanes $input:tt, $template:ident, $family:literal, $layout:tt, $pack:literal,
+        @lanes $input:tt, $template:ident, $layout:tt, $pack:literal,
         $suffix:literal, [$($direction:tt),+], $instances:tt
     ) => {$(
         op_entries!(
-            @direction lanes $input, $template, $family, $layout, $pack, $suffix, $direction,
+            @direction lanes $input, $template, $layout, $pack, $suffix, $direction,
             $instances
         );
     )+};
     (
-        $input:tt, $template:ident, $family:literal, $layout:tt, $pack:literal,
+        $input:tt, $template:ident, $layout:tt, $pack:literal,
         $suffix:literal, [$($direction:tt),+], $instances:tt
     ) => {$(
         op_entries!(
-            @direction $input, $template, $family, $layout, $pack, $suffix, $direction,
+            @direction $input, $template, $layout, $pack, $suffix, $direction,
             $instances
         );
     )+};
     (
-        @direction ($feature:literal, $input:ty, $name:literal), $template:ident,
-        $family:literal, ($layout:ident, $extra:literal), $pack:literal,
+        @direction ($module:literal, $input:ty, $name:literal), $template:ident,
+        ($layout:ident, $extra:literal), $pack:literal,
         $suffix:literal, ($direction:literal, $kernel:ident),
         [$($packs:literal: $widths:tt),+]
     ) => {$(
         $crate::primitives::entry::kernel_entry!(
-            #[cfg(feature = $feature)]
-            export concat!(
-                "op_", $family, "_", $direction, "_", $name, "_p", $pack, $suffix, "_n", $packs
+            #[cfg(kernels_module = $module)]
+            export $crate::launch::entry_name!(
+                $template $direction $name $pack $suffix $packs
             ),
             (params: RowOpParams)
                 => $template::<$kernel<$input>, $layout, $pack, { $packs + $extra }>(&params)
         );
     )+};
     (
-        @direction lanes ($feature:literal, $input:ty, $name:literal), $template:ident,
-        $family:literal, ($layout:ident, $extra:literal), $pack:literal,
+        @direction lanes ($module:literal, $input:ty, $name:literal), $template:ident,
+        ($layout:ident, $extra:literal), $pack:literal,
         $suffix:literal, $direction:tt, [$($packs:literal: [$($lanes:literal),+]),+]
     ) => {$($(
         op_entries!(
-            @group ($feature, $input, $name), $template, $family, ($layout, $extra), $pack,
+            @group ($module, $input, $name), $template, ($layout, $extra), $pack,
             $suffix, $direction, $lanes, $packs
         );
     )+)+};
     (
-        @group ($feature:literal, $input:ty, $name:literal), $template:ident,
-        $family:literal, ($layout:ident, $extra:literal), $pack:literal,
+        @group ($module:literal, $input:ty, $name:literal), $template:ident,
+        ($layout:ident, $extra:literal), $pack:literal,
         $suffix:literal, ($direction:literal, $kernel:ident), $lanes:literal, $packs:literal
     ) => {
         $crate::primitives::entry::kernel_entry!(
-            #[cfg(feature = $feature)]
-            export concat!(
-                "op_", $family, "_", $direction, "_", $name, "_p", $pack, $suffix, "_l", $lanes,
-                "_n", $packs
+            #[cfg(kernels_module = $module)]
+            export $crate::launch::entry_name!(
+                $template $direction $name $pack $suffix $lanes $packs
             ),
             (params: RowOpParams)
                 => $template::<$kernel<$input>, $layout, $pack, $lanes, { $packs + $extra }>(

@@ -1,11 +1,14 @@
 //! The group-per-row operation kernels: a group of up to 32 lanes holds a row in registers
 //! between the reduction and the writes, so each input is read once. Its entries are generated
-//! at the bottom, one set per input type behind that type's feature, from the instance lists
+//! at the bottom, one set per input type behind that type's module cfg, from the instance lists
 //! the host's tables come from ([`crate::launch::ops`]).
 
 use crate::launch::ops::{RowOpParams, mode, with_op_instances};
 use crate::primitives::device::{block_dim, block_idx, thread_idx};
-use crate::primitives::element::{Bf16, F16};
+#[cfg(kernels_module = "ops-bf16")]
+use crate::primitives::element::Bf16;
+#[cfg(kernels_module = "ops-f16")]
+use crate::primitives::element::F16;
 use crate::primitives::row_part::Share;
 
 use super::backward::Backward;
@@ -93,7 +96,7 @@ pub unsafe fn op_rows<
 /// asserts that every peeled group has them.
 macro_rules! rows_entries_for {
     (
-        $feature:literal, $input:ty, $name:literal, $vector:literal,
+        $module:literal, $input:ty, $name:literal, $vector:literal,
         rows_vector $rows_vector:tt,
         rows_peeled $rows_peeled:tt,
         rows_masked $rows_masked:tt,
@@ -103,9 +106,8 @@ macro_rules! rows_entries_for {
         block_scalar $block_scalar:tt
     ) => {
         op_entries!(
-            @lanes ($feature, $input, $name),
+            @lanes ($module, $input, $name),
             op_rows,
-            "rows",
             (Aligned, 0),
             $vector,
             "",
@@ -113,9 +115,8 @@ macro_rules! rows_entries_for {
             $rows_vector
         );
         op_entries!(
-            @lanes ($feature, $input, $name),
+            @lanes ($module, $input, $name),
             op_rows,
-            "rows",
             (Aligned, 0),
             $vector,
             "",
@@ -123,9 +124,8 @@ macro_rules! rows_entries_for {
             $rows_masked
         );
         op_entries!(
-            @lanes ($feature, $input, $name),
+            @lanes ($module, $input, $name),
             op_rows,
-            "rows",
             (Aligned, 0),
             1,
             "",
@@ -133,9 +133,8 @@ macro_rules! rows_entries_for {
             $rows_scalar
         );
         op_entries!(
-            @lanes ($feature, $input, $name),
+            @lanes ($module, $input, $name),
             op_rows,
-            "rows",
             (Peeled, 0),
             $vector,
             "peeled",

@@ -57,7 +57,8 @@ impl<K: RowKernel<PACK>, const PACK: usize> Slots<K, PACK> for Aligned {
         thread: usize,
     ) -> [K::Values; PACKS] {
         // Slot `i` holds pack `first + slot(i)` if `slot(i) < count`: comparing the slot
-        // rather than the pack let ptxas keep 8-pack blocks in 72 registers instead of 96.
+        // rather than the pack lets ptxas keep 8-pack blocks in fewer registers (performance
+        // log: "Aligned-slot compare").
         let (first, count) = share.aligned_packs::<PACK>();
         let slot = |i: usize| slot(i, threads, thread);
         let mut values = [K::PAD; PACKS];

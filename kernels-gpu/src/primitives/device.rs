@@ -191,7 +191,7 @@ pub fn global_timer_ns() -> u64 {
 /// Four 4-byte values with the alignment of one 16-byte vector access (`ld.v4`/`st.v4`), in
 /// global or shared memory.
 #[repr(C, align(16))]
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 pub struct Vector4<T>(pub [T; 4]);
 
 /// The block's dynamic shared memory, as floats, starting 16-byte aligned (it is declared as
@@ -203,6 +203,7 @@ pub fn dynamic_shared_f32() -> *mut f32 {
 }
 
 /// `2^x` on the device, for [`crate::primitives::online::OnlineStats`].
+#[derive(Debug)]
 pub enum DeviceExp2 {}
 
 impl crate::primitives::online::Exp2 for DeviceExp2 {

@@ -13,12 +13,12 @@ use crate::primitives::memory::{
 
 /// bf16 bits (the upper half of an f32).
 #[repr(transparent)]
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 pub struct Bf16(u16);
 
 /// IEEE half-precision bits.
 #[repr(transparent)]
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 pub struct F16(u16);
 
 /// A floating-point element: math happens in f32. A pack of `N` elements is read as packed
@@ -102,7 +102,7 @@ pub trait Element: Copy {
     /// widen in inline assembly that LLVM may not merge or hoist, so LLVM does not keep a
     /// row's widened floats live from its reduction to its writes. (ptxas still merges
     /// identical widenings; a different instruction for the writes' widening, tried to stop
-    /// that, measured slower: docs/performance-log.md, 2026-11-29.)
+    /// that, measured slower: performance log, "16-bit data kept packed in registers".)
     fn widen<const N: usize>(words: &[u32; N], i: usize) -> f32;
 
     /// The largest of the `N` elements of a pack laid out as [`Element::load_packed`] lays it

@@ -1,7 +1,9 @@
 //! How every kernel entry is made: one macro, so each family's entries differ only in name,
-//! parameters and the kernel they call.
+//! parameters and the kernel they call; and its form for the kernels that take a
+//! `SoftmaxParams`, whose fields are the entry's parameters.
 
-/// One `ptx-kernel` entry, exported as `$name` (a string expression, e.g. a `concat!`), with
+/// One `ptx-kernel` entry, exported as `$name` (a string literal from
+/// [`entry_name!`](crate::launch::entry_name), the one place entry names are spelled), with
 /// parameters `$param: $type` and body `$call`, an `unsafe` call of the kernel. The entry first
 /// waits for the previous grid in its stream ([`await_previous_grid`]), before any branch or
 /// memory access, as the host's overlapped launches require. Attributes (`cfg`) apply to the
@@ -31,4 +33,29 @@ macro_rules! kernel_entry {
     };
 }
 
+/// A [`kernel_entry!`] whose kernel takes a [`SoftmaxParams`]: the entry's parameters are the
+/// struct's fields (from `launch::softmax::with_softmax_param_fields!`, the list the struct is
+/// made from), so the compiler knows its buffer addresses are global memory; the entry
+/// rebuilds the struct and binds it to `$params` for `$call`. Invoked as
+/// `with_softmax_param_fields!(softmax_entry, [attributes], (name), (|params| call))`.
+///
+/// [`SoftmaxParams`]: crate::launch::softmax::SoftmaxParams
+#[cfg(not(kernels_module = "ops-f32"))]
+macro_rules! softmax_entry {
+    (
+        [$(#[$attribute:meta])*], ($name:expr), (|$params:ident| $call:expr),
+        $($(#[$doc:meta])* $field:ident: $type:ty,)+
+    ) => {
+        $crate::primitives::entry::kernel_entry!(
+            $(#[$attribute])*
+            export $name, ($($field: $type),+) => {
+                let $params = $crate::launch::softmax::SoftmaxParams { $($field),+ };
+                $call
+            }
+        );
+    };
+}
+
 pub(crate) use kernel_entry;
+#[cfg(not(kernels_module = "ops-f32"))]
+pub(crate) use softmax_entry;

@@ -83,7 +83,7 @@ pub unsafe fn load_global<T: Copy, const N: usize>(src: *const T) -> [T; N] {
 
 /// Whether `bytes` is one access of [`load_span`]: 4, 8, 16 or 32 bytes.
 #[inline(always)]
-pub(crate) const fn spans(bytes: usize) -> bool {
+pub const fn spans(bytes: usize) -> bool {
     matches!(bytes, 4 | 8 | 16 | 32)
 }
 
@@ -92,7 +92,7 @@ pub(crate) const fn spans(bytes: usize) -> bool {
 /// # Safety
 /// The span is readable global memory aligned to `min(16, bytes)`.
 #[inline(always)]
-pub(crate) unsafe fn load_span<const LAST_USE: bool>(src: *const u8, bytes: usize) -> [u32; 8] {
+pub unsafe fn load_span<const LAST_USE: bool>(src: *const u8, bytes: usize) -> [u32; 8] {
     let mut words = [0u32; 8];
     // SAFETY: forwarded from the contract.
     unsafe {
@@ -119,7 +119,7 @@ pub(crate) unsafe fn load_span<const LAST_USE: bool>(src: *const u8, bytes: usiz
 /// # Safety
 /// The span is writable global memory aligned to `min(16, bytes)`.
 #[inline(always)]
-pub(crate) unsafe fn store_span(dst: *mut u8, bytes: usize, words: [u32; 8]) {
+pub unsafe fn store_span(dst: *mut u8, bytes: usize, words: [u32; 8]) {
     // SAFETY: forwarded from the contract.
     unsafe {
         if bytes >= 16 {
@@ -145,9 +145,7 @@ pub(crate) unsafe fn store_span(dst: *mut u8, bytes: usize, words: [u32; 8]) {
 /// # Safety
 /// `address` is readable global memory for `4 · WORDS` bytes, aligned to that size.
 #[inline(always)]
-pub(crate) unsafe fn load_words<const WORDS: usize, const LAST_USE: bool>(
-    address: *const u8,
-) -> [u32; 4] {
+pub unsafe fn load_words<const WORDS: usize, const LAST_USE: bool>(address: *const u8) -> [u32; 4] {
     let (mut a, mut b, mut c, mut d) = (0u32, 0u32, 0u32, 0u32);
     macro_rules! load_with {
         ($cache:literal) => {
@@ -180,7 +178,7 @@ pub(crate) unsafe fn load_words<const WORDS: usize, const LAST_USE: bool>(
 /// # Safety
 /// `address` is writable global memory for `4 · WORDS` bytes, aligned to that size.
 #[inline(always)]
-pub(crate) unsafe fn store_words<const WORDS: usize>(address: *mut u8, [a, b, c, d]: [u32; 4]) {
+pub unsafe fn store_words<const WORDS: usize>(address: *mut u8, [a, b, c, d]: [u32; 4]) {
     // SAFETY: the caller guarantees the words are writable and aligned to their total size.
     unsafe {
         match WORDS {
@@ -203,7 +201,7 @@ pub(crate) unsafe fn store_words<const WORDS: usize>(address: *mut u8, [a, b, c,
 /// # Safety
 /// `address` is a readable element of global memory, aligned to its size.
 #[inline(always)]
-pub(crate) unsafe fn load_element<T: Copy, const LAST_USE: bool>(address: *const T) -> T {
+pub unsafe fn load_element<T: Copy, const LAST_USE: bool>(address: *const T) -> T {
     let word: u32;
     // SAFETY: the caller guarantees the element is readable and aligned.
     unsafe {
@@ -240,7 +238,7 @@ pub(crate) unsafe fn load_element<T: Copy, const LAST_USE: bool>(address: *const
 /// # Safety
 /// `address` is a writable element of global memory, aligned to its size.
 #[inline(always)]
-pub(crate) unsafe fn store_element<T: Copy>(address: *mut T, value: T) {
+pub unsafe fn store_element<T: Copy>(address: *mut T, value: T) {
     // SAFETY: the caller guarantees the element is writable and aligned; `value` is 2 or 4
     // bytes.
     unsafe {

@@ -13,14 +13,14 @@ pub mod online;
 pub mod row_part;
 
 #[cfg(target_arch = "nvptx64")]
-pub(crate) mod device;
+pub mod device;
 #[cfg(target_arch = "nvptx64")]
-pub(crate) mod element;
+pub mod element;
 #[cfg(target_arch = "nvptx64")]
-pub(crate) mod entry;
+pub mod entry;
 #[cfg(target_arch = "nvptx64")]
-pub(crate) mod memory;
+pub mod memory;
 #[cfg(target_arch = "nvptx64")]
-pub(crate) mod reduce;
+pub mod reduce;
 #[cfg(target_arch = "nvptx64")]
-pub(crate) mod row_exchange;
+pub mod row_exchange;

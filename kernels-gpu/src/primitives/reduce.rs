@@ -39,7 +39,7 @@ impl Partial for OnlineStats {
 }
 
 /// A sum over part of a row (the backward pass's `Σ dy·y` or `Σ dy`).
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 pub struct Sum(pub f32);
 
 impl Partial for Sum {
@@ -63,7 +63,7 @@ impl Partial for Sum {
 }
 
 /// A maximum over part of a row (the first of the forward pass's two block reductions).
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 pub struct Max(pub f32);
 
 impl Partial for Max {

@@ -119,7 +119,7 @@ pub unsafe fn exchange_row_stats<S: Partial>(
             publish_block_stats(block, partials);
             // The row's first word is its barrier; the second is unused. Addressed as one
             // word per row (and the leader found as `block % slices == 0`), the same code took
-            // the 8-pack forward blocks from 64 to 72 registers (ptxas 12.9).
+            // the 8-pack forward blocks to more registers.
             row_barrier(
                 barriers.add(2 * row),
                 slices as u32,
@@ -133,6 +133,7 @@ pub unsafe fn exchange_row_stats<S: Partial>(
 }
 
 /// The outcome of [`exchange_row_stats_or_leave`] for one block.
+#[derive(Debug)]
 pub enum RowExchange<S> {
     /// The statistics of the whole row, and how many of the row's blocks left: nonzero only
     /// for the row's last block, which then writes their slices (see [`take_left_slice`]).

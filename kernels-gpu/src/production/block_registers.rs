@@ -9,11 +9,14 @@
 //! is resident. Its entries are generated at the bottom from the instance list in
 //! [`crate::launch::softmax`], the one the host's tables come from.
 
-use crate::launch::softmax::with_block_register_instances;
+use crate::launch::entry_name;
+use crate::launch::softmax::{
+    SoftmaxParams, with_block_register_instances, with_softmax_param_fields,
+};
 use crate::primitives::device::{
     DeviceExp2, block_dim, block_idx, dynamic_shared_f32, recomputed, thread_idx,
 };
-use crate::primitives::entry::kernel_entry;
+use crate::primitives::entry::softmax_entry;
 use crate::primitives::memory::{load_pack_plain, store_pack_plain};
 use crate::primitives::online::OnlineStats;
 use crate::primitives::reduce::block_reduce;
@@ -23,8 +26,9 @@ use crate::primitives::row_exchange::{
 use crate::primitives::row_part::EdgePerThreadSlice;
 
 /// # Safety
-/// `input` and `output` each point to `rows · cols` floats (distinct buffers), `cols > 0`,
-/// both 4-byte aligned; when `PACK == 4` they are equally misaligned modulo 16 bytes. Launch
+/// Of `params`: `input` and `output` each point to `rows · cols` floats (distinct buffers),
+/// `cols > 0`, both 4-byte aligned; when `PACK == 4` they are equally misaligned modulo 16
+/// bytes. Launch
 /// `rows · slices` blocks of `threads` threads (whole warps, up to 1024), with
 /// `REDUCTION_SCRATCH_FLOATS · 4` bytes of dynamic shared memory (more in clusters, below),
 /// and `threads · PACKS ≥ slice_packs`, `slices · slice_packs · PACK ≥ cols - 3`. When
@@ -35,16 +39,19 @@ use crate::primitives::row_part::EdgePerThreadSlice;
 /// allocated and used by one launch at a time, and every block is resident at once
 /// (cooperative launch).
 #[inline(always)]
-#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+#[allow(clippy::needless_range_loop)]
 pub unsafe fn softmax_block_registers<const PACK: usize, const PACKS: usize>(
-    input: *const f32,
-    output: *mut f32,
-    cols: u32,
-    slices: u32,
-    slice_packs: u32,
-    partials: *mut f32,
-    barriers: *mut u32,
+    params: &SoftmaxParams,
 ) {
+    let (input, output) = (
+        params.input.cast::<f32>(),
+        params.output.cast::<f32>().cast_mut(),
+    );
+    let (cols, slices, slice_packs) = (params.cols, params.slices, params.slice_packs);
+    let (partials, barriers) = (
+        params.partials.cast::<f32>().cast_mut(),
+        params.barriers.cast::<u32>().cast_mut(),
+    );
     let (cols, slices) = (cols as usize, slices as usize);
     let row = block_idx() as usize / slices;
     let slice = block_idx() as usize % slices;
@@ -101,8 +108,8 @@ pub unsafe fn softmax_block_registers<const PACK: usize, const PACKS: usize>(
     let scale = OnlineStats::exp_relative::<DeviceExp2>(local_max, row_stats.max) / row_stats.sum();
 
     // The write addresses are computed anew rather than kept from the loads across the
-    // reduction (one register pair per pack; the 16-pack entry takes 92 registers, where
-    // each compile-time block size took 108).
+    // reduction (one register pair per pack): with it the widest entry takes fewer registers
+    // than each compile-time block size did (performance log: "Fewer, leaner kernel entries").
     let threads = recomputed(threads as u32) as usize;
     for p in 0..PACKS {
         let pack = part.first + p * threads + tid;
@@ -121,24 +128,17 @@ pub unsafe fn softmax_block_registers<const PACK: usize, const PACKS: usize>(
     leave_row_cluster(clustered);
 }
 
-/// One entry per packs count of each layout: `softmax_block_registers_p<pack>_n<packs>`, as
-/// [`crate::launch::softmax::BlockRegisterInstance`] spells it (the threads are the launch's
+/// One entry per packs count of each layout, named by [`entry_name!`]
+/// (`softmax_block_registers_p<pack>_n<packs>`), as
+/// [`crate::launch::softmax::BlockRegisterInstance`] writes it (the threads are the launch's
 /// block size).
 macro_rules! block_register_entries {
     ($($layout:ident $pack:literal: threads $threads:tt, packs [$($packs:literal),+]),+) => {$($(
-        kernel_entry!(
-            export concat!("softmax_block_registers_p", $pack, "_n", $packs),
-            (
-                input: *const f32,
-                output: *mut f32,
-                cols: u32,
-                slices: u32,
-                slice_packs: u32,
-                partials: *mut f32,
-                barriers: *mut u32,
-            ) => softmax_block_registers::<$pack, $packs>(
-                input, output, cols, slices, slice_packs, partials, barriers,
-            )
+        with_softmax_param_fields!(
+            softmax_entry,
+            [],
+            (entry_name!(block_registers $pack $packs)),
+            (|params| softmax_block_registers::<$pack, $packs>(&params))
         );
     )+)+};
 }

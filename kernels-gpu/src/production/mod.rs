@@ -4,12 +4,12 @@
 //! template for every element type: its bf16 and f16 entries are in those types' operation
 //! modules.
 
-#[cfg(feature = "softmax")]
+#[cfg(kernels_module = "softmax")]
 mod block_registers;
 // Thread-block clusters and distributed shared memory exist from sm_90 on; the sm_80 build
 // (`kernels_sm80`, set by ptx-builder) leaves the family out and the host never plans it there.
-#[cfg(all(feature = "softmax", not(kernels_sm80)))]
+#[cfg(all(kernels_module = "softmax", not(kernels_sm80)))]
 mod row_cluster;
 mod row_slices;
-#[cfg(feature = "softmax")]
+#[cfg(kernels_module = "softmax")]
 mod rows_in_registers;

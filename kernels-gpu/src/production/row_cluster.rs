@@ -5,15 +5,16 @@
 //! through distributed shared memory. No global workspace, no atomics, no cooperative launch:
 //! clusters are scheduled independently, so any number of rows works.
 
-use crate::launch::{CLUSTER_STATS_FLOATS, REDUCTION_SCRATCH_FLOATS};
+use crate::launch::softmax::{SoftmaxParams, with_softmax_param_fields};
+use crate::launch::{CLUSTER_STATS_FLOATS, REDUCTION_SCRATCH_FLOATS, entry_name};
 use crate::primitives::device::{cluster_wait, dynamic_shared_f32};
-use crate::primitives::entry::kernel_entry;
+use crate::primitives::entry::softmax_entry;
 use crate::primitives::reduce::block_reduce;
 use crate::primitives::row_exchange::{exchange_cluster_stats, row_is_cluster};
 use crate::production::row_slices::SliceSoftmax;
 
 /// # Safety
-/// `input` and `output` each point to `rows · cols` floats (distinct buffers), `cols > 0`,
+/// Of `params`: `input` and `output` each point to `rows · cols` floats (distinct buffers), `cols > 0`,
 /// both 4-byte aligned; when `PACK == 4` they are equally misaligned modulo 16 bytes.
 /// `slices · slice_packs · PACK ≥ cols - 3`. Launch `rows · slices` blocks in clusters of
 /// `slices` blocks along x (so a cluster is one row; `slices` at most
@@ -21,14 +22,13 @@ use crate::production::row_slices::SliceSoftmax;
 /// threads, at most 1024), with `(REDUCTION_SCRATCH_FLOATS + CLUSTER_STATS_FLOATS + cached ·
 /// slice_packs · PACK) · 4` bytes of dynamic shared memory, where `cached` is 0 or 1.
 #[inline(always)]
-unsafe fn softmax_row_cluster<const PACK: usize>(
-    input: *const f32,
-    output: *mut f32,
-    cols: u32,
-    slices: u32,
-    slice_packs: u32,
-    cached: u32,
-) {
+unsafe fn softmax_row_cluster<const PACK: usize>(params: &SoftmaxParams) {
+    let (input, output) = (
+        params.input.cast::<f32>(),
+        params.output.cast::<f32>().cast_mut(),
+    );
+    let (cols, slices, slice_packs) = (params.cols, params.slices, params.slice_packs);
+    let cached = params.cached;
     // A launch whose clusters are not the row's slices stops here.
     if !row_is_cluster(slices) && slices > 1 {
         // SAFETY: aborts the kernel.
@@ -61,16 +61,11 @@ unsafe fn softmax_row_cluster<const PACK: usize>(
 
 macro_rules! row_cluster_entries {
     ($($pack:literal),+) => {$(
-        kernel_entry!(
-            export concat!("softmax_row_cluster_p", $pack),
-            (
-                input: *const f32,
-                output: *mut f32,
-                cols: u32,
-                slices: u32,
-                slice_packs: u32,
-                cached: u32,
-            ) => softmax_row_cluster::<$pack>(input, output, cols, slices, slice_packs, cached)
+        with_softmax_param_fields!(
+            softmax_entry,
+            [],
+            (entry_name!(row_cluster $pack)),
+            (|params| softmax_row_cluster::<$pack>(&params))
         );
     )+};
 }

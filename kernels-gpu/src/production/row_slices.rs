@@ -10,20 +10,20 @@
 //! template for every element type (f32 in the softmax module, bf16 and f16 in their operation
 //! modules): math in f32, the cache holds the elements as they were read.
 
-use crate::launch::REDUCTION_SCRATCH_FLOATS;
-use crate::launch::softmax::LOADS_IN_FLIGHT;
+use crate::launch::softmax::{LOADS_IN_FLIGHT, SoftmaxParams, with_softmax_param_fields};
+use crate::launch::{REDUCTION_SCRATCH_FLOATS, entry_name};
 use crate::primitives::device::{
     DeviceExp2, Vector4, block_dim, block_idx, dynamic_shared_f32, thread_idx,
 };
-use crate::primitives::element::{Bf16, Element, F16};
-use crate::primitives::entry::kernel_entry;
+use crate::primitives::element::Element;
+use crate::primitives::entry::softmax_entry;
 use crate::primitives::online::OnlineStats;
 use crate::primitives::reduce::block_reduce;
 use crate::primitives::row_exchange::{RowExchange, exchange_row_stats_or_leave, take_left_slice};
 use crate::primitives::row_part::EdgePerThreadSlice;
 
 /// # Safety
-/// `input` and `output` each point to `rows · cols` elements (distinct buffers), `cols > 0`;
+/// Of `params`: `input` and `output` each point to `rows · cols` elements (distinct buffers), `cols > 0`;
 /// when `PACK > 1` (16-byte packs) they are equally misaligned modulo 16 bytes.
 /// `slices · slice_packs · PACK ≥ cols - (PACK - 1)`. Launch `rows · slices` blocks of whole
 /// warps (at most 1024 threads) with `REDUCTION_SCRATCH_FLOATS · 4 + cached · slice_packs ·
@@ -35,18 +35,18 @@ use crate::primitives::row_part::EdgePerThreadSlice;
 /// a block whose row is still incomplete after `patience_ns` leaves its slice to the row's
 /// last block.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn softmax_row_slices<E: Element, const PACK: usize>(
-    input: *const E,
-    output: *mut E,
-    cols: u32,
-    slices: u32,
-    slice_packs: u32,
-    cached: u32,
-    partials: *mut f32,
-    barriers: *mut u32,
-    patience_ns: u64,
-) {
+unsafe fn softmax_row_slices<E: Element, const PACK: usize>(params: &SoftmaxParams) {
+    let (input, output) = (
+        params.input.cast::<E>(),
+        params.output.cast::<E>().cast_mut(),
+    );
+    let (cols, slices, slice_packs) = (params.cols, params.slices, params.slice_packs);
+    let cached = params.cached;
+    let (partials, barriers) = (
+        params.partials.cast::<f32>().cast_mut(),
+        params.barriers.cast::<u32>().cast_mut(),
+    );
+    let patience_ns = params.patience_ns;
     let shared = dynamic_shared_f32();
     // SAFETY: the launch provides the scratch followed by the cache when cached.
     let cache = (cached != 0)
@@ -329,44 +329,35 @@ impl<E: Element, const PACK: usize> SliceSoftmax<E, PACK> {
     }
 }
 
-/// One entry per element type and pack width, behind the feature of the PTX module that holds
-/// it: `softmax_row_slices[_<type>]_p<pack>`, as
-/// [`crate::launch::softmax::RowSlicesKernelName`] spells it.
+/// One entry per element type and pack width, behind the `kernels_module` cfg of the PTX
+/// module that holds it, named by [`entry_name!`] (`softmax_row_slices[_<type>]_p<pack>`) as
+/// [`crate::launch::softmax::RowSlicesKernelName`] writes it.
 macro_rules! row_slices_entries {
-    ($($feature:literal: $element:ty, $name:literal, $pack:literal;)+) => {$(
-        kernel_entry!(
-            #[cfg(feature = $feature)]
-            export concat!("softmax_row_slices", $name, "_p", $pack),
-            (
-                input: *const $element,
-                output: *mut $element,
-                cols: u32,
-                slices: u32,
-                slice_packs: u32,
-                cached: u32,
-                partials: *mut f32,
-                barriers: *mut u32,
-                patience_ns: u64,
-            ) => softmax_row_slices::<$element, $pack>(
-                input,
-                output,
-                cols,
-                slices,
-                slice_packs,
-                cached,
-                partials,
-                barriers,
-                patience_ns,
-            )
+    ($($module:literal: $element:ty, ($($name:tt)+);)+) => {$(
+        with_softmax_param_fields!(
+            softmax_entry,
+            [#[cfg(kernels_module = $module)]],
+            (entry_name!($($name)+)),
+            (|params| softmax_row_slices::<$element, { entry_pack!($($name)+) }>(&params))
         );
     )+};
 }
 
+/// The pack of a row-slices entry's name: its last piece.
+macro_rules! entry_pack {
+    (row_slices_f32 $pack:literal) => {
+        $pack
+    };
+    (row_slices $input:literal $pack:literal) => {
+        $pack
+    };
+}
+
 row_slices_entries! {
-    "softmax": f32, "", 4;
-    "softmax": f32, "", 1;
-    "ops-bf16": Bf16, "_bf16", 8;
-    "ops-bf16": Bf16, "_bf16", 1;
-    "ops-f16": F16, "_f16", 8;
-    "ops-f16": F16, "_f16", 1;
+    "softmax": f32, (row_slices_f32 4);
+    "softmax": f32, (row_slices_f32 1);
+    "ops-bf16": crate::primitives::element::Bf16, (row_slices "bf16" 8);
+    "ops-bf16": crate::primitives::element::Bf16, (row_slices "bf16" 1);
+    "ops-f16": crate::primitives::element::F16, (row_slices "f16" 8);
+    "ops-f16": crate::primitives::element::F16, (row_slices "f16" 1);
 }

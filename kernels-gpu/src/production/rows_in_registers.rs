@@ -4,9 +4,10 @@
 //! Its entries are generated at the bottom from the instance list in
 //! [`crate::launch::softmax`], the one the host's tables come from.
 
-use crate::launch::softmax::with_register_instances;
+use crate::launch::entry_name;
+use crate::launch::softmax::{SoftmaxParams, with_register_instances, with_softmax_param_fields};
 use crate::primitives::device::{DeviceExp2, block_dim, block_idx, thread_idx};
-use crate::primitives::entry::kernel_entry;
+use crate::primitives::entry::softmax_entry;
 use crate::primitives::memory::{load_pack_plain, store_pack_plain};
 use crate::primitives::online::OnlineStats;
 use crate::primitives::reduce::{group_max, group_sum};
@@ -14,18 +15,20 @@ use crate::primitives::reduce::{group_max, group_sum};
 /// Softmax of rows of at most `LANES · PACKS · PACK` columns, each held by `LANES` lanes.
 ///
 /// # Safety
-/// `input` and `output` each point to `rows · cols` floats (distinct buffers), with
+/// Of `params`: `input` and `output` each point to `rows · cols` floats (distinct buffers), with
 /// `0 < cols ≤ LANES · PACKS · PACK`. When `PACK == 4`, `cols` is a multiple of 4 and both
 /// pointers are 16-byte aligned. The block is whole warps and `LANES` divides 32; launch
 /// `ceil(rows / (block_dim / LANES))` blocks.
 #[inline(always)]
 #[allow(clippy::needless_range_loop)]
 pub unsafe fn softmax_rows_in_registers<const PACK: usize, const LANES: u32, const PACKS: usize>(
-    input: *const f32,
-    output: *mut f32,
-    rows: u32,
-    cols: u32,
+    params: &SoftmaxParams,
 ) {
+    let (input, output) = (
+        params.input.cast::<f32>(),
+        params.output.cast::<f32>().cast_mut(),
+    );
+    let (rows, cols) = (params.rows, params.cols);
     let lane_in_row = (thread_idx() % LANES) as usize;
     let row = block_idx() * (block_dim() / LANES) + thread_idx() / LANES;
     // Lanes past the last row keep running with -inf padding: the shuffles need all 32.
@@ -72,14 +75,15 @@ pub unsafe fn softmax_rows_in_registers<const PACK: usize, const LANES: u32, con
     }
 }
 
-/// One entry per instance: `softmax_rows_in_registers_p<pack>_l<lanes>_n<packs>`, as
-/// [`crate::launch::softmax::RegisterKernelName`] spells it.
+/// One entry per instance, named by [`entry_name!`] (`softmax_rows_in_registers_p<pack>_l<lanes>_n<packs>`),
+/// as [`crate::launch::softmax::RegisterKernelName`] writes it.
 macro_rules! register_entries {
     ($($layout:ident $pack:literal: [$(($lanes:literal, $packs:literal)),+]),+) => {$($(
-        kernel_entry!(
-            export concat!("softmax_rows_in_registers_p", $pack, "_l", $lanes, "_n", $packs),
-            (input: *const f32, output: *mut f32, rows: u32, cols: u32)
-                => softmax_rows_in_registers::<$pack, $lanes, $packs>(input, output, rows, cols)
+        with_softmax_param_fields!(
+            softmax_entry,
+            [],
+            (entry_name!(rows_in_registers $pack $lanes $packs)),
+            (|params| softmax_rows_in_registers::<$pack, $lanes, $packs>(&params))
         );
     )+)+};
 }

@@ -2,10 +2,12 @@
 //! The same kernel serves the fixed-128-thread variant and the autotuned one: threads per
 //! block is a launch parameter.
 
+use crate::launch::entry_name;
+use crate::launch::softmax::{SoftmaxParams, with_softmax_param_fields};
 use crate::primitives::device::{
     DeviceExp2, block_dim, block_idx, dynamic_shared_f32, sync_threads, thread_idx,
 };
-use crate::primitives::entry::kernel_entry;
+use crate::primitives::entry::softmax_entry;
 use crate::primitives::online::OnlineStats;
 
 /// Tree reduction of one value per thread through `shared` (`block_dim()` floats), halving
@@ -41,11 +43,16 @@ unsafe fn tree_reduce(shared: *mut f32, value: f32, combine: impl Fn(f32, f32) -
 /// traffic per element.
 ///
 /// # Safety
-/// `input` and `output` each point to `rows · cols` floats (distinct buffers); `cols > 0`.
-/// Launch `rows` blocks of a power-of-two number of threads in 32..=1024, with
+/// Of `params`: `input` and `output` each point to `rows · cols` floats (distinct buffers);
+/// `cols > 0`. Launch `rows` blocks of a power-of-two number of threads in 32..=1024, with
 /// `block_dim · 4` bytes of dynamic shared memory.
 #[inline(always)]
-unsafe fn softmax_block_per_row_smem(input: *const f32, output: *mut f32, cols: u32) {
+unsafe fn softmax_block_per_row_smem(params: &SoftmaxParams) {
+    let (input, output) = (
+        params.input.cast::<f32>(),
+        params.output.cast::<f32>().cast_mut(),
+    );
+    let cols = params.cols;
     let shared = dynamic_shared_f32();
     let start = block_idx() as usize * cols as usize;
     // SAFETY: one block per row, so the row's `cols` floats lie inside both buffers.
@@ -78,8 +85,9 @@ unsafe fn softmax_block_per_row_smem(input: *const f32, output: *mut f32, cols: 
     }
 }
 
-kernel_entry!(
-    export "softmax_block_per_row_smem",
-    (input: *const f32, output: *mut f32, cols: u32)
-        => softmax_block_per_row_smem(input, output, cols)
+with_softmax_param_fields!(
+    softmax_entry,
+    [],
+    (entry_name!(seed block_per_row_smem)),
+    (|params| softmax_block_per_row_smem(&params))
 );

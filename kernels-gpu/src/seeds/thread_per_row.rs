@@ -1,8 +1,10 @@
 //! One thread per row, as in both seeds: rows run in parallel, each row is walked serially,
 //! and neighbouring threads read addresses `cols` floats apart (uncoalesced).
 
+use crate::launch::entry_name;
+use crate::launch::softmax::{SoftmaxParams, with_softmax_param_fields};
 use crate::primitives::device::{DeviceExp2, block_dim, block_idx, thread_idx};
-use crate::primitives::entry::kernel_entry;
+use crate::primitives::entry::softmax_entry;
 use crate::primitives::online::{CompensatedSum, OnlineStats};
 
 /// The input and output rows of this thread, or `None` past the last row.
@@ -26,10 +28,15 @@ unsafe fn this_threads_row(
 /// then the output re-read and scaled. Traffic: 16 bytes per element.
 ///
 /// # Safety
-/// `input` and `output` each point to `rows · cols` floats (distinct buffers); `cols > 0`.
-/// Launch with any 1-D block and enough threads in the grid to cover `rows`.
+/// Of `params`: `input` and `output` each point to `rows · cols` floats (distinct buffers);
+/// `cols > 0`. Launch with any 1-D block and enough threads in the grid to cover `rows`.
 #[inline(always)]
-unsafe fn softmax_thread_per_row_naive(input: *const f32, output: *mut f32, rows: u32, cols: u32) {
+unsafe fn softmax_thread_per_row_naive(params: &SoftmaxParams) {
+    let (input, output) = (
+        params.input.cast::<f32>(),
+        params.output.cast::<f32>().cast_mut(),
+    );
+    let (rows, cols) = (params.rows, params.cols);
     // SAFETY: forwarded from this kernel's contract.
     let Some((x, y)) = (unsafe { this_threads_row(input, output, rows, cols) }) else {
         return;
@@ -61,7 +68,12 @@ unsafe fn softmax_thread_per_row_naive(input: *const f32, output: *mut f32, rows
 /// # Safety
 /// As [`softmax_thread_per_row_naive`].
 #[inline(always)]
-unsafe fn softmax_thread_per_row_online(input: *const f32, output: *mut f32, rows: u32, cols: u32) {
+unsafe fn softmax_thread_per_row_online(params: &SoftmaxParams) {
+    let (input, output) = (
+        params.input.cast::<f32>(),
+        params.output.cast::<f32>().cast_mut(),
+    );
+    let (rows, cols) = (params.rows, params.cols);
     // SAFETY: forwarded from this kernel's contract.
     let Some((x, y)) = (unsafe { this_threads_row(input, output, rows, cols) }) else {
         return;
@@ -81,13 +93,15 @@ unsafe fn softmax_thread_per_row_online(input: *const f32, output: *mut f32, row
     }
 }
 
-kernel_entry!(
-    export "softmax_thread_per_row_naive",
-    (input: *const f32, output: *mut f32, rows: u32, cols: u32)
-        => softmax_thread_per_row_naive(input, output, rows, cols)
+with_softmax_param_fields!(
+    softmax_entry,
+    [],
+    (entry_name!(seed thread_per_row_naive)),
+    (|params| softmax_thread_per_row_naive(&params))
 );
-kernel_entry!(
-    export "softmax_thread_per_row_online",
-    (input: *const f32, output: *mut f32, rows: u32, cols: u32)
-        => softmax_thread_per_row_online(input, output, rows, cols)
+with_softmax_param_fields!(
+    softmax_entry,
+    [],
+    (entry_name!(seed thread_per_row_online)),
+    (|params| softmax_thread_per_row_online(&params))
 );

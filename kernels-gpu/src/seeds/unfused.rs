@@ -2,9 +2,10 @@
 //! row maximum, subtract, exponentiate, row sum, divide. Each is a full pass over device
 //! memory (32 bytes of traffic per element in all), which is what fusion saves.
 
-use crate::launch::WARP_SIZE;
+use crate::launch::softmax::{SoftmaxParams, with_softmax_param_fields};
+use crate::launch::{WARP_SIZE, entry_name};
 use crate::primitives::device::{block_dim, block_idx, exp2_approx, grid_dim, thread_idx};
-use crate::primitives::entry::kernel_entry;
+use crate::primitives::entry::softmax_entry;
 use crate::primitives::online::{CompensatedSum, LOG2_E};
 use crate::primitives::reduce::{group_max, group_sum};
 
@@ -27,10 +28,15 @@ fn grid_stride(len: u64) -> impl Iterator<Item = usize> {
 /// `row_max[r] = max(x[r, ..])`, one warp per row.
 ///
 /// # Safety
-/// `input` holds `rows · cols` floats, `row_max` holds `rows`; `cols > 0`. Blocks of whole
-/// warps, `ceil(rows / warps per block)` blocks.
+/// Of `params`: `input` holds `rows · cols` floats, `row_max` holds `rows`; `cols > 0`.
+/// Blocks of whole warps, `ceil(rows / warps per block)` blocks.
 #[inline(always)]
-unsafe fn softmax_unfused_row_max(input: *const f32, row_max: *mut f32, rows: u32, cols: u32) {
+unsafe fn softmax_unfused_row_max(params: &SoftmaxParams) {
+    let (input, row_max) = (
+        params.input.cast::<f32>(),
+        params.row_max.cast::<f32>().cast_mut(),
+    );
+    let (rows, cols) = (params.rows, params.cols);
     let Some((row, lane)) = warp_row(rows) else {
         return;
     };
@@ -49,16 +55,13 @@ unsafe fn softmax_unfused_row_max(input: *const f32, row_max: *mut f32, rows: u3
 /// `z = x - row_max[row]`, element-wise.
 ///
 /// # Safety
-/// `input` and `output` hold `rows · cols` floats, `row_max` holds `rows`; `cols > 0`.
-/// Any 1-D grid.
+/// Of `params`: `input` and `output` hold `rows · cols` floats, `row_max` holds `rows`;
+/// `cols > 0`. Any 1-D grid.
 #[inline(always)]
-unsafe fn softmax_unfused_subtract(
-    input: *const f32,
-    row_max: *const f32,
-    output: *mut f32,
-    rows: u32,
-    cols: u32,
-) {
+unsafe fn softmax_unfused_subtract(params: &SoftmaxParams) {
+    let (input, row_max) = (params.input.cast::<f32>(), params.row_max.cast::<f32>());
+    let output = params.output.cast::<f32>().cast_mut();
+    let (rows, cols) = (params.rows, params.cols);
     for i in grid_stride(rows as u64 * cols as u64) {
         // SAFETY: i < rows · cols and i / cols < rows.
         unsafe {
@@ -72,9 +75,10 @@ unsafe fn softmax_unfused_subtract(
 /// `z = e^z`, element-wise and in place.
 ///
 /// # Safety
-/// `data` holds `len` floats. Any 1-D grid.
+/// Of `params`: `output` (`data`, in place) holds `len` floats. Any 1-D grid.
 #[inline(always)]
-unsafe fn softmax_unfused_exp(data: *mut f32, len: u64) {
+unsafe fn softmax_unfused_exp(params: &SoftmaxParams) {
+    let (data, len) = (params.output.cast::<f32>().cast_mut(), params.len);
     for i in grid_stride(len) {
         // SAFETY: i < len.
         unsafe { data.add(i).write(exp2_approx(data.add(i).read() * LOG2_E)) };
@@ -84,9 +88,15 @@ unsafe fn softmax_unfused_exp(data: *mut f32, len: u64) {
 /// `row_sum[r] = Σ e[r, ..]`, one warp per row.
 ///
 /// # Safety
-/// As [`softmax_unfused_row_max`], with `data` in place of `input` and `row_sum` of `rows`.
+/// As [`softmax_unfused_row_max`], with `output` (`data`) in place of `input` and `row_sum`
+/// of `rows` floats in place of `row_max`.
 #[inline(always)]
-unsafe fn softmax_unfused_row_sum(data: *const f32, row_sum: *mut f32, rows: u32, cols: u32) {
+unsafe fn softmax_unfused_row_sum(params: &SoftmaxParams) {
+    let (data, row_sum) = (
+        params.output.cast::<f32>(),
+        params.row_sum.cast::<f32>().cast_mut(),
+    );
+    let (rows, cols) = (params.rows, params.cols);
     let Some((row, lane)) = warp_row(rows) else {
         return;
     };
@@ -105,9 +115,15 @@ unsafe fn softmax_unfused_row_sum(data: *const f32, row_sum: *mut f32, rows: u32
 /// `y = e / row_sum[row]`, element-wise and in place.
 ///
 /// # Safety
-/// `data` holds `rows · cols` floats, `row_sum` holds `rows`; `cols > 0`. Any 1-D grid.
+/// Of `params`: `output` (`data`, in place) holds `rows · cols` floats, `row_sum` holds
+/// `rows`; `cols > 0`. Any 1-D grid.
 #[inline(always)]
-unsafe fn softmax_unfused_divide(data: *mut f32, row_sum: *const f32, rows: u32, cols: u32) {
+unsafe fn softmax_unfused_divide(params: &SoftmaxParams) {
+    let (data, row_sum) = (
+        params.output.cast::<f32>().cast_mut(),
+        params.row_sum.cast::<f32>(),
+    );
+    let (rows, cols) = (params.rows, params.cols);
     for i in grid_stride(rows as u64 * cols as u64) {
         // SAFETY: i < rows · cols and i / cols < rows.
         unsafe {
@@ -117,28 +133,33 @@ unsafe fn softmax_unfused_divide(data: *mut f32, row_sum: *const f32, rows: u32,
     }
 }
 
-kernel_entry!(
-    export "softmax_unfused_row_max",
-    (input: *const f32, row_max: *mut f32, rows: u32, cols: u32)
-        => softmax_unfused_row_max(input, row_max, rows, cols)
+with_softmax_param_fields!(
+    softmax_entry,
+    [],
+    (entry_name!(seed unfused_row_max)),
+    (|params| softmax_unfused_row_max(&params))
 );
-kernel_entry!(
-    export "softmax_unfused_subtract",
-    (input: *const f32, row_max: *const f32, output: *mut f32, rows: u32, cols: u32)
-        => softmax_unfused_subtract(input, row_max, output, rows, cols)
+with_softmax_param_fields!(
+    softmax_entry,
+    [],
+    (entry_name!(seed unfused_subtract)),
+    (|params| softmax_unfused_subtract(&params))
 );
-kernel_entry!(
-    export "softmax_unfused_exp",
-    (data: *mut f32, len: u64)
-        => softmax_unfused_exp(data, len)
+with_softmax_param_fields!(
+    softmax_entry,
+    [],
+    (entry_name!(seed unfused_exp)),
+    (|params| softmax_unfused_exp(&params))
 );
-kernel_entry!(
-    export "softmax_unfused_row_sum",
-    (data: *const f32, row_sum: *mut f32, rows: u32, cols: u32)
-        => softmax_unfused_row_sum(data, row_sum, rows, cols)
+with_softmax_param_fields!(
+    softmax_entry,
+    [],
+    (entry_name!(seed unfused_row_sum)),
+    (|params| softmax_unfused_row_sum(&params))
 );
-kernel_entry!(
-    export "softmax_unfused_divide",
-    (data: *mut f32, row_sum: *const f32, rows: u32, cols: u32)
-        => softmax_unfused_divide(data, row_sum, rows, cols)
+with_softmax_param_fields!(
+    softmax_entry,
+    [],
+    (entry_name!(seed unfused_divide)),
+    (|params| softmax_unfused_divide(&params))
 );

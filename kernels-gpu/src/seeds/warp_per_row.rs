@@ -1,17 +1,23 @@
 //! One warp per row with online statistics per lane, merged by butterfly shuffles (the second
 //! seed's final kernel). Lane `l` reads columns `l, l + 32, …`: every access is coalesced.
 
-use crate::launch::WARP_SIZE;
+use crate::launch::softmax::{SoftmaxParams, with_softmax_param_fields};
+use crate::launch::{WARP_SIZE, entry_name};
 use crate::primitives::device::{DeviceExp2, block_dim, block_idx, thread_idx};
-use crate::primitives::entry::kernel_entry;
+use crate::primitives::entry::softmax_entry;
 use crate::primitives::online::OnlineStats;
 use crate::primitives::reduce::group_reduce;
 
 /// # Safety
-/// `input` and `output` each point to `rows · cols` floats (distinct buffers); `cols > 0`.
-/// Launch with a block of whole warps and `ceil(rows / warps per block)` blocks.
+/// Of `params`: `input` and `output` each point to `rows · cols` floats (distinct buffers);
+/// `cols > 0`. Launch with a block of whole warps and `ceil(rows / warps per block)` blocks.
 #[inline(always)]
-unsafe fn softmax_warp_per_row_online(input: *const f32, output: *mut f32, rows: u32, cols: u32) {
+unsafe fn softmax_warp_per_row_online(params: &SoftmaxParams) {
+    let (input, output) = (
+        params.input.cast::<f32>(),
+        params.output.cast::<f32>().cast_mut(),
+    );
+    let (rows, cols) = (params.rows, params.cols);
     let warps_per_block = block_dim() / WARP_SIZE;
     let row = block_idx() * warps_per_block + thread_idx() / WARP_SIZE;
     // The whole warp leaves together, so the shuffles below always see 32 lanes.
@@ -38,8 +44,9 @@ unsafe fn softmax_warp_per_row_online(input: *const f32, output: *mut f32, rows:
     }
 }
 
-kernel_entry!(
-    export "softmax_warp_per_row_online",
-    (input: *const f32, output: *mut f32, rows: u32, cols: u32)
-        => softmax_warp_per_row_online(input, output, rows, cols)
+with_softmax_param_fields!(
+    softmax_entry,
+    [],
+    (entry_name!(seed warp_per_row_online)),
+    (|params| softmax_warp_per_row_online(&params))
 );
