@@ -207,6 +207,11 @@ pub enum Error {
     #[error("{what} is a cudarc buffer: issue the call on a cudarc stream (Options::on)")]
     CudarcStreamNeeded { what: &'static str },
 
+    /// A cross-entropy option out of its range (label smoothing, z-loss, softcap, upstream
+    /// gradient), or a shard that does not fit its vocabulary.
+    #[error("cross-entropy: {why}")]
+    CrossEntropyOption { why: String },
+
     /// A variant name that the command line or `Variant::from_str` does not know.
     #[error("unknown variant `{0}` (known: {known})", known = .1.join(", "))]
     UnknownVariant(String, &'static [&'static str]),

@@ -36,8 +36,9 @@ mod shape;
 mod variant;
 
 pub use api::{
-    CallKind, CallStream, DType, Element, Mask, MaskedRows, Operation, Options, RowState, Rows,
-    RowsMut, Softmax, Value, Values, ValuesMut, merge_row_states,
+    CallKind, CallStream, CrossEntropyOptions, CrossEntropyOutputs, CrossEntropyState, DType,
+    Element, Mask, MaskedRows, Operation, Options, Reduction, RowState, Rows, RowsMut, Softmax,
+    Targets, Upstream, Value, Values, ValuesMut, merge_cross_entropy_states, merge_row_states,
 };
 #[cfg(feature = "cudarc")]
 pub use api::{CudarcElement, CudarcType};

@@ -4,6 +4,7 @@
 //! through on its way to the runtime.
 
 mod call;
+mod cross_entropy;
 #[cfg(feature = "cudarc")]
 mod cudarc;
 mod inspect;
@@ -15,6 +16,10 @@ mod softmax;
 mod tune;
 mod views;
 
+pub use cross_entropy::{
+    CrossEntropyOptions, CrossEntropyOutputs, CrossEntropyState, Reduction, Targets, Upstream,
+    merge_cross_entropy_states,
+};
 #[cfg(feature = "cudarc")]
 pub use cudarc::{CudarcElement, CudarcType};
 pub use options::{CallStream, Options};

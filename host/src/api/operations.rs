@@ -412,6 +412,7 @@ impl Softmax {
             input: call.params.input,
             output: call.params.output,
             operation: call.params,
+            ..CallBuffers::default()
         };
         // SAFETY: every public operation checked each buffer named in `call.params` against
         // the shape and strides (views, masks, per-row buffers), on this device, and outputs

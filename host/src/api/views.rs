@@ -306,19 +306,26 @@ impl<'a> RowsMut<'a> {
 }
 
 /// A type of the one-dimensional buffers calls take besides rows: `f32` (per-row scales,
-/// additive masks, log-sum-exps), `u8` (allowed masks) and [`RowState`].
+/// additive masks, log-sum-exps, losses), `u8` (allowed masks), `i32` and `i64` (targets),
+/// [`RowState`] and `CrossEntropyState`.
 pub trait Value: DeviceCopy + value_sealed::Sealed {}
 
 mod value_sealed {
     pub trait Sealed {}
     impl Sealed for f32 {}
     impl Sealed for u8 {}
+    impl Sealed for i32 {}
+    impl Sealed for i64 {}
     impl Sealed for super::RowState {}
+    impl Sealed for kernels_gpu::launch::cross_entropy::CrossEntropyState {}
 }
 
 impl Value for f32 {}
 impl Value for u8 {}
+impl Value for i32 {}
+impl Value for i64 {}
 impl Value for RowState {}
+impl Value for kernels_gpu::launch::cross_entropy::CrossEntropyState {}
 
 /// `len` contiguous values in device memory that a call reads: a cust slice
 /// ([`Values::new`], or `From` a slice or buffer), a cudarc buffer ([`Values::cudarc`]), or

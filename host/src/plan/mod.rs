@@ -6,9 +6,11 @@
 //! [`Params`]; the launch path (`crate::runtime::launch`) fills the entry's one parameter
 //! struct from them (`SoftmaxParams` or `RowOpParams`).
 
+pub(crate) mod cross_entropy;
 pub(crate) mod operations;
 pub(crate) mod variants;
 
+use kernels_gpu::launch::cross_entropy::CrossEntropyEntry;
 use kernels_gpu::launch::ops::{DType, Direction, OpInstance, OpKernelShape};
 use kernels_gpu::launch::softmax::{
     BlockRegisterInstance, RegisterKernelName, RowClusterKernelName, RowSlicesKernelName,
@@ -49,6 +51,14 @@ pub(crate) enum Request {
         input: DType,
         mode: OperationMode,
     },
+    /// Cross-entropy of logits of `input`: with the prologue (`totals`: the mean's divisor,
+    /// the class weights' sum) and the epilogue (`reduce`: the reduced loss) where the call
+    /// needs them.
+    CrossEntropy {
+        input: DType,
+        totals: bool,
+        reduce: bool,
+    },
 }
 
 /// What an operation call stores: the outputs, only the rows' states, or the outputs
@@ -77,6 +87,7 @@ pub(crate) enum Entry {
     RowSlices(RowSlicesKernelName),
     RowCluster { pack: u32 },
     Operation(OpInstance),
+    CrossEntropy(CrossEntropyEntry),
 }
 
 impl std::fmt::Display for Entry {
@@ -96,6 +107,7 @@ impl std::fmt::Display for Entry {
             Entry::RowSlices(name) => name.fmt(f),
             Entry::RowCluster { pack } => RowClusterKernelName { pack: *pack }.fmt(f),
             Entry::Operation(name) => name.fmt(f),
+            Entry::CrossEntropy(name) => name.fmt(f),
         }
     }
 }
@@ -148,6 +160,14 @@ pub(crate) enum Params {
     Operation {
         pass: OperationPass,
         slicing: Slicing,
+    },
+    /// One `CrossEntropyParams` by value: the call's, the row kept in shared memory or not;
+    /// the per-row losses and the totals go to the workspace where the call keeps none.
+    CrossEntropy {
+        rows: u32,
+        cached: bool,
+        aligned: bool,
+        workspace: bool,
     },
 }
 
@@ -276,6 +296,15 @@ impl Launch {
         match self.params {
             Params::Unfused { rows, .. } => WorkspaceNeeds {
                 row_stats: 2 * rows as usize,
+                ..WorkspaceNeeds::default()
+            },
+            // The rows' losses, then the totals.
+            Params::CrossEntropy {
+                rows,
+                workspace: true,
+                ..
+            } => WorkspaceNeeds {
+                row_stats: rows as usize + 2,
                 ..WorkspaceNeeds::default()
             },
             // A row in one slice meets no other block: no barrier, nothing published.
@@ -407,6 +436,11 @@ pub(crate) fn plan(
                 )
             })
         }
+        Request::CrossEntropy {
+            input,
+            totals,
+            reduce,
+        } => cross_entropy::plan(input, totals, reduce, shape, layout, device),
     }
 }
 
@@ -456,6 +490,7 @@ pub(crate) fn operation_module_entries(input: DType) -> Vec<Entry> {
     OpInstance::all_for(input)
         .map(Entry::Operation)
         .chain(row_slices)
+        .chain(CrossEntropyEntry::all(input).map(Entry::CrossEntropy))
         .collect()
 }
 

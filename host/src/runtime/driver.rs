@@ -236,6 +236,22 @@ pub(crate) fn synchronize_stream(stream: sys::CUstream) -> Result<()> {
     )
 }
 
+/// Writes `count` copies of the 32-bit word `bits` from `address`, enqueued on `stream`.
+///
+/// # Safety
+/// `address` holds `count` words of device memory of the current context's device, which
+/// nothing else uses until the fill completes.
+pub(crate) unsafe fn fill_words(
+    address: u64,
+    bits: u32,
+    count: usize,
+    stream: sys::CUstream,
+) -> Result<()> {
+    // SAFETY: forwarded.
+    let status = unsafe { sys::cuMemsetD32Async(address, bits, count, stream) };
+    check(status, "writing a loss")
+}
+
 /// Writes, for each of `rows` rows, `words` 32-bit words at the row's place in a per-row
 /// buffer at `address`: `-inf`, then zeros (the identity state; a log-sum-exp of `-inf`).
 ///

@@ -5,6 +5,7 @@
 use std::ffi::c_void;
 
 use cust::sys;
+use kernels_gpu::launch::cross_entropy::CrossEntropyParams;
 use kernels_gpu::launch::ops::{RowOpParams, mode};
 use kernels_gpu::launch::softmax::SoftmaxParams;
 
@@ -40,6 +41,8 @@ pub(crate) struct Bindings<'a> {
     pub rows: u32,
     /// The call's parameters, for operation entries (ignored by the others).
     pub operation: &'a RowOpParams,
+    /// The call's parameters, for cross-entropy entries (ignored by the others).
+    pub cross_entropy: &'a CrossEntropyParams,
     pub workspace: WorkspaceAddresses,
     /// How long a row-slices block waits for its row before leaving its slice, in ns.
     pub patience_ns: u64,
@@ -86,6 +89,7 @@ pub(crate) unsafe fn enqueue(
 enum KernelParams {
     Softmax(SoftmaxParams),
     Operation(RowOpParams),
+    CrossEntropy(CrossEntropyParams),
 }
 
 impl KernelParams {
@@ -152,6 +156,25 @@ impl KernelParams {
                 }
                 KernelParams::Operation(params)
             }
+            Params::CrossEntropy {
+                rows,
+                cached,
+                aligned,
+                workspace,
+            } => {
+                let mut params = *b.cross_entropy;
+                params.cached = cached.into();
+                params.aligned = aligned.into();
+                // The losses a reduced call does not keep, then the totals, live in the
+                // workspace.
+                if workspace {
+                    if params.losses == 0 {
+                        params.losses = w.row_stats;
+                    }
+                    params.totals = w.row_stats + 4 * u64::from(rows);
+                }
+                KernelParams::CrossEntropy(params)
+            }
         }
     }
 
@@ -163,6 +186,11 @@ impl KernelParams {
             KernelParams::Operation(params) => {
                 let mut pointers = [std::ptr::null_mut(); SoftmaxParams::FIELDS];
                 pointers[0] = (params as *mut RowOpParams).cast();
+                pointers
+            }
+            KernelParams::CrossEntropy(params) => {
+                let mut pointers = [std::ptr::null_mut(); SoftmaxParams::FIELDS];
+                pointers[0] = (params as *mut CrossEntropyParams).cast();
                 pointers
             }
         }

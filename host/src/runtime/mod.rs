@@ -17,6 +17,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use cust::sys;
+use kernels_gpu::launch::cross_entropy::CrossEntropyParams;
 use kernels_gpu::launch::ops::RowOpParams;
 
 use self::driver::DeviceInfo;
@@ -36,12 +37,14 @@ use crate::shape::Shape;
 /// kernels holding their places) make a waiter leave; the leaver frees its place for them.
 const ROW_BARRIER_PATIENCE: Duration = Duration::from_micros(200);
 
-/// The device addresses one call binds, and its operation parameters (for operation plans).
+/// The device addresses one call binds, and its family's parameters (for operation and
+/// cross-entropy plans).
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct CallBuffers {
     pub input: u64,
     pub output: u64,
     pub operation: RowOpParams,
+    pub cross_entropy: CrossEntropyParams,
 }
 
 /// One device's loaded kernels, plans and workspaces (its context current whenever any
@@ -103,7 +106,9 @@ impl Runtime {
         )?;
         match request {
             Request::Variant(_) => {}
-            Request::PlainSoftmax { dtype: input, .. } | Request::Operation { input, .. } => {
+            Request::PlainSoftmax { dtype: input, .. }
+            | Request::Operation { input, .. }
+            | Request::CrossEntropy { input, .. } => {
                 self.modules.load(ModuleId::Operations(input))?;
             }
         }
@@ -154,6 +159,7 @@ impl Runtime {
             output: buffers.output,
             rows: shape.rows() as u32,
             operation: &buffers.operation,
+            cross_entropy: &buffers.cross_entropy,
             workspace: acquired.map_or(WorkspaceAddresses::NONE, |a| a.addresses),
             patience_ns: self.patience_ns,
             programmatic_overlap: self.modules.build.hopper_features(),

@@ -186,13 +186,17 @@ impl Entry {
         match self {
             Entry::RowSlices(name) if name.dtype != DType::F32 => ModuleId::Operations(name.dtype),
             Entry::Operation(name) => ModuleId::Operations(name.input),
+            Entry::CrossEntropy(name) => ModuleId::Operations(name.dtype),
             _ => ModuleId::Softmax,
         }
     }
 
     /// Entries that may take more dynamic shared memory than the default 48 KiB.
     fn takes_large_shared_memory(self) -> bool {
-        matches!(self, Entry::RowSlices(_) | Entry::RowCluster { .. })
+        matches!(
+            self,
+            Entry::RowSlices(_) | Entry::RowCluster { .. } | Entry::CrossEntropy(_)
+        )
     }
 
     /// Whether the planner may launch this entry in clusters of a row's slices (up to
@@ -580,8 +584,8 @@ mod tests {
     }
 
     /// Every entry takes what the launch path passes it: an operation entry one
-    /// `RowOpParams`, every other entry each field of `SoftmaxParams` as a parameter of the
-    /// field's size, in field order.
+    /// `RowOpParams`, a cross-entropy entry one `CrossEntropyParams`, every other entry each
+    /// field of `SoftmaxParams` as a parameter of the field's size, in field order.
     #[test]
     fn every_entry_takes_the_parameters_the_launch_passes() {
         use kernels_gpu::launch::ops::RowOpParams;
@@ -606,11 +610,15 @@ mod tests {
                 let ptx = module.ptx(build);
                 for entry in module.entries(build) {
                     let parameters = entry_parameters(ptx, &entry.to_string());
-                    if let Entry::Operation(_) = entry {
-                        let expected = format!(
-                            ".param .align 8 .b8 p0[{}]",
-                            std::mem::size_of::<RowOpParams>()
-                        );
+                    let whole = match entry {
+                        Entry::Operation(_) => Some(std::mem::size_of::<RowOpParams>()),
+                        Entry::CrossEntropy(_) => Some(std::mem::size_of::<
+                            kernels_gpu::launch::cross_entropy::CrossEntropyParams,
+                        >()),
+                        _ => None,
+                    };
+                    if let Some(bytes) = whole {
+                        let expected = format!(".param .align 8 .b8 p0[{bytes}]");
                         assert_eq!(parameters, [expected.as_str()], "{entry} ({build})");
                         continue;
                     }
@@ -660,6 +668,7 @@ mod tests {
                     ("operation, block per row or slice", "ops/block.rs")
                 }
             },
+            Entry::CrossEntropy(_) => ("cross-entropy", "ops/cross_entropy.rs"),
         }
     }
 

@@ -3,6 +3,7 @@
 //! holds no device code and generates no entry points (each kernel family generates its own
 //! from the instance lists here, so what the host plans with is what the PTX holds).
 
+pub mod cross_entropy;
 pub mod ops;
 pub mod softmax;
 
@@ -46,6 +47,15 @@ macro_rules! entry_name_pieces {
         $crate::launch::entry_name_pieces!(
             @emit $to "op_block_", $direction, "_", $input, "_p", $pack, $layout, "_n", $packs
         )
+    };
+    ($to:tt; cross_entropy $input:tt) => {
+        $crate::launch::entry_name_pieces!(@emit $to "cross_entropy_", $input)
+    };
+    ($to:tt; cross_entropy_totals $input:tt) => {
+        $crate::launch::entry_name_pieces!(@emit $to "cross_entropy_totals_", $input)
+    };
+    ($to:tt; cross_entropy_reduce $input:tt) => {
+        $crate::launch::entry_name_pieces!(@emit $to "cross_entropy_reduce_", $input)
     };
     (@emit [literal] $($piece:expr),+) => {
         concat!($($piece),+)

@@ -9,6 +9,7 @@
 
 mod backward;
 mod block;
+mod cross_entropy;
 mod forward;
 mod row_kernel;
 mod rows;

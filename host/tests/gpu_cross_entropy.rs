@@ -1,0 +1,816 @@
+//! GPU tests of cross-entropy against the f64 reference: every option alone and combined, in
+//! f32, bf16 and f16, i32 and i64 targets, the gradient into a buffer and in place, ignored
+//! rows and a batch of them only, targets out of range, strided and unaligned rows, upstream
+//! gradients on the device, vocabulary shards (2, 3 and 8 on one GPU) against the unsharded
+//! call, and bad input. Without a CUDA device each test is reported as skipped.
+//!
+//! Losses are checked row by row (absolute error at most `1e-5 · max(1, |loss|)` for f32
+//! logits, `1e-4 · …` for 16-bit ones, whose inputs are rounded first and read rounded by the
+//! reference too); gradients by their relative L2 over the tensor and row by row (f32 `1e-4`,
+//! 16-bit outputs `1.5e-2`), with NaN exactly where the reference has NaN.
+
+mod common;
+
+use cust::memory::{CopyDestination, DeviceBuffer};
+use rand::Rng;
+use rand::rngs::StdRng;
+use softmax::half::{bf16, f16};
+use softmax::reference::{CrossEntropyReference, Reduction, cross_entropy_f64, value_deviation};
+use softmax::{
+    CrossEntropyOptions, CrossEntropyOutputs, CrossEntropyState, DType, Element, Error, Options,
+    Rows, RowsMut, Shape, Softmax, Targets, Upstream, Values,
+};
+
+type Outcome = Result<String, String>;
+
+const TESTS: &[common::Test] = &[
+    ("ce_every_option_and_type", every_option_and_type),
+    ("ce_in_place_equals_out_of_place", in_place),
+    (
+        "ce_ignored_and_out_of_range_targets",
+        ignored_and_out_of_range,
+    ),
+    ("ce_strided_and_unaligned_rows", strided_and_unaligned),
+    ("ce_upstream_gradients_on_the_device", upstream_on_device),
+    ("ce_vocabulary_shards_match_the_whole", shards),
+    ("ce_bad_input_is_refused", bad_input),
+];
+
+fn main() -> std::process::ExitCode {
+    common::run_harness(TESTS)
+}
+
+fn text<E: std::fmt::Display>(error: E) -> String {
+    error.to_string()
+}
+
+fn shape(rows: usize, cols: usize) -> Shape {
+    Shape::new(rows, cols).expect("a shape")
+}
+
+fn upload<T: Element>(values: &[f32]) -> Result<DeviceBuffer<T>, String> {
+    let converted: Vec<T> = values.iter().map(|&v| T::from_f32(v)).collect();
+    DeviceBuffer::from_slice(&converted).map_err(text)
+}
+
+fn download<T: Element>(buffer: &DeviceBuffer<T>) -> Result<Vec<f32>, String> {
+    let mut host = vec![T::from_f32(0.0); buffer.len()];
+    buffer.copy_to(&mut host[..]).map_err(text)?;
+    Ok(host.into_iter().map(T::to_f32).collect())
+}
+
+fn rounded<T: Element>(values: &[f32]) -> Vec<f32> {
+    values.iter().map(|&v| T::from_f32(v).to_f32()).collect()
+}
+
+/// One case's options, for the library and the reference.
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    ignore: Option<i64>,
+    smoothing: f32,
+    z_loss: f32,
+    softcap: Option<f32>,
+    reduction: Reduction,
+    weighted: bool,
+}
+
+impl Case {
+    const PLAIN: Case = Case {
+        ignore: Some(-100),
+        smoothing: 0.0,
+        z_loss: 0.0,
+        softcap: None,
+        reduction: Reduction::Mean,
+        weighted: false,
+    };
+
+    fn all() -> Vec<Case> {
+        let p = Case::PLAIN;
+        vec![
+            p,
+            Case {
+                reduction: Reduction::None,
+                ..p
+            },
+            Case {
+                reduction: Reduction::Sum,
+                ..p
+            },
+            Case { ignore: None, ..p },
+            Case {
+                smoothing: 0.1,
+                ..p
+            },
+            Case { z_loss: 1e-4, ..p },
+            Case {
+                softcap: Some(30.0),
+                ..p
+            },
+            Case {
+                weighted: true,
+                ..p
+            },
+            Case {
+                ignore: Some(-100),
+                smoothing: 0.2,
+                z_loss: 1e-3,
+                softcap: Some(15.0),
+                reduction: Reduction::Mean,
+                weighted: true,
+            },
+            Case {
+                smoothing: 0.05,
+                weighted: true,
+                reduction: Reduction::None,
+                ..p
+            },
+        ]
+    }
+
+    fn reference<'a>(&self, weight: &'a [f32]) -> CrossEntropyReference<'a> {
+        CrossEntropyReference {
+            ignore_index: self.ignore,
+            label_smoothing: f64::from(self.smoothing),
+            z_loss: f64::from(self.z_loss),
+            softcap: self.softcap.map_or(0.0, f64::from),
+            reduction: self.reduction,
+            weight: self.weighted.then_some(weight),
+        }
+    }
+
+    fn options<'a>(&self, weight: &'a DeviceBuffer<f32>) -> CrossEntropyOptions<'a> {
+        let mut options = CrossEntropyOptions::new()
+            .ignore_index(self.ignore)
+            .label_smoothing(self.smoothing)
+            .z_loss(self.z_loss)
+            .reduction(self.reduction);
+        if let Some(cap) = self.softcap {
+            options = options.softcap(cap);
+        }
+        if self.weighted {
+            options = options.weight(weight);
+        }
+        options
+    }
+}
+
+/// Targets for `rows` rows of `cols` classes, every fifth row ignored (where `ignore`).
+fn targets(rng: &mut StdRng, rows: usize, cols: usize, ignore: Option<i64>) -> Vec<i64> {
+    (0..rows)
+        .map(|r| match ignore {
+            Some(index) if r % 5 == 4 => index,
+            _ => rng.random_range(0..cols as i64),
+        })
+        .collect()
+}
+
+fn loss_tolerance(dtype: DType) -> f64 {
+    if dtype == DType::F32 { 1e-5 } else { 1e-4 }
+}
+
+fn gradient_tolerance(dtype: DType) -> f64 {
+    match dtype {
+        DType::F32 => 1e-4,
+        DType::F16 => 4e-3,
+        DType::Bf16 => 1.5e-2,
+    }
+}
+
+/// Checks losses (`what`) against the reference's, each within the tolerance.
+fn check_losses(
+    what: &str,
+    actual: &[f32],
+    expected: &[f64],
+    tolerance: f64,
+) -> Result<(), String> {
+    if actual.len() != expected.len() {
+        return Err(format!(
+            "{what}: {} losses where {} were expected",
+            actual.len(),
+            expected.len()
+        ));
+    }
+    for (r, (&a, &e)) in actual.iter().zip(expected).enumerate() {
+        let a = f64::from(a);
+        let ok = if e.is_nan() {
+            a.is_nan()
+        } else {
+            (a - e).abs() <= tolerance * e.abs().max(1.0)
+        };
+        if !ok {
+            return Err(format!(
+                "{what}: loss {r} is {a} where the reference has {e}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks a gradient against the reference: over the tensor and row by row.
+fn check_gradient(
+    what: &str,
+    actual: &[f32],
+    expected: &[f64],
+    cols: usize,
+    tolerance: f64,
+) -> Result<f64, String> {
+    let whole = value_deviation(actual, expected);
+    if !whole.within(tolerance) {
+        return Err(format!("{what}: gradient {whole:?}"));
+    }
+    let mut worst = whole.relative_l2;
+    for (r, (a, e)) in actual.chunks(cols).zip(expected.chunks(cols)).enumerate() {
+        let row = value_deviation(a, e);
+        let small = e.iter().all(|v| v.abs() < 1e-30);
+        if !small && !row.within(tolerance * 2.0) {
+            return Err(format!("{what}: gradient row {r} {row:?}"));
+        }
+        worst = worst.max(if small { 0.0 } else { row.relative_l2 });
+    }
+    Ok(worst)
+}
+
+/// Runs one case on logits of `T` through the fused call (gradient into a buffer of `T`) and
+/// compares with the reference.
+fn run_case<T: Element>(
+    softmax: &mut Softmax,
+    rng: &mut StdRng,
+    case: Case,
+    rows: usize,
+    cols: usize,
+    wide_targets: bool,
+) -> Result<f64, String> {
+    let s = shape(rows, cols);
+    let values = rounded::<T>(&common::random_matrix(rng, s, 6.0));
+    let weight_values: Vec<f32> = (0..cols).map(|_| rng.random_range(0.25..2.0)).collect();
+    let target_values = targets(rng, rows, cols, case.ignore);
+    let reference = cross_entropy_f64(
+        &values,
+        rows,
+        cols,
+        &target_values,
+        &case.reference(&weight_values),
+    );
+    let logits = upload::<T>(&values)?;
+    let weight = DeviceBuffer::from_slice(&weight_values).map_err(text)?;
+    let narrow: Vec<i32> = target_values.iter().map(|&t| t as i32).collect();
+    let targets32 = DeviceBuffer::from_slice(&narrow).map_err(text)?;
+    let targets64 = DeviceBuffer::from_slice(&target_values).map_err(text)?;
+    let targets: Targets<'_> = if wide_targets {
+        (&targets64).into()
+    } else {
+        (&targets32).into()
+    };
+    let reduced = case.reduction != Reduction::None;
+    let mut loss = common::poisoned(if reduced { 1 } else { rows })?;
+    let mut lse = common::poisoned(rows)?;
+    let mut gradient = upload::<T>(&vec![f32::NAN; rows * cols])?;
+    let ce = case.options(&weight);
+    softmax
+        .cross_entropy_backward(
+            Rows::new(&logits, s).map_err(text)?,
+            targets,
+            CrossEntropyOutputs::new().loss(&mut loss).lse(&mut lse),
+            RowsMut::new(&mut gradient, s).map_err(text)?,
+            Upstream::Value(1.0),
+            &ce,
+            &Options::new(),
+        )
+        .map_err(text)?;
+    softmax.synchronize().map_err(text)?;
+    let what = format!("{case:?} {:?} {rows}×{cols}", T::DTYPE);
+    let losses = download(&loss)?;
+    let expected_losses = if reduced {
+        vec![reference.reduced]
+    } else {
+        reference.losses.clone()
+    };
+    check_losses(&what, &losses, &expected_losses, loss_tolerance(T::DTYPE))?;
+    check_losses(
+        &format!("{what} lse"),
+        &download(&lse)?,
+        &reference.lse,
+        loss_tolerance(T::DTYPE),
+    )?;
+    // The forward-only call gives the same losses.
+    let mut forward_loss = common::poisoned(if reduced { 1 } else { rows })?;
+    softmax
+        .cross_entropy(
+            Rows::new(&logits, s).map_err(text)?,
+            if wide_targets {
+                Targets::from(&targets64)
+            } else {
+                Targets::from(&targets32)
+            },
+            CrossEntropyOutputs::new().loss(&mut forward_loss),
+            &ce,
+            &Options::new(),
+        )
+        .map_err(text)?;
+    softmax.synchronize().map_err(text)?;
+    check_losses(
+        &format!("{what} forward"),
+        &download(&forward_loss)?,
+        &expected_losses,
+        loss_tolerance(T::DTYPE),
+    )?;
+    let expected: Vec<f64> = common::as_written::<T>(&reference.gradient);
+    check_gradient(
+        &what,
+        &download(&gradient)?,
+        &expected,
+        cols,
+        gradient_tolerance(T::DTYPE),
+    )
+}
+
+fn every_option_and_type(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
+    let shapes = [
+        (1, 1),
+        (3, 7),
+        (64, 1000),
+        (33, 32000),
+        (8, 50257),
+        (4, 128256),
+        (2, 262144),
+    ];
+    let mut runs = 0;
+    let mut worst: f64 = 0.0;
+    for (i, case) in Case::all().into_iter().enumerate() {
+        for (j, &(rows, cols)) in shapes.iter().enumerate() {
+            let wide = (i + j) % 2 == 0;
+            worst = worst.max(run_case::<f32>(softmax, rng, case, rows, cols, wide)?);
+            worst = worst.max(run_case::<bf16>(softmax, rng, case, rows, cols, !wide)?);
+            if j % 2 == 0 {
+                worst = worst.max(run_case::<f16>(softmax, rng, case, rows, cols, wide)?);
+            }
+            runs += 3;
+        }
+    }
+    Ok(format!(
+        "{runs} fused calls (loss, lse, gradient) and their forward-only twins, every option alone and combined, f32/bf16/f16, i32/i64 targets: worst gradient relative L2 {worst:.2e}"
+    ))
+}
+
+fn in_place(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
+    let mut checked = 0;
+    for &(rows, cols) in &[(16, 32000), (4, 151936), (64, 1000)] {
+        let s = shape(rows, cols);
+        let values = rounded::<bf16>(&common::random_matrix(rng, s, 6.0));
+        let target_values = targets(rng, rows, cols, Some(-100));
+        let t = DeviceBuffer::from_slice(&target_values).map_err(text)?;
+        let ce = CrossEntropyOptions::new().label_smoothing(0.1).z_loss(1e-4);
+        let logits = upload::<bf16>(&values)?;
+        let mut apart = upload::<bf16>(&vec![f32::NAN; rows * cols])?;
+        let mut loss_apart = common::poisoned(1)?;
+        softmax
+            .cross_entropy_backward(
+                Rows::new(&logits, s).map_err(text)?,
+                &t,
+                CrossEntropyOutputs::new().loss(&mut loss_apart),
+                RowsMut::new(&mut apart, s).map_err(text)?,
+                Upstream::Value(0.5),
+                &ce,
+                &Options::new(),
+            )
+            .map_err(text)?;
+        let mut in_place = upload::<bf16>(&values)?;
+        let mut loss = common::poisoned(1)?;
+        softmax
+            .cross_entropy_backward_in_place(
+                RowsMut::new(&mut in_place, s).map_err(text)?,
+                &t,
+                CrossEntropyOutputs::new().loss(&mut loss),
+                Upstream::Value(0.5),
+                &ce,
+                &Options::new(),
+            )
+            .map_err(text)?;
+        softmax.synchronize().map_err(text)?;
+        let (a, b) = (download(&apart)?, download(&in_place)?);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        if bits(&a) != bits(&b) {
+            return Err(format!(
+                "{rows}×{cols}: the in-place gradient differs from the one written apart"
+            ));
+        }
+        if download(&loss)?[0].to_bits() != download(&loss_apart)?[0].to_bits() {
+            return Err(format!("{rows}×{cols}: the in-place loss differs"));
+        }
+        checked += 1;
+    }
+    Ok(format!(
+        "{checked} bf16 shapes: the gradient written over the logits is bit for bit the one written apart"
+    ))
+}
+
+fn ignored_and_out_of_range(softmax: &mut Softmax, _rng: &mut StdRng) -> Outcome {
+    let s = shape(4, 1000);
+    let values: Vec<f32> = (0..s.len()).map(|i| (i % 13) as f32 * 0.3).collect();
+    let logits = upload::<f32>(&values)?;
+    // Every row ignored: the mean is NaN (as torch's), the gradient 0.
+    let all_ignored = DeviceBuffer::from_slice(&[-100i64; 4]).map_err(text)?;
+    let mut loss = common::poisoned(1)?;
+    let mut gradient = common::poisoned(s.len())?;
+    softmax
+        .cross_entropy_backward(
+            Rows::new(&logits, s).map_err(text)?,
+            &all_ignored,
+            CrossEntropyOutputs::new().loss(&mut loss),
+            RowsMut::new(&mut gradient, s).map_err(text)?,
+            Upstream::Value(1.0),
+            &CrossEntropyOptions::new(),
+            &Options::new(),
+        )
+        .map_err(text)?;
+    softmax.synchronize().map_err(text)?;
+    let (l, g) = (download(&loss)?, download(&gradient)?);
+    if !l[0].is_nan() || g.iter().any(|&v| v != 0.0) {
+        return Err(format!(
+            "all ignored: loss {} and a gradient not all zero",
+            l[0]
+        ));
+    }
+    // A target past the vocabulary and a negative one (not the ignore index): NaN in those
+    // rows only.
+    let bad = DeviceBuffer::from_slice(&[3i64, 1000, -7, 999]).map_err(text)?;
+    let mut losses = common::poisoned(4)?;
+    let mut gradient = common::poisoned(s.len())?;
+    softmax
+        .cross_entropy_backward(
+            Rows::new(&logits, s).map_err(text)?,
+            &bad,
+            CrossEntropyOutputs::new().loss(&mut losses),
+            RowsMut::new(&mut gradient, s).map_err(text)?,
+            Upstream::Value(1.0),
+            &CrossEntropyOptions::new().reduction(Reduction::None),
+            &Options::new(),
+        )
+        .map_err(text)?;
+    softmax.synchronize().map_err(text)?;
+    let (l, g) = (download(&losses)?, download(&gradient)?);
+    let nan_rows: Vec<bool> = l.iter().map(|v| v.is_nan()).collect();
+    if nan_rows != [false, true, true, false] {
+        return Err(format!("out-of-range targets: losses {l:?}"));
+    }
+    for (r, row) in g.chunks(1000).enumerate() {
+        if row.iter().all(|v| v.is_nan()) != nan_rows[r]
+            || (!nan_rows[r] && row.iter().any(|v| v.is_nan()))
+        {
+            return Err(format!("out-of-range targets: gradient row {r}"));
+        }
+    }
+    Ok("a batch of ignored rows gives a NaN mean and a zero gradient; targets out of range give NaN in their rows only".into())
+}
+
+fn strided_and_unaligned(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
+    // Rows of 1001 columns at a pitch of 1003 (no row starts on a 16-byte boundary after the
+    // first), starting one element into the buffer.
+    let (rows, cols, pitch) = (37, 1001, 1003);
+    let s = shape(rows, cols);
+    let dense = rounded::<bf16>(&common::random_matrix(rng, s, 6.0));
+    let mut padded = vec![0.0f32; 1 + (rows - 1) * pitch + cols];
+    for r in 0..rows {
+        padded[1 + r * pitch..1 + r * pitch + cols]
+            .copy_from_slice(&dense[r * cols..(r + 1) * cols]);
+    }
+    let target_values = targets(rng, rows, cols, Some(-100));
+    let reference = cross_entropy_f64(
+        &dense,
+        rows,
+        cols,
+        &target_values,
+        &Case::PLAIN.reference(&[]),
+    );
+    let logits = upload::<bf16>(&padded)?;
+    let t = DeviceBuffer::from_slice(&target_values).map_err(text)?;
+    let mut gradient = common::poisoned(rows * cols)?;
+    let mut loss = common::poisoned(1)?;
+    let view = logits.index(1..);
+    softmax
+        .cross_entropy_backward(
+            Rows::strided(&view, s, pitch).map_err(text)?,
+            &t,
+            CrossEntropyOutputs::new().loss(&mut loss),
+            RowsMut::new(&mut gradient, s).map_err(text)?,
+            Upstream::Value(1.0),
+            &CrossEntropyOptions::new(),
+            &Options::new(),
+        )
+        .map_err(text)?;
+    softmax.synchronize().map_err(text)?;
+    check_losses("strided", &download(&loss)?, &[reference.reduced], 1e-4)?;
+    let worst = check_gradient(
+        "strided",
+        &download(&gradient)?,
+        &reference.gradient,
+        cols,
+        1e-4,
+    )?;
+    Ok(format!(
+        "bf16 rows at a pitch of {pitch}, one element off: f32 gradient within {worst:.1e}"
+    ))
+}
+
+fn upstream_on_device(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
+    let (rows, cols) = (12, 5000);
+    let s = shape(rows, cols);
+    let values = common::random_matrix(rng, s, 6.0);
+    let target_values = targets(rng, rows, cols, Some(-100));
+    let logits = upload::<f32>(&values)?;
+    let t = DeviceBuffer::from_slice(&target_values).map_err(text)?;
+    let per_row: Vec<f32> = (0..rows).map(|r| 0.25 + r as f32).collect();
+    let upstream = DeviceBuffer::from_slice(&per_row).map_err(text)?;
+    let mut gradient = common::poisoned(s.len())?;
+    let mut losses = common::poisoned(rows)?;
+    let none = CrossEntropyOptions::new().reduction(Reduction::None);
+    softmax
+        .cross_entropy_backward(
+            Rows::new(&logits, s).map_err(text)?,
+            &t,
+            CrossEntropyOutputs::new().loss(&mut losses),
+            RowsMut::new(&mut gradient, s).map_err(text)?,
+            Upstream::Device(Values::new(&upstream)),
+            &none,
+            &Options::new(),
+        )
+        .map_err(text)?;
+    softmax.synchronize().map_err(text)?;
+    let reference = cross_entropy_f64(
+        &values,
+        rows,
+        cols,
+        &target_values,
+        &CrossEntropyReference {
+            ignore_index: Some(-100),
+            reduction: Reduction::None,
+            ..CrossEntropyReference::default()
+        },
+    );
+    let expected: Vec<f64> = reference
+        .gradient
+        .chunks(cols)
+        .zip(&per_row)
+        .flat_map(|(row, &g)| row.iter().map(move |v| v * f64::from(g)))
+        .collect();
+    check_gradient(
+        "per-row upstream",
+        &download(&gradient)?,
+        &expected,
+        cols,
+        1e-4,
+    )?;
+    let scalar = DeviceBuffer::from_slice(&[3.0f32]).map_err(text)?;
+    let mut mean = common::poisoned(1)?;
+    softmax
+        .cross_entropy_backward(
+            Rows::new(&logits, s).map_err(text)?,
+            &t,
+            CrossEntropyOutputs::new().loss(&mut mean),
+            RowsMut::new(&mut gradient, s).map_err(text)?,
+            Upstream::Device(Values::new(&scalar)),
+            &CrossEntropyOptions::new(),
+            &Options::new(),
+        )
+        .map_err(text)?;
+    softmax.synchronize().map_err(text)?;
+    let reference = cross_entropy_f64(
+        &values,
+        rows,
+        cols,
+        &target_values,
+        &Case::PLAIN.reference(&[]),
+    );
+    let expected: Vec<f64> = reference.gradient.iter().map(|v| 3.0 * v).collect();
+    check_gradient(
+        "device scalar upstream",
+        &download(&gradient)?,
+        &expected,
+        cols,
+        1e-4,
+    )?;
+    Ok("per-row and scalar upstream gradients read on the device".into())
+}
+
+fn shards(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
+    let mut checked = Vec::new();
+    for &(rows, cols, count) in &[(16, 32000, 2), (8, 50257, 3), (4, 128256, 8)] {
+        let s = shape(rows, cols);
+        let values = rounded::<bf16>(&common::random_matrix(rng, s, 6.0));
+        let weight_values: Vec<f32> = (0..cols).map(|_| rng.random_range(0.5..1.5)).collect();
+        let target_values = targets(rng, rows, cols, Some(-100));
+        let case = Case {
+            smoothing: 0.1,
+            z_loss: 1e-4,
+            softcap: Some(20.0),
+            weighted: true,
+            ..Case::PLAIN
+        };
+        let reference = cross_entropy_f64(
+            &values,
+            rows,
+            cols,
+            &target_values,
+            &case.reference(&weight_values),
+        );
+        let weight = DeviceBuffer::from_slice(&weight_values).map_err(text)?;
+        let t = DeviceBuffer::from_slice(&target_values).map_err(text)?;
+        // Each shard's columns, in its own buffer.
+        let bounds: Vec<(usize, usize)> = (0..count)
+            .map(|k| (k * cols / count, (k + 1) * cols / count))
+            .collect();
+        let shard_buffers = bounds
+            .iter()
+            .map(|&(a, b)| {
+                let part: Vec<f32> = (0..rows)
+                    .flat_map(|r| values[r * cols + a..r * cols + b].iter().copied())
+                    .collect();
+                upload::<bf16>(&part)
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        let states: DeviceBuffer<CrossEntropyState> =
+            DeviceBuffer::from_slice(&vec![CrossEntropyState::default(); count * rows])
+                .map_err(text)?;
+        for (k, (&(a, b), buffer)) in bounds.iter().zip(&shard_buffers).enumerate() {
+            let ce = case.options(&weight).shard(a, cols);
+            let mut run = states.index(k * rows..(k + 1) * rows);
+            softmax
+                .cross_entropy_states(
+                    Rows::new(buffer, shape(rows, b - a)).map_err(text)?,
+                    &t,
+                    &mut run,
+                    &ce,
+                    &Options::new(),
+                )
+                .map_err(text)?;
+        }
+        let mut gradient = vec![0.0f32; rows * cols];
+        let mut first_loss = None;
+        for (&(a, b), buffer) in bounds.iter().zip(&shard_buffers) {
+            let ce = case.options(&weight).shard(a, cols).merged(&states);
+            let mut part = upload::<bf16>(&vec![f32::NAN; rows * (b - a)])?;
+            let mut loss = common::poisoned(1)?;
+            softmax
+                .cross_entropy_backward(
+                    Rows::new(buffer, shape(rows, b - a)).map_err(text)?,
+                    &t,
+                    CrossEntropyOutputs::new().loss(&mut loss),
+                    RowsMut::new(&mut part, shape(rows, b - a)).map_err(text)?,
+                    Upstream::Value(1.0),
+                    &ce,
+                    &Options::new(),
+                )
+                .map_err(text)?;
+            softmax.synchronize().map_err(text)?;
+            let part = download(&part)?;
+            for r in 0..rows {
+                gradient[r * cols + a..r * cols + b]
+                    .copy_from_slice(&part[r * (b - a)..(r + 1) * (b - a)]);
+            }
+            let loss = download(&loss)?[0];
+            if first_loss.is_some_and(|l: f32| l.to_bits() != loss.to_bits()) {
+                return Err(format!("{count} shards: the shards' losses differ"));
+            }
+            first_loss = Some(loss);
+        }
+        let what = format!("{count} shards of {rows}×{cols}");
+        check_losses(
+            &what,
+            &[first_loss.unwrap_or(f32::NAN)],
+            &[reference.reduced],
+            1e-4,
+        )?;
+        let expected = common::as_written::<bf16>(&reference.gradient);
+        check_gradient(&what, &gradient, &expected, cols, 1.5e-2)?;
+        checked.push(what);
+    }
+    Ok(format!(
+        "{} (bf16, every option): loss and gradient as the whole vocabulary's",
+        checked.join(", ")
+    ))
+}
+
+/// A bad call: what it was, what it returned, and whether that is the error it should be.
+type Refusal = (&'static str, softmax::Result<()>, fn(&Error) -> bool);
+
+fn bad_input(softmax: &mut Softmax, _rng: &mut StdRng) -> Outcome {
+    let s = shape(4, 100);
+    let logits = upload::<f32>(&vec![0.0; s.len()])?;
+    let t = DeviceBuffer::from_slice(&[0i32, 1, 2, 3]).map_err(text)?;
+    let short = DeviceBuffer::from_slice(&[0i32, 1, 2]).map_err(text)?;
+    let mut loss = common::poisoned(1)?;
+    let mut rows_loss = common::poisoned(4)?;
+    let weight = DeviceBuffer::from_slice(&[1.0f32; 99]).map_err(text)?;
+    let call = |softmax: &mut Softmax,
+                targets: &DeviceBuffer<i32>,
+                loss: &mut DeviceBuffer<f32>,
+                ce: &CrossEntropyOptions<'_>| {
+        softmax.cross_entropy(
+            Rows::new(&logits, s)?,
+            targets,
+            CrossEntropyOutputs::new().loss(loss),
+            ce,
+            &Options::new(),
+        )
+    };
+    let cases: Vec<Refusal> = vec![
+        (
+            "targets of another length",
+            call(softmax, &short, &mut loss, &CrossEntropyOptions::new()),
+            |e| matches!(e, Error::PerRowLength { .. }),
+        ),
+        (
+            "a per-row loss for a mean",
+            call(softmax, &t, &mut rows_loss, &CrossEntropyOptions::new()),
+            |e| matches!(e, Error::PerRowLength { .. }),
+        ),
+        (
+            "label smoothing 1.5",
+            call(
+                softmax,
+                &t,
+                &mut loss,
+                &CrossEntropyOptions::new().label_smoothing(1.5),
+            ),
+            |e| matches!(e, Error::CrossEntropyOption { .. }),
+        ),
+        (
+            "a NaN z-loss",
+            call(
+                softmax,
+                &t,
+                &mut loss,
+                &CrossEntropyOptions::new().z_loss(f32::NAN),
+            ),
+            |e| matches!(e, Error::CrossEntropyOption { .. }),
+        ),
+        (
+            "a softcap of 0",
+            call(
+                softmax,
+                &t,
+                &mut loss,
+                &CrossEntropyOptions::new().softcap(0.0),
+            ),
+            |e| matches!(e, Error::CrossEntropyOption { .. }),
+        ),
+        (
+            "99 class weights for 100 classes",
+            call(
+                softmax,
+                &t,
+                &mut loss,
+                &CrossEntropyOptions::new().weight(&weight),
+            ),
+            |e| matches!(e, Error::PerRowLength { .. }),
+        ),
+        (
+            "a shard past its vocabulary",
+            call(
+                softmax,
+                &t,
+                &mut loss,
+                &CrossEntropyOptions::new().shard(50, 120),
+            ),
+            |e| matches!(e, Error::CrossEntropyOption { .. }),
+        ),
+    ];
+    let mut refused = 0;
+    for (what, result, expected) in cases {
+        match result {
+            Err(ref error) if expected(error) => refused += 1,
+            other => return Err(format!("{what}: {other:?}")),
+        }
+    }
+    // The gradient over the logits it reads, but not exactly them: an overlap.
+    let mut both = upload::<f32>(&vec![0.0; s.len() + 1])?;
+    let (head, tail) = {
+        let view = both.index(..s.len());
+        let address = view.as_device_ptr().as_raw();
+        (address, address + 4)
+    };
+    // SAFETY: both views lie in `both`, which outlives the call; the call is refused before
+    // any launch.
+    let overlapping = unsafe {
+        Rows::raw(head, DType::F32, s, 100).and_then(|x| {
+            let y = RowsMut::raw(tail, DType::F32, s, 100)?;
+            softmax.cross_entropy_backward(
+                x,
+                &t,
+                CrossEntropyOutputs::new().loss(&mut loss),
+                y,
+                Upstream::Value(1.0),
+                &CrossEntropyOptions::new(),
+                &Options::new(),
+            )
+        })
+    };
+    if !matches!(overlapping, Err(Error::Overlap { .. })) {
+        return Err(format!("an overlapping gradient: {overlapping:?}"));
+    }
+    let _ = &mut both;
+    Ok(format!(
+        "{} bad calls refused with typed errors before any launch",
+        refused + 1
+    ))
+}
