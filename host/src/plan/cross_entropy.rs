@@ -152,11 +152,8 @@ mod tests {
         )
         .unwrap();
         assert!(matches!(
-            launches[0].entry,
-            Entry::CrossEntropy(CrossEntropyEntry {
-                kind: CrossEntropyKind::Rows { pack: 1 },
-                ..
-            })
+            launches[0].params,
+            Params::CrossEntropy { aligned: false, .. }
         ));
     }
 }
