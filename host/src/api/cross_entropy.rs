@@ -349,7 +349,7 @@ impl Softmax {
     #[allow(clippy::too_many_arguments)]
     fn cross_entropy_call(
         &mut self,
-        input: Input<'_>,
+        mut input: Input<'_>,
         targets: Targets<'_>,
         mut outputs: CrossEntropyOutputs<'_>,
         gradient: Gradient<'_>,
@@ -388,7 +388,6 @@ impl Softmax {
             });
         }
         let mut frame = self.frame(options)?;
-        let mut input = input;
         let x = match &mut input {
             Input::Read(view) => frame.rows("logits", view)?,
             Input::Write(view) => frame.rows_mut("logits", view)?,

@@ -150,6 +150,8 @@ impl<'r> CudarcCall<'r> {
             Read::Bf16(d) => d.device_ptr(self.stream),
             Read::F16(d) => d.device_ptr(self.stream),
             Read::U8(d) => d.device_ptr(self.stream),
+            Read::I32(d) => d.device_ptr(self.stream),
+            Read::I64(d) => d.device_ptr(self.stream),
         };
         self.guards.push(guard);
         address

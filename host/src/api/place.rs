@@ -35,6 +35,8 @@ mod cudarc_buffers {
         impl Sealed for half2::bf16 {}
         impl Sealed for half2::f16 {}
         impl Sealed for u8 {}
+        impl Sealed for i32 {}
+        impl Sealed for i64 {}
     }
 
     /// A cudarc buffer a call reads, its element type erased.
@@ -44,6 +46,8 @@ mod cudarc_buffers {
         Bf16(&'a dyn DevicePtr<half2::bf16>),
         F16(&'a dyn DevicePtr<half2::f16>),
         U8(&'a dyn DevicePtr<u8>),
+        I32(&'a dyn DevicePtr<i32>),
+        I64(&'a dyn DevicePtr<i64>),
     }
 
     /// A cudarc buffer a call writes, its element type erased.
@@ -66,7 +70,7 @@ mod cudarc_buffers {
     }
 
     /// A type of cudarc buffers the views take: `f32`, half 2's `bf16` and `f16` (the types
-    /// cudarc's `f16` feature implements), and `u8` for masks.
+    /// cudarc's `f16` feature implements), `u8` for masks, and `i32` and `i64` for targets.
     pub trait CudarcType: DeviceRepr + sealed::Sealed + 'static {
         #[doc(hidden)]
         fn read(data: &dyn DevicePtr<Self>) -> Read<'_>;
@@ -105,6 +109,18 @@ mod cudarc_buffers {
     impl CudarcType for u8 {
         fn read(data: &dyn DevicePtr<Self>) -> Read<'_> {
             Read::U8(data)
+        }
+    }
+
+    impl CudarcType for i32 {
+        fn read(data: &dyn DevicePtr<Self>) -> Read<'_> {
+            Read::I32(data)
+        }
+    }
+
+    impl CudarcType for i64 {
+        fn read(data: &dyn DevicePtr<Self>) -> Read<'_> {
+            Read::I64(data)
         }
     }
 }

@@ -29,13 +29,15 @@
 //!   [`softmax::Softmax`] per device and thread that this crate keeps.
 //! - CPU tensors are computed by the library's f64 reference (slow, exact: for tests).
 
+mod cross_entropy;
 mod instance;
 mod ops;
 mod rows;
 
 use candle_core::{DType, Result, Tensor};
 
-pub use softmax::{MaskedRows, Operation};
+pub use cross_entropy::{CrossEntropyOptions, cross_entropy};
+pub use softmax::{MaskedRows, Operation, Reduction};
 
 /// A mask applied to the scaled scores before normalizing, as a tensor of `k × cols` values
 /// (any shape holding them, contiguous) with `k` dividing the rows: row `r` uses mask row

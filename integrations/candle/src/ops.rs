@@ -65,7 +65,7 @@ impl Scoring {
 }
 
 /// The device ordinal of a CUDA device.
-fn ordinal(device: &CudaDevice) -> Result<usize> {
+pub(crate) fn ordinal(device: &CudaDevice) -> Result<usize> {
     match device.location() {
         DeviceLocation::Cuda { gpu_id } => Ok(gpu_id),
         other => bail!("softmax-candle: expected a CUDA device, got {other:?}"),
@@ -101,7 +101,7 @@ macro_rules! dispatch {
 }
 
 /// The values of `rows` in a CPU storage, widened to f32, row after row.
-fn cpu_rows(storage: &CpuStorage, rows: &Rows) -> Result<Vec<f32>> {
+pub(crate) fn cpu_rows(storage: &CpuStorage, rows: &Rows) -> Result<Vec<f32>> {
     fn gather<T: Copy>(data: &[T], rows: &Rows, widen: impl Fn(T) -> f32) -> Vec<f32> {
         let (count, cols) = (rows.shape.rows(), rows.shape.cols());
         (0..count)
@@ -123,7 +123,7 @@ fn cpu_rows(storage: &CpuStorage, rows: &Rows) -> Result<Vec<f32>> {
 }
 
 /// `values` (f64) as a CPU storage of `dtype`.
-fn cpu_storage(values: &[f64], dtype: DType) -> Result<CpuStorage> {
+pub(crate) fn cpu_storage(values: &[f64], dtype: DType) -> Result<CpuStorage> {
     Ok(match dtype {
         DType::F32 => CpuStorage::F32(values.iter().map(|&v| v as f32).collect()),
         DType::BF16 => CpuStorage::BF16(values.iter().map(|&v| bf16::from_f64(v)).collect()),

@@ -24,6 +24,10 @@ const TESTS: &[common::Test] = &[
         streams_and_cpu,
     ),
     ("candle_layouts_it_cannot_take_are_refused", refused),
+    (
+        "candle_cross_entropy_matches_candles_composed_loss",
+        cross_entropy,
+    ),
 ];
 
 fn main() -> ExitCode {
@@ -449,4 +453,111 @@ fn refused(_: &mut softmax::Softmax, rng: &mut StdRng) -> Outcome {
         }
     }
     Ok("transposed, uncollapsible and integer tensors are refused with a clear error".into())
+}
+
+/// `cross_entropy(x · a, targets)` and its gradients with respect to `x` and `a` against
+/// candle's composed `candle_nn::loss::cross_entropy` (log-softmax, then the mean negative
+/// log-likelihood), f32 and bf16, u32 and i64 targets; and the library's own options (ignore
+/// index, label smoothing) against the same loss written out with candle's ops.
+fn cross_entropy(_: &mut softmax::Softmax, rng: &mut StdRng) -> Outcome {
+    use rand::Rng;
+    let device = device()?;
+    let mut checked = 0;
+    for dtype in [DType::F32, DType::BF16] {
+        for (rows, inner, cols) in [(37, 16, 1001), (64, 32, 32000)] {
+            let x =
+                Var::from_tensor(&scores(rng, &[rows, inner], dtype, &device)?).map_err(text)?;
+            let a = Var::from_tensor(
+                &(scores(rng, &[inner, cols], dtype, &device)? * 0.1).map_err(text)?,
+            )
+            .map_err(text)?;
+            let labels: Vec<u32> = (0..rows)
+                .map(|_| rng.random_range(0..cols as u32))
+                .collect();
+            let targets = Tensor::from_vec(labels.clone(), rows, &device).map_err(text)?;
+            let wide: Vec<i64> = labels.iter().map(|&t| i64::from(t)).collect();
+            let wide = Tensor::from_vec(wide, rows, &device).map_err(text)?;
+            for (case, ours_targets) in [(0, &targets), (1, &wide)] {
+                let h = x.as_tensor().matmul(a.as_tensor()).map_err(text)?;
+                let ours = softmax_candle::cross_entropy(
+                    &h,
+                    ours_targets,
+                    &softmax_candle::CrossEntropyOptions::new().ignore_index(None),
+                )
+                .map_err(text)?;
+                let h32 = h.to_dtype(DType::F32).map_err(text)?;
+                let theirs = candle_nn::loss::cross_entropy(&h32, &targets).map_err(text)?;
+                let what = format!("loss, case {case}, {dtype:?} {rows}x{inner}x{cols}");
+                let tol = if dtype == DType::BF16 { 1e-2 } else { 1e-5 };
+                close(&what, &ours.reshape(()).map_err(text)?, &theirs, 1.0, tol)?;
+                let (g_ours, g_theirs) = (
+                    ours.backward().map_err(text)?,
+                    theirs.backward().map_err(text)?,
+                );
+                for (name, var) in [("x", &x), ("a", &a)] {
+                    let (Some(go), Some(gt)) =
+                        (g_ours.get(var.as_tensor()), g_theirs.get(var.as_tensor()))
+                    else {
+                        return Err(format!("{what}: no gradient for {name}"));
+                    };
+                    let scale = gt
+                        .to_dtype(DType::F32)
+                        .and_then(|g| g.abs()?.flatten_all()?.max(0)?.to_vec0::<f32>())
+                        .map_err(text)?;
+                    let tol = if dtype == DType::BF16 { 5e-2 } else { 1e-3 };
+                    close(
+                        &format!("gradient of {name}, {what}"),
+                        go,
+                        gt,
+                        scale.max(1e-30),
+                        tol,
+                    )?;
+                    checked += 1;
+                }
+            }
+        }
+    }
+    // Ignore index and label smoothing, against the loss written out with candle's ops.
+    let (rows, cols) = (24, 777);
+    let logits = scores(rng, &[rows, cols], DType::F32, &device)?;
+    let labels: Vec<i64> = (0..rows)
+        .map(|r| {
+            if r % 4 == 3 {
+                -100
+            } else {
+                rng.random_range(0..cols as i64)
+            }
+        })
+        .collect();
+    let targets = Tensor::from_vec(labels.clone(), rows, &device).map_err(text)?;
+    let eps = 0.1f64;
+    let ours = softmax_candle::cross_entropy(
+        &logits,
+        &targets,
+        &softmax_candle::CrossEntropyOptions::new().label_smoothing(eps as f32),
+    )
+    .map_err(text)?;
+    let log_p = candle_nn::ops::log_softmax(&logits, D::Minus1).map_err(text)?;
+    let host_log_p: Vec<Vec<f32>> = log_p.to_vec2().map_err(text)?;
+    let kept: Vec<usize> = (0..rows).filter(|r| labels[*r] != -100).collect();
+    let total: f64 = kept
+        .iter()
+        .map(|&r| {
+            let row = &host_log_p[r];
+            let nll = -f64::from(row[labels[r] as usize]);
+            let smooth = -row.iter().map(|&v| f64::from(v)).sum::<f64>() / cols as f64;
+            (1.0 - eps) * nll + eps * smooth
+        })
+        .sum();
+    let expected = total / kept.len() as f64;
+    let got = f64::from(ours.to_vec0::<f32>().map_err(text)?);
+    if (got - expected).abs() > 1e-5 * expected.abs().max(1.0) {
+        return Err(format!(
+            "ignore index and label smoothing: {got} where {expected}"
+        ));
+    }
+    checked += 1;
+    Ok(format!(
+        "{checked} losses and gradients of cross-entropy through a matrix product match candle's composed loss, and the options its written-out form"
+    ))
 }
