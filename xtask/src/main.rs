@@ -11,7 +11,7 @@
 //! - `fetch-ptxas`: unpack `ptxas` from NVIDIA's `nvidia-cuda-nvcc-cu12` wheel (through pip)
 //!   under `target/ptxas`, where builds find it: the library then embeds cubins (native code
 //!   that loads in milliseconds) beside the PTX, and `build-ptx` reports registers and spills.
-//! - `peer-wheels [PYTHON]`: download the wheels of QuACK and FlashInfer and of what they
+//! - `peer-wheels [PYTHON]`: download the wheels of QuACK, FlashInfer and Liger and of what they
 //!   need beyond PyTorch, for CPython `PYTHON` (default 3.12) on x86-64 Linux, into
 //!   `target/peer-wheels/`, for a GPU machine without network access (`pip install --no-deps
 //!   --no-index target/peer-wheels/*.whl` there).
@@ -232,6 +232,7 @@ const PEER_WHEELS: &[&str] = &[
     "nvidia-cudnn-frontend",
     "nvidia-ml-py",
     "tabulate",
+    "liger-kernel==0.8.5",
 ];
 
 /// Downloads [`PEER_WHEELS`] (each without its dependencies: the list is closed) for CPython

@@ -1,0 +1,135 @@
+//! Times the fused cross-entropy (loss and gradient, into a buffer and in place) at training
+//! shapes, isolated as the benchmark times (the L2 evicted by a memset of twice its size
+//! before each sample, one call between two events), beside a device-to-device copy of the
+//! logits: the bytes the fused call must move (the logits read once, the gradient written
+//! once) are the copy's. Prints one CSV line per shape, type and contender:
+//! `rows,cols,dtype,contender,median_us,pct_of_copy,extra_bytes`.
+//!
+//! `cargo run --release -p host --example cross_entropy_bench [ROWSxCOLS,...]`
+
+use cust::event::{Event, EventFlags};
+use cust::memory::{DeviceBuffer, DeviceCopy};
+use softmax::half::bf16;
+use softmax::{
+    CrossEntropyOptions, CrossEntropyOutputs, Element, Options, Rows, RowsMut, Shape, Softmax,
+    Upstream,
+};
+
+const SAMPLES: usize = 25;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let shapes: Vec<(usize, usize)> = match std::env::args().nth(1) {
+        Some(list) => list
+            .split(',')
+            .map(|s| {
+                let (r, c) = s.split_once('x').expect("ROWSxCOLS");
+                (r.parse().expect("rows"), c.parse().expect("cols"))
+            })
+            .collect(),
+        None => vec![(4096, 128256), (8192, 32000), (16384, 151936), (2048, 262144)],
+    };
+    let mut softmax = Softmax::new()?;
+    let l2 = softmax.device().l2_bytes as usize;
+    // SAFETY: u32 accepts any bits; the buffer is only ever written.
+    let mut flush = unsafe { DeviceBuffer::<u32>::uninitialized(2 * l2 / 4) }?;
+    println!("rows,cols,dtype,contender,median_us,pct_of_copy,extra_bytes");
+    for &(rows, cols) in &shapes {
+        run::<bf16>(&mut softmax, &mut flush, rows, cols)?;
+        run::<f32>(&mut softmax, &mut flush, rows, cols)?;
+    }
+    Ok(())
+}
+
+/// The median of `SAMPLES` isolated timings of `call`, in microseconds.
+fn time(
+    softmax: &mut Softmax,
+    flush: &mut DeviceBuffer<u32>,
+    mut call: impl FnMut(&mut Softmax) -> Result<(), Box<dyn std::error::Error>>,
+) -> Result<f64, Box<dyn std::error::Error>> {
+    let (start, stop) = (Event::new(EventFlags::DEFAULT)?, Event::new(EventFlags::DEFAULT)?);
+    call(softmax)?;
+    softmax.synchronize()?;
+    let mut samples = Vec::with_capacity(SAMPLES);
+    for _ in 0..SAMPLES {
+        // SAFETY: a live buffer of words that nothing reads.
+        unsafe { flush.set_32_async(0, softmax.stream()) }?;
+        start.record(softmax.stream())?;
+        call(softmax)?;
+        stop.record(softmax.stream())?;
+        stop.synchronize()?;
+        samples.push(f64::from(stop.elapsed_time_f32(&start)?) * 1e3);
+    }
+    samples.sort_by(f64::total_cmp);
+    Ok(samples[SAMPLES / 2])
+}
+
+fn run<T: Element + DeviceCopy>(
+    softmax: &mut Softmax,
+    flush: &mut DeviceBuffer<u32>,
+    rows: usize,
+    cols: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let shape = Shape::new(rows, cols)?;
+    let values: Vec<T> = (0..shape.len())
+        .map(|i| T::from_f32(((i * 7919) % 2001) as f32 / 200.0 - 5.0))
+        .collect();
+    let mut logits = DeviceBuffer::from_slice(&values)?;
+    let mut gradient = DeviceBuffer::from_slice(&values)?;
+    let targets: Vec<i64> = (0..rows).map(|r| ((r * 104_729) % cols) as i64).collect();
+    let targets = DeviceBuffer::from_slice(&targets)?;
+    let mut loss = DeviceBuffer::from_slice(&[0.0f32])?;
+    let ce = CrossEntropyOptions::new();
+    let stream = softmax.stream().as_inner();
+    let bytes = shape.len() * size_of::<T>();
+    let copy = time(softmax, flush, |_| {
+        // SAFETY: two live buffers of `bytes`, distinct, on the instance's stream.
+        let status = unsafe {
+            cust::sys::cuMemcpyDtoDAsync_v2(
+                gradient.as_device_ptr().as_raw(),
+                logits.as_device_ptr().as_raw(),
+                bytes,
+                stream,
+            )
+        };
+        if status != cust::sys::CUresult::CUDA_SUCCESS {
+            return Err(format!("copy: {status:?}").into());
+        }
+        Ok(())
+    })?;
+    let into = time(softmax, flush, |s| {
+        s.cross_entropy_backward(
+            Rows::new(&logits, shape)?,
+            &targets,
+            CrossEntropyOutputs::new().loss(&mut loss),
+            RowsMut::new(&mut gradient, shape)?,
+            Upstream::Value(1.0),
+            &ce,
+            &Options::new(),
+        )?;
+        Ok(())
+    })?;
+    let in_place = time(softmax, flush, |s| {
+        s.cross_entropy_backward_in_place(
+            RowsMut::new(&mut logits, shape)?,
+            &targets,
+            CrossEntropyOutputs::new().loss(&mut loss),
+            Upstream::Value(1.0),
+            &ce,
+            &Options::new(),
+        )?;
+        Ok(())
+    })?;
+    let dtype = if size_of::<T>() == 2 { "bf16" } else { "f32" };
+    let workspace = 4 * (rows + 2);
+    for (contender, us, extra) in [
+        ("copy", copy, 0),
+        ("softmax-rs", into, bytes + workspace),
+        ("softmax-rs-in-place", in_place, workspace),
+    ] {
+        println!(
+            "{rows},{cols},{dtype},{contender},{us:.2},{:.1},{extra}",
+            100.0 * copy / us
+        );
+    }
+    Ok(())
+}
