@@ -26,7 +26,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 (r.parse().expect("rows"), c.parse().expect("cols"))
             })
             .collect(),
-        None => vec![(4096, 128256), (8192, 32000), (16384, 151936), (2048, 262144)],
+        None => vec![
+            (4096, 128256),
+            (8192, 32000),
+            (16384, 151936),
+            (2048, 262144),
+        ],
     };
     let mut softmax = Softmax::new()?;
     let l2 = softmax.device().l2_bytes as usize;
@@ -46,7 +51,10 @@ fn time(
     flush: &mut DeviceBuffer<u32>,
     mut call: impl FnMut(&mut Softmax) -> Result<(), Box<dyn std::error::Error>>,
 ) -> Result<f64, Box<dyn std::error::Error>> {
-    let (start, stop) = (Event::new(EventFlags::DEFAULT)?, Event::new(EventFlags::DEFAULT)?);
+    let (start, stop) = (
+        Event::new(EventFlags::DEFAULT)?,
+        Event::new(EventFlags::DEFAULT)?,
+    );
     call(softmax)?;
     softmax.synchronize()?;
     let mut samples = Vec::with_capacity(SAMPLES);
