@@ -33,6 +33,7 @@ const TESTS: &[common::Test] = &[
     ("ce_strided_and_unaligned_rows", strided_and_unaligned),
     ("ce_upstream_gradients_on_the_device", upstream_on_device),
     ("ce_vocabulary_shards_match_the_whole", shards),
+    ("ce_captured_in_a_graph", captured),
     ("ce_bad_input_is_refused", bad_input),
 ];
 
@@ -122,6 +123,17 @@ impl Case {
                 smoothing: 0.05,
                 weighted: true,
                 reduction: Reduction::None,
+                ..p
+            },
+            Case {
+                smoothing: 0.1,
+                reduction: Reduction::Sum,
+                ..p
+            },
+            Case {
+                smoothing: 0.1,
+                weighted: true,
+                reduction: Reduction::Sum,
                 ..p
             },
         ]
@@ -782,6 +794,17 @@ fn bad_input(softmax: &mut Softmax, _rng: &mut StdRng) -> Outcome {
             other => return Err(format!("{what}: {other:?}")),
         }
     }
+    // The call's options other than the stream belong to softmax.
+    let scaled = softmax.cross_entropy(
+        Rows::new(&logits, s).map_err(text)?,
+        &t,
+        CrossEntropyOutputs::new().loss(&mut loss),
+        &CrossEntropyOptions::new(),
+        &Options::new().temperature(0.5),
+    );
+    if !matches!(scaled, Err(Error::CrossEntropyOption { .. })) {
+        return Err(format!("a temperature in the call's options: {scaled:?}"));
+    }
     // The gradient over the logits it reads, but not exactly them: an overlap.
     let mut both = upload::<f32>(&vec![0.0; s.len() + 1])?;
     let (head, tail) = {
@@ -813,4 +836,71 @@ fn bad_input(softmax: &mut Softmax, _rng: &mut StdRng) -> Outcome {
         "{} bad calls refused with typed errors before any launch",
         refused + 1
     ))
+}
+
+/// A reserved cross-entropy (the fused backward in place, the upstream gradient read on the
+/// device) captured into a graph on a stream of the caller's, replayed: each replay matches a
+/// direct call on the same logits, bit for bit.
+fn captured(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
+    use cust::stream::{Stream, StreamFlags};
+    use softmax::CallKind;
+    let (rows, cols) = (64, 32000);
+    let s = shape(rows, cols);
+    softmax
+        .reserve(&[(CallKind::CrossEntropy { input: DType::Bf16 }, s)])
+        .map_err(text)?;
+    let stream = Stream::new(StreamFlags::NON_BLOCKING, None).map_err(text)?;
+    let target_values = targets(rng, rows, cols, Some(-100));
+    let t = DeviceBuffer::from_slice(&target_values).map_err(text)?;
+    let upstream = DeviceBuffer::from_slice(&[1.0f32]).map_err(text)?;
+    let mut data = upload::<bf16>(&vec![0.0; rows * cols])?;
+    let mut loss = common::poisoned(1)?;
+    let ce = CrossEntropyOptions::new().label_smoothing(0.1);
+    common::begin_capture(&stream)?;
+    let call = softmax.cross_entropy_backward_in_place(
+        RowsMut::new(&mut data, s).map_err(text)?,
+        &t,
+        CrossEntropyOutputs::new().loss(&mut loss),
+        Upstream::Device(Values::new(&upstream)),
+        &ce,
+        &Options::new().on(&stream),
+    );
+    let exec = common::end_capture(&stream);
+    call.map_err(|e| format!("the reserved call during capture: {e}"))?;
+    let exec = exec?;
+    for replay in 0..3 {
+        let values = rounded::<bf16>(&common::random_matrix(rng, s, 6.0));
+        let fresh: Vec<bf16> = values.iter().map(|&v| bf16::from_f32(v)).collect();
+        data.copy_from(&fresh[..]).map_err(text)?;
+        cust::context::CurrentContext::synchronize().map_err(text)?;
+        // SAFETY: an executable graph of this context, launched on one of its streams.
+        let status = unsafe { cust::sys::cuGraphLaunch(exec, stream.as_inner()) };
+        if status != cust::sys::CUresult::CUDA_SUCCESS {
+            return Err(format!("replay {replay}: {status:?}"));
+        }
+        stream.synchronize().map_err(text)?;
+        let replayed = (download(&data)?, download(&loss)?);
+        let mut direct = upload::<bf16>(&values)?;
+        let mut direct_loss = common::poisoned(1)?;
+        softmax
+            .cross_entropy_backward_in_place(
+                RowsMut::new(&mut direct, s).map_err(text)?,
+                &t,
+                CrossEntropyOutputs::new().loss(&mut direct_loss),
+                Upstream::Value(1.0),
+                &ce,
+                &Options::new(),
+            )
+            .map_err(text)?;
+        softmax.synchronize().map_err(text)?;
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        if bits(&replayed.0) != bits(&download(&direct)?)
+            || bits(&replayed.1) != bits(&download(&direct_loss)?)
+        {
+            return Err(format!("replay {replay} differs from the direct call"));
+        }
+    }
+    // SAFETY: the executable graph is not used again.
+    unsafe { cust::sys::cuGraphExecDestroy(exec) };
+    Ok("a reserved bf16 cross-entropy captured in a graph: three replays, each bit for bit the direct call".into())
 }

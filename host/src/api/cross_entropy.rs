@@ -163,8 +163,16 @@ impl<'a> CrossEntropyOptions<'a> {
         self
     }
 
-    /// Checks the options against logits of `shape`; the vocabulary and the shard's offset.
-    fn check(&self, shape: Shape) -> Result<(u64, u64)> {
+    /// Checks the options (and the call's, of which cross-entropy takes only the stream)
+    /// against logits of `shape`; the vocabulary and the shard's offset.
+    fn check(&self, shape: Shape, call: &Options<'_>) -> Result<(u64, u64)> {
+        if !call.is_plain() || call.variant != crate::variant::Variant::Auto {
+            return Err(Error::CrossEntropyOption {
+                why: "of the call's options, cross-entropy takes only the stream (scales, masks \
+                      and variants belong to softmax)"
+                    .into(),
+            });
+        }
         let refuse = |why: String| Error::CrossEntropyOption { why };
         if !(0.0..=1.0).contains(&self.label_smoothing) {
             return Err(refuse(format!(
@@ -201,12 +209,10 @@ impl<'a> CrossEntropyOptions<'a> {
         if let Some(weight) = self.weight
             && weight.len != vocab
         {
-            return Err(Error::PerRowLength {
-                what: "class weights",
-                len: weight.len,
-                rows: vocab,
-                expected: vocab,
-            });
+            return Err(refuse(format!(
+                "{} class weights for a vocabulary of {vocab} classes",
+                weight.len
+            )));
         }
         Ok((offset as u64, vocab as u64))
     }
@@ -324,7 +330,7 @@ impl Softmax {
         let mut states = states.into();
         check_per_row(states.len, shard.shape.rows(), "cross-entropy states")?;
         check_per_row(targets.len(), shard.shape.rows(), "targets")?;
-        let (offset, vocab) = ce.check(shard.shape)?;
+        let (offset, vocab) = ce.check(shard.shape, options)?;
         let mut frame = self.frame(options)?;
         let x = frame.rows("logits", &shard)?;
         let t = resolve_targets(&mut frame, &targets)?;
@@ -360,7 +366,14 @@ impl Softmax {
         let shape = input.shape();
         let rows = shape.rows();
         check_per_row(targets.len(), rows, "targets")?;
-        let (offset, vocab) = ce.check(shape)?;
+        let (offset, vocab) = ce.check(shape, options)?;
+        if ce.shard.is_some() && ce.merged.is_none() {
+            return Err(Error::CrossEntropyOption {
+                why: "a shard's loss needs every shard's states (CrossEntropyOptions::merged); \
+                      its own call is cross_entropy_states"
+                    .into(),
+            });
+        }
         let reduced = ce.reduction != Reduction::None;
         let loss_len = if reduced { 1 } else { rows };
         if let Some(loss) = &outputs.loss {

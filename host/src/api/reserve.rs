@@ -24,6 +24,9 @@ pub enum CallKind {
     Backward { input: DType },
     /// [`Softmax::row_states`] on this input type; `masked`: with a mask or the causal option.
     RowStates { input: DType, masked: bool },
+    /// Every cross-entropy call ([`Softmax::cross_entropy`], its backward forms and
+    /// [`Softmax::cross_entropy_states`]) on logits of this type, whatever its reduction.
+    CrossEntropy { input: DType },
 }
 
 /// The forward kernels' direction, with or without masks.
@@ -76,6 +79,15 @@ impl CallKind {
             CallKind::RowStates { input, masked } => {
                 let direction = forward_direction(masked);
                 vec![operation(direction, input, OperationMode::States)]
+            }
+            CallKind::CrossEntropy { input } => {
+                [(false, false), (true, false), (false, true), (true, true)]
+                    .map(|(totals, reduce)| Request::CrossEntropy {
+                        input,
+                        totals,
+                        reduce,
+                    })
+                    .to_vec()
             }
         };
         requests

@@ -68,6 +68,7 @@ pub(crate) fn plan(
             cached: false,
             aligned: false,
             workspace: true,
+            totals,
         },
     };
     let mut launches = Vec::with_capacity(3);
@@ -85,6 +86,7 @@ pub(crate) fn plan(
             cached,
             aligned,
             workspace: totals || reduce,
+            totals,
         },
     });
     if reduce {

@@ -167,7 +167,10 @@ pub(crate) enum Params {
         rows: u32,
         cached: bool,
         aligned: bool,
+        /// The losses go to the workspace (a reduced loss) and, with `totals`, the totals the
+        /// prologue writes follow them.
         workspace: bool,
+        totals: bool,
     },
 }
 

@@ -161,6 +161,7 @@ impl KernelParams {
                 cached,
                 aligned,
                 workspace,
+                totals,
             } => {
                 let mut params = *b.cross_entropy;
                 params.cached = cached.into();
@@ -171,7 +172,9 @@ impl KernelParams {
                     if params.losses == 0 {
                         params.losses = w.row_stats;
                     }
-                    params.totals = w.row_stats + 4 * u64::from(rows);
+                    if totals {
+                        params.totals = w.row_stats + 4 * u64::from(rows);
+                    }
                 }
                 KernelParams::CrossEntropy(params)
             }

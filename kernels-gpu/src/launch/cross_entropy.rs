@@ -50,7 +50,7 @@ unsafe impl cust_core::DeviceCopy for CrossEntropyState {}
 /// - `losses` and `lse`, when not 0, hold one f32 per row; `upstream`, when not 0, one f32
 ///   (`upstream_per_row` 0) or one per row.
 /// - `states` (modes `STATES` and `FROM_STATES`) holds `slots · rows` [`CrossEntropyState`]s,
-///   run `s` for shard `s`; `STATES` writes run `slot`.
+///   run `s` for shard `s` (`STATES` writes one run: `slots` is 1).
 /// - The launch is `rows` blocks of [`CROSS_ENTROPY_THREADS`] threads with
 ///   `REDUCTION_SCRATCH_FLOATS · 4` bytes of dynamic shared memory, plus `cols` elements of
 ///   the module's type when `cached` is 1.
@@ -91,7 +91,6 @@ pub struct CrossEntropyParams {
     pub gradient_dtype: u32,
     pub mode: u32,
     pub slots: u32,
-    pub slot: u32,
     /// Whether the block keeps its row in shared memory between the two passes.
     pub cached: u32,
     /// Whether every row of the logits and the gradient starts on a 16-byte boundary (read

@@ -21,7 +21,8 @@ use crate::launch::REDUCTION_SCRATCH_FLOATS;
 use crate::launch::cross_entropy::{CrossEntropyParams, CrossEntropyState, cross_entropy_mode};
 use crate::launch::ops::RowState;
 use crate::primitives::device::{
-    DeviceExp2, block_dim, block_idx, dynamic_shared_f32, exp2_approx, log2_approx, thread_idx,
+    DeviceExp2, Vector4, block_dim, block_idx, dynamic_shared_f32, exp2_approx, log2_approx,
+    thread_idx,
 };
 use crate::primitives::element::{Element, store_as};
 use crate::primitives::online::{LOG2_E, OnlineStats};
@@ -160,6 +161,31 @@ impl<E: Element, const PACK: usize> Row<E, PACK> {
     }
 }
 
+/// A pack kept by [`copy_words`], as `load_packed` returns it.
+///
+/// # Safety
+/// `at` holds `N` elements of `E` in shared memory that [`copy_words`] wrote, aligned for
+/// `N` of them.
+#[inline(always)]
+unsafe fn cached_words<E: Element, const N: usize>(at: *const E) -> [u32; N] {
+    let mut words = [0u32; N];
+    // SAFETY: forwarded; the same widths `copy_words` stored.
+    unsafe {
+        match N * size_of::<E>() {
+            16 => {
+                let Vector4(vector) = at.cast::<Vector4<u32>>().read();
+                for i in 0..N.min(4) {
+                    words[i] = vector[i];
+                }
+            }
+            4 => words[0] = at.cast::<u32>().read(),
+            2 => words[0] = u32::from(at.cast::<u16>().read()),
+            _ => {}
+        }
+    }
+    words
+}
+
 /// Stores a pack as it was read, in shared memory.
 ///
 /// # Safety
@@ -275,12 +301,8 @@ pub(crate) unsafe fn cross_entropy_row<E: Element, const PACK: usize>(p: &CrossE
                     target_logit: sums.target,
                     smoothing: sums.smoothing,
                 };
-                // SAFETY: run `slot` of the states holds one per row.
-                unsafe {
-                    (p.states as *mut CrossEntropyState)
-                        .add(p.slot as usize * p.rows as usize + row)
-                        .write(state)
-                };
+                // SAFETY: the states hold one per row.
+                unsafe { (p.states as *mut CrossEntropyState).add(row).write(state) };
             }
             return;
         }
@@ -366,7 +388,12 @@ pub(crate) unsafe fn cross_entropy_row<E: Element, const PACK: usize>(p: &CrossE
     } else {
         upstream
     };
-    let p_factor = (1.0 - eps) * target_weight + eps * weight_sum / vocab + 2.0 * p.z_loss * lse;
+    let smoothed = if smoothing {
+        eps * weight_sum / vocab
+    } else {
+        0.0
+    };
+    let p_factor = (1.0 - eps) * target_weight + smoothed + 2.0 * p.z_loss * lse;
     let onehot = (1.0 - eps) * target_weight;
     let smoothing_per_class = eps / vocab;
     let nan = target.invalid;
