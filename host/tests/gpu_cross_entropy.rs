@@ -11,6 +11,8 @@
 
 mod common;
 
+use common::{download, rounded, upload};
+
 use cust::memory::{CopyDestination, DeviceBuffer};
 use rand::Rng;
 use rand::rngs::StdRng;
@@ -47,21 +49,6 @@ fn text<E: std::fmt::Display>(error: E) -> String {
 
 fn shape(rows: usize, cols: usize) -> Shape {
     Shape::new(rows, cols).expect("a shape")
-}
-
-fn upload<T: Element>(values: &[f32]) -> Result<DeviceBuffer<T>, String> {
-    let converted: Vec<T> = values.iter().map(|&v| T::from_f32(v)).collect();
-    DeviceBuffer::from_slice(&converted).map_err(text)
-}
-
-fn download<T: Element>(buffer: &DeviceBuffer<T>) -> Result<Vec<f32>, String> {
-    let mut host = vec![T::from_f32(0.0); buffer.len()];
-    buffer.copy_to(&mut host[..]).map_err(text)?;
-    Ok(host.into_iter().map(T::to_f32).collect())
-}
-
-fn rounded<T: Element>(values: &[f32]) -> Vec<f32> {
-    values.iter().map(|&v| T::from_f32(v).to_f32()).collect()
 }
 
 /// One case's options, for the library and the reference.

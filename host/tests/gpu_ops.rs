@@ -13,7 +13,7 @@
 
 mod common;
 
-use common::{RowValues, as_written, check_rows, random_matrix};
+use common::{RowValues, as_written, check_rows, download, random_matrix, rounded, upload};
 use cust::memory::{CopyDestination, DeviceBuffer};
 use rand::Rng;
 use rand::rngs::StdRng;
@@ -80,22 +80,6 @@ fn forward_tolerance(output: DType, score_bound: f32) -> f64 {
 
 fn text<E: std::fmt::Display>(error: E) -> String {
     error.to_string()
-}
-
-/// `values` rounded to `T` and back: what the kernels read.
-fn rounded<T: Element>(values: &[f32]) -> Vec<f32> {
-    values.iter().map(|&v| T::from_f32(v).to_f32()).collect()
-}
-
-fn upload<T: Element>(values: &[f32]) -> Result<DeviceBuffer<T>, String> {
-    let converted: Vec<T> = values.iter().map(|&v| T::from_f32(v)).collect();
-    DeviceBuffer::from_slice(&converted).map_err(text)
-}
-
-fn download<T: Element>(buffer: &DeviceBuffer<T>) -> Result<Vec<f32>, String> {
-    let mut host = vec![T::from_f32(0.0); buffer.len()];
-    buffer.copy_to(&mut host[..]).map_err(text)?;
-    Ok(host.into_iter().map(T::to_f32).collect())
 }
 
 /// A buffer of `len` NaNs of type `T`: anything left unwritten stays NaN.

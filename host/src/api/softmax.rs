@@ -248,7 +248,10 @@ impl Softmax {
         // The variants have no in-place path: an output that is the input is an overlap here
         // (where `forward` would compute it in place).
         let bytes = shape.len() as u64 * 4;
-        let (x, y) = (super::views::address(input), super::views::address(&*output));
+        let (x, y) = (
+            super::views::address(input),
+            super::views::address(&*output),
+        );
         super::call::check_disjoint("output", (y, bytes), "input", (x, bytes))?;
         let input = Rows::new(input, shape)?;
         let output = RowsMut::new(output, shape)?;

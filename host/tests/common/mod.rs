@@ -509,3 +509,21 @@ pub fn run_on(
     let y = softmax::RowsMut::new(output, shape)?;
     softmax.forward(softmax::Operation::Softmax, x, y, options)
 }
+
+/// `values` converted to `T` in a device buffer.
+pub fn upload<T: Element>(values: &[f32]) -> Result<DeviceBuffer<T>, String> {
+    let converted: Vec<T> = values.iter().map(|&v| T::from_f32(v)).collect();
+    DeviceBuffer::from_slice(&converted).map_err(|e| e.to_string())
+}
+
+/// A device buffer of `T` read back, widened to f32.
+pub fn download<T: Element>(buffer: &DeviceBuffer<T>) -> Result<Vec<f32>, String> {
+    let mut host = vec![T::from_f32(0.0); buffer.len()];
+    buffer.copy_to(&mut host[..]).map_err(|e| e.to_string())?;
+    Ok(host.into_iter().map(T::to_f32).collect())
+}
+
+/// `values` rounded to `T` and back: what the kernels read.
+pub fn rounded<T: Element>(values: &[f32]) -> Vec<f32> {
+    values.iter().map(|&v| T::from_f32(v).to_f32()).collect()
+}
