@@ -121,7 +121,11 @@ impl Target {
 struct Row<E, const PACK: usize> {
     x: *const E,
     cols: usize,
+    /// Where the row is kept in shared memory, used only where `cached` (a pointer that is
+    /// never null: a shared-memory pointer compared with null is not what it seems once
+    /// LLVM has inferred its address space).
     cache: *mut E,
+    cached: bool,
     softcap: f32,
     inv_softcap: f32,
 }
@@ -142,18 +146,17 @@ impl<E: Element, const PACK: usize> Row<E, PACK> {
     ///
     /// # Safety
     /// `col + N ≤ cols`; with `N > 1`, `col` is a multiple of `N` and the row starts on a
-    /// 16-byte boundary; the cache, when not null, holds `cols` elements.
+    /// 16-byte boundary; where `cached`, the cache holds `cols` elements.
     #[inline(always)]
     unsafe fn load<const N: usize>(&self, col: usize, from_cache: bool) -> [f32; N] {
-        let source = if from_cache {
-            self.cache.cast_const()
-        } else {
-            self.x
-        };
-        // SAFETY: forwarded.
+        // SAFETY: forwarded; the cache is shared memory, read through generic loads (the
+        // global loads of `load_packed` would not reach it).
         unsafe {
-            let words = E::load_packed::<N>(source.add(col));
-            if !from_cache && !self.cache.is_null() {
+            if from_cache {
+                return E::widen_all(&cached_words::<E, N>(self.cache.add(col)));
+            }
+            let words = E::load_packed::<N>(self.x.add(col));
+            if self.cached {
                 copy_words::<E, N>(self.cache.add(col), &words);
             }
             E::widen_all(&words)
@@ -218,18 +221,16 @@ pub(crate) unsafe fn cross_entropy_row<E: Element, const PACK: usize>(p: &CrossE
     let first = thread_idx() as usize * PACK;
     let step = threads * PACK;
     let scratch = dynamic_shared_f32();
-    // SAFETY: the launch gives the scratch, then the cache when `cached`.
-    let cache = if p.cached != 0 {
-        unsafe { scratch.add(REDUCTION_SCRATCH_FLOATS as usize).cast::<E>() }
-    } else {
-        core::ptr::null_mut()
-    };
+    // SAFETY: the launch gives the scratch, then the cache when `cached` (the pointer is
+    // only formed otherwise, never used).
+    let cache = unsafe { scratch.add(REDUCTION_SCRATCH_FLOATS as usize).cast::<E>() };
     let softcap = p.softcap;
     let line = Row::<E, PACK> {
         // SAFETY: row `row` of the logits (contract).
         x: unsafe { (p.logits as *const E).add(row * p.logits_stride as usize) },
         cols: p.cols as usize,
         cache,
+        cached: p.cached != 0,
         softcap,
         inv_softcap: if softcap > 0.0 { 1.0 / softcap } else { 0.0 },
     };
@@ -400,7 +401,7 @@ pub(crate) unsafe fn cross_entropy_row<E: Element, const PACK: usize>(p: &CrossE
     // SAFETY: row `row` of the gradient (contract).
     let y =
         p.gradient + (row as u64 * p.gradient_stride) * u64::from(dtype_bytes(p.gradient_dtype));
-    let from_cache = !cache.is_null();
+    let from_cache = line.cached;
     let gradient_of = |raw: f32, col: usize| {
         if target.ignored {
             return 0.0;
