@@ -761,7 +761,17 @@ fn bad_input(softmax: &mut Softmax, _rng: &mut StdRng) -> Outcome {
                 &mut loss,
                 &CrossEntropyOptions::new().weight(&weight),
             ),
-            |e| matches!(e, Error::PerRowLength { .. }),
+            |e| matches!(e, Error::CrossEntropyOption { .. }),
+        ),
+        (
+            "a shard's loss without the merged states",
+            call(
+                softmax,
+                &t,
+                &mut loss,
+                &CrossEntropyOptions::new().shard(0, 120),
+            ),
+            |e| matches!(e, Error::CrossEntropyOption { .. }),
         ),
         (
             "a shard past its vocabulary",
@@ -821,7 +831,7 @@ fn bad_input(softmax: &mut Softmax, _rng: &mut StdRng) -> Outcome {
     let _ = &mut both;
     Ok(format!(
         "{} bad calls refused with typed errors before any launch",
-        refused + 1
+        refused + 2
     ))
 }
 
