@@ -755,6 +755,8 @@ fn context_restored(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
         if status != sys::CUresult::CUDA_SUCCESS {
             return Err(format!("cuCtxCreate: {status:?}"));
         }
+        // cuCtxCreate makes the new context current: the buffers below belong to the primary.
+        sys::cuCtxSetCurrent(primary);
     }
     let steps = [
         "run",
