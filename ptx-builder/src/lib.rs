@@ -64,6 +64,58 @@ pub const MODULES: [PtxModule; 4] = [
     },
 ];
 
+/// Launch bounds `ptxas` (and the driver, compiling PTX) is told for an entry: its blocks
+/// have at most `threads` threads, and `blocks_per_sm` of them should fit a multiprocessor at
+/// once (`.maxntid` and `.minnctapersm`; Rust has no attribute for them). Without them
+/// `ptxas` may give a kernel so many registers that one block fills the multiprocessor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchBounds {
+    /// The entries' names, exactly.
+    pub entries: &'static [&'static str],
+    pub threads: u32,
+    pub blocks_per_sm: u32,
+}
+
+/// Every entry with launch bounds. The host checks `threads` against the block size it
+/// launches these entries with.
+pub const LAUNCH_BOUNDS: [LaunchBounds; 1] = [LaunchBounds {
+    // The cross-entropy row kernels, two of whose blocks share a multiprocessor's shared
+    // memory when they keep their slices there.
+    entries: &[
+        "cross_entropy_f32",
+        "cross_entropy_bf16",
+        "cross_entropy_f16",
+    ],
+    threads: 512,
+    blocks_per_sm: 2,
+}];
+
+/// `ptx` with each entry of [`LAUNCH_BOUNDS`] given its bounds, after its parameter list.
+pub fn with_launch_bounds(ptx: &str) -> String {
+    let mut out = String::with_capacity(ptx.len() + 256);
+    let mut pending = None;
+    for line in ptx.lines() {
+        out.push_str(line);
+        out.push('\n');
+        if let Some(name) = line
+            .strip_prefix(".visible .entry ")
+            .and_then(|rest| rest.strip_suffix('('))
+        {
+            pending = LAUNCH_BOUNDS
+                .iter()
+                .find(|bounds| bounds.entries.contains(&name));
+        } else if line == ")"
+            && let Some(bounds) = pending.take()
+        {
+            out.push_str(&format!(
+                ".maxntid {},1,1\n.minnctapersm {}\n",
+                bounds.threads, bounds.blocks_per_sm
+            ));
+        }
+    }
+    out
+}
+
 /// The cfg whose value names the module a device build compiles.
 pub const MODULE_CFG: &str = "kernels_module";
 
@@ -132,7 +184,7 @@ pub fn build_all_ptx(cargo: &Path, workspace: &Path, dest_dir: &Path) -> Result<
             let ptx = std::fs::read_to_string(&built)
                 .map_err(|e| format!("reading {}: {e}", built.display()))?;
             let dest = dest_dir.join(build.ptx_file(module.name));
-            std::fs::write(&dest, minify_ptx(&ptx))
+            std::fs::write(&dest, with_launch_bounds(&minify_ptx(&ptx)))
                 .map_err(|e| format!("writing {}: {e}", dest.display()))?;
         }
     }
@@ -140,8 +192,8 @@ pub fn build_all_ptx(cargo: &Path, workspace: &Path, dest_dir: &Path) -> Result<
 }
 
 /// `ptx` without what neither `ptxas` nor the driver reads: comments (LLVM writes one before
-/// and after every inline `asm!` block, and loop annotations), indentation, runs of blanks
-/// and empty lines; and with short names for what is local to a function or the module: a
+/// and after every inline `asm!` block, and loop annotations), indentation, runs of blanks,
+/// blanks after commas and empty lines; and with short names for what is local to a function or the module: a
 /// function's parameters (`<function>_param_<n>` becomes `p<n>`: LLVM's spelling repeats the
 /// function's name, up to a hundred characters of mangling, in every parameter load), its
 /// labels (`$L__BB<function>_<block>`, unique in the module, becomes `$L<k>`, numbered in the
@@ -166,9 +218,12 @@ pub fn minify_ptx(ptx: &str) -> String {
         let Some(first) = words.next() else {
             continue;
         };
+        // Words are joined by one blank, except after a comma, where PTX needs none.
         let mut minified = String::from(first);
         for word in words {
-            minified.push(' ');
+            if !minified.ends_with(',') {
+                minified.push(' ');
+            }
             minified.push_str(word);
         }
         names.shorten(&minified, &mut out);
@@ -580,7 +635,7 @@ fn is_cubin(path: &Path) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::{KernelCargo, minify_ptx, pinned_toolchain};
+    use super::{KernelCargo, minify_ptx, pinned_toolchain, with_launch_bounds};
 
     /// A folder of this test's own holding a `rust-toolchain.toml` that pins `channel`.
     fn workspace_pinning(channel: &str) -> std::path::PathBuf {
@@ -640,8 +695,22 @@ mod tests {
         assert_eq!(
             minify_ptx(ptx),
             ".version 7.8\n.target sm_90\n.visible .entry f(\n.param .u64 p0\n)\n{\n\
-             .reg .b32 %r<3>;\ngriddepcontrol.wait;\n$L0:\nadd.s32 %r1, %r2, 1;\n\
+             .reg .b32 %r<3>;\ngriddepcontrol.wait;\n$L0:\nadd.s32 %r1,%r2,1;\n\
              .file 1 \"/a//b.rs\"\nret;\n}\n"
+        );
+    }
+
+    #[test]
+    fn launch_bounds_follow_the_parameters_of_their_entries_only() {
+        let ptx = ".visible .entry cross_entropy_bf16(\n.param .align 8 .b8 p0[208]\n)\n{\nret;\n}\n\
+                   .visible .entry cross_entropy_totals_bf16(\n.param .align 8 .b8 p0[208]\n)\n\
+                   {\nret;\n}\n";
+        assert_eq!(
+            with_launch_bounds(ptx),
+            ".visible .entry cross_entropy_bf16(\n.param .align 8 .b8 p0[208]\n)\n\
+             .maxntid 512,1,1\n.minnctapersm 2\n{\nret;\n}\n\
+             .visible .entry cross_entropy_totals_bf16(\n.param .align 8 .b8 p0[208]\n)\n\
+             {\nret;\n}\n"
         );
     }
 
@@ -668,8 +737,8 @@ mod tests {
              .func (.param .b32 func_retval0) _RNvCs1_4core5panic(\n.param .b64 p0\n)\n;\n\
              .func _RNvCs2_4core4trap\n(\n.param .b64 p0\n)\n;\n\
              .visible .entry op_rows_fwd_f32_p4_l8_n2(\n.param .align 8 .b8 p0[168],\n\
-             .param .u32 p1\n)\n{\nld.param.b64 %rd1, [p0+8];\nld.param.b32 %r1, [p1];\n\
-             mov.u64 %rd2, anon_1;\nmov.u64 %rd3, anon_0;\nld.param.b64 %rd4, [other_param_0];\n\
+             .param .u32 p1\n)\n{\nld.param.b64 %rd1,[p0+8];\nld.param.b32 %r1,[p1];\n\
+             mov.u64 %rd2,anon_1;\nmov.u64 %rd3,anon_0;\nld.param.b64 %rd4,[other_param_0];\n\
              @%p1 bra $L0;\n$L1:\nbra.uni $L1;\n$L0:\nret;\n}\n"
         );
     }

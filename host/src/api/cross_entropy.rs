@@ -533,7 +533,9 @@ impl Softmax {
         let aligned = |span: &Span| {
             span.operand.address.is_multiple_of(16) && span.operand.stride_bytes.is_multiple_of(16)
         };
-        let layout = if aligned(x) && gradient.is_none_or(aligned) {
+        // Softcapped rows are read one element at a time (the kernels' packed passes take
+        // no softcap).
+        let layout = if aligned(x) && gradient.is_none_or(aligned) && params.softcap <= 0.0 {
             Layout::Aligned
         } else {
             Layout::Elements

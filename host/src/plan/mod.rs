@@ -161,10 +161,12 @@ pub(crate) enum Params {
         pass: OperationPass,
         slicing: Slicing,
     },
-    /// One `CrossEntropyParams` by value: the call's, the row kept in shared memory or not;
-    /// the per-row losses and the totals go to the workspace where the call keeps none.
+    /// One `CrossEntropyParams` by value: the call's, its rows cut into `slices` blocks (a
+    /// cluster each, above 1), their packs kept in shared memory or not; the per-row losses
+    /// and the totals go to the workspace where the call keeps none.
     CrossEntropy {
         rows: u32,
+        slices: u32,
         cached: bool,
         aligned: bool,
         /// The losses go to the workspace (a reduced loss) and, with `totals`, the totals the

@@ -158,12 +158,14 @@ impl KernelParams {
             }
             Params::CrossEntropy {
                 rows,
+                slices,
                 cached,
                 aligned,
                 workspace,
                 totals,
             } => {
                 let mut params = *b.cross_entropy;
+                params.slices = slices;
                 params.cached = cached.into();
                 params.aligned = aligned.into();
                 // The losses a reduced call does not keep, then the totals, live in the

@@ -51,9 +51,12 @@ unsafe impl cust_core::DeviceCopy for CrossEntropyState {}
 ///   (`upstream_per_row` 0) or one per row.
 /// - `states` (modes `STATES` and `FROM_STATES`) holds `slots · rows` [`CrossEntropyState`]s,
 ///   run `s` for shard `s` (`STATES` writes one run: `slots` is 1).
-/// - The launch is `rows` blocks of [`CROSS_ENTROPY_THREADS`] threads with
-///   `REDUCTION_SCRATCH_FLOATS · 4` bytes of dynamic shared memory, plus `cols` elements of
-///   the module's type when `cached` is 1.
+/// - The launch is `rows · slices` blocks of [`CROSS_ENTROPY_THREADS`] threads, in clusters
+///   of `slices` blocks where `slices` is more than 1 (at most
+///   [`MAX_CLUSTER_BLOCKS`](super::MAX_CLUSTER_BLOCKS), only where `aligned`, never in the
+///   sm_80 build), with `(REDUCTION_SCRATCH_FLOATS + CLUSTER_STATS_FLOATS) · 4` bytes of
+///   dynamic shared memory, plus, when `cached` is 1, one slice's packs: `⌈(cols / PACK) /
+///   slices⌉ · PACK` elements of the module's type (`PACK` is 16 bytes of them).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct CrossEntropyParams {
@@ -91,8 +94,10 @@ pub struct CrossEntropyParams {
     pub gradient_dtype: u32,
     pub mode: u32,
     pub slots: u32,
-    /// Whether the block keeps its row in shared memory between the two passes.
+    /// Whether each block keeps its packs in shared memory between the two passes.
     pub cached: u32,
+    /// Blocks per row (a thread-block cluster when more than 1).
+    pub slices: u32,
     /// Whether every row of the logits and the gradient starts on a 16-byte boundary (read
     /// in 16-byte packs; else one element at a time).
     pub aligned: u32,

@@ -1,9 +1,9 @@
 //! Cross-entropy of logits against one target per row, forward and backward fused: a block
-//! per row reads the row once for its statistics (the softmax maximum and sum of the
-//! softcapped logits, the target's logit, the weighted sum label smoothing needs), writes the
-//! row's loss and log-sum-exp, then writes the gradient of the loss with respect to the
-//! logits (in place over them, if asked), from the row kept in shared memory where it fits,
-//! else read again. A shard of the vocabulary writes its statistics instead
+//! per row, or a thread-block cluster of blocks each holding a slice of it, reads the row
+//! once for its statistics (the softmax maximum and sum of the softcapped logits, the
+//! target's logit, the weighted sum label smoothing needs), writes the row's loss and
+//! log-sum-exp, then writes the gradient of the loss with respect to the logits (in place
+//! over them, if asked), from the row kept in shared memory where it fits, else read again. A shard of the vocabulary writes its statistics instead
 //! (`cross_entropy_mode::STATES`), or reads every shard's and writes its slice of the
 //! gradient (`FROM_STATES`). Two one-block launches go with it: a prologue that sums the
 //! weights of the rows' targets (the mean's divisor) and the class weights, and an epilogue
@@ -17,9 +17,9 @@
 //! mean). An ignored row has loss 0 and gradient 0; a target outside the vocabulary gives
 //! NaN for both.
 
-use crate::launch::REDUCTION_SCRATCH_FLOATS;
 use crate::launch::cross_entropy::{CrossEntropyParams, CrossEntropyState, cross_entropy_mode};
 use crate::launch::ops::RowState;
+use crate::launch::{CLUSTER_STATS_FLOATS, REDUCTION_SCRATCH_FLOATS};
 use crate::primitives::device::{
     DeviceExp2, Vector4, block_dim, block_idx, dynamic_shared_f32, exp2_approx, log2_approx,
     thread_idx,
@@ -27,6 +27,7 @@ use crate::primitives::device::{
 use crate::primitives::element::{Element, store_as};
 use crate::primitives::online::{LOG2_E, OnlineStats};
 use crate::primitives::reduce::{Partial, block_reduce};
+use crate::primitives::row_exchange::leave_row_cluster;
 
 /// `tanh(y)`: a short series near 0, where `1 − 2/(e^2y + 1)` would cancel, else that. Out
 /// of line: only softcapped calls take it, and inlined into every pack it would double the
@@ -43,6 +44,9 @@ fn tanh(y: f32) -> f32 {
         if y < 0.0 { -t } else { t }
     }
 }
+
+/// Packs a thread loads before it uses the first.
+const LOADS_IN_FLIGHT: usize = 2;
 
 /// Two plain sums carried through one block reduction: the target's logit (held by one
 /// thread, 0 in the others) and the weighted sum of the logits.
@@ -117,49 +121,111 @@ impl Target {
     }
 }
 
-/// One row of logits as this block reads it: softcapped, `PACK` columns per access.
-struct Row<E, const PACK: usize> {
-    x: *const E,
-    cols: usize,
-    /// Where the row is kept in shared memory, used only where `cached` (a pointer that is
-    /// never null: a shared-memory pointer compared with null is not what it seems once
-    /// LLVM has inferred its address space).
-    cache: *mut E,
-    cached: bool,
+/// What a row's elementwise math needs before its statistics are known: the target's column
+/// in this shard, the label smoothing and class weights, the softcap.
+#[derive(Clone, Copy)]
+struct Terms {
+    local_target: Option<usize>,
+    smoothing: bool,
+    /// The class weights from this shard's first column (null without weights).
+    weight: *const f32,
     softcap: f32,
     inv_softcap: f32,
 }
 
-impl<E: Element, const PACK: usize> Row<E, PACK> {
+impl Terms {
     #[inline(always)]
-    fn z(&self, v: f32) -> f32 {
-        if self.softcap > 0.0 {
-            self.softcap * tanh(v * self.inv_softcap)
-        } else {
-            v
+    fn new(p: &CrossEntropyParams, target: &Target) -> Self {
+        let weight = p.weight as *const f32;
+        Terms {
+            local_target: target.local(p),
+            smoothing: p.label_smoothing != 0.0,
+            weight: weight.wrapping_add(p.column_offset as usize),
+            softcap: p.softcap,
+            inv_softcap: if p.softcap > 0.0 {
+                1.0 / p.softcap
+            } else {
+                0.0
+            },
         }
     }
 
-    /// The `N` raw logits from column `col` (`N` is `PACK`, or 1 for the row's last
-    /// columns), from global memory (kept in the cache when there is one) or, in the second
-    /// pass, from the cache.
-    ///
-    /// # Safety
-    /// `col + N ≤ cols`; with `N > 1`, `col` is a multiple of `N` and the row starts on a
-    /// 16-byte boundary; where `cached`, the cache holds `cols` elements.
+    /// The softcapped logit (the raw one where `SOFTCAP` is false: the packed passes, which
+    /// softcapped calls do not take).
     #[inline(always)]
-    unsafe fn load<const N: usize>(&self, col: usize, from_cache: bool) -> [f32; N] {
-        // SAFETY: forwarded; the cache is shared memory, read through generic loads (the
-        // global loads of `load_packed` would not reach it).
-        unsafe {
-            if from_cache {
-                return E::widen_all(&cached_words::<E, N>(self.cache.add(col)));
-            }
-            let words = E::load_packed::<N>(self.x.add(col));
-            if self.cached {
-                copy_words::<E, N>(self.cache.add(col), &words);
-            }
-            E::widen_all(&words)
+    fn z<const SOFTCAP: bool>(&self, raw: f32) -> f32 {
+        if SOFTCAP && self.softcap > 0.0 {
+            self.softcap * tanh(raw * self.inv_softcap)
+        } else {
+            raw
+        }
+    }
+
+    /// The weight of column `col` (1 without weights).
+    #[inline(always)]
+    fn class_weight(&self, p: &CrossEntropyParams, col: usize) -> f32 {
+        if p.weight == 0 {
+            1.0
+        } else {
+            // SAFETY: the weights hold the whole vocabulary, this shard's columns among them.
+            unsafe { self.weight.add(col).read() }
+        }
+    }
+
+    /// Adds column `col`'s softcapped logit `z` to the target's and the smoothing's sums.
+    #[inline(always)]
+    fn visit(&self, p: &CrossEntropyParams, sums: &mut Sums, z: f32, col: usize) {
+        if self.smoothing {
+            sums.smoothing += self.class_weight(p, col) * z;
+        }
+        if self.local_target == Some(col) {
+            sums.target = z;
+        }
+    }
+}
+
+/// A row's gradient once its log-sum-exp is known (see the module's documentation).
+#[derive(Clone, Copy)]
+struct Gradient {
+    terms: Terms,
+    lse: f32,
+    /// What the probability is multiplied by.
+    p_factor: f32,
+    /// Taken off at the target's column.
+    onehot: f32,
+    /// Taken off every column, times its class weight (label smoothing).
+    smoothing_per_class: f32,
+    scale: f32,
+    ignored: bool,
+    invalid: bool,
+}
+
+impl Gradient {
+    /// The gradient at column `col`, whose raw logit is `raw` (softcapped where `SOFTCAP`, as
+    /// [`Terms::z`]).
+    #[inline(always)]
+    fn at<const SOFTCAP: bool>(&self, p: &CrossEntropyParams, raw: f32, col: usize) -> f32 {
+        if self.ignored {
+            return 0.0;
+        }
+        let terms = &self.terms;
+        let z = terms.z::<SOFTCAP>(raw);
+        let probability = exp2_approx((z - self.lse) * LOG2_E);
+        let mut dz = probability * self.p_factor;
+        if terms.local_target == Some(col) {
+            dz -= self.onehot;
+        }
+        if terms.smoothing {
+            dz -= self.smoothing_per_class * terms.class_weight(p, col);
+        }
+        if SOFTCAP && terms.softcap > 0.0 {
+            let t = z * terms.inv_softcap;
+            dz *= 1.0 - t * t;
+        }
+        if self.invalid {
+            f32::NAN
+        } else {
+            self.scale * dz
         }
     }
 }
@@ -210,90 +276,197 @@ unsafe fn copy_words<E: Element, const N: usize>(at: *mut E, words: &[u32; N]) {
     }
 }
 
-/// The cross-entropy of row `block_idx` (see the module's documentation).
+/// The statistics pass over packs `first..end` of a row at `x` (pack `k` holds columns
+/// `k·PACK..(k + 1)·PACK`) of a call without softcap, this thread's every `block_dim`-th:
+/// [`LOADS_IN_FLIGHT`] loads
+/// issued before the first is used, each pack kept in shared memory at
+/// `cache + (k − first)·PACK` when `cache` is given.
 ///
 /// # Safety
-/// The contract of [`CrossEntropyParams`].
+/// The packs lie in the row, which starts on a 16-byte boundary; `cache`, when given, holds
+/// `(end − first)·PACK` elements of shared memory, 16-byte aligned.
 #[inline(always)]
-pub(crate) unsafe fn cross_entropy_row<E: Element, const PACK: usize>(p: &CrossEntropyParams) {
-    let row = block_idx() as usize;
+unsafe fn stats_of_packs<E: Element, const PACK: usize>(
+    p: &CrossEntropyParams,
+    x: *const E,
+    terms: &Terms,
+    (first, end): (usize, usize),
+    cache: Option<*mut E>,
+    stats: &mut OnlineStats,
+    sums: &mut Sums,
+) {
     let threads = block_dim() as usize;
-    let first = thread_idx() as usize * PACK;
-    let step = threads * PACK;
-    let scratch = dynamic_shared_f32();
-    // SAFETY: the launch gives the scratch, then the cache when `cached` (the pointer is
-    // only formed otherwise, never used).
-    let cache = unsafe { scratch.add(REDUCTION_SCRATCH_FLOATS as usize).cast::<E>() };
-    let softcap = p.softcap;
-    let line = Row::<E, PACK> {
-        // SAFETY: row `row` of the logits (contract).
-        x: unsafe { (p.logits as *const E).add(row * p.logits_stride as usize) },
-        cols: p.cols as usize,
-        cache,
-        cached: p.cached != 0,
-        softcap,
-        inv_softcap: if softcap > 0.0 { 1.0 / softcap } else { 0.0 },
-    };
-    // SAFETY: `row < rows` (one block per row).
-    let target = unsafe { Target::of(p, row) };
-    let local_target = target.local(p);
-    let smoothing = p.label_smoothing != 0.0;
-    let weight = p.weight as *const f32;
+    let loads = LOADS_IN_FLIGHT;
+    let mut batch = first + thread_idx() as usize;
+    while batch < end {
+        // Packs past `end` stay `-inf`, which leaves the maximum as it is.
+        let mut words = [[E::NEG_INF_WORD; PACK]; LOADS_IN_FLIGHT];
+        for (k, pack_words) in words.iter_mut().enumerate() {
+            let pack = batch + k * threads;
+            if pack < end {
+                // SAFETY: the pack lies in the row (contract). A kept row is read from global
+                // memory only here, so for the last time.
+                *pack_words = unsafe {
+                    if cache.is_some() {
+                        E::load_packed_last_use::<PACK>(x.add(pack * PACK))
+                    } else {
+                        E::load_packed::<PACK>(x.add(pack * PACK))
+                    }
+                };
+            }
+        }
+        if let Some(cache) = cache {
+            for (k, pack_words) in words.iter().enumerate() {
+                let pack = batch + k * threads;
+                if pack < end {
+                    // SAFETY: `pack − first < end − first`: inside the cache.
+                    unsafe { copy_words::<E, PACK>(cache.add((pack - first) * PACK), pack_words) };
+                }
+            }
+        }
+        let batch_max = words
+            .iter()
+            .fold(f32::NEG_INFINITY, |max, pack| max.max(E::pack_max(pack)));
+        for (k, pack_words) in words.iter().enumerate() {
+            let pack = batch + k * threads;
+            if pack < end {
+                for i in 0..PACK {
+                    terms.visit(p, sums, E::widen(pack_words, i), pack * PACK + i);
+                }
+            }
+        }
+        stats.push_batch::<DeviceExp2>(batch_max, loads * PACK, |i| {
+            E::widen(&words[i / PACK], i % PACK)
+        });
+        batch += loads * threads;
+    }
+}
 
-    // The statistics pass: whole packs, then the row's last `cols % PACK` columns (every
-    // column where the row is not aligned), one at a time (the second pass gives each thread the same columns, so in place it reads each
-    // logit before it writes that column's gradient).
-    let mut stats = OnlineStats::EMPTY;
-    let mut sums = Sums::EMPTY;
-    // Rows that do not start on a 16-byte boundary are read one column at a time.
-    let whole = if p.aligned != 0 {
-        line.cols - line.cols % PACK
+/// The gradient pass over the packs [`stats_of_packs`] visited, read from `cache` when
+/// given (where that pass kept them), else from the row again, written to the gradient row
+/// at `y` (of element type `dtype`).
+///
+/// # Safety
+/// As [`stats_of_packs`], after it, with the same packs and cache; the gradient row holds the
+/// row's columns, aligned as the logits.
+#[inline(always)]
+unsafe fn gradient_of_packs<E: Element, const PACK: usize>(
+    p: &CrossEntropyParams,
+    x: *const E,
+    gradient: &Gradient,
+    (first, end): (usize, usize),
+    cache: Option<*mut E>,
+    (y, dtype): (u64, u32),
+) {
+    let threads = block_dim() as usize;
+    let loads = LOADS_IN_FLIGHT;
+    let mut batch = first + thread_idx() as usize;
+    while batch < end {
+        let mut words = [[0u32; PACK]; LOADS_IN_FLIGHT];
+        for (k, pack_words) in words.iter_mut().enumerate() {
+            let pack = batch + k * threads;
+            if pack < end {
+                // SAFETY: the pack this thread read (and kept) in the first pass.
+                *pack_words = unsafe {
+                    match cache {
+                        Some(cache) => cached_words::<E, PACK>(cache.add((pack - first) * PACK)),
+                        None => E::load_packed_last_use::<PACK>(x.add(pack * PACK)),
+                    }
+                };
+            }
+        }
+        for (k, pack_words) in words.iter().enumerate() {
+            let pack = batch + k * threads;
+            if pack < end {
+                let mut out = [0.0f32; PACK];
+                for (i, value) in out.iter_mut().enumerate() {
+                    *value = gradient.at::<false>(p, E::widen(pack_words, i), pack * PACK + i);
+                }
+                // SAFETY: the gradient row holds the pack's columns (contract). In place, this
+                // thread read them just above.
+                unsafe { store_as::<PACK>(dtype, y, pack * PACK, out) };
+            }
+        }
+        batch += loads * threads;
+    }
+}
+
+/// Publishes this block's statistics and sums in its shared memory at `published` (four
+/// floats), and returns the row's, merged over the `slices` blocks of its thread-block
+/// cluster, to every thread (as [`exchange_cluster_stats`] does for statistics alone; the
+/// caller then calls [`leave_row_cluster`]).
+///
+/// # Safety
+/// That of [`exchange_cluster_stats`], with four floats at `published`.
+///
+/// [`exchange_cluster_stats`]: crate::primitives::row_exchange::exchange_cluster_stats
+#[cfg(not(kernels_sm80))]
+#[inline(always)]
+unsafe fn exchange_in_cluster(
+    stats: OnlineStats,
+    sums: Sums,
+    published: *mut f32,
+    slices: u32,
+) -> (OnlineStats, Sums) {
+    use crate::launch::WARP_SIZE;
+    use crate::primitives::device::{cluster_arrive, cluster_shared_of, cluster_wait};
+    use crate::primitives::reduce::group_reduce;
+    if thread_idx() == 0 {
+        // SAFETY: the four floats are this block's (contract).
+        unsafe {
+            published.write(stats.max);
+            published.add(1).write(stats.sum());
+            published.add(2).write(sums.target);
+            published.add(3).write(sums.smoothing);
+        }
+    }
+    // Release then acquire: every block of the row has published once this thread passes.
+    cluster_arrive();
+    cluster_wait();
+    let lane = thread_idx() % WARP_SIZE;
+    let (theirs, their_sums) = if lane < slices {
+        let theirs = cluster_shared_of(published, lane);
+        // SAFETY: block `lane` of the cluster published there before the barrier, and its
+        // shared memory stays allocated until this thread has arrived again.
+        unsafe {
+            (
+                OnlineStats::new(theirs.read(), theirs.add(1).read()),
+                Sums {
+                    target: theirs.add(2).read(),
+                    smoothing: theirs.add(3).read(),
+                },
+            )
+        }
     } else {
-        0
+        (OnlineStats::EMPTY, Sums::EMPTY)
     };
-    let visit = |sums: &mut Sums, z: f32, col: usize| {
-        if smoothing {
-            let w = if weight.is_null() {
-                1.0
-            } else {
-                // SAFETY: the weights hold the whole vocabulary.
-                unsafe { weight.add(p.column_offset as usize + col).read() }
-            };
-            sums.smoothing += w * z;
-        }
-        if local_target == Some(col) {
-            sums.target = z;
-        }
-    };
-    let mut col = first;
-    while col < whole {
-        // SAFETY: a whole pack of the row at a multiple of `PACK`.
-        let raw = unsafe { line.load::<PACK>(col, false) };
-        let mut z = [0.0; PACK];
-        let mut batch_max = f32::NEG_INFINITY;
-        for i in 0..PACK {
-            z[i] = line.z(raw[i]);
-            batch_max = batch_max.max(z[i]);
-            visit(&mut sums, z[i], col + i);
-        }
-        stats.push_batch::<DeviceExp2>(batch_max, PACK, |i| z[i]);
-        col += step;
-    }
-    let mut col = whole + thread_idx() as usize;
-    while col < line.cols {
-        // SAFETY: one column of the row.
-        let [raw] = unsafe { line.load::<1>(col, false) };
-        let z = line.z(raw);
-        visit(&mut sums, z, col);
-        stats.push::<DeviceExp2>(z);
-        col += threads;
-    }
-    // SAFETY: every thread of the block, uniform control flow.
-    let (stats, sums) = unsafe { (block_reduce(stats, scratch), block_reduce(sums, scratch)) };
+    let row = (
+        group_reduce::<OnlineStats, WARP_SIZE>(theirs),
+        group_reduce::<Sums, WARP_SIZE>(their_sums),
+    );
+    cluster_arrive();
+    row
+}
 
+/// A row's statistics are known: in `STATES` mode the one thread that is `writer` writes the
+/// shard's state, and nothing else is written; in `FROM_STATES` every shard's states are
+/// merged first. Else `writer` writes the loss and the log-sum-exp. Returns the gradient's
+/// constants (used where there is a gradient to write, never in `STATES` mode).
+///
+/// # Safety
+/// The contract of [`CrossEntropyParams`]; `row < rows`.
+#[inline(always)]
+unsafe fn finish_row(
+    p: &CrossEntropyParams,
+    row: usize,
+    target: &Target,
+    terms: Terms,
+    (stats, sums): (OnlineStats, Sums),
+    writer: bool,
+) -> Gradient {
     let (stats, sums) = match p.mode {
         cross_entropy_mode::STATES => {
-            if thread_idx() == 0 {
+            if writer {
                 let state = CrossEntropyState {
                     row: RowState {
                         max: stats.max,
@@ -305,7 +478,7 @@ pub(crate) unsafe fn cross_entropy_row<E: Element, const PACK: usize>(p: &CrossE
                 // SAFETY: the states hold one per row.
                 unsafe { (p.states as *mut CrossEntropyState).add(row).write(state) };
             }
-            return;
+            (stats, sums)
         }
         cross_entropy_mode::FROM_STATES => {
             let mut merged = OnlineStats::EMPTY;
@@ -342,14 +515,14 @@ pub(crate) unsafe fn cross_entropy_row<E: Element, const PACK: usize>(p: &CrossE
             )
         }
     };
-    let target_weight = match (weight.is_null(), target.ignored || target.invalid) {
+    let target_weight = match (p.weight == 0, target.ignored || target.invalid) {
         (_, true) => 0.0,
         (true, false) => 1.0,
         // SAFETY: a target inside the vocabulary indexes the weights.
-        (false, false) => unsafe { weight.add(target.global as usize).read() },
+        (false, false) => unsafe { (p.weight as *const f32).add(target.global as usize).read() },
     };
     let eps = p.label_smoothing;
-    if thread_idx() == 0 {
+    if writer && p.mode != cross_entropy_mode::STATES {
         let loss = if target.ignored {
             0.0
         } else if target.invalid {
@@ -357,7 +530,7 @@ pub(crate) unsafe fn cross_entropy_row<E: Element, const PACK: usize>(p: &CrossE
         } else {
             let nll = lse - sums.target;
             let mut loss = (1.0 - eps) * target_weight * nll + p.z_loss * lse * lse;
-            if smoothing {
+            if terms.smoothing {
                 loss += eps / vocab * (weight_sum * lse - sums.smoothing);
             }
             loss
@@ -372,11 +545,6 @@ pub(crate) unsafe fn cross_entropy_row<E: Element, const PACK: usize>(p: &CrossE
             }
         }
     }
-    if p.gradient == 0 {
-        return;
-    }
-
-    // The gradient pass.
     let upstream = if p.upstream == 0 {
         p.upstream_value
     } else {
@@ -384,69 +552,120 @@ pub(crate) unsafe fn cross_entropy_row<E: Element, const PACK: usize>(p: &CrossE
         // SAFETY: one value, or one per row.
         unsafe { (p.upstream as *const f32).add(index).read() }
     };
-    let scale = if p.mean != 0 {
-        upstream / divisor
-    } else {
-        upstream
-    };
-    let smoothed = if smoothing {
+    let smoothed = if terms.smoothing {
         eps * weight_sum / vocab
     } else {
         0.0
     };
-    let p_factor = (1.0 - eps) * target_weight + smoothed + 2.0 * p.z_loss * lse;
-    let onehot = (1.0 - eps) * target_weight;
-    let smoothing_per_class = eps / vocab;
-    let nan = target.invalid;
-    // SAFETY: row `row` of the gradient (contract).
-    let y =
-        p.gradient + (row as u64 * p.gradient_stride) * u64::from(dtype_bytes(p.gradient_dtype));
-    let from_cache = line.cached;
-    let gradient_of = |raw: f32, col: usize| {
-        if target.ignored {
-            return 0.0;
-        }
-        let z = line.z(raw);
-        let probability = exp2_approx((z - lse) * LOG2_E);
-        let mut dz = probability * p_factor;
-        if local_target == Some(col) {
-            dz -= onehot;
-        }
-        if smoothing {
-            let w = if weight.is_null() {
-                1.0
-            } else {
-                // SAFETY: the weights hold the whole vocabulary.
-                unsafe { weight.add(p.column_offset as usize + col).read() }
-            };
-            dz -= smoothing_per_class * w;
-        }
-        if softcap > 0.0 {
-            let t = z * line.inv_softcap;
-            dz *= 1.0 - t * t;
-        }
-        if nan { f32::NAN } else { scale * dz }
+    Gradient {
+        terms,
+        lse,
+        p_factor: (1.0 - eps) * target_weight + smoothed + 2.0 * p.z_loss * lse,
+        onehot: (1.0 - eps) * target_weight,
+        smoothing_per_class: eps / vocab,
+        scale: if p.mean != 0 {
+            upstream / divisor
+        } else {
+            upstream
+        },
+        ignored: target.ignored,
+        invalid: target.invalid,
+    }
+}
+
+/// The cross-entropy of one row (see the module's documentation), cut into `slices` blocks
+/// (`block_idx = row · slices + slice`), each a thread-block cluster's block where `slices`
+/// is more than 1. Where `aligned` and the call has no softcap, a slice is an even share of
+/// the row's 16-byte packs, the last slice also taking the row's last `cols % PACK` columns;
+/// else the one slice reads every column one at a time. Each block keeps its packs in shared memory between the two
+/// passes where `cached`, else reads them again; the columns outside packs are always read
+/// again (each thread reads its own columns in both passes, so in place it reads each logit
+/// before it writes that column's gradient).
+///
+/// # Safety
+/// The contract of [`CrossEntropyParams`].
+#[inline(always)]
+pub(crate) unsafe fn cross_entropy_row<E: Element, const PACK: usize>(p: &CrossEntropyParams) {
+    let slices = p.slices.max(1) as usize;
+    let row = block_idx() as usize / slices;
+    let slice = block_idx() as usize % slices;
+    let threads = block_dim() as usize;
+    let cols = p.cols as usize;
+    // Softcapped rows are read one column at a time (the packed passes leave the softcap's
+    // out-of-line call, and the registers it keeps, to the columns outside packs).
+    let packs = if p.aligned != 0 && p.softcap <= 0.0 {
+        cols / PACK
+    } else {
+        0
     };
-    let mut col = first;
-    while col < whole {
-        // SAFETY: as in the first pass; the cache, if any, holds what this thread kept there.
-        let raw = unsafe { line.load::<PACK>(col, from_cache) };
-        let mut out = [0.0f32; PACK];
-        for i in 0..PACK {
-            out[i] = gradient_of(raw[i], col + i);
+    let share = packs.div_ceil(slices);
+    let first = (slice * share).min(packs);
+    let span = (first, (first + share).min(packs));
+    let last_slice = slice == slices - 1;
+    let scratch = dynamic_shared_f32();
+    // SAFETY: the launch gives the scratch, the published floats, then the cache when
+    // `cached` (the pointer is only formed otherwise, never used).
+    let (published, cache) = unsafe {
+        let published = scratch.add(REDUCTION_SCRATCH_FLOATS as usize);
+        (
+            published,
+            published.add(CLUSTER_STATS_FLOATS as usize).cast::<E>(),
+        )
+    };
+    let cache = (p.cached != 0).then_some(cache);
+    // SAFETY: row `row` of the logits (contract).
+    let x = unsafe { (p.logits as *const E).add(row * p.logits_stride as usize) };
+    // SAFETY: `row < rows` (`slices` blocks per row).
+    let target = unsafe { Target::of(p, row) };
+    let terms = Terms::new(p, &target);
+
+    let mut stats = OnlineStats::EMPTY;
+    let mut sums = Sums::EMPTY;
+    // SAFETY: this slice's packs lie in the row; the cache holds them (contract).
+    unsafe { stats_of_packs::<E, PACK>(p, x, &terms, span, cache, &mut stats, &mut sums) };
+    let tail = (packs * PACK + thread_idx() as usize..cols).step_by(threads);
+    if last_slice {
+        for col in tail.clone() {
+            // SAFETY: one column of the row.
+            let z = terms.z::<true>(unsafe { E::widen_all(&E::load_packed::<1>(x.add(col))) }[0]);
+            terms.visit(p, &mut sums, z, col);
+            stats.push::<DeviceExp2>(z);
         }
-        // SAFETY: the gradient row holds `cols` elements, aligned as the logits' (contract).
-        unsafe { store_as::<PACK>(p.gradient_dtype, y, col, out) };
-        col += step;
     }
-    let mut col = whole + thread_idx() as usize;
-    while col < line.cols {
-        // SAFETY: as above, for one column.
-        let [raw] = unsafe { line.load::<1>(col, from_cache) };
-        // SAFETY: as above.
-        unsafe { store_as::<1>(p.gradient_dtype, y, col, [gradient_of(raw, col)]) };
-        col += threads;
+    // SAFETY: every thread of the block, uniform control flow.
+    let row_sums = unsafe { (block_reduce(stats, scratch), block_reduce(sums, scratch)) };
+    let clustered = slices > 1;
+    #[cfg(not(kernels_sm80))]
+    let row_sums = if clustered {
+        // SAFETY: the launch's clusters are the rows' slices, at most 16, each block with
+        // four floats after its scratch (contract); `leave_row_cluster` below.
+        unsafe { exchange_in_cluster(row_sums.0, row_sums.1, published, slices as u32) }
+    } else {
+        row_sums
+    };
+    #[cfg(kernels_sm80)]
+    let _ = published;
+    let writer = slice == 0 && thread_idx() == 0;
+    // SAFETY: `row < rows`.
+    let gradient = unsafe { finish_row(p, row, &target, terms, row_sums, writer) };
+    if p.mode != cross_entropy_mode::STATES && p.gradient != 0 {
+        let y = p.gradient
+            + (row as u64 * p.gradient_stride) * u64::from(dtype_bytes(p.gradient_dtype));
+        // SAFETY: as in the first pass; row `row` of the gradient (contract).
+        unsafe {
+            gradient_of_packs::<E, PACK>(p, x, &gradient, span, cache, (y, p.gradient_dtype))
+        };
+        if last_slice {
+            for col in tail {
+                // SAFETY: as above, for one column.
+                unsafe {
+                    let [raw] = E::widen_all(&E::load_packed::<1>(x.add(col)));
+                    store_as::<1>(p.gradient_dtype, y, col, [gradient.at::<true>(p, raw, col)]);
+                }
+            }
+        }
     }
+    leave_row_cluster(clustered);
 }
 
 /// Bytes of an element of the `DType` numbered `dtype`.
