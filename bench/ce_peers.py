@@ -5,7 +5,7 @@ enqueues, one call between two CUDA events), beside a device-to-device copy of t
 
 Contenders, each where it imports: `torch` (F.cross_entropy, then backward), `liger`
 (LigerCrossEntropyLoss, which writes the gradient over the logits in its forward), `quack`
-(quack.cross_entropy.cross_entropy with its backward). Prints CSV lines
+(quack.cross_entropy.cross_entropy with its backward, in place as Liger's). Prints CSV lines
 `rows,cols,dtype,contender,median_us,pct_of_copy,extra_bytes` (extra_bytes: the peak memory
 the call allocated beyond its inputs). A contender that fails is named on stderr.
 
@@ -91,7 +91,7 @@ def main():
 
             def quack_call():
                 leaf.grad = None
-                quack_cross_entropy(leaf, target).backward()
+                quack_cross_entropy(leaf, target, inplace_backward=True).backward()
 
             contenders = [("torch", torch_call)]
             if liger is not None:

@@ -7,6 +7,7 @@ use std::ffi::c_int;
 
 use cust::module::Module;
 use cust::sys;
+use kernels_gpu::launch::cross_entropy::CrossEntropyKind;
 use kernels_gpu::launch::ops::{DType, OpKernelShape};
 
 use super::driver::{self, DeviceInfo};
@@ -205,6 +206,7 @@ impl Entry {
         match self {
             Entry::RowCluster { .. } | Entry::BlockRegisters(_) => true,
             Entry::Operation(instance) => matches!(instance.shape, OpKernelShape::Block { .. }),
+            Entry::CrossEntropy(name) => name.kind == CrossEntropyKind::Rows,
             _ => false,
         }
     }
