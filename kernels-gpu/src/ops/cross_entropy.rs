@@ -150,11 +150,11 @@ impl Terms {
         }
     }
 
-    /// The softcapped logit (the raw one where `SOFTCAP` is false: the packed passes, which
+    /// The softcapped logit (the raw one where `GENERAL` is false: the packed passes, which
     /// softcapped calls do not take).
     #[inline(always)]
-    fn z<const SOFTCAP: bool>(&self, raw: f32) -> f32 {
-        if SOFTCAP && self.softcap > 0.0 {
+    fn z<const GENERAL: bool>(&self, raw: f32) -> f32 {
+        if GENERAL && self.softcap > 0.0 {
             self.softcap * tanh(raw * self.inv_softcap)
         } else {
             raw
@@ -188,44 +188,73 @@ impl Terms {
 #[derive(Clone, Copy)]
 struct Gradient {
     terms: Terms,
-    lse: f32,
+    /// The log-sum-exp in base 2 (`lse · log2 e`).
+    lse_log2: f32,
+    /// The target's softcapped logit (where the target is in this shard).
+    target_logit: f32,
     /// What the probability is multiplied by.
     p_factor: f32,
     /// Taken off at the target's column.
     onehot: f32,
-    /// Taken off every column, times its class weight (label smoothing).
+    /// Taken off every column, times its class weight (label smoothing; 0 without).
     smoothing_per_class: f32,
+    /// The upstream gradient (over the mean's divisor); NaN for a target out of range.
     scale: f32,
+    /// The row's gradient is 0.
     ignored: bool,
-    invalid: bool,
 }
 
 impl Gradient {
-    /// The gradient at column `col`, whose raw logit is `raw` (softcapped where `SOFTCAP`, as
-    /// [`Terms::z`]).
+    /// The gradient at column `col` of a row not ignored, but for the target's one-hot term:
+    /// the value at every column but the target's, whose raw logit is `raw`. Where `GENERAL`
+    /// is false (the packed passes, which calls with a softcap or with both class weights and
+    /// label smoothing do not take), without a branch.
     #[inline(always)]
-    fn at<const SOFTCAP: bool>(&self, p: &CrossEntropyParams, raw: f32, col: usize) -> f32 {
-        if self.ignored {
-            return 0.0;
-        }
+    fn off_target<const GENERAL: bool>(&self, p: &CrossEntropyParams, raw: f32, col: usize) -> f32 {
+        let z = self.terms.z::<GENERAL>(raw);
+        self.of_logit::<GENERAL>(p, z, col, 0.0)
+    }
+
+    /// The gradient at the target's column `col`.
+    #[inline(always)]
+    fn at_target(&self, p: &CrossEntropyParams, col: usize) -> f32 {
+        self.of_logit::<true>(p, self.target_logit, col, self.onehot)
+    }
+
+    /// The gradient at column `col` of a row not ignored, from its softcapped logit `z`, with
+    /// `onehot` taken off.
+    #[inline(always)]
+    fn of_logit<const GENERAL: bool>(
+        &self,
+        p: &CrossEntropyParams,
+        z: f32,
+        col: usize,
+        onehot: f32,
+    ) -> f32 {
         let terms = &self.terms;
-        let z = terms.z::<SOFTCAP>(raw);
-        let probability = exp2_approx((z - self.lse) * LOG2_E);
-        let mut dz = probability * self.p_factor;
-        if terms.local_target == Some(col) {
-            dz -= self.onehot;
-        }
-        if terms.smoothing {
+        let probability = exp2_approx(z * LOG2_E - self.lse_log2);
+        let mut dz = probability * self.p_factor - onehot;
+        if !GENERAL {
+            dz -= self.smoothing_per_class;
+        } else if terms.smoothing {
             dz -= self.smoothing_per_class * terms.class_weight(p, col);
         }
-        if SOFTCAP && terms.softcap > 0.0 {
+        if GENERAL && terms.softcap > 0.0 {
             let t = z * terms.inv_softcap;
             dz *= 1.0 - t * t;
         }
-        if self.invalid {
-            f32::NAN
+        self.scale * dz
+    }
+
+    /// The gradient at any column `col`, whose raw logit is `raw`.
+    #[inline(always)]
+    fn at(&self, p: &CrossEntropyParams, raw: f32, col: usize) -> f32 {
+        if self.ignored {
+            0.0
+        } else if self.terms.local_target == Some(col) {
+            self.at_target(p, col)
         } else {
-            self.scale * dz
+            self.off_target::<true>(p, raw, col)
         }
     }
 }
@@ -277,19 +306,18 @@ unsafe fn copy_words<E: Element, const N: usize>(at: *mut E, words: &[u32; N]) {
 }
 
 /// The statistics pass over packs `first..end` of a row at `x` (pack `k` holds columns
-/// `k·PACK..(k + 1)·PACK`) of a call without softcap, this thread's every `block_dim`-th:
-/// [`LOADS_IN_FLIGHT`] loads
-/// issued before the first is used, each pack kept in shared memory at
-/// `cache + (k − first)·PACK` when `cache` is given.
+/// `k·PACK..(k + 1)·PACK`) of a call without softcap or weighted label smoothing, this
+/// thread's every `block_dim`-th: [`LOADS_IN_FLIGHT`] loads issued before the first is used,
+/// each pack kept in shared memory at `cache + (k − first)·PACK` when `cache` is given. The
+/// statistics and the (unweighted) smoothing's sum; not the target's logit, which one thread
+/// reads on its own.
 ///
 /// # Safety
 /// The packs lie in the row, which starts on a 16-byte boundary; `cache`, when given, holds
 /// `(end − first)·PACK` elements of shared memory, 16-byte aligned.
 #[inline(always)]
 unsafe fn stats_of_packs<E: Element, const PACK: usize>(
-    p: &CrossEntropyParams,
     x: *const E,
-    terms: &Terms,
     (first, end): (usize, usize),
     cache: Option<*mut E>,
     stats: &mut OnlineStats,
@@ -331,7 +359,9 @@ unsafe fn stats_of_packs<E: Element, const PACK: usize>(
             let pack = batch + k * threads;
             if pack < end {
                 for i in 0..PACK {
-                    terms.visit(p, sums, E::widen(pack_words, i), pack * PACK + i);
+                    // Without a branch: unweighted (the packed passes' calls), and unused
+                    // without label smoothing.
+                    sums.smoothing += E::widen(pack_words, i);
                 }
             }
         }
@@ -344,7 +374,8 @@ unsafe fn stats_of_packs<E: Element, const PACK: usize>(
 
 /// The gradient pass over the packs [`stats_of_packs`] visited, read from `cache` when
 /// given (where that pass kept them), else from the row again, written to the gradient row
-/// at `y` (of element type `dtype`).
+/// at `y` (of element type `dtype`); the target's column without its one-hot term, which the
+/// thread that wrote it writes again after.
 ///
 /// # Safety
 /// As [`stats_of_packs`], after it, with the same packs and cache; the gradient row holds the
@@ -379,8 +410,11 @@ unsafe fn gradient_of_packs<E: Element, const PACK: usize>(
             let pack = batch + k * threads;
             if pack < end {
                 let mut out = [0.0f32; PACK];
-                for (i, value) in out.iter_mut().enumerate() {
-                    *value = gradient.at::<false>(p, E::widen(pack_words, i), pack * PACK + i);
+                if !gradient.ignored {
+                    for (i, value) in out.iter_mut().enumerate() {
+                        let raw = E::widen(pack_words, i);
+                        *value = gradient.off_target::<false>(p, raw, pack * PACK + i);
+                    }
                 }
                 // SAFETY: the gradient row holds the pack's columns (contract). In place, this
                 // thread read them just above.
@@ -473,7 +507,7 @@ unsafe fn finish_row(
                         sum: stats.sum(),
                     },
                     target_logit: sums.target,
-                    smoothing: sums.smoothing,
+                    smoothing: if terms.smoothing { sums.smoothing } else { 0.0 },
                 };
                 // SAFETY: the states hold one per row.
                 unsafe { (p.states as *mut CrossEntropyState).add(row).write(state) };
@@ -557,19 +591,20 @@ unsafe fn finish_row(
     } else {
         0.0
     };
+    let scale = if p.mean != 0 {
+        upstream / divisor
+    } else {
+        upstream
+    };
     Gradient {
         terms,
-        lse,
+        lse_log2: lse * LOG2_E,
+        target_logit: sums.target,
         p_factor: (1.0 - eps) * target_weight + smoothed + 2.0 * p.z_loss * lse,
         onehot: (1.0 - eps) * target_weight,
         smoothing_per_class: eps / vocab,
-        scale: if p.mean != 0 {
-            upstream / divisor
-        } else {
-            upstream
-        },
+        scale: if target.invalid { f32::NAN } else { scale },
         ignored: target.ignored,
-        invalid: target.invalid,
     }
 }
 
@@ -591,9 +626,10 @@ pub(crate) unsafe fn cross_entropy_row<E: Element, const PACK: usize>(p: &CrossE
     let slice = block_idx() as usize % slices;
     let threads = block_dim() as usize;
     let cols = p.cols as usize;
-    // Softcapped rows are read one column at a time (the packed passes leave the softcap's
-    // out-of-line call, and the registers it keeps, to the columns outside packs).
-    let packs = if p.aligned != 0 && p.softcap <= 0.0 {
+    // Calls with a softcap, or with both class weights and label smoothing, read one column
+    // at a time: the packed passes do without their branches, calls and loads per element.
+    let general = p.softcap > 0.0 || (p.weight != 0 && p.label_smoothing != 0.0);
+    let packs = if p.aligned != 0 && !general {
         cols / PACK
     } else {
         0
@@ -622,7 +658,18 @@ pub(crate) unsafe fn cross_entropy_row<E: Element, const PACK: usize>(p: &CrossE
     let mut stats = OnlineStats::EMPTY;
     let mut sums = Sums::EMPTY;
     // SAFETY: this slice's packs lie in the row; the cache holds them (contract).
-    unsafe { stats_of_packs::<E, PACK>(p, x, &terms, span, cache, &mut stats, &mut sums) };
+    unsafe { stats_of_packs::<E, PACK>(x, span, cache, &mut stats, &mut sums) };
+    // The target's column where one of this block's packs holds it: the thread that visits
+    // that pack reads the target's logit, and writes its gradient again after the others'.
+    let packed_target = terms
+        .local_target
+        .filter(|&t| (span.0..span.1).contains(&(t / PACK)));
+    let owned_target =
+        packed_target.filter(|&t| (t / PACK - span.0) % threads == thread_idx() as usize);
+    if let Some(t) = owned_target {
+        // SAFETY: a column of the row, not yet overwritten (the gradient pass comes after).
+        sums.target = unsafe { E::widen_all(&E::load_packed::<1>(x.add(t))) }[0];
+    }
     let tail = (packs * PACK + thread_idx() as usize..cols).step_by(threads);
     if last_slice {
         for col in tail.clone() {
@@ -655,12 +702,16 @@ pub(crate) unsafe fn cross_entropy_row<E: Element, const PACK: usize>(p: &CrossE
         unsafe {
             gradient_of_packs::<E, PACK>(p, x, &gradient, span, cache, (y, p.gradient_dtype))
         };
+        if let Some(t) = owned_target {
+            // SAFETY: the target's column of the gradient row, which this thread wrote last.
+            unsafe { store_as::<1>(p.gradient_dtype, y, t, [gradient.at_target(p, t)]) };
+        }
         if last_slice {
             for col in tail {
                 // SAFETY: as above, for one column.
                 unsafe {
                     let [raw] = E::widen_all(&E::load_packed::<1>(x.add(col)));
-                    store_as::<1>(p.gradient_dtype, y, col, [gradient.at::<true>(p, raw, col)]);
+                    store_as::<1>(p.gradient_dtype, y, col, [gradient.at(p, raw, col)]);
                 }
             }
         }
