@@ -35,7 +35,7 @@ def main():
         return match[0] if match else None
 
     width = 0.8 / len(contenders)
-    fig, ax = plt.subplots(figsize=(11, 4.5))
+    fig, ax = plt.subplots(figsize=(12.5, 4.5))
     for k, contender in enumerate(contenders):
         values = []
         for rows_, cols, dtype in cases:
@@ -46,7 +46,7 @@ def main():
     ax.set_xticklabels([f"{d} {r}×{c}" for r, c, d in cases], rotation=20, ha="right")
     ax.set_ylabel("speed-up over torch (×)")
     ax.set_title("Cross-entropy forward + backward, H200, isolated (higher is better)")
-    ax.legend()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     fig.savefig(stem + ".png", dpi=110)
     fig.savefig(stem + ".svg")
