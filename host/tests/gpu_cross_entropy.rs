@@ -33,6 +33,7 @@ const TESTS: &[common::Test] = &[
         ignored_and_out_of_range,
     ),
     ("ce_strided_and_unaligned_rows", strided_and_unaligned),
+    ("ce_targets_where_the_work_changes_hands", targets_at_edges),
     ("ce_upstream_gradients_on_the_device", upstream_on_device),
     ("ce_vocabulary_shards_match_the_whole", shards),
     ("ce_captured_in_a_graph", captured),
@@ -220,13 +221,15 @@ fn check_gradient(
 ) -> Result<f64, String> {
     let within = |a: &[f32], e: &[f64], tolerance: f64, floor: f64| {
         let deviation = value_deviation(a, e);
-        let norm = e.iter().map(|v| v * v).sum::<f64>().sqrt();
-        let error = a
-            .iter()
-            .zip(e)
-            .map(|(&a, &e)| (f64::from(a) - e).powi(2))
-            .sum::<f64>()
-            .sqrt();
+        // NaN where the reference has NaN is a match (value_deviation counts the others).
+        let pairs = || {
+            a.iter()
+                .map(|&a| f64::from(a))
+                .zip(e.iter().copied())
+                .filter(|(a, e)| !(a.is_nan() && e.is_nan()))
+        };
+        let norm = pairs().map(|(_, e)| e * e).sum::<f64>().sqrt();
+        let error = pairs().map(|(a, e)| (a - e).powi(2)).sum::<f64>().sqrt();
         let ok = deviation.within(tolerance)
             || (deviation.nan_mismatches == 0 && error <= tolerance * norm.max(floor));
         (ok, deviation)
@@ -488,6 +491,117 @@ fn ignored_and_out_of_range(softmax: &mut Softmax, _rng: &mut StdRng) -> Outcome
     Ok("a batch of ignored rows gives a NaN mean and a zero gradient; targets out of range give NaN in their rows only".into())
 }
 
+/// Targets on the columns where a row's work changes hands, in rows cut into clusters,
+/// computed in place at a pitch that keeps every row 16-byte aligned: the first and last
+/// columns, a slice's first column, the last column of a pack a thread reaches on a later
+/// step, the columns after the last whole pack; ignored and out-of-range rows among them.
+fn targets_at_edges(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
+    let mut checked = Vec::new();
+    // bf16 6×50257 runs in twelve slices of 524 packs of 8 (column 4192 starts the second;
+    // thread 11 reaches pack 523 on its second load); f32 5×131075 in sixteen slices of 2048
+    // packs of 4 (thread 511 reaches pack 2047 on its second step).
+    let cases: [(DType, usize, usize, &[i64]); 2] = [
+        (
+            DType::Bf16,
+            50257,
+            50264,
+            &[50256, 0, 4192, 4191, -100, 50262],
+        ),
+        (
+            DType::F32,
+            131075,
+            131076,
+            &[8191, 131074, 131072, 8192, -100],
+        ),
+    ];
+    for (dtype, cols, pitch, target_values) in cases {
+        let rows = target_values.len();
+        let s = shape(rows, cols);
+        let dense = common::random_matrix(rng, s, 6.0);
+        let dense = match dtype {
+            DType::Bf16 => rounded::<bf16>(&dense),
+            _ => dense,
+        };
+        let mut padded = vec![0.0f32; (rows - 1) * pitch + cols];
+        for r in 0..rows {
+            padded[r * pitch..r * pitch + cols].copy_from_slice(&dense[r * cols..(r + 1) * cols]);
+        }
+        let case = Case {
+            smoothing: 0.1,
+            z_loss: 1e-4,
+            reduction: Reduction::None,
+            ..Case::PLAIN
+        };
+        let reference = cross_entropy_f64(&dense, rows, cols, target_values, &case.reference(&[]));
+        let t = DeviceBuffer::from_slice(target_values).map_err(text)?;
+        let mut losses = common::poisoned(rows)?;
+        let ce = CrossEntropyOptions::new()
+            .label_smoothing(0.1)
+            .z_loss(1e-4)
+            .reduction(Reduction::None);
+        let gradient = match dtype {
+            DType::Bf16 => {
+                let mut logits = upload::<bf16>(&padded)?;
+                softmax
+                    .cross_entropy_backward_in_place(
+                        RowsMut::strided(&mut logits, s, pitch).map_err(text)?,
+                        &t,
+                        CrossEntropyOutputs::new().loss(&mut losses),
+                        Upstream::Value(1.0),
+                        &ce,
+                        &Options::new(),
+                    )
+                    .map_err(text)?;
+                softmax.synchronize().map_err(text)?;
+                download(&logits)?
+            }
+            _ => {
+                let mut logits = DeviceBuffer::from_slice(&padded).map_err(text)?;
+                softmax
+                    .cross_entropy_backward_in_place(
+                        RowsMut::strided(&mut logits, s, pitch).map_err(text)?,
+                        &t,
+                        CrossEntropyOutputs::new().loss(&mut losses),
+                        Upstream::Value(1.0),
+                        &ce,
+                        &Options::new(),
+                    )
+                    .map_err(text)?;
+                softmax.synchronize().map_err(text)?;
+                download(&logits)?
+            }
+        };
+        let what =
+            format!("{dtype:?} {rows}×{cols} at a pitch of {pitch}, targets {target_values:?}");
+        check_losses(
+            &what,
+            &download(&losses)?,
+            &reference.losses,
+            loss_tolerance(dtype),
+        )?;
+        let dense_gradient: Vec<f32> = (0..rows)
+            .flat_map(|r| gradient[r * pitch..r * pitch + cols].iter().copied())
+            .collect();
+        let expected = match dtype {
+            DType::Bf16 => common::as_written::<bf16>(&reference.gradient),
+            _ => reference.gradient.clone(),
+        };
+        check_gradient(
+            &what,
+            &dense_gradient,
+            &expected,
+            cols,
+            gradient_tolerance(dtype),
+            1.0,
+        )?;
+        checked.push(format!("{dtype:?} {rows}×{cols}"));
+    }
+    Ok(format!(
+        "{}: in place, in clusters, every edge target's loss and gradient as the reference's",
+        checked.join(", ")
+    ))
+}
+
 fn strided_and_unaligned(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     // Rows of 1001 columns at a pitch of 1003 (no row starts on a 16-byte boundary after the
     // first), starting one element into the buffer.
@@ -627,93 +741,103 @@ fn shards(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
         let values = rounded::<bf16>(&common::random_matrix(rng, s, 6.0));
         let weight_values: Vec<f32> = (0..cols).map(|_| rng.random_range(0.5..1.5)).collect();
         let target_values = targets(rng, rows, cols, Some(-100));
-        let case = Case {
+        // Every option (the shards read one element at a time), and the options the packed
+        // passes take.
+        let every = Case {
             smoothing: 0.1,
             z_loss: 1e-4,
             softcap: Some(20.0),
             weighted: true,
             ..Case::PLAIN
         };
-        let reference = cross_entropy_f64(
-            &values,
-            rows,
-            cols,
-            &target_values,
-            &case.reference(&weight_values),
-        );
-        let weight = DeviceBuffer::from_slice(&weight_values).map_err(text)?;
-        let t = DeviceBuffer::from_slice(&target_values).map_err(text)?;
-        // Each shard's columns, in its own buffer.
-        let bounds: Vec<(usize, usize)> = (0..count)
-            .map(|k| (k * cols / count, (k + 1) * cols / count))
-            .collect();
-        let shard_buffers = bounds
-            .iter()
-            .map(|&(a, b)| {
-                let part: Vec<f32> = (0..rows)
-                    .flat_map(|r| values[r * cols + a..r * cols + b].iter().copied())
-                    .collect();
-                upload::<bf16>(&part)
-            })
-            .collect::<Result<Vec<_>, String>>()?;
-        let states: DeviceBuffer<CrossEntropyState> =
-            DeviceBuffer::from_slice(&vec![CrossEntropyState::default(); count * rows])
-                .map_err(text)?;
-        for (k, (&(a, b), buffer)) in bounds.iter().zip(&shard_buffers).enumerate() {
-            let ce = case.options(&weight).shard(a, cols);
-            let mut run = states.index(k * rows..(k + 1) * rows);
-            softmax
-                .cross_entropy_states(
-                    Rows::new(buffer, shape(rows, b - a)).map_err(text)?,
-                    &t,
-                    &mut run,
-                    &ce,
-                    &Options::new(),
-                )
-                .map_err(text)?;
-        }
-        let mut gradient = vec![0.0f32; rows * cols];
-        let mut first_loss = None;
-        for (&(a, b), buffer) in bounds.iter().zip(&shard_buffers) {
-            let ce = case.options(&weight).shard(a, cols).merged(&states);
-            let mut part = upload::<bf16>(&vec![f32::NAN; rows * (b - a)])?;
-            let mut loss = common::poisoned(1)?;
-            softmax
-                .cross_entropy_backward(
-                    Rows::new(buffer, shape(rows, b - a)).map_err(text)?,
-                    &t,
-                    CrossEntropyOutputs::new().loss(&mut loss),
-                    RowsMut::new(&mut part, shape(rows, b - a)).map_err(text)?,
-                    Upstream::Value(1.0),
-                    &ce,
-                    &Options::new(),
-                )
-                .map_err(text)?;
-            softmax.synchronize().map_err(text)?;
-            let part = download(&part)?;
-            for r in 0..rows {
-                gradient[r * cols + a..r * cols + b]
-                    .copy_from_slice(&part[r * (b - a)..(r + 1) * (b - a)]);
+        let packed = Case {
+            softcap: None,
+            weighted: false,
+            ..every
+        };
+        for case in [every, packed] {
+            let reference = cross_entropy_f64(
+                &values,
+                rows,
+                cols,
+                &target_values,
+                &case.reference(&weight_values),
+            );
+            let weight = DeviceBuffer::from_slice(&weight_values).map_err(text)?;
+            let t = DeviceBuffer::from_slice(&target_values).map_err(text)?;
+            // Each shard's columns, in its own buffer.
+            let bounds: Vec<(usize, usize)> = (0..count)
+                .map(|k| (k * cols / count, (k + 1) * cols / count))
+                .collect();
+            let shard_buffers = bounds
+                .iter()
+                .map(|&(a, b)| {
+                    let part: Vec<f32> = (0..rows)
+                        .flat_map(|r| values[r * cols + a..r * cols + b].iter().copied())
+                        .collect();
+                    upload::<bf16>(&part)
+                })
+                .collect::<Result<Vec<_>, String>>()?;
+            let states: DeviceBuffer<CrossEntropyState> =
+                DeviceBuffer::from_slice(&vec![CrossEntropyState::default(); count * rows])
+                    .map_err(text)?;
+            for (k, (&(a, b), buffer)) in bounds.iter().zip(&shard_buffers).enumerate() {
+                let ce = case.options(&weight).shard(a, cols);
+                let mut run = states.index(k * rows..(k + 1) * rows);
+                softmax
+                    .cross_entropy_states(
+                        Rows::new(buffer, shape(rows, b - a)).map_err(text)?,
+                        &t,
+                        &mut run,
+                        &ce,
+                        &Options::new(),
+                    )
+                    .map_err(text)?;
             }
-            let loss = download(&loss)?[0];
-            if first_loss.is_some_and(|l: f32| l.to_bits() != loss.to_bits()) {
-                return Err(format!("{count} shards: the shards' losses differ"));
+            let mut gradient = vec![0.0f32; rows * cols];
+            let mut first_loss = None;
+            for (&(a, b), buffer) in bounds.iter().zip(&shard_buffers) {
+                let ce = case.options(&weight).shard(a, cols).merged(&states);
+                let mut part = upload::<bf16>(&vec![f32::NAN; rows * (b - a)])?;
+                let mut loss = common::poisoned(1)?;
+                softmax
+                    .cross_entropy_backward(
+                        Rows::new(buffer, shape(rows, b - a)).map_err(text)?,
+                        &t,
+                        CrossEntropyOutputs::new().loss(&mut loss),
+                        RowsMut::new(&mut part, shape(rows, b - a)).map_err(text)?,
+                        Upstream::Value(1.0),
+                        &ce,
+                        &Options::new(),
+                    )
+                    .map_err(text)?;
+                softmax.synchronize().map_err(text)?;
+                let part = download(&part)?;
+                for r in 0..rows {
+                    gradient[r * cols + a..r * cols + b]
+                        .copy_from_slice(&part[r * (b - a)..(r + 1) * (b - a)]);
+                }
+                let loss = download(&loss)?[0];
+                if first_loss.is_some_and(|l: f32| l.to_bits() != loss.to_bits()) {
+                    return Err(format!("{count} shards: the shards' losses differ"));
+                }
+                first_loss = Some(loss);
             }
-            first_loss = Some(loss);
+            let what = format!("{count} shards of {rows}×{cols}, {case:?}");
+            check_losses(
+                &what,
+                &[first_loss.unwrap_or(f32::NAN)],
+                &[reference.reduced],
+                1e-4,
+            )?;
+            let expected = common::as_written::<bf16>(&reference.gradient);
+            check_gradient(&what, &gradient, &expected, cols, 1.5e-2, 0.0)?;
         }
-        let what = format!("{count} shards of {rows}×{cols}");
-        check_losses(
-            &what,
-            &[first_loss.unwrap_or(f32::NAN)],
-            &[reference.reduced],
-            1e-4,
-        )?;
-        let expected = common::as_written::<bf16>(&reference.gradient);
-        check_gradient(&what, &gradient, &expected, cols, 1.5e-2, 0.0)?;
-        checked.push(what);
+        checked.push(format!("{count} shards of {rows}×{cols}"));
     }
     Ok(format!(
-        "{} (bf16, every option): loss and gradient as the whole vocabulary's",
+        "{} (bf16, every option, then the packed passes' options): loss and gradient as the \
+         whole vocabulary's",
         checked.join(", ")
     ))
 }

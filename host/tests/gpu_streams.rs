@@ -756,7 +756,10 @@ fn context_restored(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
             return Err(format!("cuCtxCreate: {status:?}"));
         }
         // cuCtxCreate makes the new context current: the buffers below belong to the primary.
-        sys::cuCtxSetCurrent(primary);
+        let status = sys::cuCtxSetCurrent(primary);
+        if status != sys::CUresult::CUDA_SUCCESS {
+            return Err(format!("cuCtxSetCurrent: {status:?}"));
+        }
     }
     let steps = [
         "run",

@@ -76,8 +76,9 @@ pub struct LaunchBounds {
     pub blocks_per_sm: u32,
 }
 
-/// Every entry with launch bounds. The host checks `threads` against the block size it
-/// launches these entries with.
+/// Every entry with launch bounds. A host test checks them against the block size and the
+/// blocks per multiprocessor its planner uses; [`build_all_ptx`] fails where a listed entry is
+/// not found to take its bounds.
 pub const LAUNCH_BOUNDS: [LaunchBounds; 1] = [LaunchBounds {
     // The cross-entropy row kernels, two of whose blocks share a multiprocessor's shared
     // memory when they keep their slices there.
@@ -92,6 +93,12 @@ pub const LAUNCH_BOUNDS: [LaunchBounds; 1] = [LaunchBounds {
 
 /// `ptx` with each entry of [`LAUNCH_BOUNDS`] given its bounds, after its parameter list.
 pub fn with_launch_bounds(ptx: &str) -> String {
+    bound_entries(ptx).0
+}
+
+/// [`with_launch_bounds`]'s text, and the entries it gave bounds.
+fn bound_entries(ptx: &str) -> (String, Vec<&'static str>) {
+    let mut bound = Vec::new();
     let mut out = String::with_capacity(ptx.len() + 256);
     let mut pending = None;
     for line in ptx.lines() {
@@ -101,19 +108,21 @@ pub fn with_launch_bounds(ptx: &str) -> String {
             .strip_prefix(".visible .entry ")
             .and_then(|rest| rest.strip_suffix('('))
         {
-            pending = LAUNCH_BOUNDS
-                .iter()
-                .find(|bounds| bounds.entries.contains(&name));
+            pending = LAUNCH_BOUNDS.iter().find_map(|bounds| {
+                let listed = bounds.entries.iter().find(|&&entry| entry == name)?;
+                Some((bounds, *listed))
+            });
         } else if line == ")"
-            && let Some(bounds) = pending.take()
+            && let Some((bounds, name)) = pending.take()
         {
             out.push_str(&format!(
                 ".maxntid {},1,1\n.minnctapersm {}\n",
                 bounds.threads, bounds.blocks_per_sm
             ));
+            bound.push(name);
         }
     }
-    out
+    (out, bound)
 }
 
 /// The cfg whose value names the module a device build compiles.
@@ -179,13 +188,23 @@ pub fn build_all_ptx(cargo: &Path, workspace: &Path, dest_dir: &Path) -> Result<
         .map_err(|e| format!("creating {}: {e}", dest_dir.display()))?;
     let cargo = KernelCargo::pinned(workspace, cargo)?;
     for build in KernelBuild::ALL {
+        let mut bound = Vec::new();
         for module in MODULES {
             let built = build_kernels_ptx(&cargo, workspace, module.name, build)?;
             let ptx = std::fs::read_to_string(&built)
                 .map_err(|e| format!("reading {}: {e}", built.display()))?;
             let dest = dest_dir.join(build.ptx_file(module.name));
-            std::fs::write(&dest, with_launch_bounds(&minify_ptx(&ptx)))
-                .map_err(|e| format!("writing {}: {e}", dest.display()))?;
+            let (ptx, entries) = bound_entries(&minify_ptx(&ptx));
+            bound.extend(entries);
+            std::fs::write(&dest, ptx).map_err(|e| format!("writing {}: {e}", dest.display()))?;
+        }
+        let listed = LAUNCH_BOUNDS.iter().flat_map(|bounds| bounds.entries);
+        if let Some(missing) = listed.into_iter().find(|entry| !bound.contains(entry)) {
+            return Err(format!(
+                "the {} build has no entry `{missing}` to give its launch bounds (ptx-builder's \
+                 LAUNCH_BOUNDS names it)",
+                build.arch()
+            ));
         }
     }
     Ok(())

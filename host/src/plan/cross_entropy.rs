@@ -111,10 +111,10 @@ struct RowSlicing {
 }
 
 /// The fewest slices per row (1, or a cluster of up to [`MAX_CLUSTER_BLOCKS`] where the
-/// device has clusters) whose packs fit in shared memory with [`BLOCKS_PER_SM`] blocks per
-/// multiprocessor; more, while the rows leave most multiprocessors idle and every thread
-/// still has a pack. Rows read one element at a time, or too wide for that, take one block
-/// that reads its row twice.
+/// device has clusters and the rows are read in packs) whose share fits in shared memory with
+/// [`BLOCKS_PER_SM`] blocks per multiprocessor; more, while the rows leave most
+/// multiprocessors idle and every thread still has a pack. Rows too wide for that take one
+/// block that reads its row twice.
 fn slicing(
     input: DType,
     rows: u32,
@@ -128,17 +128,18 @@ fn slicing(
         cached: false,
         shared_bytes: CLUSTER_SHARED_BYTES,
     };
-    if !aligned {
-        return uncached;
-    }
-    let packs = u64::from(cols) / u64::from(16 / input.bytes());
-    let most = if limits.thread_block_clusters() {
+    let pack = u64::from(16 / input.bytes());
+    // Rows read one element at a time are one slice of no packs, every column a tail column.
+    let packs = if aligned { u64::from(cols) / pack } else { 0 };
+    let tail = u64::from(cols) - packs * pack;
+    let most = if limits.thread_block_clusters() && aligned {
         MAX_CLUSTER_BLOCKS
     } else {
         1
     };
     let fits = |slices: u32| {
-        let bytes = u64::from(CLUSTER_SHARED_BYTES) + packs.div_ceil(u64::from(slices)) * 16;
+        let kept = (packs.div_ceil(u64::from(slices)) * pack + tail) * u64::from(input.bytes());
+        let bytes = u64::from(CLUSTER_SHARED_BYTES) + kept.next_multiple_of(16);
         let bytes = u32::try_from(bytes)
             .ok()
             .filter(|&b| b <= limits.max_shared_per_block())?;
@@ -273,10 +274,68 @@ mod tests {
             launches[0].params,
             Params::CrossEntropy {
                 aligned: false,
-                cached: false,
+                cached: true,
                 slices: 1,
                 ..
             }
         ));
+        // Kept one element after another: 1001 f32, rounded up to 16 bytes.
+        assert_eq!(launches[0].shared_bytes, CLUSTER_SHARED_BYTES + 4016);
+        // Not in clusters, however few the rows.
+        let launches = plan(
+            DType::Bf16,
+            false,
+            false,
+            shape(2, 50257),
+            Layout::Elements,
+            &FakeH200,
+        )
+        .unwrap();
+        assert_eq!(slicing_of(&launches[0]), (1, true));
+    }
+
+    /// The launch bounds ptx-builder gives the row kernels are the planner's block size and
+    /// blocks per multiprocessor.
+    #[test]
+    fn the_row_kernels_launch_bounds_are_the_plans() {
+        for dtype in [DType::F32, DType::Bf16, DType::F16] {
+            let name = CrossEntropyEntry {
+                dtype,
+                kind: CrossEntropyKind::Rows,
+            }
+            .to_string();
+            let bounds = ptx_builder::LAUNCH_BOUNDS
+                .iter()
+                .find(|bounds| bounds.entries.contains(&name.as_str()))
+                .unwrap_or_else(|| panic!("{name} has no launch bounds"));
+            assert_eq!(
+                (bounds.threads, bounds.blocks_per_sm),
+                (CROSS_ENTROPY_THREADS, BLOCKS_PER_SM)
+            );
+        }
+    }
+
+    #[test]
+    fn clusters_the_driver_cannot_schedule_leave_one_block_a_row() {
+        let unschedulable = FakeH200WithoutClusters { sm90_build: true };
+        let launch = rows_launch(DType::F16, 4096, 128256, &unschedulable);
+        assert_eq!(slicing_of(&launch), (1, false));
+        // A row that fits one block is still kept whole.
+        let launch = rows_launch(DType::F16, 4096, 32000, &unschedulable);
+        assert_eq!(slicing_of(&launch), (1, true));
+    }
+
+    #[test]
+    fn more_slices_for_few_rows_never_leave_a_thread_without_a_pack() {
+        for cols in [4096, 10000, 32000, 50257, 128256, 262144] {
+            for rows in [1, 2, 3, 8, 33] {
+                let launch = rows_launch(DType::F32, rows, cols, &FakeH200);
+                let (slices, _) = slicing_of(&launch);
+                assert!(
+                    slices == 1 || cols / 4 / slices as usize >= CROSS_ENTROPY_THREADS as usize,
+                    "{rows}×{cols}: {slices} slices"
+                );
+            }
+        }
     }
 }

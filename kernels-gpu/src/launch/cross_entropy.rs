@@ -4,7 +4,7 @@
 use super::ops::{DType, RowState};
 use super::write_entry_name;
 
-/// Threads per block of the cross-entropy kernels (a block per row).
+/// Threads per block of the cross-entropy row kernels (a block per row, or per slice of one).
 pub const CROSS_ENTROPY_THREADS: u32 = 512;
 
 /// What a cross-entropy launch does.
@@ -55,8 +55,10 @@ unsafe impl cust_core::DeviceCopy for CrossEntropyState {}
 ///   of `slices` blocks where `slices` is more than 1 (at most
 ///   [`MAX_CLUSTER_BLOCKS`](super::MAX_CLUSTER_BLOCKS), only where `aligned`, never in the
 ///   sm_80 build), with `(REDUCTION_SCRATCH_FLOATS + CLUSTER_STATS_FLOATS) · 4` bytes of
-///   dynamic shared memory, plus, when `cached` is 1, one slice's packs: `⌈(cols / PACK) /
-///   slices⌉ · PACK` elements of the module's type (`PACK` is 16 bytes of them).
+///   dynamic shared memory, plus, when `cached` is 1, what a slice keeps: `⌈packs / slices⌉ ·
+///   PACK + cols − packs · PACK` elements of the module's type, where `PACK` is 16 bytes of
+///   them and `packs` is `cols / PACK` where `aligned`, else 0.
+/// - `aligned` is 0 for a call with a softcap, or with both class weights and label smoothing.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct CrossEntropyParams {
@@ -103,8 +105,8 @@ pub struct CrossEntropyParams {
     pub aligned: u32,
 }
 
-/// What a cross-entropy entry does: a block per row over the logits (`Rows`), the one-block
-/// prologue (`Totals`), the one-block epilogue (`Reduce`).
+/// What a cross-entropy entry does: the rows, a block or a cluster each (`Rows`), the
+/// one-block prologue (`Totals`), the one-block epilogue (`Reduce`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum CrossEntropyKind {
     Rows,

@@ -98,8 +98,8 @@ pub const MAX_BLOCK_THREADS: u32 = 1024;
 pub const REDUCTION_SCRATCH_FLOATS: u32 = 2 * (MAX_BLOCK_THREADS / WARP_SIZE);
 
 /// Floats a block whose row is a thread-block cluster reserves after the reduction scratch for
-/// the statistics it publishes to the cluster (two used; four keep what follows 16-byte
-/// aligned).
+/// what it publishes to the cluster: the statistics (two floats), or for cross-entropy the
+/// statistics and two sums (four, which also keep what follows 16-byte aligned).
 pub const CLUSTER_STATS_FLOATS: u32 = 4;
 
 /// Most blocks in a cluster that holds a row: Hopper's largest, which is above the portable 8

@@ -28,6 +28,8 @@ use crate::primitives::element::{Element, store_as};
 use crate::primitives::online::{LOG2_E, OnlineStats};
 use crate::primitives::reduce::{Partial, block_reduce};
 use crate::primitives::row_exchange::leave_row_cluster;
+#[cfg(not(kernels_sm80))]
+use crate::primitives::row_exchange::row_is_cluster;
 
 /// `tanh(y)`: a short series near 0, where `1 − 2/(e^2y + 1)` would cancel, else that. Out
 /// of line: only softcapped calls take it, and inlined into every pack it would double the
@@ -44,6 +46,9 @@ fn tanh(y: f32) -> f32 {
         if y < 0.0 { -t } else { t }
     }
 }
+
+// The four floats a block publishes to its cluster fit the room every clustered block keeps.
+const _: () = assert!(CLUSTER_STATS_FLOATS >= 4);
 
 /// Packs a thread loads before it uses the first.
 const LOADS_IN_FLIGHT: usize = 2;
@@ -127,7 +132,7 @@ impl Target {
 struct Terms {
     local_target: Option<usize>,
     smoothing: bool,
-    /// The class weights from this shard's first column (null without weights).
+    /// The class weights from this shard's first column (read only where `p.weight` is not 0).
     weight: *const f32,
     softcap: f32,
     inv_softcap: f32,
@@ -188,8 +193,7 @@ impl Terms {
 #[derive(Clone, Copy)]
 struct Gradient {
     terms: Terms,
-    /// The log-sum-exp in base 2 (`lse · log2 e`).
-    lse_log2: f32,
+    lse: f32,
     /// The target's softcapped logit (where the target is in this shard).
     target_logit: f32,
     /// What the probability is multiplied by.
@@ -232,7 +236,8 @@ impl Gradient {
         onehot: f32,
     ) -> f32 {
         let terms = &self.terms;
-        let probability = exp2_approx(z * LOG2_E - self.lse_log2);
+        // The difference first: it is exact where `z` and `lse` are close, whatever their size.
+        let probability = exp2_approx((z - self.lse) * LOG2_E);
         let mut dz = probability * self.p_factor - onehot;
         if !GENERAL {
             dz -= self.smoothing_per_class;
@@ -598,7 +603,7 @@ unsafe fn finish_row(
     };
     Gradient {
         terms,
-        lse_log2: lse * LOG2_E,
+        lse,
         target_logit: sums.target,
         p_factor: (1.0 - eps) * target_weight + smoothed + 2.0 * p.z_loss * lse,
         onehot: (1.0 - eps) * target_weight,
@@ -610,12 +615,11 @@ unsafe fn finish_row(
 
 /// The cross-entropy of one row (see the module's documentation), cut into `slices` blocks
 /// (`block_idx = row · slices + slice`), each a thread-block cluster's block where `slices`
-/// is more than 1. Where `aligned` and the call has no softcap, a slice is an even share of
-/// the row's 16-byte packs, the last slice also taking the row's last `cols % PACK` columns;
-/// else the one slice reads every column one at a time. Each block keeps its packs in shared memory between the two
-/// passes where `cached`, else reads them again; the columns outside packs are always read
-/// again (each thread reads its own columns in both passes, so in place it reads each logit
-/// before it writes that column's gradient).
+/// is more than 1. Where `aligned`, a slice is an even share of the row's 16-byte packs, the
+/// last slice also taking the row's last `cols % PACK` columns one at a time; else one slice
+/// reads every column one at a time. Each block keeps what it reads in shared memory between
+/// the two passes where `cached`, else reads it again (each thread reads its own columns in
+/// both passes, so in place it reads each logit before it writes that column's gradient).
 ///
 /// # Safety
 /// The contract of [`CrossEntropyParams`].
@@ -626,13 +630,16 @@ pub(crate) unsafe fn cross_entropy_row<E: Element, const PACK: usize>(p: &CrossE
     let slice = block_idx() as usize % slices;
     let threads = block_dim() as usize;
     let cols = p.cols as usize;
-    // Calls with a softcap, or with both class weights and label smoothing, read one column
-    // at a time: the packed passes do without their branches, calls and loads per element.
+    // The packed passes do without the branches, calls and loads per element of a softcap or
+    // of class weights with label smoothing: such calls are never `aligned` (contract).
     let general = p.softcap > 0.0 || (p.weight != 0 && p.label_smoothing != 0.0);
-    let packs = if p.aligned != 0 && !general {
-        cols / PACK
-    } else {
+    let packs = if p.aligned == 0 {
         0
+    } else if general {
+        // SAFETY: aborts the kernel (a launch the host never makes).
+        unsafe { core::arch::nvptx::trap() }
+    } else {
+        cols / PACK
     };
     let share = packs.div_ceil(slices);
     let first = (slice * share).min(packs);
@@ -660,7 +667,7 @@ pub(crate) unsafe fn cross_entropy_row<E: Element, const PACK: usize>(p: &CrossE
     // SAFETY: this slice's packs lie in the row; the cache holds them (contract).
     unsafe { stats_of_packs::<E, PACK>(x, span, cache, &mut stats, &mut sums) };
     // The target's column where one of this block's packs holds it: the thread that visits
-    // that pack reads the target's logit, and writes its gradient again after the others'.
+    // that pack reads the target's logit, and writes its gradient again after its own pass.
     let packed_target = terms
         .local_target
         .filter(|&t| (span.0..span.1).contains(&(t / PACK)));
@@ -670,18 +677,35 @@ pub(crate) unsafe fn cross_entropy_row<E: Element, const PACK: usize>(p: &CrossE
         // SAFETY: a column of the row, not yet overwritten (the gradient pass comes after).
         sums.target = unsafe { E::widen_all(&E::load_packed::<1>(x.add(t))) }[0];
     }
+    // The columns after the packs (every column of a row read one at a time), kept after
+    // the slice's packs: column `col` at `cache + col − first·PACK`.
     let tail = (packs * PACK + thread_idx() as usize..cols).step_by(threads);
+    let kept = |col: usize| cache.map(|c| c.wrapping_add(col - first * PACK));
     if last_slice {
         for col in tail.clone() {
-            // SAFETY: one column of the row.
-            let z = terms.z::<true>(unsafe { E::widen_all(&E::load_packed::<1>(x.add(col))) }[0]);
+            // SAFETY: one column of the row; the cache holds the tail after the packs.
+            let z = terms.z::<true>(unsafe {
+                let words = E::load_packed::<1>(x.add(col));
+                if let Some(at) = kept(col) {
+                    copy_words::<E, 1>(at, &words);
+                }
+                E::widen_all(&words)[0]
+            });
             terms.visit(p, &mut sums, z, col);
             stats.push::<DeviceExp2>(z);
         }
     }
     // SAFETY: every thread of the block, uniform control flow.
     let row_sums = unsafe { (block_reduce(stats, scratch), block_reduce(sums, scratch)) };
-    let clustered = slices > 1;
+    // A row of several blocks must be one cluster of them (else the kernel stops there).
+    #[cfg(not(kernels_sm80))]
+    let clustered = slices > 1 && row_is_cluster(p.slices);
+    #[cfg(kernels_sm80)]
+    let clustered = false;
+    if slices > 1 && !clustered {
+        // SAFETY: aborts the kernel (a launch the host never makes).
+        unsafe { core::arch::nvptx::trap() }
+    }
     #[cfg(not(kernels_sm80))]
     let row_sums = if clustered {
         // SAFETY: the launch's clusters are the rows' slices, at most 16, each block with
@@ -708,9 +732,13 @@ pub(crate) unsafe fn cross_entropy_row<E: Element, const PACK: usize>(p: &CrossE
         }
         if last_slice {
             for col in tail {
-                // SAFETY: as above, for one column.
+                // SAFETY: as above, for one column, from the cache where it was kept there.
                 unsafe {
-                    let [raw] = E::widen_all(&E::load_packed::<1>(x.add(col)));
+                    let words = match kept(col) {
+                        Some(at) => cached_words::<E, 1>(at),
+                        None => E::load_packed::<1>(x.add(col)),
+                    };
+                    let [raw] = E::widen_all(&words);
                     store_as::<1>(p.gradient_dtype, y, col, [gradient.at(p, raw, col)]);
                 }
             }
