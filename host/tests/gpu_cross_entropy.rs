@@ -491,38 +491,6 @@ fn ignored_and_out_of_range(softmax: &mut Softmax, _rng: &mut StdRng) -> Outcome
     Ok("a batch of ignored rows gives a NaN mean and a zero gradient; targets out of range give NaN in their rows only".into())
 }
 
-/// Rows of logits at a pitch, for a call in place.
-struct Padded<'a> {
-    values: &'a [f32],
-    shape: Shape,
-    pitch: usize,
-}
-
-impl Padded<'_> {
-    /// The gradient written over the logits (uploaded as `T`), every element of the buffer.
-    fn in_place<T: Element>(
-        &self,
-        softmax: &mut Softmax,
-        targets: &DeviceBuffer<i64>,
-        losses: &mut DeviceBuffer<f32>,
-        ce: &CrossEntropyOptions<'_>,
-    ) -> Result<Vec<f32>, String> {
-        let mut logits = upload::<T>(self.values)?;
-        softmax
-            .cross_entropy_backward_in_place(
-                RowsMut::strided(&mut logits, self.shape, self.pitch).map_err(text)?,
-                targets,
-                CrossEntropyOutputs::new().loss(losses),
-                Upstream::Value(1.0),
-                ce,
-                &Options::new(),
-            )
-            .map_err(text)?;
-        softmax.synchronize().map_err(text)?;
-        download(&logits)
-    }
-}
-
 /// Targets on the columns where a row's work changes hands, in rows cut into clusters,
 /// computed in place at a pitch that keeps every row 16-byte aligned: the first and last
 /// columns, a slice's first column, the last column of a pack a thread reaches on a later
@@ -571,14 +539,37 @@ fn targets_at_edges(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
             .label_smoothing(0.1)
             .z_loss(1e-4)
             .reduction(Reduction::None);
-        let call = Padded {
-            values: &padded,
-            shape: s,
-            pitch,
-        };
         let gradient = match dtype {
-            DType::Bf16 => call.in_place::<bf16>(softmax, &t, &mut losses, &ce)?,
-            _ => call.in_place::<f32>(softmax, &t, &mut losses, &ce)?,
+            DType::Bf16 => {
+                let mut logits = upload::<bf16>(&padded)?;
+                softmax
+                    .cross_entropy_backward_in_place(
+                        RowsMut::strided(&mut logits, s, pitch).map_err(text)?,
+                        &t,
+                        CrossEntropyOutputs::new().loss(&mut losses),
+                        Upstream::Value(1.0),
+                        &ce,
+                        &Options::new(),
+                    )
+                    .map_err(text)?;
+                softmax.synchronize().map_err(text)?;
+                download(&logits)?
+            }
+            _ => {
+                let mut logits = DeviceBuffer::from_slice(&padded).map_err(text)?;
+                softmax
+                    .cross_entropy_backward_in_place(
+                        RowsMut::strided(&mut logits, s, pitch).map_err(text)?,
+                        &t,
+                        CrossEntropyOutputs::new().loss(&mut losses),
+                        Upstream::Value(1.0),
+                        &ce,
+                        &Options::new(),
+                    )
+                    .map_err(text)?;
+                softmax.synchronize().map_err(text)?;
+                download(&logits)?
+            }
         };
         let what =
             format!("{dtype:?} {rows}×{cols} at a pitch of {pitch}, targets {target_values:?}");
