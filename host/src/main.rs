@@ -92,11 +92,15 @@ struct BenchArgs {
     #[arg(long, default_value = "bench/results")]
     out: PathBuf,
     /// A few shapes only, for a smoke run.
-    #[arg(long, conflicts_with_all = ["shapes", "boundaries"])]
+    #[arg(long, conflicts_with_all = ["shapes", "boundaries", "grid"])]
     quick: bool,
     /// Widths every 64 columns across each dispatch boundary (the no-cliff check).
     #[arg(long, conflicts_with = "shapes")]
     boundaries: bool,
+    /// The rows × columns grid: rows 1, 2, 4, … (while a tensor stays within 2 GiB) of
+    /// 1000 … 1048576 columns, for the heatmaps of bench/grid_heatmap.py.
+    #[arg(long, conflicts_with_all = ["shapes", "boundaries"])]
+    grid: bool,
     /// CUDA device ordinal.
     #[arg(long, default_value_t = 0)]
     device: u32,
@@ -203,6 +207,8 @@ fn bench(args: BenchArgs) -> ExitCode {
         bench::quick_shapes()
     } else if args.boundaries {
         bench::boundary_shapes_for(args.dtype)
+    } else if args.grid {
+        bench::grid_shapes_for(args.dtype)
     } else if args.shapes.is_empty() {
         [
             bench::seed_sweep_shapes_for(args.dtype),

@@ -280,6 +280,30 @@ pub fn boundary_shapes_for(dtype: DType) -> Vec<Shape> {
         .collect()
 }
 
+/// The grid's widths: common vocabularies (Llama 2, GPT-2, Llama 3, Qwen 2, Gemma), powers of
+/// two, a megacolumn row and an odd width.
+pub const GRID_COLS: [usize; 9] = [
+    1000, 4096, 32000, 50257, 100003, 128256, 151936, 262144, 1048576,
+];
+
+/// The grid's largest input tensor: rows double while the tensor stays within this.
+pub const GRID_TENSOR_BYTES: usize = 2 << 30;
+
+/// The grid: for each of [`GRID_COLS`], rows 1, 2, 4, … while the input tensor of `dtype`
+/// stays within [`GRID_TENSOR_BYTES`] (65536 rows and beyond for the narrow widths), widths
+/// in order.
+pub fn grid_shapes_for(dtype: DType) -> Vec<Shape> {
+    let element = dtype.bytes() as usize;
+    GRID_COLS
+        .into_iter()
+        .flat_map(|cols| {
+            std::iter::successors(Some(1usize), |rows| rows.checked_mul(2))
+                .take_while(move |rows| rows * cols * element <= GRID_TENSOR_BYTES)
+                .map(move |rows| shape(rows, cols))
+        })
+        .collect()
+}
+
 /// A few shapes for a smoke run.
 pub fn quick_shapes() -> Vec<Shape> {
     [(51200, 1024), (3200, 16384), (8, 128256), (3, 100003)]
@@ -577,5 +601,36 @@ pub(crate) mod fixtures {
             },
             timing,
         }
+    }
+}
+
+#[cfg(test)]
+mod grid_tests {
+    use super::*;
+
+    #[test]
+    fn the_grid_doubles_rows_while_a_tensor_fits_two_gib() {
+        for dtype in [DType::F32, DType::Bf16] {
+            let grid = grid_shapes_for(dtype);
+            let element = dtype.bytes() as usize;
+            for cols in GRID_COLS {
+                let rows: Vec<usize> = grid
+                    .iter()
+                    .filter(|s| s.cols() == cols)
+                    .map(|s| s.rows())
+                    .collect();
+                assert_eq!(rows[0], 1, "{cols}");
+                assert!(
+                    rows.windows(2).all(|w| w[1] == 2 * w[0]),
+                    "{cols}: {rows:?}"
+                );
+                let last = *rows.last().expect("a width has rows");
+                assert!(last * cols * element <= GRID_TENSOR_BYTES);
+                assert!(2 * last * cols * element > GRID_TENSOR_BYTES, "{cols}");
+            }
+            // The narrow widths reach past 65536 rows.
+            assert!(grid.iter().any(|s| s.cols() == 1000 && s.rows() > 65536));
+        }
+        assert_eq!(grid_shapes_for(DType::F32).len(), 127);
     }
 }
