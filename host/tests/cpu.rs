@@ -8,6 +8,7 @@ use std::process::{Command, ExitCode};
 use common::{RowValues, Span, check_gradient, check_rows, overlapped, softmax_gradient_reference};
 use kernels_gpu::primitives::barrier_word;
 use kernels_gpu::primitives::online::{CompensatedSum, Exp2, OnlineStats};
+use kernels_gpu::primitives::philox::{draw_words, philox4x32_10, uniform_open_zero};
 use proptest::prelude::*;
 use softmax::half::{bf16, f16};
 use softmax::reference::{Scores, backward_f64, deviation, softmax_f64, value_deviation};
@@ -19,6 +20,41 @@ impl Exp2 for HostExp2 {
     fn exp2(x: f32) -> f32 {
         x.exp2()
     }
+}
+
+/// Random123's published known answers for Philox4x32-10 (zeros, all ones, and the digits of
+/// pi), then what a row's draw depends on.
+#[test]
+fn philox_gives_the_known_answers_and_draws_depend_on_seed_offset_and_row_only() {
+    assert_eq!(
+        philox4x32_10([0; 4], [0; 2]),
+        [0x6627_e8d5, 0xe169_c58d, 0xbc57_ac4c, 0x9b00_dbd8]
+    );
+    assert_eq!(
+        philox4x32_10([u32::MAX; 4], [u32::MAX; 2]),
+        [0x408f_276d, 0x41c8_3b0e, 0xa20b_c7c6, 0x6d54_51fd]
+    );
+    assert_eq!(
+        philox4x32_10(
+            [0x243f_6a88, 0x85a3_08d3, 0x1319_8a2e, 0x0370_7344],
+            [0xa409_3822, 0x299f_31d0]
+        ),
+        [0xd16c_fe09, 0x94fd_cceb, 0x5001_e420, 0x2412_6ea1]
+    );
+    let base = draw_words(42, 7, 3, 0);
+    assert_eq!(base, draw_words(42, 7, 3, 0));
+    for other in [
+        draw_words(43, 7, 3, 0),
+        draw_words(42, 8, 3, 0),
+        draw_words(42, 7, 4, 0),
+        draw_words(42, 7, 3, 1),
+        draw_words(42 << 32, 7, 3, 0),
+        draw_words(42, 7 << 32, 3, 0),
+    ] {
+        assert_ne!(base, other);
+    }
+    assert_eq!(uniform_open_zero(0), 1.0 / 16_777_216.0);
+    assert_eq!(uniform_open_zero(u32::MAX), 1.0);
 }
 
 #[test]
