@@ -407,6 +407,75 @@ pub fn cross_entropy_f64(
     result
 }
 
+/// One row's sampling filters, as the sampler applies them: logits over `temperature`, then
+/// the `top_k` most probable columns, then the smallest prefix of those (most probable first)
+/// whose renormalized mass reaches `top_p`, then the columns whose probability is at least
+/// `min_p` times the largest. Ties in probability rank the lower column first.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SamplingReference {
+    /// 0 is greedy: the largest logit (the lowest column among equals) with probability 1.
+    pub temperature: f64,
+    pub top_k: Option<usize>,
+    pub top_p: Option<f64>,
+    pub min_p: Option<f64>,
+}
+
+/// The distribution one row of `logits` is sampled from: a probability per column, 0 where
+/// the filters dropped it or the logit is `-inf`, summing to 1. Empty for a row with a NaN or
+/// a `+inf`, or no finite logit.
+pub fn filtered_distribution_f64(logits: &[f32], filters: &SamplingReference) -> Vec<f64> {
+    let cols = logits.len();
+    if logits.iter().any(|v| v.is_nan() || *v == f32::INFINITY) {
+        return Vec::new();
+    }
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if max == f32::NEG_INFINITY {
+        return Vec::new();
+    }
+    let mut probabilities = vec![0.0; cols];
+    if filters.temperature == 0.0 {
+        let best = (0..cols)
+            .find(|&c| logits[c] == max)
+            .expect("the maximum is one of the logits");
+        probabilities[best] = 1.0;
+        return probabilities;
+    }
+    let weights: Vec<f64> = logits
+        .iter()
+        .map(|&v| ((f64::from(v) - f64::from(max)) / filters.temperature).exp())
+        .collect();
+    // Most probable first, the lower column first among equals; `-inf` logits never.
+    let mut order: Vec<usize> = (0..cols).filter(|&c| weights[c] > 0.0).collect();
+    order.sort_by(|&a, &b| weights[b].total_cmp(&weights[a]).then(a.cmp(&b)));
+    let mut kept = order.len();
+    if let Some(k) = filters.top_k {
+        kept = kept.min(k);
+    }
+    if let Some(p) = filters.top_p {
+        let mass: f64 = order[..kept].iter().map(|&c| weights[c]).sum();
+        let mut running = 0.0;
+        for (i, &c) in order[..kept].iter().enumerate() {
+            running += weights[c];
+            if running >= p * mass {
+                kept = i + 1;
+                break;
+            }
+        }
+    }
+    if let Some(m) = filters.min_p {
+        let floor = m * weights[order[0]];
+        kept = order[..kept]
+            .iter()
+            .take_while(|&&c| weights[c] >= floor)
+            .count();
+    }
+    let kept_mass: f64 = order[..kept].iter().map(|&c| weights[c]).sum();
+    for &c in &order[..kept] {
+        probabilities[c] = weights[c] / kept_mass;
+    }
+    probabilities
+}
+
 #[cfg(test)]
 mod cross_entropy_tests {
     use super::*;
@@ -491,5 +560,89 @@ mod cross_entropy_tests {
         assert!(result.losses[0].is_nan() && result.gradient[..3].iter().all(|g| g.is_nan()));
         let expected = (3.0f64).ln();
         assert!((result.losses[1] - expected).abs() < 1e-12);
+    }
+}
+
+#[cfg(test)]
+mod sampling_tests {
+    use super::*;
+
+    fn filters(temperature: f64) -> SamplingReference {
+        SamplingReference {
+            temperature,
+            top_k: None,
+            top_p: None,
+            min_p: None,
+        }
+    }
+
+    fn close(a: &[f64], b: &[f64]) -> bool {
+        a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-6)
+    }
+
+    #[test]
+    fn sampling_filters_keep_what_each_one_says_in_order() {
+        // Probabilities proportional to 8, 4, 2, 1, 1 (their logarithms as logits).
+        let logits: Vec<f32> = [8.0f64, 4.0, 2.0, 1.0, 1.0]
+            .iter()
+            .map(|w| w.ln() as f32)
+            .collect();
+        let with = |f: SamplingReference| filtered_distribution_f64(&logits, &f);
+        let plain = filters(1.0);
+        assert!(close(&with(plain), &[0.5, 0.25, 0.125, 0.0625, 0.0625]));
+        let top2 = [2.0 / 3.0, 1.0 / 3.0, 0.0, 0.0, 0.0];
+        assert!(close(
+            &with(SamplingReference {
+                top_k: Some(2),
+                ..plain
+            }),
+            &top2
+        ));
+        // 0.5 + 0.25 reaches 0.7: two kept.
+        assert!(close(
+            &with(SamplingReference {
+                top_p: Some(0.7),
+                ..plain
+            }),
+            &top2
+        ));
+        // Of the top three (8, 4, 2 of 14), 0.9 of their mass needs all three.
+        let three = [8.0 / 14.0, 4.0 / 14.0, 2.0 / 14.0, 0.0, 0.0];
+        let both = SamplingReference {
+            top_k: Some(3),
+            top_p: Some(0.9),
+            ..plain
+        };
+        assert!(close(&with(both), &three));
+        // At least a fifth of the largest: 8, 4 and 2.
+        assert!(close(
+            &with(SamplingReference {
+                min_p: Some(0.2),
+                ..plain
+            }),
+            &three
+        ));
+        // Of the two equal last columns, the lower ranks first.
+        let top4 = with(SamplingReference {
+            top_k: Some(4),
+            ..plain
+        });
+        assert!(top4[3] > 0.0 && top4[4] == 0.0);
+        // Temperature 2 takes the square roots of the weights.
+        let w = [8f64.sqrt(), 2.0, 2f64.sqrt(), 1.0, 1.0];
+        let t: f64 = w.iter().sum();
+        assert!(close(&with(filters(2.0)), &w.map(|v| v / t)));
+    }
+
+    #[test]
+    fn greedy_takes_the_lowest_of_equal_maxima_and_bad_rows_have_no_distribution() {
+        assert_eq!(
+            filtered_distribution_f64(&[1.0, 3.0, 3.0, -1.0], &filters(0.0)),
+            [0.0, 1.0, 0.0, 0.0]
+        );
+        assert!(filtered_distribution_f64(&[1.0, f32::NAN], &filters(1.0)).is_empty());
+        assert!(filtered_distribution_f64(&[f32::NEG_INFINITY; 3], &filters(1.0)).is_empty());
+        let masked = filtered_distribution_f64(&[0.0, f32::NEG_INFINITY], &filters(1.0));
+        assert_eq!(masked, [1.0, 0.0]);
     }
 }
