@@ -43,9 +43,10 @@ pub fn draw_words(seed: u64, offset: u64, row: u32, draw: u32) -> [u32; 4] {
     )
 }
 
-/// A uniform number in (0, 1] from the top 24 bits of `bits`: every value a multiple of
-/// 2⁻²⁴, none 0 (so its logarithm is finite).
+/// A uniform number in the open interval (0, 1) from the top 23 bits of `bits`: the middle of
+/// one of 2²³ equal steps (exact in f32, from 2⁻²⁴ to 1 − 2⁻²⁴), so neither it nor `1 − u` is
+/// 0 and `−ln(−ln u)` (a Gumbel draw) is finite.
 #[inline(always)]
-pub fn uniform_open_zero(bits: u32) -> f32 {
-    ((bits >> 8) + 1) as f32 * (1.0 / 16_777_216.0)
+pub fn uniform_open(bits: u32) -> f32 {
+    ((bits >> 9) as f32 + 0.5) * (1.0 / 8_388_608.0)
 }
