@@ -1019,3 +1019,85 @@ fn the_reference_handles_empty_rows_short_masks_and_wrong_lengths() {
     assert!(!deviation(&[0.5, 0.5], &[0.5, 0.5, 0.0], 2).within(1e-3));
     assert!(!value_deviation(&[0.5], &[0.5, 0.5]).within(1e-3));
 }
+
+/// The order-preserving key of a float: larger floats, larger keys (`-inf` lowest).
+fn ordered_key(x: f32) -> u32 {
+    let bits = x.to_bits();
+    if bits >> 31 == 1 {
+        !bits
+    } else {
+        bits | 1 << 31
+    }
+}
+
+/// The key of the `k`-th largest of `keys` (1-based), found as the planned kernel finds it:
+/// four passes over the row, each a histogram of one byte of the keys that match the bytes
+/// found so far, walked from the top.
+fn kth_largest_key_by_radix(keys: &[u32], k: usize) -> u32 {
+    let (mut prefix, mut mask, mut remaining) = (0u32, 0u32, k);
+    for shift in [24, 16, 8, 0] {
+        let mut histogram = [0usize; 256];
+        for &key in keys.iter().filter(|&&key| key & mask == prefix) {
+            histogram[((key >> shift) & 0xff) as usize] += 1;
+        }
+        let mut digit = 255;
+        while histogram[digit] < remaining {
+            remaining -= histogram[digit];
+            digit -= 1;
+        }
+        prefix |= (digit as u32) << shift;
+        mask |= 0xff << shift;
+    }
+    prefix
+}
+
+/// Top-k through the radix threshold keeps what the reference keeps: the columns above the
+/// k-th largest logit, then the lowest columns equal to it (rows with many ties included).
+#[test]
+fn the_radix_threshold_keeps_the_references_top_k() {
+    use softmax::reference::{SamplingReference, filtered_distribution_f64};
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut next = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    for trial in 0..300 {
+        let cols = 1 + (next() % 300) as usize;
+        // Few distinct values in half the rows, so ties straddle the threshold.
+        let levels = if trial % 2 == 0 { 5 } else { 1000 };
+        let logits: Vec<f32> = (0..cols)
+            .map(|_| (next() % levels) as f32 * 0.37 - 20.0)
+            .collect();
+        let k = 1 + (next() as usize % cols);
+        let filters = SamplingReference {
+            temperature: 1.0,
+            top_k: Some(k),
+            top_p: None,
+            min_p: None,
+        };
+        let expected: Vec<bool> = filtered_distribution_f64(&logits, &filters)
+            .iter()
+            .map(|&p| p > 0.0)
+            .collect();
+        let keys: Vec<u32> = logits.iter().map(|&x| ordered_key(x)).collect();
+        let threshold = kth_largest_key_by_radix(&keys, k);
+        let above = keys.iter().filter(|&&key| key > threshold).count();
+        let mut ties_left = k - above;
+        let kept: Vec<bool> = keys
+            .iter()
+            .map(|&key| {
+                if key > threshold {
+                    true
+                } else if key == threshold && ties_left > 0 {
+                    ties_left -= 1;
+                    true
+                } else {
+                    false
+                }
+            })
+            .collect();
+        assert_eq!(kept, expected, "trial {trial}: {cols} columns, k = {k}");
+    }
+}
