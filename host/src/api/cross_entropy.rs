@@ -533,10 +533,7 @@ impl Softmax {
         let aligned = |span: &Span| {
             span.operand.address.is_multiple_of(16) && span.operand.stride_bytes.is_multiple_of(16)
         };
-        // Calls with a softcap, or with both class weights and label smoothing, are read one
-        // element at a time (the kernels' packed passes take neither).
-        let general = params.softcap > 0.0 || (params.weight != 0 && params.label_smoothing != 0.0);
-        let layout = if aligned(x) && gradient.is_none_or(aligned) && !general {
+        let layout = if aligned(x) && gradient.is_none_or(aligned) && !params.elementwise_math() {
             Layout::Aligned
         } else {
             Layout::Elements
