@@ -56,8 +56,8 @@ macro_rules! targets_from {
 targets_from!(i32 => I32, i64 => I64);
 
 /// Merges the states of two disjoint shards of a row's vocabulary (as the kernels do): the
-/// softmax statistics as [`merge_row_states`](super::views::merge_row_states), the target logits and the smoothing
-/// sums added.
+/// softmax statistics as [`merge_row_states`](super::views::merge_row_states), the target
+/// logits and the smoothing sums added.
 pub fn merge_cross_entropy_states(a: CrossEntropyState, b: CrossEntropyState) -> CrossEntropyState {
     CrossEntropyState {
         row: super::views::merge_row_states(a.row, b.row),
