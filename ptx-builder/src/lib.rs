@@ -91,13 +91,9 @@ pub const LAUNCH_BOUNDS: [LaunchBounds; 1] = [LaunchBounds {
     blocks_per_sm: 2,
 }];
 
-/// `ptx` with each entry of [`LAUNCH_BOUNDS`] given its bounds, after its parameter list.
-pub fn with_launch_bounds(ptx: &str) -> String {
-    bound_entries(ptx).0
-}
-
-/// [`with_launch_bounds`]'s text, and the entries it gave bounds.
-fn bound_entries(ptx: &str) -> (String, Vec<&'static str>) {
+/// `ptx` with each entry of [`LAUNCH_BOUNDS`] given its bounds, after its parameter list, and
+/// the entries it gave bounds.
+pub fn with_launch_bounds(ptx: &str) -> (String, Vec<&'static str>) {
     let mut bound = Vec::new();
     let mut out = String::with_capacity(ptx.len() + 256);
     let mut pending = None;
@@ -194,7 +190,7 @@ pub fn build_all_ptx(cargo: &Path, workspace: &Path, dest_dir: &Path) -> Result<
             let ptx = std::fs::read_to_string(&built)
                 .map_err(|e| format!("reading {}: {e}", built.display()))?;
             let dest = dest_dir.join(build.ptx_file(module.name));
-            let (ptx, entries) = bound_entries(&minify_ptx(&ptx));
+            let (ptx, entries) = with_launch_bounds(&minify_ptx(&ptx));
             bound.extend(entries);
             std::fs::write(&dest, ptx).map_err(|e| format!("writing {}: {e}", dest.display()))?;
         }
@@ -725,7 +721,7 @@ mod tests {
                    .visible .entry cross_entropy_totals_bf16(\n.param .align 8 .b8 p0[208]\n)\n\
                    {\nret;\n}\n";
         assert_eq!(
-            with_launch_bounds(ptx),
+            with_launch_bounds(ptx).0,
             ".visible .entry cross_entropy_bf16(\n.param .align 8 .b8 p0[208]\n)\n\
              .maxntid 512,1,1\n.minnctapersm 2\n{\nret;\n}\n\
              .visible .entry cross_entropy_totals_bf16(\n.param .align 8 .b8 p0[208]\n)\n\

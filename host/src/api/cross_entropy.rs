@@ -56,11 +56,11 @@ macro_rules! targets_from {
 targets_from!(i32 => I32, i64 => I64);
 
 /// Merges the states of two disjoint shards of a row's vocabulary (as the kernels do): the
-/// softmax statistics as [`crate::merge_row_states`], the target logits and the smoothing
-/// sums added.
+/// softmax statistics as [`merge_row_states`](super::views::merge_row_states), the target
+/// logits and the smoothing sums added.
 pub fn merge_cross_entropy_states(a: CrossEntropyState, b: CrossEntropyState) -> CrossEntropyState {
     CrossEntropyState {
-        row: crate::merge_row_states(a.row, b.row),
+        row: super::views::merge_row_states(a.row, b.row),
         target_logit: a.target_logit + b.target_logit,
         smoothing: a.smoothing + b.smoothing,
     }
@@ -533,10 +533,7 @@ impl Softmax {
         let aligned = |span: &Span| {
             span.operand.address.is_multiple_of(16) && span.operand.stride_bytes.is_multiple_of(16)
         };
-        // Calls with a softcap, or with both class weights and label smoothing, are read one
-        // element at a time (the kernels' packed passes take neither).
-        let general = params.softcap > 0.0 || (params.weight != 0 && params.label_smoothing != 0.0);
-        let layout = if aligned(x) && gradient.is_none_or(aligned) && !general {
+        let layout = if aligned(x) && gradient.is_none_or(aligned) && !params.elementwise_math() {
             Layout::Aligned
         } else {
             Layout::Elements

@@ -22,7 +22,7 @@ use crate::shape::Shape;
 impl<'a> Rows<'a> {
     /// Contiguous rows in a cudarc buffer (a `CudaSlice` or `CudaView`) of exactly `shape`'s
     /// elements. The call that takes the view must run on a cudarc stream
-    /// ([`crate::Options::on`]).
+    /// ([`Options::on`](crate::api::Options::on)).
     pub fn cudarc<T: CudarcElement>(data: &'a impl DevicePtr<T>, shape: Shape) -> Result<Self> {
         shape.check_lengths(data.len(), shape.len())?;
         Ok(Rows::at(

@@ -143,7 +143,7 @@ impl Softmax {
     /// row of `input` into `states`, one per row: the statistics of one slice of columns
     /// (split vocabularies, tensor parallelism). A slice with no columns has the identity
     /// state (`max = -inf`, `sum = 0`). Merge the slices' states with
-    /// [`crate::merge_row_states`] (host) or by passing them all to
+    /// [`merge_row_states`](super::views::merge_row_states) (host) or by passing them all to
     /// [`Softmax::normalize_with_states`].
     pub fn row_states<'s>(
         &mut self,

@@ -18,7 +18,7 @@ use crate::variant::Variant;
 /// reading the outputs, writing the inputs again or dropping either. Calls on any number of
 /// streams through one instance are correct in any interleaving: each stream gets a
 /// workspace of its own (docs/library.md, "One instance, many streams"). The first call on a
-/// new element type loads a module, which waits for the device; [`crate::Softmax::reserve`]
+/// new element type loads a module, which waits for the device; [`Softmax::reserve`](crate::api::Softmax::reserve)
 /// does that ahead of time.
 #[derive(Clone, Copy)]
 pub struct CallStream<'a>(pub(crate) StreamKind<'a>);

@@ -14,7 +14,7 @@ use crate::variant::Variant;
 #[non_exhaustive]
 pub enum CallKind {
     /// f32 softmax with this variant ([`Softmax::run`], or [`Softmax::forward`] with
-    /// [`crate::Options::variant`]); `Variant::Auto` covers f32 softmax without options.
+    /// [`Options::variant`](crate::api::Options::variant)); `Variant::Auto` covers f32 softmax without options.
     Run(Variant),
     /// [`Softmax::forward`] and [`Softmax::forward_in_place`] (softmax or log-softmax, any
     /// output type), [`Softmax::log_sum_exp`] and [`Softmax::normalize_with_states`] on
@@ -108,7 +108,7 @@ impl Softmax {
     /// captured calls use included. Later calls of those kinds and shapes then load, plan,
     /// allocate and wait for nothing, so they can be captured into a CUDA graph; a call that
     /// would need any of that while its stream is capturing returns
-    /// [`crate::Error::NotReserved`] instead. (The first call on a stream this instance has
+    /// [`Error::NotReserved`](crate::error::Error::NotReserved) instead. (The first call on a stream this instance has
     /// not used before allocates that stream's workspace, at the reserved size.)
     ///
     /// A variant that cannot run a shape, or a row-states call on rows too wide to reduce in

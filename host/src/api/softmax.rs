@@ -77,11 +77,11 @@ impl Softmax {
     /// Opens CUDA device `ordinal`, loads the kernels and allocates the workspace.
     ///
     /// `Variant::Auto` uses the built-in dispatch, the same on every machine, unless the
-    /// environment variable [`TUNE_CACHE_ENV`](crate::TUNE_CACHE_ENV) names a tune cache file
+    /// environment variable [`TUNE_CACHE_ENV`](crate::runtime::tune::TUNE_CACHE_ENV) names a tune cache file
     /// or [`Softmax::with_tune_cache`] gives one.
     ///
     /// The kernel build is the device's native one ([`KernelBuild::native_for`]) unless the
-    /// environment variable [`KERNEL_BUILD_ENV`](crate::KERNEL_BUILD_ENV) names another
+    /// environment variable [`KERNEL_BUILD_ENV`](crate::runtime::modules::KERNEL_BUILD_ENV) names another
     /// (`sm_80` on a Hopper GPU runs the Ampere build there); see
     /// [`Softmax::with_kernel_build`].
     pub fn on_device(ordinal: u32) -> Result<Self> {
@@ -90,7 +90,7 @@ impl Softmax {
 
     /// [`Softmax::on_device`] with the kernel build chosen: `None` is the device's native
     /// build. A device below compute capability 8.0, or [`KernelBuild::Sm90`] below 9.0, is
-    /// [`crate::Error::UnsupportedDevice`].
+    /// [`Error::UnsupportedDevice`](crate::error::Error::UnsupportedDevice).
     pub fn with_kernel_build(ordinal: u32, build: Option<KernelBuild>) -> Result<Self> {
         // Puts back a context that was current before (leaving the device's primary context
         // current on a thread that had none, so buffers can be made there next).

@@ -33,7 +33,7 @@ pub(crate) struct TuneState {
 }
 
 impl TuneState {
-    /// The tune cache [`crate::TUNE_CACHE_ENV`] names, if any, for `device` running `build`.
+    /// The tune cache [`TUNE_CACHE_ENV`](crate::runtime::tune::TUNE_CACHE_ENV) names, if any, for `device` running `build`.
     pub fn new(device: &DeviceInfo, build: KernelBuild) -> Result<Self> {
         Ok(TuneState {
             cache: TuneCache::open(path_from_env())?,
@@ -172,7 +172,7 @@ impl Softmax {
 
     /// Uses `path` as the tune cache that `Variant::Auto` reads and [`Softmax::tune`] writes
     /// (`None`: in memory only, nothing read). Without this, the file named by
-    /// [`crate::TUNE_CACHE_ENV`] if set and not empty, else none. A path a save could not
+    /// [`TUNE_CACHE_ENV`](crate::runtime::tune::TUNE_CACHE_ENV) if set and not empty, else none. A path a save could not
     /// write is [`Error::Io`] here.
     pub fn with_tune_cache(mut self, path: Option<std::path::PathBuf>) -> Result<Self> {
         self.tuning.cache = TuneCache::open(path)?;

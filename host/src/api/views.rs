@@ -141,7 +141,7 @@ fn check_aligned(what: &'static str, address: u64, element_bytes: u32) -> Result
 /// strided view: `stride ≥ cols`; a contiguous matrix has `stride == cols`), read by a call.
 ///
 /// One view type for every kind of buffer: a cust slice ([`Rows::new`], [`Rows::strided`]),
-/// a cudarc buffer ([`Rows::cudarc`], feature `cudarc`), or a raw device address
+/// a cudarc buffer (`Rows::cudarc`, feature `cudarc`), or a raw device address
 /// ([`Rows::raw`]). The element type travels with the view.
 #[derive(Clone, Copy, Debug)]
 pub struct Rows<'a> {
@@ -328,7 +328,7 @@ impl Value for RowState {}
 impl Value for kernels_gpu::launch::cross_entropy::CrossEntropyState {}
 
 /// `len` contiguous values in device memory that a call reads: a cust slice
-/// ([`Values::new`], or `From` a slice or buffer), a cudarc buffer ([`Values::cudarc`]), or
+/// ([`Values::new`], or `From` a slice or buffer), a cudarc buffer (`Values::cudarc`, feature `cudarc`), or
 /// a raw address ([`Values::raw`]).
 #[derive(Clone, Copy, Debug)]
 pub struct Values<'a, T> {

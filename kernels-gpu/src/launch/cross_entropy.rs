@@ -58,7 +58,7 @@ unsafe impl cust_core::DeviceCopy for CrossEntropyState {}
 ///   dynamic shared memory, plus, when `cached` is 1, what a slice keeps: `⌈packs / slices⌉ ·
 ///   PACK + cols − packs · PACK` elements of the module's type, where `PACK` is 16 bytes of
 ///   them and `packs` is `cols / PACK` where `aligned`, else 0.
-/// - `aligned` is 0 for a call with a softcap, or with both class weights and label smoothing.
+/// - `aligned` is 0 where [`CrossEntropyParams::elementwise_math`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct CrossEntropyParams {
@@ -103,6 +103,16 @@ pub struct CrossEntropyParams {
     /// Whether every row of the logits and the gradient starts on a 16-byte boundary (read
     /// in 16-byte packs; else one element at a time).
     pub aligned: u32,
+}
+
+impl CrossEntropyParams {
+    /// Whether every element's math takes a branch, a call or a load of its own (a softcap,
+    /// or class weights with label smoothing): such calls are read one element at a time,
+    /// never `aligned` (the packed passes leave those out).
+    #[inline(always)]
+    pub fn elementwise_math(&self) -> bool {
+        self.softcap > 0.0 || (self.weight != 0 && self.label_smoothing != 0.0)
+    }
 }
 
 /// What a cross-entropy entry does: the rows, a block or a cluster each (`Rows`), the

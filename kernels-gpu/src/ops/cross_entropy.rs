@@ -3,9 +3,9 @@
 //! once for its statistics (the softmax maximum and sum of the softcapped logits, the
 //! target's logit, the weighted sum label smoothing needs), writes the row's loss and
 //! log-sum-exp, then writes the gradient of the loss with respect to the logits (in place
-//! over them, if asked), from the row kept in shared memory where it fits, else read again. A shard of the vocabulary writes its statistics instead
-//! (`cross_entropy_mode::STATES`), or reads every shard's and writes its slice of the
-//! gradient (`FROM_STATES`). Two one-block launches go with it: a prologue that sums the
+//! over them, if asked), from the row kept in shared memory where it fits, else read again.
+//! A shard of the vocabulary writes its statistics instead (`cross_entropy_mode::STATES`), or
+//! reads every shard's and writes its slice of the gradient (`FROM_STATES`). Two one-block launches go with it: a prologue that sums the
 //! weights of the rows' targets (the mean's divisor) and the class weights, and an epilogue
 //! that reduces the rows' losses.
 //!
@@ -630,12 +630,10 @@ pub(crate) unsafe fn cross_entropy_row<E: Element, const PACK: usize>(p: &CrossE
     let slice = block_idx() as usize % slices;
     let threads = block_dim() as usize;
     let cols = p.cols as usize;
-    // The packed passes do without the branches, calls and loads per element of a softcap or
-    // of class weights with label smoothing: such calls are never `aligned` (contract).
-    let general = p.softcap > 0.0 || (p.weight != 0 && p.label_smoothing != 0.0);
+    let elementwise_math = p.elementwise_math();
     let packs = if p.aligned == 0 {
         0
-    } else if general {
+    } else if elementwise_math {
         // SAFETY: aborts the kernel (a launch the host never makes).
         unsafe { core::arch::nvptx::trap() }
     } else {
