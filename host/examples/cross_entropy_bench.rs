@@ -7,15 +7,15 @@
 //!
 //! `cargo run --release -p host --example cross_entropy_bench [ROWSxCOLS,...]`
 
-use cust::event::{Event, EventFlags};
+#[path = "common/timing.rs"]
+mod timing;
+
 use cust::memory::{DeviceBuffer, DeviceCopy};
 use softmax::half::bf16;
 use softmax::{
     CrossEntropyOptions, CrossEntropyOutputs, Element, Options, Rows, RowsMut, Shape, Softmax,
     Upstream,
 };
-
-const SAMPLES: usize = 25;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let shapes: Vec<(usize, usize)> = match std::env::args().nth(1) {
@@ -34,41 +34,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ],
     };
     let mut softmax = Softmax::new()?;
-    let l2 = softmax.device().l2_bytes as usize;
-    // SAFETY: u32 accepts any bits; the buffer is only ever written.
-    let mut flush = unsafe { DeviceBuffer::<u32>::uninitialized(2 * l2 / 4) }?;
+    let mut flush = timing::l2_flush(&softmax)?;
     println!("rows,cols,dtype,contender,median_us,pct_of_copy,extra_bytes");
     for &(rows, cols) in &shapes {
         run::<bf16>(&mut softmax, &mut flush, rows, cols)?;
         run::<f32>(&mut softmax, &mut flush, rows, cols)?;
     }
     Ok(())
-}
-
-/// The median of `SAMPLES` isolated timings of `call`, in microseconds.
-fn time(
-    softmax: &mut Softmax,
-    flush: &mut DeviceBuffer<u32>,
-    mut call: impl FnMut(&mut Softmax) -> Result<(), Box<dyn std::error::Error>>,
-) -> Result<f64, Box<dyn std::error::Error>> {
-    let (start, stop) = (
-        Event::new(EventFlags::DEFAULT)?,
-        Event::new(EventFlags::DEFAULT)?,
-    );
-    call(softmax)?;
-    softmax.synchronize()?;
-    let mut samples = Vec::with_capacity(SAMPLES);
-    for _ in 0..SAMPLES {
-        // SAFETY: a live buffer of words that nothing reads.
-        unsafe { flush.set_32_async(0, softmax.stream()) }?;
-        start.record(softmax.stream())?;
-        call(softmax)?;
-        stop.record(softmax.stream())?;
-        stop.synchronize()?;
-        samples.push(f64::from(stop.elapsed_time_f32(&start)?) * 1e3);
-    }
-    samples.sort_by(f64::total_cmp);
-    Ok(samples[SAMPLES / 2])
 }
 
 fn run<T: Element + DeviceCopy>(
@@ -89,7 +61,7 @@ fn run<T: Element + DeviceCopy>(
     let ce = CrossEntropyOptions::new();
     let stream = softmax.stream().as_inner();
     let bytes = shape.len() * size_of::<T>();
-    let copy = time(softmax, flush, |_| {
+    let copy = timing::time(softmax, flush, |_| {
         // SAFETY: two live buffers of `bytes`, distinct, on the instance's stream.
         let status = unsafe {
             cust::sys::cuMemcpyDtoDAsync_v2(
@@ -104,7 +76,7 @@ fn run<T: Element + DeviceCopy>(
         }
         Ok(())
     })?;
-    let into = time(softmax, flush, |s| {
+    let into = timing::time(softmax, flush, |s| {
         s.cross_entropy_backward(
             Rows::new(&logits, shape)?,
             &targets,
@@ -116,7 +88,7 @@ fn run<T: Element + DeviceCopy>(
         )?;
         Ok(())
     })?;
-    let in_place = time(softmax, flush, |s| {
+    let in_place = timing::time(softmax, flush, |s| {
         s.cross_entropy_backward_in_place(
             RowsMut::new(&mut logits, shape)?,
             &targets,

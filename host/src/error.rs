@@ -212,6 +212,11 @@ pub enum Error {
     #[error("cross-entropy: {why}")]
     CrossEntropyOption { why: String },
 
+    /// A sampling parameter out of its range (temperature, top-k, top-p, min-p), or a
+    /// buffer of the wrong size or type for the call.
+    #[error("sampling: {why}")]
+    SamplingOption { why: String },
+
     /// A variant name that the command line or `Variant::from_str` does not know.
     #[error("unknown variant `{0}` (known: {known})", known = .1.join(", "))]
     UnknownVariant(String, &'static [&'static str]),

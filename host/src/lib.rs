@@ -37,8 +37,10 @@ mod variant;
 
 pub use api::{
     CallKind, CallStream, CrossEntropyOptions, CrossEntropyOutputs, CrossEntropyState, DType,
-    Element, Mask, MaskedRows, Operation, Options, Reduction, RowState, Rows, RowsMut, Softmax,
-    Targets, Upstream, Value, Values, ValuesMut, merge_cross_entropy_states, merge_row_states,
+    Element, Mask, MaskedRows, NO_TOKEN, Operation, Options, PerRow, Reduction, RowState, Rows,
+    RowsMut, SamplingOptions, SamplingOutputs, ShardDraw, Softmax, Targets, Upstream, Value,
+    Values, ValuesMut, merge_cross_entropy_states, merge_row_states, merge_shard_draws,
+    shard_draw_token,
 };
 #[cfg(feature = "cudarc")]
 pub use api::{CudarcElement, CudarcType};

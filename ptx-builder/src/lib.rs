@@ -79,17 +79,25 @@ pub struct LaunchBounds {
 /// Every entry with launch bounds. A host test checks them against the block size and the
 /// blocks per multiprocessor its planner uses; [`build_all_ptx`] fails where a listed entry is
 /// not found to take its bounds.
-pub const LAUNCH_BOUNDS: [LaunchBounds; 1] = [LaunchBounds {
-    // The cross-entropy row kernels, two of whose blocks share a multiprocessor's shared
-    // memory when they keep their slices there.
-    entries: &[
-        "cross_entropy_f32",
-        "cross_entropy_bf16",
-        "cross_entropy_f16",
-    ],
-    threads: 512,
-    blocks_per_sm: 2,
-}];
+pub const LAUNCH_BOUNDS: [LaunchBounds; 2] = [
+    LaunchBounds {
+        // The cross-entropy row kernels, two of whose blocks share a multiprocessor's shared
+        // memory when they keep their slices there.
+        entries: &[
+            "cross_entropy_f32",
+            "cross_entropy_bf16",
+            "cross_entropy_f16",
+        ],
+        threads: 512,
+        blocks_per_sm: 2,
+    },
+    LaunchBounds {
+        // The sampling row kernels: a block of 512 threads per row.
+        entries: &["sample_f32", "sample_bf16", "sample_f16"],
+        threads: 512,
+        blocks_per_sm: 1,
+    },
+];
 
 /// `ptx` with each entry of [`LAUNCH_BOUNDS`] given its bounds, after its parameter list, and
 /// the entries it gave bounds.

@@ -12,6 +12,7 @@ mod operations;
 mod options;
 mod place;
 mod reserve;
+mod sampling;
 mod softmax;
 mod tune;
 mod views;
@@ -24,6 +25,10 @@ pub use cross_entropy::{
 pub use cudarc::{CudarcElement, CudarcType};
 pub use options::{CallStream, Options};
 pub use reserve::CallKind;
+pub use sampling::{
+    NO_TOKEN, PerRow, SamplingOptions, SamplingOutputs, ShardDraw, merge_shard_draws,
+    shard_draw_token,
+};
 pub use softmax::Softmax;
 pub use views::{
     DType, Element, Mask, MaskedRows, Operation, RowState, Rows, RowsMut, Value, Values, ValuesMut,

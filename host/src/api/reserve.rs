@@ -27,6 +27,9 @@ pub enum CallKind {
     /// Every cross-entropy call ([`Softmax::cross_entropy`], its backward forms and
     /// [`Softmax::cross_entropy_states`]) on logits of this type, whatever its reduction.
     CrossEntropy { input: DType },
+    /// Every sampling call ([`Softmax::sample`] and [`Softmax::sample_shard`]) on logits of
+    /// this type.
+    Sampling { input: DType },
 }
 
 /// The forward kernels' direction, with or without masks.
@@ -89,6 +92,9 @@ impl CallKind {
                     })
                     .to_vec()
             }
+            CallKind::Sampling { input } => [false, true]
+                .map(|advance| Request::Sampling { input, advance })
+                .to_vec(),
         };
         requests
             .into_iter()

@@ -307,7 +307,8 @@ impl<'a> RowsMut<'a> {
 
 /// A type of the one-dimensional buffers calls take besides rows: `f32` (per-row scales,
 /// additive masks, log-sum-exps, losses), `u8` (allowed masks), `i32` and `i64` (targets),
-/// [`RowState`] and `CrossEntropyState`.
+/// [`RowState`] and `CrossEntropyState`, `u32` (sampled tokens), `u64` (the random state)
+/// and `ShardDraw`.
 pub trait Value: DeviceCopy + value_sealed::Sealed {}
 
 mod value_sealed {
@@ -318,6 +319,9 @@ mod value_sealed {
     impl Sealed for i64 {}
     impl Sealed for super::RowState {}
     impl Sealed for kernels_gpu::launch::cross_entropy::CrossEntropyState {}
+    impl Sealed for u32 {}
+    impl Sealed for u64 {}
+    impl Sealed for kernels_gpu::launch::sampling::ShardDraw {}
 }
 
 impl Value for f32 {}
@@ -326,6 +330,9 @@ impl Value for i32 {}
 impl Value for i64 {}
 impl Value for RowState {}
 impl Value for kernels_gpu::launch::cross_entropy::CrossEntropyState {}
+impl Value for u32 {}
+impl Value for u64 {}
+impl Value for kernels_gpu::launch::sampling::ShardDraw {}
 
 /// `len` contiguous values in device memory that a call reads: a cust slice
 /// ([`Values::new`], or `From` a slice or buffer), a cudarc buffer (`Values::cudarc`, feature `cudarc`), or

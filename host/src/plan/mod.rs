@@ -8,10 +8,12 @@
 
 pub(crate) mod cross_entropy;
 pub(crate) mod operations;
+pub(crate) mod sampling;
 pub(crate) mod variants;
 
 use kernels_gpu::launch::cross_entropy::CrossEntropyEntry;
 use kernels_gpu::launch::ops::{DType, Direction, OpInstance, OpKernelShape};
+use kernels_gpu::launch::sampling::SamplingEntry;
 use kernels_gpu::launch::softmax::{
     BlockRegisterInstance, RegisterKernelName, RowClusterKernelName, RowSlicesKernelName,
     seed_entries,
@@ -59,6 +61,9 @@ pub(crate) enum Request {
         totals: bool,
         reduce: bool,
     },
+    /// Sampling from logits of `input`, with the epilogue that advances the random offset
+    /// where `advance`.
+    Sampling { input: DType, advance: bool },
 }
 
 /// What an operation call stores: the outputs, only the rows' states, or the outputs
@@ -88,6 +93,7 @@ pub(crate) enum Entry {
     RowCluster { pack: u32 },
     Operation(OpInstance),
     CrossEntropy(CrossEntropyEntry),
+    Sampling(SamplingEntry),
 }
 
 impl std::fmt::Display for Entry {
@@ -108,6 +114,7 @@ impl std::fmt::Display for Entry {
             Entry::RowCluster { pack } => RowClusterKernelName { pack: *pack }.fmt(f),
             Entry::Operation(name) => name.fmt(f),
             Entry::CrossEntropy(name) => name.fmt(f),
+            Entry::Sampling(name) => name.fmt(f),
         }
     }
 }
@@ -174,6 +181,8 @@ pub(crate) enum Params {
         workspace: bool,
         totals: bool,
     },
+    /// One `SamplingParams` by value: the call's, its rows kept in shared memory or not.
+    Sampling { cached: bool, aligned: bool },
 }
 
 /// How the blocks of a launch are scheduled.
@@ -446,6 +455,9 @@ pub(crate) fn plan(
             totals,
             reduce,
         } => cross_entropy::plan(input, totals, reduce, shape, layout, device),
+        Request::Sampling { input, advance } => {
+            sampling::plan(input, advance, shape, layout, device)
+        }
     }
 }
 
@@ -496,6 +508,7 @@ pub(crate) fn operation_module_entries(input: DType) -> Vec<Entry> {
         .map(Entry::Operation)
         .chain(row_slices)
         .chain(CrossEntropyEntry::all(input).map(Entry::CrossEntropy))
+        .chain(SamplingEntry::all(input).map(Entry::Sampling))
         .collect()
 }
 

@@ -7,6 +7,7 @@ use std::ffi::c_void;
 use cust::sys;
 use kernels_gpu::launch::cross_entropy::CrossEntropyParams;
 use kernels_gpu::launch::ops::{RowOpParams, mode};
+use kernels_gpu::launch::sampling::SamplingParams;
 use kernels_gpu::launch::softmax::SoftmaxParams;
 
 use super::driver;
@@ -43,6 +44,8 @@ pub(crate) struct Bindings<'a> {
     pub operation: &'a RowOpParams,
     /// The call's parameters, for cross-entropy entries (ignored by the others).
     pub cross_entropy: &'a CrossEntropyParams,
+    /// The call's parameters, for sampling entries (ignored by the others).
+    pub sampling: &'a SamplingParams,
     pub workspace: WorkspaceAddresses,
     /// How long a row-slices block waits for its row before leaving its slice, in ns.
     pub patience_ns: u64,
@@ -90,6 +93,7 @@ enum KernelParams {
     Softmax(SoftmaxParams),
     Operation(RowOpParams),
     CrossEntropy(CrossEntropyParams),
+    Sampling(SamplingParams),
 }
 
 impl KernelParams {
@@ -180,6 +184,12 @@ impl KernelParams {
                 }
                 KernelParams::CrossEntropy(params)
             }
+            Params::Sampling { cached, aligned } => {
+                let mut params = *b.sampling;
+                params.cached = cached.into();
+                params.aligned = aligned.into();
+                KernelParams::Sampling(params)
+            }
         }
     }
 
@@ -196,6 +206,11 @@ impl KernelParams {
             KernelParams::CrossEntropy(params) => {
                 let mut pointers = [std::ptr::null_mut(); SoftmaxParams::FIELDS];
                 pointers[0] = (params as *mut CrossEntropyParams).cast();
+                pointers
+            }
+            KernelParams::Sampling(params) => {
+                let mut pointers = [std::ptr::null_mut(); SoftmaxParams::FIELDS];
+                pointers[0] = (params as *mut SamplingParams).cast();
                 pointers
             }
         }

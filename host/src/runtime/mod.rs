@@ -19,6 +19,7 @@ use std::time::Duration;
 use cust::sys;
 use kernels_gpu::launch::cross_entropy::CrossEntropyParams;
 use kernels_gpu::launch::ops::RowOpParams;
+use kernels_gpu::launch::sampling::SamplingParams;
 
 use self::driver::DeviceInfo;
 use self::launch::{Bindings, WorkspaceAddresses};
@@ -45,6 +46,7 @@ pub(crate) struct CallBuffers {
     pub output: u64,
     pub operation: RowOpParams,
     pub cross_entropy: CrossEntropyParams,
+    pub sampling: SamplingParams,
 }
 
 /// One device's loaded kernels, plans and workspaces (its context current whenever any
@@ -108,7 +110,8 @@ impl Runtime {
             Request::Variant(_) => {}
             Request::PlainSoftmax { dtype: input, .. }
             | Request::Operation { input, .. }
-            | Request::CrossEntropy { input, .. } => {
+            | Request::CrossEntropy { input, .. }
+            | Request::Sampling { input, .. } => {
                 self.modules.load(ModuleId::Operations(input))?;
             }
         }
@@ -160,6 +163,7 @@ impl Runtime {
             rows: shape.rows() as u32,
             operation: &buffers.operation,
             cross_entropy: &buffers.cross_entropy,
+            sampling: &buffers.sampling,
             workspace: acquired.map_or(WorkspaceAddresses::NONE, |a| a.addresses),
             patience_ns: self.patience_ns,
             programmatic_overlap: self.modules.build.hopper_features(),

@@ -188,6 +188,7 @@ impl Entry {
             Entry::RowSlices(name) if name.dtype != DType::F32 => ModuleId::Operations(name.dtype),
             Entry::Operation(name) => ModuleId::Operations(name.input),
             Entry::CrossEntropy(name) => ModuleId::Operations(name.dtype),
+            Entry::Sampling(name) => ModuleId::Operations(name.dtype),
             _ => ModuleId::Softmax,
         }
     }
@@ -196,7 +197,10 @@ impl Entry {
     fn takes_large_shared_memory(self) -> bool {
         matches!(
             self,
-            Entry::RowSlices(_) | Entry::RowCluster { .. } | Entry::CrossEntropy(_)
+            Entry::RowSlices(_)
+                | Entry::RowCluster { .. }
+                | Entry::CrossEntropy(_)
+                | Entry::Sampling(_)
         )
     }
 
@@ -617,6 +621,9 @@ mod tests {
                         Entry::CrossEntropy(_) => Some(std::mem::size_of::<
                             kernels_gpu::launch::cross_entropy::CrossEntropyParams,
                         >()),
+                        Entry::Sampling(_) => Some(std::mem::size_of::<
+                            kernels_gpu::launch::sampling::SamplingParams,
+                        >()),
                         _ => None,
                     };
                     if let Some(bytes) = whole {
@@ -671,6 +678,7 @@ mod tests {
                 }
             },
             Entry::CrossEntropy(_) => ("cross-entropy", "ops/cross_entropy.rs"),
+            Entry::Sampling(_) => ("sampling", "ops/sampling.rs"),
         }
     }
 

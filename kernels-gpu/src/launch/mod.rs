@@ -5,6 +5,7 @@
 
 pub mod cross_entropy;
 pub mod ops;
+pub mod sampling;
 pub mod softmax;
 
 /// Every kernel entry's name, spelled here once for each family: the name's literal parts
@@ -56,6 +57,12 @@ macro_rules! entry_name_pieces {
     };
     ($to:tt; cross_entropy_reduce $input:tt) => {
         $crate::launch::entry_name_pieces!(@emit $to "cross_entropy_reduce_", $input)
+    };
+    ($to:tt; sample $input:tt) => {
+        $crate::launch::entry_name_pieces!(@emit $to "sample_", $input)
+    };
+    ($to:tt; sample_advance $input:tt) => {
+        $crate::launch::entry_name_pieces!(@emit $to "sample_advance_", $input)
     };
     (@emit [literal] $($piece:expr),+) => {
         concat!($($piece),+)

@@ -21,10 +21,9 @@ use crate::launch::cross_entropy::{CrossEntropyParams, CrossEntropyState, cross_
 use crate::launch::ops::RowState;
 use crate::launch::{CLUSTER_STATS_FLOATS, REDUCTION_SCRATCH_FLOATS};
 use crate::primitives::device::{
-    DeviceExp2, Vector4, block_dim, block_idx, dynamic_shared_f32, exp2_approx, log2_approx,
-    thread_idx,
+    DeviceExp2, block_dim, block_idx, dynamic_shared_f32, exp2_approx, log2_approx, thread_idx,
 };
-use crate::primitives::element::{Element, store_as};
+use crate::primitives::element::{Element, cached_words, copy_words, store_as};
 use crate::primitives::online::{LOG2_E, OnlineStats};
 use crate::primitives::reduce::{Partial, block_reduce};
 use crate::primitives::row_exchange::leave_row_cluster;
@@ -260,52 +259,6 @@ impl Gradient {
             self.at_target(p, col)
         } else {
             self.off_target::<true>(p, raw, col)
-        }
-    }
-}
-
-/// A pack kept by [`copy_words`], as `load_packed` returns it.
-///
-/// # Safety
-/// `at` holds `N` elements of `E` in shared memory that [`copy_words`] wrote, aligned for
-/// `N` of them.
-#[inline(always)]
-unsafe fn cached_words<E: Element, const N: usize>(at: *const E) -> [u32; N] {
-    let mut words = [0u32; N];
-    // SAFETY: forwarded; the same widths `copy_words` stored.
-    unsafe {
-        match N * size_of::<E>() {
-            16 => {
-                let Vector4(vector) = at.cast::<Vector4<u32>>().read();
-                for i in 0..N.min(4) {
-                    words[i] = vector[i];
-                }
-            }
-            4 => words[0] = at.cast::<u32>().read(),
-            2 => words[0] = u32::from(at.cast::<u16>().read()),
-            _ => {}
-        }
-    }
-    words
-}
-
-/// Stores a pack as it was read, in shared memory.
-///
-/// # Safety
-/// `at` holds `N` elements of `E` in shared memory, aligned for `N` of them.
-#[inline(always)]
-unsafe fn copy_words<E: Element, const N: usize>(at: *mut E, words: &[u32; N]) {
-    let bytes = N * size_of::<E>();
-    // SAFETY: forwarded; a pack of `N` elements read as `N` words holds them in its first
-    // `bytes / 4` words (or the low half of one word for a single 16-bit element).
-    unsafe {
-        match bytes {
-            16 => at
-                .cast::<[u32; 4]>()
-                .write([words[0], words[1], words[2], words[3]]),
-            4 => at.cast::<u32>().write(words[0]),
-            2 => at.cast::<u16>().write(words[0] as u16),
-            _ => {}
         }
     }
 }

@@ -13,6 +13,7 @@ mod cross_entropy;
 mod forward;
 mod row_kernel;
 mod rows;
+mod sampling;
 mod slots;
 mod states;
 

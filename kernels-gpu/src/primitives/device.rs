@@ -289,3 +289,104 @@ pub fn await_previous_grid() {
         asm!("griddepcontrol.wait;", options(nostack))
     };
 }
+
+/// `shfl.sync.up`: the value of lane `lane − delta` (a lane below `delta` keeps its own).
+/// Every lane of the warp must execute it.
+#[inline(always)]
+pub fn shfl_up_u32(value: u32, delta: u32) -> u32 {
+    let result: u32;
+    // SAFETY: a warp-wide register exchange; the contract asks every lane to be there.
+    unsafe {
+        asm!(
+            "shfl.sync.up.b32 {r}, {v}, {d}, 0, 0xffffffff;",
+            r = out(reg32) result,
+            v = in(reg32) value,
+            d = in(reg32) delta,
+            options(nomem, nostack)
+        )
+    };
+    result
+}
+
+/// The shared-memory window address of `local` (`cvta.to.shared`), as the `.shared` atomics
+/// below take it.
+#[inline(always)]
+fn shared_window<T>(local: *const T) -> u64 {
+    let window: u64;
+    // SAFETY: address arithmetic only.
+    unsafe {
+        asm!(
+            "cvta.to.shared.u64 {w}, {a};",
+            w = out(reg64) window,
+            a = in(reg64) local as u64,
+            options(pure, nomem, nostack)
+        )
+    };
+    window
+}
+
+/// Adds `value` to the shared word at `word` (`atom.shared.add.u32`) and returns what it
+/// held.
+///
+/// # Safety
+/// `word` is a 4-byte aligned word of this block's shared memory, accessed only atomically
+/// until the next barrier.
+#[inline(always)]
+pub unsafe fn shared_fetch_add_u32(word: *mut u32, value: u32) -> u32 {
+    let before: u32;
+    // SAFETY: forwarded from the contract.
+    unsafe {
+        asm!(
+            "atom.shared.add.u32 {b}, [{w}], {v};",
+            b = out(reg32) before,
+            w = in(reg64) shared_window(word),
+            v = in(reg32) value,
+            options(nostack)
+        )
+    };
+    before
+}
+
+macro_rules! shared_reduction {
+    ($(#[$doc:meta])* $name:ident, $ty:ty, $reg:ident, $instruction:literal) => {
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// `word` is a 4-byte aligned word of this block's shared memory, accessed only
+        /// atomically until the next barrier.
+        #[inline(always)]
+        pub unsafe fn $name(word: *mut $ty, value: $ty) {
+            // SAFETY: forwarded from the contract.
+            unsafe {
+                asm!(
+                    concat!($instruction, " [{w}], {v};"),
+                    w = in(reg64) shared_window(word),
+                    v = in($reg) value,
+                    options(nostack)
+                )
+            };
+        }
+    };
+}
+
+shared_reduction!(
+    /// Adds `value` to the shared float at `word` (`red.shared.add.f32`).
+    shared_add_f32,
+    f32,
+    reg32,
+    "red.shared.add.f32"
+);
+shared_reduction!(
+    /// Lowers the shared word at `word` to `value` where that is smaller (`red.shared.min`).
+    shared_min_u32,
+    u32,
+    reg32,
+    "red.shared.min.u32"
+);
+shared_reduction!(
+    /// Raises the shared word at `word` to `value` where that is larger (`red.shared.max`).
+    shared_max_u32,
+    u32,
+    reg32,
+    "red.shared.max.u32"
+);

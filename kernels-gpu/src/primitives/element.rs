@@ -7,6 +7,7 @@
 use core::arch::asm;
 
 use crate::launch::ops::DType;
+use crate::primitives::device::Vector4;
 use crate::primitives::memory::{
     load_element, load_span, load_words, spans, store_element, store_span,
 };
@@ -360,6 +361,52 @@ pub unsafe fn store_as<const N: usize>(dtype: u32, base: u64, offset: usize, val
             F16::store_f32((base as *mut F16).add(offset), values);
         } else {
             f32::store_f32((base as *mut f32).add(offset), values);
+        }
+    }
+}
+
+/// A pack kept by [`copy_words`], as `load_packed` returns it.
+///
+/// # Safety
+/// `at` holds `N` elements of `E` in shared memory that [`copy_words`] wrote, aligned for
+/// `N` of them.
+#[inline(always)]
+pub unsafe fn cached_words<E: Element, const N: usize>(at: *const E) -> [u32; N] {
+    let mut words = [0u32; N];
+    // SAFETY: forwarded; the same widths `copy_words` stored.
+    unsafe {
+        match N * size_of::<E>() {
+            16 => {
+                let Vector4(vector) = at.cast::<Vector4<u32>>().read();
+                for i in 0..N.min(4) {
+                    words[i] = vector[i];
+                }
+            }
+            4 => words[0] = at.cast::<u32>().read(),
+            2 => words[0] = u32::from(at.cast::<u16>().read()),
+            _ => {}
+        }
+    }
+    words
+}
+
+/// Stores a pack as it was read, in shared memory.
+///
+/// # Safety
+/// `at` holds `N` elements of `E` in shared memory, aligned for `N` of them.
+#[inline(always)]
+pub unsafe fn copy_words<E: Element, const N: usize>(at: *mut E, words: &[u32; N]) {
+    let bytes = N * size_of::<E>();
+    // SAFETY: forwarded; a pack of `N` elements read as `N` words holds them in its first
+    // `bytes / 4` words (or the low half of one word for a single 16-bit element).
+    unsafe {
+        match bytes {
+            16 => at
+                .cast::<[u32; 4]>()
+                .write([words[0], words[1], words[2], words[3]]),
+            4 => at.cast::<u32>().write(words[0]),
+            2 => at.cast::<u16>().write(words[0] as u16),
+            _ => {}
         }
     }
 }

@@ -4,12 +4,14 @@
 //! their conversions), `reduce` (lane, group and block reductions), `online` (the
 //! online-softmax statistics), `barrier_word` and `row_exchange` (the per-row barrier and the
 //! exchange of statistics between the blocks of a row), `row_part` (where a share of a row
-//! lies), `philox` (the counter-based random numbers of sampling). No entry points; nothing
-//! here names a kernel family. `online`, `barrier_word`, `row_part` and `philox` are pure
+//! lies), `philox` (the counter-based random numbers of sampling), `draw` (the order a sampler
+//! ranks columns in and the exponential behind its noise). No entry points; nothing
+//! here names a kernel family. `online`, `barrier_word`, `row_part`, `philox` and `draw` are pure
 //! arithmetic that the host compiles too (its tests check them); the rest
 //! exists only on the device.
 
 pub mod barrier_word;
+pub mod draw;
 pub mod online;
 pub mod philox;
 pub mod row_part;

@@ -1,0 +1,124 @@
+//! Planning a sampling call: a block per row, its row kept in shared memory where it fits
+//! beside the histogram and the candidates, then the one-thread launch that advances the
+//! random offset where the call advances it.
+
+use kernels_gpu::launch::ops::DType;
+use kernels_gpu::launch::sampling::{
+    SAMPLING_THREADS, SamplingEntry, SamplingKind, sampling_shared_bytes,
+};
+
+use super::{DeviceLimits, Entry, Launch, Layout, Params, Scheduling};
+use crate::error::{Error, Result};
+use crate::shape::Shape;
+
+/// What a sampling call launches: the rows, then the advance where `advance`.
+pub(crate) fn plan(
+    input: DType,
+    advance: bool,
+    shape: Shape,
+    layout: Layout,
+    limits: &dyn DeviceLimits,
+) -> Result<Vec<Launch>> {
+    let too_large = |why| Error::ShapeTooLarge {
+        rows: shape.rows(),
+        cols: shape.cols(),
+        why,
+    };
+    let rows = u32::try_from(shape.rows()).map_err(|_| too_large("more rows than a grid holds"))?;
+    // Columns are counted in f32 by the bisection, exactly up to 2^24.
+    let cols = u32::try_from(shape.cols())
+        .ok()
+        .filter(|&c| c <= 1 << 24)
+        .ok_or_else(|| too_large("sampling takes rows of at most 2^24 columns"))?;
+    let entry = |kind| Entry::Sampling(SamplingEntry { dtype: input, kind });
+    let rows_entry = entry(SamplingKind::Rows);
+    let row_bytes = u64::from(cols) * u64::from(input.bytes());
+    let cached_bytes = u32::try_from(row_bytes).ok().filter(|&bytes| {
+        u64::from(sampling_shared_bytes(0)) + u64::from(bytes)
+            <= u64::from(limits.max_shared_per_block())
+    });
+    let fits = |bytes: u32| {
+        limits.blocks_per_sm(rows_entry, SAMPLING_THREADS, sampling_shared_bytes(bytes)) > 0
+    };
+    let cached = cached_bytes.filter(|&bytes| fits(bytes));
+    if cached.is_none() && !fits(0) {
+        return Err(Error::Unsupported {
+            variant: "sampling".into(),
+            rows: shape.rows(),
+            cols: shape.cols(),
+            why: "its block cannot be resident on this device".into(),
+        });
+    }
+    let mut launches = vec![Launch {
+        entry: rows_entry,
+        grid: rows,
+        block: SAMPLING_THREADS,
+        shared_bytes: sampling_shared_bytes(cached.unwrap_or(0)),
+        scheduling: Scheduling::Ordinary,
+        params: Params::Sampling {
+            cached: cached.is_some(),
+            aligned: layout == Layout::Aligned,
+        },
+    }];
+    if advance {
+        launches.push(Launch {
+            entry: entry(SamplingKind::Advance),
+            grid: 1,
+            block: 1,
+            shared_bytes: 0,
+            scheduling: Scheduling::Ordinary,
+            params: Params::Sampling {
+                cached: false,
+                aligned: false,
+            },
+        });
+    }
+    Ok(launches)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::tests::FakeH200;
+
+    #[test]
+    fn rows_that_fit_beside_the_histogram_are_kept_in_shared_memory() {
+        let plan = |cols: usize, dtype| {
+            plan(
+                dtype,
+                true,
+                Shape::new(4, cols).unwrap(),
+                Layout::Aligned,
+                &FakeH200,
+            )
+            .unwrap()
+        };
+        let narrow = plan(32_000, DType::Bf16);
+        assert_eq!(narrow.len(), 2);
+        assert!(matches!(
+            narrow[0].params,
+            Params::Sampling { cached: true, .. }
+        ));
+        assert_eq!(narrow[0].grid, 4);
+        assert_eq!(narrow[0].block, SAMPLING_THREADS);
+        let wide = plan(262_144, DType::F32);
+        assert!(matches!(
+            wide[0].params,
+            Params::Sampling { cached: false, .. }
+        ));
+        assert_eq!(wide[0].shared_bytes, sampling_shared_bytes(0));
+    }
+
+    #[test]
+    fn the_advance_follows_only_where_the_call_advances() {
+        let launches = plan(
+            DType::F32,
+            false,
+            Shape::new(2, 100).unwrap(),
+            Layout::Elements,
+            &FakeH200,
+        )
+        .unwrap();
+        assert_eq!(launches.len(), 1);
+    }
+}

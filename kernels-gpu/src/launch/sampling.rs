@@ -1,0 +1,151 @@
+//! The sampling kernels' launch definitions: the parameter struct the host fills and the
+//! device reads, what a vocabulary shard publishes, the shared-memory layout, and the entries.
+
+use super::ops::{DType, RowState};
+use super::{REDUCTION_SCRATCH_FLOATS, write_entry_name};
+
+/// Threads per block of the sampling row kernel (a block per row).
+pub const SAMPLING_THREADS: u32 = 512;
+
+/// Bins of the histogram over `max − z` that places a row's top-k and top-p cuts: one per
+/// thread of the block.
+pub const SAMPLING_BINS: u32 = SAMPLING_THREADS;
+
+/// Most columns the histogram's cut bins may hold for the exact cut to be found by sorting
+/// them in shared memory (more take the bisection over the whole row).
+pub const SAMPLING_CANDIDATES: u32 = 4096;
+
+/// Words of the block's control area in shared memory (the cuts and counters it shares).
+pub const SAMPLING_CONTROL_WORDS: u32 = 64;
+
+/// The token written for a row that has no token: a NaN or `+inf` logit, no finite logit, or
+/// a per-row parameter out of range (its log-probabilities are NaN).
+pub const NO_TOKEN: u32 = u32::MAX;
+
+/// Bytes of dynamic shared memory a sampling launch gives each block: the reduction scratch,
+/// the control words, the histogram (a count and a mass per bin), the candidates (8 bytes
+/// each), then, when `cached_bytes` is not 0, the row itself.
+pub const fn sampling_shared_bytes(cached_bytes: u32) -> u32 {
+    (REDUCTION_SCRATCH_FLOATS + SAMPLING_CONTROL_WORDS + 2 * SAMPLING_BINS) * 4
+        + SAMPLING_CANDIDATES * 8
+        + cached_bytes
+}
+
+/// What a sampling launch does.
+pub mod sampling_mode {
+    /// The whole row is here: filters, draw, token and log-probabilities.
+    pub const FULL: u32 = 0;
+    /// A shard of the vocabulary, temperature only: its best perturbed logit and its row
+    /// statistics into a [`super::ShardDraw`] per row.
+    pub const SHARD: u32 = 1;
+}
+
+/// What one vocabulary shard knows of a row's draw: the best Gumbel-perturbed logit among
+/// its columns (`score`), that column's global index (`token`) and logit after temperature
+/// (`logit`), and the softmax statistics of its logits after temperature (`row`). The
+/// shards' draws merge by the largest score (the lower token among equals), and by the row
+/// states' merge.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ShardDraw {
+    pub score: f32,
+    pub token: u32,
+    pub logit: f32,
+    pub row: RowState,
+}
+
+// SAFETY: plain numbers, no pointers: any bit pattern is valid on either side.
+#[cfg(feature = "host")]
+unsafe impl cust_core::DeviceCopy for ShardDraw {}
+
+/// Everything a sampling kernel reads, one struct shared by the host and the device.
+///
+/// # Safety (the contract of every sampling entry)
+/// - `logits` holds `rows` rows of `cols` elements of the module's type, row `r` at element
+///   `r · logits_stride`; where `aligned`, every row starts on a 16-byte boundary.
+/// - `bias`, when not 0, holds `cols` f32 per row at `bias_stride` floats (0: one row that
+///   every row adds).
+/// - `temperatures`, `top_ps`, `min_ps` (f32) and `top_ks` (u32), when not 0, hold one value
+///   per row.
+/// - `random` holds two u64: the seed, then the offset; the advance entry adds 1 to the
+///   offset (its only write), every other entry only reads them.
+/// - `tokens` (u32), `logprobs` and `raw_logprobs` (f32), when not 0, hold one value per row;
+///   `probabilities`, when not 0, `rows` rows of `cols` f32 at `probabilities_stride`.
+/// - `draws` (mode `SHARD`) holds one [`ShardDraw`] per row.
+/// - Every output is disjoint from every input and from the other outputs.
+/// - The launch is `rows` blocks of [`SAMPLING_THREADS`] threads with
+///   [`sampling_shared_bytes`]`(c)` bytes of dynamic shared memory, where `c` is `cols ·`
+///   the element's bytes when `cached` is 1, else 0. The advance entry is one thread.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SamplingParams {
+    pub logits: u64,
+    pub logits_stride: u64,
+    pub bias: u64,
+    pub bias_stride: u64,
+    pub temperatures: u64,
+    pub top_ks: u64,
+    pub top_ps: u64,
+    pub min_ps: u64,
+    pub random: u64,
+    pub tokens: u64,
+    pub logprobs: u64,
+    pub raw_logprobs: u64,
+    pub probabilities: u64,
+    pub probabilities_stride: u64,
+    pub draws: u64,
+    /// The global column of this shard's first column (0 unsharded): the noise of a column
+    /// is keyed by its global index.
+    pub column_offset: u64,
+    pub rows: u32,
+    pub cols: u32,
+    /// The temperature of every row where `temperatures` is 0 (0: greedy).
+    pub temperature: f32,
+    /// The top-k of every row where `top_ks` is 0 (0: none).
+    pub top_k: u32,
+    /// The top-p of every row where `top_ps` is 0 (1: none).
+    pub top_p: f32,
+    /// The min-p of every row where `min_ps` is 0 (0: none).
+    pub min_p: f32,
+    /// Whether `probabilities` receives log-probabilities (`-inf` where dropped).
+    pub probabilities_log: u32,
+    pub mode: u32,
+    /// Whether each block keeps its row in shared memory between its passes.
+    pub cached: u32,
+    /// Whether every row starts on a 16-byte boundary (read in 16-byte packs; else one
+    /// element at a time).
+    pub aligned: u32,
+}
+
+/// What a sampling entry does: the rows, a block each (`Rows`), or the one-thread epilogue
+/// that advances the random offset (`Advance`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SamplingKind {
+    Rows,
+    Advance,
+}
+
+/// A sampling entry of the operation module of `dtype`. Its `Display` is the PTX entry
+/// name: `sample_bf16`, `sample_advance_bf16`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SamplingEntry {
+    pub dtype: DType,
+    pub kind: SamplingKind,
+}
+
+impl SamplingEntry {
+    /// Every sampling entry of `dtype`'s module.
+    pub fn all(dtype: DType) -> [Self; 2] {
+        [SamplingKind::Rows, SamplingKind::Advance].map(|kind| SamplingEntry { dtype, kind })
+    }
+}
+
+impl core::fmt::Display for SamplingEntry {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let input = self.dtype.name();
+        match self.kind {
+            SamplingKind::Rows => write_entry_name!(f, sample(input)),
+            SamplingKind::Advance => write_entry_name!(f, sample_advance(input)),
+        }
+    }
+}

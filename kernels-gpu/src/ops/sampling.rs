@@ -1,0 +1,1242 @@
+//! Sampling one token from each row of logits: temperature, then top-k, top-p and min-p,
+//! then a draw, with the token's log-probability under the filtered and the unfiltered
+//! distributions. A block per row.
+//!
+//! The draw is Gumbel-max: the token is the kept column whose logit over the temperature
+//! plus its Gumbel noise (`−ln E`, `E` an exponential variate from Philox keyed by the seed,
+//! the offset, the row and the global column) is largest, which draws each kept column with
+//! its filtered probability. A column whose logit is more than the noise's bound below the
+//! best score drawn so far cannot win, so it draws no noise.
+//!
+//! The filters keep a prefix of the row in the sampler's order (larger logits first, the
+//! lower column first among equals: [`rank`]), so they come down to one cut, a rank: a
+//! column is kept when its rank is at least the cut's and, with min-p, its probability at
+//! least `min_p` times the largest. The cut is placed in three steps:
+//! 1. a histogram of the columns over `max − z` (a bin per thread, over the row's range) counts
+//!    columns and sums their weights `e^(z − max)` per bin; its prefix sums place the top-k
+//!    cut in one bin and bound the top-p cut to a range of bins;
+//! 2. the columns of those bins (at most [`SAMPLING_CANDIDATES`]) are gathered in shared
+//!    memory and sorted by rank, and their running weights give the exact cuts;
+//! 3. where those bins hold more columns, a bisection over ranks, a pass per step.
+//!
+//! Passes: greedy and temperature-only rows read their row once; min-p adds a pass; top-k or
+//! top-p three (the histogram, the gathering, the draw). Each pass reads the row from shared
+//! memory where the launch keeps it there (`cached`), else from global memory again.
+
+use crate::launch::ops::RowState;
+use crate::launch::sampling::{
+    NO_TOKEN, SAMPLING_BINS, SAMPLING_CANDIDATES, SAMPLING_CONTROL_WORDS, SAMPLING_THREADS,
+    SamplingParams, ShardDraw, sampling_mode,
+};
+use crate::launch::{REDUCTION_SCRATCH_FLOATS, WARP_SIZE};
+use crate::primitives::device::{
+    DeviceExp2, block_dim, block_idx, dynamic_shared_f32, exp2_approx, log2_approx, shared_add_f32,
+    shared_fetch_add_u32, shared_max_u32, shared_min_u32, shfl_up_u32, sync_threads, thread_idx,
+};
+use crate::primitives::draw::{GUMBEL_NOISE_BOUND, exponential_of, rank, value_of_rank};
+use crate::primitives::element::{Element, cached_words, copy_words};
+use crate::primitives::online::{LOG2_E, OnlineStats};
+use crate::primitives::philox::draw_words;
+use crate::primitives::reduce::{Partial, Sum, block_reduce};
+
+const LN_2: f32 = core::f32::consts::LN_2;
+
+/// Sorted candidates per thread, at most.
+const PER_THREAD: usize = (SAMPLING_CANDIDATES / SAMPLING_THREADS) as usize;
+
+/// The words of the block's control area.
+mod control {
+    /// The top-k cut's bin, and the columns before it, in it, and their weight before it.
+    pub const TOP_K_BIN: usize = 0;
+    pub const TOP_K_BEFORE: usize = 1;
+    pub const TOP_K_IN: usize = 2;
+    pub const TOP_K_MASS_BEFORE: usize = 3;
+    /// The last bin that holds a column.
+    pub const LAST_BIN: usize = 5;
+    /// The first bin of the gathered range, the columns and weight before it, its columns.
+    pub const LOW_BIN: usize = 6;
+    pub const LOW_BEFORE: usize = 7;
+    pub const LOW_MASS_BEFORE: usize = 8;
+    pub const LOW_IN: usize = 9;
+    /// Columns gathered so far.
+    pub const GATHERED: usize = 10;
+    /// The top-k kept weight, and the top-p cut's place among the sorted candidates.
+    pub const TOP_K_MASS: usize = 11;
+    pub const TOP_P_PLACE: usize = 12;
+}
+
+/// One row's filters, from the call's values or its per-row arrays.
+#[derive(Clone, Copy)]
+struct Filters {
+    inv_temperature: f32,
+    greedy: bool,
+    top_k: u32,
+    top_p: f32,
+    min_p: f32,
+    valid: bool,
+}
+
+impl Filters {
+    /// # Safety
+    /// `row < rows`; the per-row arrays as the contract gives them.
+    #[inline(always)]
+    unsafe fn of(p: &SamplingParams, row: usize) -> Self {
+        // SAFETY: one value per row where the array is given (contract).
+        let (temperature, top_k, top_p, min_p) = unsafe {
+            (
+                per_row(p.temperatures, row, p.temperature),
+                if p.top_ks == 0 {
+                    p.top_k
+                } else {
+                    (p.top_ks as *const u32).add(row).read()
+                },
+                per_row(p.top_ps, row, p.top_p),
+                per_row(p.min_ps, row, p.min_p),
+            )
+        };
+        // Every comparison with a NaN is false.
+        let valid = (0.0..f32::INFINITY).contains(&temperature)
+            && top_p > 0.0
+            && top_p <= 1.0
+            && (0.0..=1.0).contains(&min_p);
+        let greedy = temperature == 0.0;
+        Filters {
+            inv_temperature: if greedy { 1.0 } else { 1.0 / temperature },
+            greedy,
+            top_k,
+            top_p,
+            min_p,
+            valid,
+        }
+    }
+
+    /// Whether a cut by rank is needed (top-k or top-p).
+    #[inline(always)]
+    fn cuts(&self) -> bool {
+        self.top_k != 0 || self.top_p < 1.0
+    }
+}
+
+/// # Safety
+/// `values`, when not 0, holds a float for row `row`.
+#[inline(always)]
+unsafe fn per_row(values: u64, row: usize, all: f32) -> f32 {
+    if values == 0 {
+        all
+    } else {
+        // SAFETY: forwarded from the contract.
+        unsafe { (values as *const f32).add(row).read() }
+    }
+}
+
+/// Where a block reads its row: global memory (with the bias added), and the row kept in
+/// shared memory when the launch caches it.
+struct RowSource<E> {
+    x: *const E,
+    bias: *const f32,
+    cache: *mut E,
+    cols: usize,
+    packs: usize,
+}
+
+impl<E: Element> RowSource<E> {
+    /// Calls `visit(first column, values, count)` for this thread's columns (16-byte packs
+    /// of `PACK`, every `block_dim`-th, then the columns after the packs one at a time),
+    /// columns in increasing order. `fill`: this is the first pass, which keeps what it reads
+    /// in the cache (if any); later passes read the cache.
+    ///
+    /// # Safety
+    /// The row as the contract gives it; after a filling pass, a barrier before the next.
+    #[inline(always)]
+    unsafe fn visit<const PACK: usize>(
+        &self,
+        fill: bool,
+        mut visit: impl FnMut(usize, &[f32; PACK], usize),
+    ) {
+        let threads = block_dim() as usize;
+        let cached = !self.cache.is_null();
+        let mut pack = thread_idx() as usize;
+        while pack < self.packs {
+            let at = pack * PACK;
+            // SAFETY: a pack of the row, 16-byte aligned (contract); the cache holds the row.
+            let mut values = unsafe {
+                let words = if cached && !fill {
+                    cached_words::<E, PACK>(self.cache.add(at))
+                } else {
+                    E::load_packed::<PACK>(self.x.add(at))
+                };
+                if cached && fill {
+                    copy_words::<E, PACK>(self.cache.add(at), &words);
+                }
+                E::widen_all(&words)
+            };
+            // SAFETY: the bias holds the row's columns.
+            unsafe { self.add_bias(at, &mut values, PACK) };
+            visit(at, &values, PACK);
+            pack += threads;
+        }
+        let mut col = self.packs * PACK + thread_idx() as usize;
+        while col < self.cols {
+            let mut values = [f32::NEG_INFINITY; PACK];
+            // SAFETY: one column of the row.
+            values[0] = unsafe {
+                let words = if cached && !fill {
+                    cached_words::<E, 1>(self.cache.add(col))
+                } else {
+                    E::load_packed::<1>(self.x.add(col))
+                };
+                if cached && fill {
+                    copy_words::<E, 1>(self.cache.add(col), &words);
+                }
+                E::widen_all(&words)[0]
+            };
+            // SAFETY: as above.
+            unsafe { self.add_bias(col, &mut values, 1) };
+            visit(col, &values, 1);
+            col += threads;
+        }
+    }
+
+    /// # Safety
+    /// `at..at + count` are columns of the row.
+    #[inline(always)]
+    unsafe fn add_bias<const PACK: usize>(
+        &self,
+        at: usize,
+        values: &mut [f32; PACK],
+        count: usize,
+    ) {
+        if !self.bias.is_null() {
+            for (i, value) in values.iter_mut().enumerate() {
+                if i >= count {
+                    continue;
+                }
+                // SAFETY: forwarded from the contract.
+                *value += unsafe { self.bias.add(at + i).read() };
+            }
+        }
+    }
+
+    /// Column `col`'s logit with its bias, read from global memory.
+    ///
+    /// # Safety
+    /// `col` is a column of the row.
+    #[inline(always)]
+    unsafe fn value_at(&self, col: usize) -> f32 {
+        let mut values = [0.0f32; 1];
+        // SAFETY: forwarded from the contract.
+        unsafe {
+            values[0] = E::widen_all(&E::load_packed::<1>(self.x.add(col)))[0];
+            self.add_bias(col, &mut values, 1);
+        }
+        values[0]
+    }
+}
+
+/// The best of a set of (value, column) pairs: the largest value, the lower column among
+/// equals.
+#[derive(Clone, Copy)]
+struct Best {
+    value: f32,
+    col: u32,
+}
+
+impl Best {
+    #[inline(always)]
+    fn offer(&mut self, value: f32, col: u32) {
+        if value > self.value || (value == self.value && col < self.col) {
+            *self = Best { value, col };
+        }
+    }
+}
+
+impl Partial for Best {
+    const EMPTY: Self = Best {
+        value: f32::NEG_INFINITY,
+        col: u32::MAX,
+    };
+    const FLOATS: usize = 2;
+
+    #[inline(always)]
+    fn merge(mut self, other: Self) -> Self {
+        self.offer(other.value, other.col);
+        self
+    }
+
+    #[inline(always)]
+    fn to_floats(self) -> [f32; 2] {
+        [self.value, f32::from_bits(self.col)]
+    }
+
+    #[inline(always)]
+    fn from_floats([value, col]: [f32; 2]) -> Self {
+        Best {
+            value,
+            col: col.to_bits(),
+        }
+    }
+}
+
+/// What makes a row unusable (a count of NaN and `+inf` values after the temperature), and
+/// its smallest finite value, negated (so that both merge by a plain operation).
+#[derive(Clone, Copy)]
+struct Extremes {
+    bad: f32,
+    negated_low: f32,
+}
+
+impl Partial for Extremes {
+    const EMPTY: Self = Extremes {
+        bad: 0.0,
+        negated_low: f32::NEG_INFINITY,
+    };
+    const FLOATS: usize = 2;
+
+    #[inline(always)]
+    fn merge(self, other: Self) -> Self {
+        Extremes {
+            bad: self.bad + other.bad,
+            negated_low: self.negated_low.max(other.negated_low),
+        }
+    }
+
+    #[inline(always)]
+    fn to_floats(self) -> [f32; 2] {
+        [self.bad, self.negated_low]
+    }
+
+    #[inline(always)]
+    fn from_floats([bad, negated_low]: [f32; 2]) -> Self {
+        Extremes { bad, negated_low }
+    }
+}
+
+/// A count of columns and their weight.
+#[derive(Clone, Copy)]
+struct Tally {
+    count: f32,
+    mass: f32,
+}
+
+impl Partial for Tally {
+    const EMPTY: Self = Tally {
+        count: 0.0,
+        mass: 0.0,
+    };
+    const FLOATS: usize = 2;
+
+    #[inline(always)]
+    fn merge(self, other: Self) -> Self {
+        Tally {
+            count: self.count + other.count,
+            mass: self.mass + other.mass,
+        }
+    }
+
+    #[inline(always)]
+    fn to_floats(self) -> [f32; 2] {
+        [self.count, self.mass]
+    }
+
+    #[inline(always)]
+    fn from_floats([count, mass]: [f32; 2]) -> Self {
+        Tally { count, mass }
+    }
+}
+
+/// The Gumbel noise of a row's columns, four columns per Philox call, the last call's words
+/// kept.
+struct Noise {
+    seed: u64,
+    offset: u64,
+    row: u32,
+    column_offset: u64,
+    group: u64,
+    words: [u32; 4],
+}
+
+impl Noise {
+    #[inline(always)]
+    fn gumbel(&mut self, col: usize) -> f32 {
+        let global = self.column_offset + col as u64;
+        let group = global / 4;
+        if group != self.group {
+            self.words = draw_words(self.seed, self.offset, self.row, group as u32);
+            self.group = group;
+        }
+        let bits = match global % 4 {
+            0 => self.words[0],
+            1 => self.words[1],
+            2 => self.words[2],
+            _ => self.words[3],
+        };
+        -log2_approx(exponential_of(bits)) * LN_2
+    }
+
+    /// Offers column `col`, whose logit over the temperature is `z`, to the draw.
+    #[inline(always)]
+    fn offer(&mut self, best: &mut Best, z: f32, col: usize) {
+        // A `-inf` logit never passes.
+        if z + GUMBEL_NOISE_BOUND > best.value {
+            let score = z + self.gumbel(col);
+            best.offer(score, col as u32);
+        }
+    }
+}
+
+/// The row's weight function: `e^(z − max)` for `z = value / temperature`.
+#[derive(Clone, Copy)]
+struct Weights {
+    inv_temperature: f32,
+    max: f32,
+}
+
+impl Weights {
+    #[inline(always)]
+    fn z(&self, value: f32) -> f32 {
+        value * self.inv_temperature
+    }
+
+    #[inline(always)]
+    fn of(&self, value: f32) -> f32 {
+        exp2_approx((self.z(value) - self.max) * LOG2_E)
+    }
+}
+
+/// `ln(x)` to the accuracy the log-probabilities need.
+#[inline(always)]
+fn ln(x: f32) -> f32 {
+    log2_approx(x) * LN_2
+}
+
+/// Exclusive prefix sums across the block, in thread order, of `count` and `mass`, and the
+/// block's totals: `(count before, mass before, count total, mass total)`.
+///
+/// # Safety
+/// As [`block_reduce`], with the same scratch.
+#[inline(always)]
+unsafe fn block_exclusive_scan(count: u32, mass: f32, scratch: *mut f32) -> (u32, f32, u32, f32) {
+    let lane = thread_idx() % WARP_SIZE;
+    let warp = (thread_idx() / WARP_SIZE) as usize;
+    let warps = (block_dim() / WARP_SIZE) as usize;
+    let (mut c, mut m) = (count, mass);
+    let mut delta = 1;
+    while delta < WARP_SIZE {
+        let their_c = shfl_up_u32(c, delta);
+        let their_m = f32::from_bits(shfl_up_u32(m.to_bits(), delta));
+        if lane >= delta {
+            c += their_c;
+            m += their_m;
+        }
+        delta *= 2;
+    }
+    // Exclusive within the warp: the inclusive sum of the lane below.
+    let mut before_c = shfl_up_u32(c, 1);
+    let mut before_m = f32::from_bits(shfl_up_u32(m.to_bits(), 1));
+    if lane == 0 {
+        before_c = 0;
+        before_m = 0.0;
+    }
+    if lane == WARP_SIZE - 1 {
+        // SAFETY: `warp < 32`; the scratch holds 32 floats then 32 more.
+        unsafe {
+            scratch.add(warp).write(f32::from_bits(c));
+            scratch.add(WARP_SIZE as usize + warp).write(m);
+        }
+    }
+    sync_threads();
+    let (mut total_c, mut total_m) = (0u32, 0.0f32);
+    for w in 0..warps {
+        // SAFETY: written before the barrier.
+        let (wc, wm) = unsafe {
+            (
+                scratch.add(w).read().to_bits(),
+                scratch.add(WARP_SIZE as usize + w).read(),
+            )
+        };
+        if w < warp {
+            before_c += wc;
+            before_m += wm;
+        }
+        total_c += wc;
+        total_m += wm;
+    }
+    sync_threads();
+    (before_c, before_m, total_c, total_m)
+}
+
+/// The shared memory of a sampling block: the scratch, the control words, the histogram, the
+/// candidates, the cache.
+struct Shared {
+    scratch: *mut f32,
+    control: *mut u32,
+    counts: *mut u32,
+    masses: *mut f32,
+    candidates: *mut u64,
+}
+
+impl Shared {
+    #[inline(always)]
+    fn new() -> (Self, *mut u8) {
+        let scratch = dynamic_shared_f32();
+        // SAFETY: offsets inside the launch's dynamic shared memory (contract).
+        unsafe {
+            let control = scratch.add(REDUCTION_SCRATCH_FLOATS as usize).cast::<u32>();
+            let counts = control.add(SAMPLING_CONTROL_WORDS as usize);
+            let masses = counts.add(SAMPLING_BINS as usize).cast::<f32>();
+            let candidates = masses.add(SAMPLING_BINS as usize).cast::<u64>();
+            let cache = candidates.add(SAMPLING_CANDIDATES as usize).cast::<u8>();
+            (
+                Shared {
+                    scratch,
+                    control,
+                    counts,
+                    masses,
+                    candidates,
+                },
+                cache,
+            )
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn word(&self, index: usize) -> u32 {
+        // SAFETY: a control word.
+        unsafe { self.control.add(index).read_volatile() }
+    }
+
+    #[inline(always)]
+    unsafe fn set(&self, index: usize, value: u32) {
+        // SAFETY: a control word.
+        unsafe { self.control.add(index).write_volatile(value) }
+    }
+
+    #[inline(always)]
+    fn at(&self, index: usize) -> *mut u32 {
+        self.control.wrapping_add(index)
+    }
+}
+
+/// Samples row `block_idx` (see the module's documentation) and writes its outputs: the
+/// token, its log-probabilities, the filtered distribution where asked (mode `FULL`), or
+/// the row's [`ShardDraw`] (mode `SHARD`).
+///
+/// # Safety
+/// The contract of [`SamplingParams`].
+#[inline(always)]
+pub(crate) unsafe fn sample_row<E: Element, const PACK: usize>(p: &SamplingParams) {
+    let row = block_idx() as usize;
+    let cols = p.cols as usize;
+    let (shared, cache) = Shared::new();
+    let src = RowSource::<E> {
+        // SAFETY: row `row` of the logits (contract).
+        x: unsafe { (p.logits as *const E).add(row * p.logits_stride as usize) },
+        bias: if p.bias == 0 {
+            core::ptr::null()
+        } else {
+            // SAFETY: the bias's row (contract).
+            unsafe { (p.bias as *const f32).add(row * p.bias_stride as usize) }
+        },
+        cache: if p.cached != 0 {
+            cache.cast::<E>()
+        } else {
+            core::ptr::null_mut()
+        },
+        cols,
+        packs: if p.aligned != 0 { cols / PACK } else { 0 },
+    };
+    // SAFETY: `row < rows`.
+    let filters = unsafe { Filters::of(p, row) };
+    // SAFETY: the random state's two words (contract).
+    let (seed, offset) = unsafe {
+        let random = p.random as *const u64;
+        (random.read(), random.add(1).read())
+    };
+    let mut noise = Noise {
+        seed,
+        offset,
+        row: row as u32,
+        column_offset: p.column_offset,
+        group: u64::MAX,
+        words: [0; 4],
+    };
+    let inv_t = filters.inv_temperature;
+    // Temperature alone: the draw happens in the first pass.
+    let draws_at_once = !filters.greedy && !filters.cuts() && filters.min_p == 0.0;
+
+    // Pass 1: the statistics, the largest logit, the smallest finite one, the bad values.
+    let mut stats = OnlineStats::EMPTY;
+    let mut top = Best::EMPTY;
+    let mut extremes = Extremes::EMPTY;
+    let mut best = Best::EMPTY;
+    // SAFETY: the row (contract); the first pass fills the cache.
+    unsafe {
+        src.visit::<PACK>(true, |first, values, count| {
+            let mut zs = [f32::NEG_INFINITY; PACK];
+            let mut pack_max = f32::NEG_INFINITY;
+            for i in 0..PACK {
+                if i >= count {
+                    continue;
+                }
+                let z = values[i] * inv_t;
+                zs[i] = z;
+                pack_max = pack_max.max(z);
+                if z.is_nan() || z == f32::INFINITY {
+                    extremes.bad += 1.0;
+                } else if z > f32::NEG_INFINITY {
+                    extremes.negated_low = extremes.negated_low.max(-z);
+                }
+                top.offer(z, (first + i) as u32);
+            }
+            stats.push_batch::<DeviceExp2>(pack_max, PACK, |i| zs[i]);
+            if draws_at_once {
+                for (i, &z) in zs.iter().enumerate() {
+                    if i >= count {
+                        continue;
+                    }
+                    noise.offer(&mut best, z, first + i);
+                }
+            }
+        })
+    };
+    // SAFETY: every thread of the block, uniform control flow.
+    let (stats, top, extremes) = unsafe {
+        (
+            block_reduce(stats, shared.scratch),
+            block_reduce(top, shared.scratch),
+            block_reduce(extremes, shared.scratch),
+        )
+    };
+    let z_max = stats.max;
+    let sum = stats.sum();
+    if !filters.valid || extremes.bad > 0.0 || z_max == f32::NEG_INFINITY {
+        // SAFETY: the outputs of row `row`.
+        unsafe { finish(p, &src, row, None, f32::NAN, f32::NAN, |_, _| f32::NAN) };
+        return;
+    }
+    if filters.greedy {
+        let token = top.col;
+        let raw = -ln(sum);
+        let log = p.probabilities_log != 0;
+        // SAFETY: as above.
+        unsafe {
+            finish(
+                p,
+                &src,
+                row,
+                Some((token, z_max)),
+                0.0,
+                raw,
+                |col, _| match (col == token as usize, log) {
+                    (true, true) => 0.0,
+                    (true, false) => 1.0,
+                    (false, true) => f32::NEG_INFINITY,
+                    (false, false) => 0.0,
+                },
+            )
+        };
+        return;
+    }
+    let weights = Weights {
+        inv_temperature: inv_t,
+        max: z_max,
+    };
+    if draws_at_once {
+        // SAFETY: every thread, uniform control flow.
+        let best = unsafe { block_reduce(best, shared.scratch) };
+        // SAFETY: the outputs of row `row`; `best.col` is a column of the row.
+        unsafe { finish_draw(p, &src, row, weights, best, sum, sum, 0, filters.min_p) };
+        return;
+    }
+
+    // The cut, by rank: every column at least as early as it survives top-k and top-p.
+    let cut = if filters.cuts() {
+        // SAFETY: every thread, uniform control flow; the row as above.
+        unsafe {
+            place_cut::<E, PACK>(
+                &src,
+                &shared,
+                &filters,
+                weights,
+                z_max + extremes.negated_low,
+            )
+        }
+    } else {
+        0
+    };
+
+    // The draw over the kept columns.
+    let min_p = filters.min_p;
+    let mut kept = Sum::EMPTY;
+    // SAFETY: the row; the cache was filled before the barriers of the reductions above.
+    unsafe {
+        src.visit::<PACK>(false, |first, values, count| {
+            for (i, &value) in values.iter().enumerate() {
+                if i >= count {
+                    continue;
+                }
+                let col = first + i;
+                if value > f32::NEG_INFINITY && rank(value, col as u32) >= cut {
+                    let w = weights.of(value);
+                    if w >= min_p {
+                        kept.0 += w;
+                        noise.offer(&mut best, weights.z(value), col);
+                    }
+                }
+            }
+        })
+    };
+    // SAFETY: every thread, uniform control flow.
+    let (kept, best) = unsafe {
+        (
+            block_reduce(kept, shared.scratch),
+            block_reduce(best, shared.scratch),
+        )
+    };
+    // SAFETY: the outputs of row `row`; `best.col` is a column of the row.
+    unsafe { finish_draw(p, &src, row, weights, best, kept.0, sum, cut, min_p) };
+}
+
+/// Writes a drawn row's outputs: the token `best.col` (or its [`ShardDraw`]), its
+/// log-probabilities given the kept weight and the row's, and the filtered distribution
+/// where asked (`cut` and `min_p` say which columns were kept).
+///
+/// # Safety
+/// The outputs of row `row` (contract); `best.col` a column of the row; every thread of the
+/// block.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn finish_draw<E: Element>(
+    p: &SamplingParams,
+    src: &RowSource<E>,
+    row: usize,
+    weights: Weights,
+    best: Best,
+    kept: f32,
+    sum: f32,
+    cut: u64,
+    min_p: f32,
+) {
+    let token = best.col;
+    if token as usize >= src.cols {
+        // No column was kept (which the filters never leave): no token.
+        // SAFETY: forwarded.
+        unsafe { finish(p, src, row, None, f32::NAN, f32::NAN, |_, _| f32::NAN) };
+        return;
+    }
+    // SAFETY: `token` is a column of the row.
+    let z = weights.z(unsafe { src.value_at(token as usize) });
+    if p.mode == sampling_mode::SHARD {
+        if thread_idx() == 0 {
+            let draw = ShardDraw {
+                score: best.value,
+                token: (p.column_offset + u64::from(token)) as u32,
+                logit: z,
+                row: RowState {
+                    max: weights.max,
+                    sum,
+                },
+            };
+            // SAFETY: one draw per row (contract).
+            unsafe { (p.draws as *mut ShardDraw).add(row).write(draw) };
+        }
+        return;
+    }
+    let ln_kept = ln(kept);
+    let log = p.probabilities_log != 0;
+    // SAFETY: forwarded.
+    unsafe {
+        finish(
+            p,
+            src,
+            row,
+            Some((token, z)),
+            (z - weights.max) - ln_kept,
+            (z - weights.max) - ln(sum),
+            |col, value| {
+                let w = weights.of(value);
+                let kept_here =
+                    value > f32::NEG_INFINITY && rank(value, col as u32) >= cut && w >= min_p;
+                match (kept_here, log) {
+                    (true, true) => (weights.z(value) - weights.max) - ln_kept,
+                    (true, false) => w / kept,
+                    (false, true) => f32::NEG_INFINITY,
+                    (false, false) => 0.0,
+                }
+            },
+        )
+    };
+}
+
+/// Writes row `row`'s token (`NO_TOKEN` without one) and log-probabilities (thread 0), and,
+/// where the call asks for them, its filtered probabilities, `probability(col, logit)` for
+/// each column (every thread).
+///
+/// # Safety
+/// The outputs of row `row` (contract); every thread of the block.
+#[inline(always)]
+unsafe fn finish<E: Element>(
+    p: &SamplingParams,
+    src: &RowSource<E>,
+    row: usize,
+    token: Option<(u32, f32)>,
+    logprob: f32,
+    raw_logprob: f32,
+    probability: impl Fn(usize, f32) -> f32,
+) {
+    if thread_idx() == 0 {
+        // SAFETY: one value per row in each output that is given.
+        unsafe {
+            if p.mode == sampling_mode::SHARD {
+                let draw = ShardDraw {
+                    score: f32::NAN,
+                    token: NO_TOKEN,
+                    logit: f32::NAN,
+                    row: RowState {
+                        max: f32::NAN,
+                        sum: f32::NAN,
+                    },
+                };
+                (p.draws as *mut ShardDraw).add(row).write(draw);
+            }
+            if p.tokens != 0 {
+                let id = token.map_or(NO_TOKEN, |(t, _)| t);
+                (p.tokens as *mut u32).add(row).write(id);
+            }
+            if p.logprobs != 0 {
+                (p.logprobs as *mut f32).add(row).write(logprob);
+            }
+            if p.raw_logprobs != 0 {
+                (p.raw_logprobs as *mut f32).add(row).write(raw_logprob);
+            }
+        }
+    }
+    if p.probabilities != 0 {
+        let out = (p.probabilities as *mut f32).wrapping_add(row * p.probabilities_stride as usize);
+        let threads = block_dim() as usize;
+        let mut col = thread_idx() as usize;
+        while col < p.cols as usize {
+            // The logit read again from global memory (these reads are the last).
+            let value = if token.is_some() {
+                // SAFETY: a column of the row.
+                unsafe { src.value_at(col) }
+            } else {
+                f32::NAN
+            };
+            let q = if token.is_some() {
+                probability(col, value)
+            } else {
+                f32::NAN
+            };
+            // SAFETY: a column of the probabilities' row (contract).
+            unsafe { out.add(col).write(q) };
+            col += threads;
+        }
+    }
+}
+
+/// Places the cut (module documentation, steps 1 to 3): the rank from which on every column
+/// survives top-k and top-p. `range` is the row's largest finite `z` minus its smallest.
+///
+/// # Safety
+/// Every thread of the block, uniform control flow; the row as the contract gives it, the
+/// cache filled.
+#[inline(always)]
+unsafe fn place_cut<E: Element, const PACK: usize>(
+    src: &RowSource<E>,
+    shared: &Shared,
+    filters: &Filters,
+    weights: Weights,
+    range: f32,
+) -> u64 {
+    let bins = SAMPLING_BINS;
+    let scale = if range > 0.0 && range < f32::INFINITY {
+        bins as f32 / range
+    } else {
+        0.0
+    };
+    let bin_of =
+        |value: f32| -> u32 { (((weights.max - weights.z(value)) * scale) as u32).min(bins - 1) };
+    let b = thread_idx();
+    // SAFETY: the histogram's bin `b`, one per thread; the control words.
+    unsafe {
+        shared.counts.add(b as usize).write(0);
+        shared.masses.add(b as usize).write(0.0);
+        if b == 0 {
+            shared.set(control::LAST_BIN, 0);
+            shared.set(control::LOW_BIN, bins);
+            shared.set(control::GATHERED, 0);
+        }
+    }
+    sync_threads();
+    // Step 1: the histogram.
+    // SAFETY: the row; the histogram's words, only atomically until the barrier.
+    unsafe {
+        src.visit::<PACK>(false, |_, values, count| {
+            for (i, &value) in values.iter().enumerate() {
+                if i >= count {
+                    continue;
+                }
+                if value > f32::NEG_INFINITY {
+                    let bin = bin_of(value) as usize;
+                    shared_fetch_add_u32(shared.counts.add(bin), 1);
+                    shared_add_f32(shared.masses.add(bin), weights.of(value));
+                }
+            }
+        })
+    };
+    sync_threads();
+    // SAFETY: bin `b`, written before the barrier.
+    let (count, mass) = unsafe {
+        (
+            shared.counts.add(b as usize).read(),
+            shared.masses.add(b as usize).read(),
+        )
+    };
+    // SAFETY: every thread, uniform control flow.
+    let (before, mass_before, total, total_mass) =
+        unsafe { block_exclusive_scan(count, mass, shared.scratch) };
+    let top_k = filters.top_k != 0 && filters.top_k < total;
+    let top_p = filters.top_p < 1.0;
+    // SAFETY: control words, each written by the one thread whose bin matches, read after
+    // the barrier.
+    unsafe {
+        if count > 0 {
+            shared_max_u32(shared.at(control::LAST_BIN), b);
+        }
+        if top_k && before < filters.top_k && filters.top_k <= before + count {
+            shared.set(control::TOP_K_BIN, b);
+            shared.set(control::TOP_K_BEFORE, before);
+            shared.set(control::TOP_K_IN, count);
+            shared.set(control::TOP_K_MASS_BEFORE, mass_before.to_bits());
+        }
+    }
+    sync_threads();
+    if !top_k && !top_p {
+        // A top-k of at least the row's finite columns keeps them all.
+        return 0;
+    }
+    // SAFETY: written before the barrier.
+    let (top_k_bin, mass_at_least) = unsafe {
+        if top_k {
+            (
+                shared.word(control::TOP_K_BIN),
+                f32::from_bits(shared.word(control::TOP_K_MASS_BEFORE)),
+            )
+        } else {
+            (0, total_mass)
+        }
+    };
+    // The top-p cut lies at or before the top-k cut's bin, at or after the bin where the
+    // running weight reaches `top_p` of the least weight top-k can keep (without top-k, in
+    // that bin).
+    let low_target = filters.top_p * mass_at_least;
+    if top_p && low_target > 0.0 && mass_before < low_target && low_target <= mass_before + mass {
+        // SAFETY: a control word, lowered atomically.
+        unsafe { shared_min_u32(shared.at(control::LOW_BIN), b) };
+    }
+    sync_threads();
+    // SAFETY: written before the barrier.
+    let (crossing, last_bin) = unsafe {
+        (
+            shared.word(control::LOW_BIN),
+            shared.word(control::LAST_BIN),
+        )
+    };
+    let low_bin = if !top_p {
+        top_k_bin
+    } else if low_target <= 0.0 {
+        0
+    } else if crossing == bins {
+        // Rounding kept the running weight below the target: the last bin that counts.
+        if top_k { top_k_bin } else { last_bin }
+    } else if top_k {
+        crossing.min(top_k_bin)
+    } else {
+        crossing
+    };
+    let high_bin = if top_k { top_k_bin } else { low_bin };
+    if b == low_bin {
+        // SAFETY: control words, read after the barrier.
+        unsafe {
+            shared.set(control::LOW_BEFORE, before);
+            shared.set(control::LOW_MASS_BEFORE, mass_before.to_bits());
+            shared.set(control::LOW_IN, count);
+        }
+    }
+    sync_threads();
+    // SAFETY: written before the barrier.
+    let (low_before, low_mass_before, high_end) = unsafe {
+        let low_before = shared.word(control::LOW_BEFORE);
+        (
+            low_before,
+            f32::from_bits(shared.word(control::LOW_MASS_BEFORE)),
+            if top_k {
+                shared.word(control::TOP_K_BEFORE) + shared.word(control::TOP_K_IN)
+            } else {
+                low_before + shared.word(control::LOW_IN)
+            },
+        )
+    };
+    let candidates = high_end - low_before;
+    if candidates > SAMPLING_CANDIDATES {
+        // SAFETY: forwarded.
+        return unsafe { bisect_cut::<E, PACK>(src, shared, filters, weights, top_k) };
+    }
+    // Step 2: gather the range's columns and sort them by rank, earliest first.
+    // SAFETY: the row; the gathered count and the candidates, written atomically (slots
+    // below the count the histogram gave).
+    unsafe {
+        src.visit::<PACK>(false, |first, values, count| {
+            for (i, &value) in values.iter().enumerate() {
+                if i >= count {
+                    continue;
+                }
+                if value > f32::NEG_INFINITY {
+                    let bin = bin_of(value);
+                    if bin >= low_bin && bin <= high_bin {
+                        let slot = shared_fetch_add_u32(shared.at(control::GATHERED), 1);
+                        if slot < SAMPLING_CANDIDATES {
+                            shared
+                                .candidates
+                                .add(slot as usize)
+                                .write(rank(value, (first + i) as u32));
+                        }
+                    }
+                }
+            }
+        })
+    };
+    sync_threads();
+    let n = candidates as usize;
+    let sorted = n.next_power_of_two().max(1);
+    let threads = block_dim() as usize;
+    let mut i = thread_idx() as usize + n;
+    while i < sorted {
+        // SAFETY: a candidate slot; padding ranks below every column's.
+        unsafe { shared.candidates.add(i).write(0) };
+        i += threads;
+    }
+    sync_threads();
+    // SAFETY: the candidates, `sorted` of them, every thread.
+    unsafe { bitonic_sort_descending(shared.candidates, sorted) };
+    // The running weight of the sorted candidates: this thread's run of `per` of them.
+    let per = sorted.div_ceil(threads);
+    let start = thread_idx() as usize * per;
+    let mut run_mass = 0.0;
+    for k in 0..PER_THREAD {
+        let j = start + k;
+        if k >= per || j >= n {
+            continue;
+        }
+        // SAFETY: a sorted candidate.
+        run_mass += weights.of(value_of_rank(unsafe { shared.candidates.add(j).read() }));
+    }
+    // SAFETY: every thread, uniform control flow.
+    let (_, run_before, _, _) = unsafe { block_exclusive_scan(0, run_mass, shared.scratch) };
+    let top_k_place = if top_k {
+        (filters.top_k - low_before) as usize
+    } else {
+        n
+    };
+    // The cumulative weight through candidate `j` is `low_mass_before + run_before + …`.
+    let mut running = low_mass_before + run_before;
+    if thread_idx() == 0 {
+        // SAFETY: a control word, read after the barrier.
+        unsafe { shared.set(control::TOP_P_PLACE, top_k_place as u32) };
+    }
+    let mut through = [0.0f32; PER_THREAD];
+    for (k, slot) in through.iter_mut().enumerate() {
+        let j = start + k;
+        if k >= per || j >= n {
+            continue;
+        }
+        // SAFETY: a sorted candidate.
+        running += weights.of(value_of_rank(unsafe { shared.candidates.add(j).read() }));
+        *slot = running;
+        if j + 1 == top_k_place {
+            // SAFETY: a control word, read after the barrier.
+            unsafe { shared.set(control::TOP_K_MASS, running.to_bits()) };
+        }
+    }
+    sync_threads();
+    let place = if top_p {
+        // SAFETY: written before the barrier.
+        let target = filters.top_p * f32::from_bits(unsafe { shared.word(control::TOP_K_MASS) });
+        for (k, &cumulative) in through.iter().enumerate() {
+            let j = start + k;
+            if k >= per || j >= n {
+                continue;
+            }
+            if j < top_k_place && cumulative >= target {
+                // SAFETY: a control word, lowered atomically.
+                unsafe { shared_min_u32(shared.at(control::TOP_P_PLACE), (j + 1) as u32) };
+            }
+        }
+        sync_threads();
+        // SAFETY: written before the barrier.
+        unsafe { shared.word(control::TOP_P_PLACE) as usize }
+    } else {
+        top_k_place
+    };
+    // SAFETY: a sorted candidate (`1 ≤ place ≤ n`).
+    let cut = unsafe { shared.candidates.add(place - 1).read() };
+    // Nobody may reuse the candidates or control words before every thread read them.
+    sync_threads();
+    cut
+}
+
+/// Sorts `len` (a power of two) ranks at `keys` in shared memory, largest first.
+///
+/// # Safety
+/// Every thread of the block, uniform control flow; `keys` holds `len` words of shared
+/// memory that nothing else touches meanwhile.
+#[inline(always)]
+unsafe fn bitonic_sort_descending(keys: *mut u64, len: usize) {
+    let threads = block_dim() as usize;
+    let mut size = 2;
+    while size <= len {
+        let mut stride = size / 2;
+        while stride > 0 {
+            let mut i = thread_idx() as usize;
+            while i < len / 2 {
+                let low = 2 * stride * (i / stride) + i % stride;
+                let high = low + stride;
+                let descending = low & size == 0;
+                // SAFETY: `low < high < len`; each pair belongs to one thread in this step.
+                unsafe {
+                    let (a, b) = (keys.add(low).read(), keys.add(high).read());
+                    if (a < b) == descending && a != b {
+                        keys.add(low).write(b);
+                        keys.add(high).write(a);
+                    }
+                }
+                i += threads;
+            }
+            sync_threads();
+            stride /= 2;
+        }
+        size *= 2;
+    }
+}
+
+/// The count and weight of the row's finite columns of rank at least `at_least`.
+///
+/// # Safety
+/// Every thread of the block, uniform control flow; the row, the cache filled.
+#[inline(always)]
+unsafe fn tally_from<E: Element, const PACK: usize>(
+    src: &RowSource<E>,
+    shared: &Shared,
+    weights: Weights,
+    at_least: u64,
+) -> Tally {
+    let mut tally = Tally::EMPTY;
+    // SAFETY: forwarded.
+    unsafe {
+        src.visit::<PACK>(false, |first, values, count| {
+            for (i, &value) in values.iter().enumerate() {
+                if i >= count {
+                    continue;
+                }
+                if value > f32::NEG_INFINITY && rank(value, (first + i) as u32) >= at_least {
+                    tally.count += 1.0;
+                    tally.mass += weights.of(value);
+                }
+            }
+        });
+        block_reduce(tally, shared.scratch)
+    }
+}
+
+/// The largest rank `τ ≥ low` whose columns from `τ` on pass `enough`, by bisection (a pass
+/// per step).
+///
+/// # Safety
+/// As [`tally_from`].
+#[inline(always)]
+unsafe fn bisect<E: Element, const PACK: usize>(
+    src: &RowSource<E>,
+    shared: &Shared,
+    weights: Weights,
+    mut low: u64,
+    enough: impl Fn(Tally) -> bool,
+) -> u64 {
+    let mut high = u64::MAX;
+    while low < high {
+        let middle = low + (high - low) / 2 + 1;
+        // SAFETY: forwarded.
+        if enough(unsafe { tally_from::<E, PACK>(src, shared, weights, middle) }) {
+            low = middle;
+        } else {
+            high = middle - 1;
+        }
+    }
+    low
+}
+
+/// The cut by bisection over ranks (step 3 of the module's documentation), for rows whose
+/// histogram leaves too many candidates.
+///
+/// # Safety
+/// As [`tally_from`].
+#[inline(always)]
+unsafe fn bisect_cut<E: Element, const PACK: usize>(
+    src: &RowSource<E>,
+    shared: &Shared,
+    filters: &Filters,
+    weights: Weights,
+    top_k: bool,
+) -> u64 {
+    // SAFETY: forwarded.
+    unsafe {
+        let k_cut = if top_k {
+            let k = filters.top_k as f32;
+            bisect::<E, PACK>(src, shared, weights, 0, |t| t.count >= k)
+        } else {
+            0
+        };
+        if filters.top_p >= 1.0 {
+            return k_cut;
+        }
+        let kept = tally_from::<E, PACK>(src, shared, weights, k_cut).mass;
+        let target = filters.top_p * kept;
+        bisect::<E, PACK>(src, shared, weights, k_cut, |t| t.mass >= target)
+    }
+}
+
+/// Adds 1 to the random offset, after every row of the call has read it. One thread.
+///
+/// # Safety
+/// The contract of [`SamplingParams`] for `random`.
+#[inline(always)]
+pub(crate) unsafe fn sample_advance(p: &SamplingParams) {
+    // SAFETY: the offset is the second word of the random state (contract).
+    unsafe {
+        let offset = (p.random as *mut u64).add(1);
+        offset.write(offset.read().wrapping_add(1));
+    }
+}
+
+/// The sampling entries of one element type: the row kernel (16-byte packs where the rows
+/// are aligned for them) and the advance.
+macro_rules! sampling_entries {
+    ($($module:literal: $element:ty, $name:literal, $pack:literal;)+) => {$(
+        $crate::primitives::entry::kernel_entry!(
+            #[cfg(kernels_module = $module)]
+            export $crate::launch::entry_name!(sample $name),
+            (params: SamplingParams) => sample_row::<$element, $pack>(&params)
+        );
+        $crate::primitives::entry::kernel_entry!(
+            #[cfg(kernels_module = $module)]
+            export $crate::launch::entry_name!(sample_advance $name),
+            (params: SamplingParams) => sample_advance(&params)
+        );
+    )+};
+}
+
+sampling_entries! {
+    "ops-f32": f32, "f32", 4;
+    "ops-bf16": crate::primitives::element::Bf16, "bf16", 8;
+    "ops-f16": crate::primitives::element::F16, "f16", 8;
+}
