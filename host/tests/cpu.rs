@@ -7,6 +7,7 @@ use std::process::{Command, ExitCode};
 
 use common::{RowValues, Span, check_gradient, check_rows, overlapped, softmax_gradient_reference};
 use kernels_gpu::primitives::barrier_word;
+use kernels_gpu::primitives::draw::{exponential_of, ln_precise, order_key, rank, value_of_rank};
 use kernels_gpu::primitives::online::{CompensatedSum, Exp2, OnlineStats};
 use kernels_gpu::primitives::philox::{draw_words, philox4x32_10, uniform_open};
 use proptest::prelude::*;
@@ -135,6 +136,55 @@ fn gumbel_max_over_the_kept_columns_draws_the_filtered_distribution() {
                 .zip(&expected)
                 .all(|(&n, &p)| p > 0.0 || n == 0)
         );
+    }
+}
+
+#[test]
+fn the_draws_order_and_logarithm_are_exact_enough() {
+    // The order key preserves the order of floats, zeros of either sign are one rank, and a
+    // rank gives back its logit.
+    let values = [
+        f32::NEG_INFINITY,
+        -3.4e38,
+        -1.0,
+        -1e-40,
+        -0.0,
+        0.0,
+        1e-40,
+        2.5,
+        f32::INFINITY,
+    ];
+    for pair in values.windows(2) {
+        assert!(order_key(pair[0]) <= order_key(pair[1]), "{pair:?}");
+    }
+    assert_eq!(rank(-0.0, 3), rank(0.0, 3));
+    assert!(
+        rank(1.0, 5) > rank(1.0, 6),
+        "the lower column first among equals"
+    );
+    assert!(rank(1.5, 9) > rank(1.0, 0));
+    for &v in &[-7.25f32, 0.0, 3.0e-5, 1234.5] {
+        assert_eq!(value_of_rank(rank(v, 11)), v + 0.0);
+    }
+    // ln to a few ulp, relative, over (0, 1], near 1 included.
+    let mut worst: f64 = 0.0;
+    for bits in (0x0080_0000u32..=0x3F80_0000).step_by(997) {
+        let x = f32::from_bits(bits);
+        let exact = f64::from(x).ln();
+        if exact == 0.0 {
+            assert_eq!(ln_precise(x), 0.0);
+            continue;
+        }
+        worst = worst.max(((f64::from(ln_precise(x)) - exact) / exact).abs());
+    }
+    assert!(
+        worst < 4.0 * f64::from(f32::EPSILON),
+        "relative error {worst:e}"
+    );
+    // The exponential variate stays positive and finite at both ends of the uniform.
+    for bits in [0u32, 511, 1 << 31, u32::MAX - 511, u32::MAX] {
+        let e = exponential_of(bits);
+        assert!(e > 0.0 && e < 17.0, "{bits:#x}: {e}");
     }
 }
 

@@ -27,9 +27,15 @@ use softmax::{
 type Outcome = Result<String, String>;
 
 const TESTS: &[common::Test] = &[
-    ("sampling_draws_follow_the_filtered_distribution", chi_square),
+    (
+        "sampling_draws_follow_the_filtered_distribution",
+        chi_square,
+    ),
     ("sampling_bisects_rows_of_many_ties", bisection),
-    ("sampling_log_probabilities_and_distribution", log_probabilities),
+    (
+        "sampling_log_probabilities_and_distribution",
+        log_probabilities,
+    ),
     ("sampling_greedy_is_the_first_argmax", greedy),
     ("sampling_rows_without_a_token", without_a_token),
     ("sampling_is_reproducible_and_row_independent", reproducible),
@@ -112,7 +118,9 @@ fn check_counts(counts: &[u64], p: &[f64], what: &str) -> Result<(f64, f64), Str
     for (c, (&n, &q)) in counts.iter().zip(p).enumerate() {
         if q == 0.0 {
             if n > 0 {
-                return Err(format!("{what}: column {c} drawn {n} times, its probability is 0"));
+                return Err(format!(
+                    "{what}: column {c} drawn {n} times, its probability is 0"
+                ));
             }
             continue;
         }
@@ -148,7 +156,10 @@ fn draw_counts<T: Element>(
     let cols = logits.len();
     let batch: Vec<f32> = logits.iter().copied().cycle().take(rows * cols).collect();
     let x = upload::<T>(&batch)?;
-    let bias_buffer = bias.map(DeviceBuffer::from_slice).transpose().map_err(text)?;
+    let bias_buffer = bias
+        .map(DeviceBuffer::from_slice)
+        .transpose()
+        .map_err(text)?;
     let mut random = DeviceBuffer::from_slice(&[seed, 0u64]).map_err(text)?;
     let mut tokens = DeviceBuffer::from_slice(&vec![0u32; rows]).map_err(text)?;
     let mut counts = vec![0u64; cols];
@@ -179,7 +190,9 @@ fn draw_counts<T: Element>(
     let mut state = [0u64; 2];
     random.copy_to(&mut state[..]).map_err(text)?;
     if state != [seed, calls as u64] {
-        return Err(format!("the random state ended at {state:?} after {calls} calls"));
+        return Err(format!(
+            "the random state ended at {state:?} after {calls} calls"
+        ));
     }
     Ok(counts)
 }
@@ -244,7 +257,9 @@ fn chi_square(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
                 let b = with_bias.then_some(&bias[..]);
                 let seed = 1000 + i as u64;
                 let counts = match dtype {
-                    DType::Bf16 => draw_counts::<bf16>(softmax, &logits, b, rows, calls, filters, seed)?,
+                    DType::Bf16 => {
+                        draw_counts::<bf16>(softmax, &logits, b, rows, calls, filters, seed)?
+                    }
                     _ => draw_counts::<f32>(softmax, &logits, b, rows, calls, filters, seed)?,
                 };
                 let what = format!("{dtype:?} {filters:?} bias {with_bias}");
@@ -289,6 +304,9 @@ fn bisection(softmax: &mut Softmax, _rng: &mut StdRng) -> Outcome {
     ))
 }
 
+/// Tokens, filtered and unfiltered log-probabilities, and the written distribution.
+type Sampled = (Vec<u32>, Vec<f32>, Vec<f32>, Vec<f32>);
+
 /// Samples `logits` (`rows × cols`, as `T`) with `filters` and returns the tokens, both
 /// log-probabilities and the written distribution.
 fn sample_all<T: Element>(
@@ -297,7 +315,7 @@ fn sample_all<T: Element>(
     s: Shape,
     filters: &Filters,
     seed: u64,
-) -> Result<(Vec<u32>, Vec<f32>, Vec<f32>, Vec<f32>), String> {
+) -> Result<Sampled, String> {
     let x = upload::<T>(logits)?;
     let rows = s.rows();
     let mut random = DeviceBuffer::from_slice(&[seed, 3u64]).map_err(text)?;
@@ -360,7 +378,10 @@ fn log_probabilities(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
                 rounded::<bf16>(&values),
                 sample_all::<bf16>(softmax, &values, s, &filters, 5)?,
             ),
-            _ => (values.clone(), sample_all::<f32>(softmax, &values, s, &filters, 5)?),
+            _ => (
+                values.clone(),
+                sample_all::<f32>(softmax, &values, s, &filters, 5)?,
+            ),
         };
         let mut worst: f64 = 0.0;
         for r in 0..rows {
@@ -368,7 +389,9 @@ fn log_probabilities(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
             let p = filtered_distribution_f64(row, &filters.reference());
             let t = tokens[r] as usize;
             if t >= cols || p[t] == 0.0 {
-                return Err(format!("{dtype:?} {rows}×{cols} row {r}: token {t} is not kept"));
+                return Err(format!(
+                    "{dtype:?} {rows}×{cols} row {r}: token {t} is not kept"
+                ));
             }
             let expected = p[t].ln();
             let e_raw = raw_logprob(row, 0.8, t);
@@ -424,7 +447,10 @@ fn greedy(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
                 rounded::<bf16>(&values),
                 sample_all::<bf16>(softmax, &values, s, &filters, 9)?,
             ),
-            _ => (values.clone(), sample_all::<f32>(softmax, &values, s, &filters, 9)?),
+            _ => (
+                values.clone(),
+                sample_all::<f32>(softmax, &values, s, &filters, 9)?,
+            ),
         };
         for r in 0..rows {
             let row = &seen[r * cols..(r + 1) * cols];
@@ -438,11 +464,16 @@ fn greedy(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
             }
             let e = raw_logprob(row, 1.0, first);
             if (f64::from(raw[r]) - e).abs() > 2e-5 * e.abs().max(1.0) {
-                return Err(format!("{dtype:?} row {r}: raw log-probability {} against {e}", raw[r]));
+                return Err(format!(
+                    "{dtype:?} row {r}: raw log-probability {} against {e}",
+                    raw[r]
+                ));
             }
         }
     }
-    Ok(format!("greedy is the first maximum on {rows} rows with ties, f32 and bf16"))
+    Ok(format!(
+        "greedy is the first maximum on {rows} rows with ties, f32 and bf16"
+    ))
 }
 
 fn without_a_token(softmax: &mut Softmax, _rng: &mut StdRng) -> Outcome {
@@ -456,7 +487,8 @@ fn without_a_token(softmax: &mut Softmax, _rng: &mut StdRng) -> Outcome {
     let s = shape(6, cols);
     let x = upload::<f32>(&values)?;
     // Per-row parameters: row 4 has a NaN temperature, row 5 a top-p of 0.
-    let temperatures = DeviceBuffer::from_slice(&[1.0f32, 1.0, 1.0, 1.0, f32::NAN, 1.0]).map_err(text)?;
+    let temperatures =
+        DeviceBuffer::from_slice(&[1.0f32, 1.0, 1.0, 1.0, f32::NAN, 1.0]).map_err(text)?;
     let top_ps = DeviceBuffer::from_slice(&[1.0f32, 1.0, 1.0, 0.5, 1.0, 0.0]).map_err(text)?;
     let mut random = DeviceBuffer::from_slice(&[1u64, 0]).map_err(text)?;
     let mut tokens = DeviceBuffer::from_slice(&[0u32; 6]).map_err(text)?;
@@ -465,7 +497,9 @@ fn without_a_token(softmax: &mut Softmax, _rng: &mut StdRng) -> Outcome {
         .sample(
             Rows::new(&x, s).map_err(text)?,
             &mut random,
-            SamplingOutputs::new().tokens(&mut tokens).logprobs(&mut logprobs),
+            SamplingOutputs::new()
+                .tokens(&mut tokens)
+                .logprobs(&mut logprobs),
             &SamplingOptions::new()
                 .temperature(PerRow::Each(Values::new(&temperatures)))
                 .top_p(PerRow::Each(Values::new(&top_ps))),
@@ -504,7 +538,10 @@ fn tokens_of(
             Rows::new(&x, s).map_err(text)?,
             &mut random,
             SamplingOutputs::new().tokens(&mut tokens),
-            &SamplingOptions::new().temperature(1.2).top_k(40).advance(false),
+            &SamplingOptions::new()
+                .temperature(1.2)
+                .top_k(40)
+                .advance(false),
             &Options::new(),
         )
         .map_err(text)?;
@@ -558,7 +595,10 @@ fn captured(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     let start = 1000u64;
     let mut random = DeviceBuffer::from_slice(&[77u64, start]).map_err(text)?;
     let mut tokens = DeviceBuffer::from_slice(&vec![0u32; rows]).map_err(text)?;
-    let options = SamplingOptions::new().temperature(0.9).top_k(64).top_p(0.95);
+    let options = SamplingOptions::new()
+        .temperature(0.9)
+        .top_k(64)
+        .top_p(0.95);
     common::begin_capture(&stream)?;
     let call = softmax.sample(
         Rows::new(&x, s).map_err(text)?,
@@ -588,7 +628,9 @@ fn captured(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     let mut state = [0u64; 2];
     random.copy_to(&mut state[..]).map_err(text)?;
     if state != [77, start + replays as u64] {
-        return Err(format!("the random state after {replays} replays: {state:?}"));
+        return Err(format!(
+            "the random state after {replays} replays: {state:?}"
+        ));
     }
     let distinct = {
         let mut all = seen.clone();
@@ -597,10 +639,13 @@ fn captured(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
         all.len()
     };
     if distinct < replays / 2 {
-        return Err(format!("only {distinct} distinct draws in {replays} replays"));
+        return Err(format!(
+            "only {distinct} distinct draws in {replays} replays"
+        ));
     }
     for (replay, host) in seen.iter().enumerate() {
-        let mut direct_random = DeviceBuffer::from_slice(&[77u64, start + replay as u64]).map_err(text)?;
+        let mut direct_random =
+            DeviceBuffer::from_slice(&[77u64, start + replay as u64]).map_err(text)?;
         let mut direct = DeviceBuffer::from_slice(&vec![0u32; rows]).map_err(text)?;
         softmax
             .sample(
@@ -614,7 +659,9 @@ fn captured(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
         let mut expected = vec![0u32; rows];
         direct.copy_to(&mut expected[..]).map_err(text)?;
         if &expected != host {
-            return Err(format!("replay {replay} differs from the direct call at its offset"));
+            return Err(format!(
+                "replay {replay} differs from the direct call at its offset"
+            ));
         }
     }
     Ok(format!(
@@ -628,7 +675,9 @@ fn shards(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     let s = shape(rows, cols);
     let values = common::random_matrix(rng, s, 3.0);
     let temperature = 0.9;
-    let options = SamplingOptions::new().temperature(temperature).advance(false);
+    let options = SamplingOptions::new()
+        .temperature(temperature)
+        .advance(false);
     // The whole row, through the full call.
     let x = upload::<f32>(&values)?;
     let mut random = DeviceBuffer::from_slice(&[5u64, 9]).map_err(text)?;
@@ -638,7 +687,9 @@ fn shards(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
         .sample(
             Rows::new(&x, s).map_err(text)?,
             &mut random,
-            SamplingOutputs::new().tokens(&mut tokens).logprobs(&mut logprobs),
+            SamplingOutputs::new()
+                .tokens(&mut tokens)
+                .logprobs(&mut logprobs),
             &options,
             &Options::new(),
         )
@@ -656,7 +707,8 @@ fn shards(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
                 .flat_map(|r| values[r * cols + from..r * cols + to].iter().copied())
                 .collect();
             let shard = upload::<f32>(&part)?;
-            let mut draws = DeviceBuffer::from_slice(&vec![ShardDraw::default(); rows]).map_err(text)?;
+            let mut draws =
+                DeviceBuffer::from_slice(&vec![ShardDraw::default(); rows]).map_err(text)?;
             softmax
                 .sample_shard(
                     Rows::new(&shard, shape(rows, width)).map_err(text)?,
@@ -684,7 +736,9 @@ fn shards(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
             }
         }
     }
-    Ok(format!("1, 2, 3 and 8 shards of {rows}×{cols} draw the whole row's tokens"))
+    Ok(format!(
+        "1, 2, 3 and 8 shards of {rows}×{cols} draw the whole row's tokens"
+    ))
 }
 
 fn bad_input(softmax: &mut Softmax, _rng: &mut StdRng) -> Outcome {
@@ -707,8 +761,14 @@ fn bad_input(softmax: &mut Softmax, _rng: &mut StdRng) -> Outcome {
     };
     let o = Options::new();
     for (what, options) in [
-        ("a negative temperature", SamplingOptions::new().temperature(-1.0)),
-        ("a NaN temperature", SamplingOptions::new().temperature(f32::NAN)),
+        (
+            "a negative temperature",
+            SamplingOptions::new().temperature(-1.0),
+        ),
+        (
+            "a NaN temperature",
+            SamplingOptions::new().temperature(f32::NAN),
+        ),
         ("top-k 0", SamplingOptions::new().top_k(0)),
         ("top-p 0", SamplingOptions::new().top_p(0.0)),
         ("top-p 1.5", SamplingOptions::new().top_p(1.5)),

@@ -110,6 +110,25 @@ mod tests {
     }
 
     #[test]
+    fn the_row_kernels_launch_bounds_are_the_plans() {
+        for dtype in [DType::F32, DType::Bf16, DType::F16] {
+            let name = SamplingEntry {
+                dtype,
+                kind: SamplingKind::Rows,
+            }
+            .to_string();
+            let bounds = ptx_builder::LAUNCH_BOUNDS
+                .iter()
+                .find(|bounds| bounds.entries.contains(&name.as_str()))
+                .unwrap_or_else(|| panic!("{name} has no launch bounds"));
+            assert_eq!(
+                (bounds.threads, bounds.blocks_per_sm),
+                (SAMPLING_THREADS, 1)
+            );
+        }
+    }
+
+    #[test]
     fn the_advance_follows_only_where_the_call_advances() {
         let launches = plan(
             DType::F32,

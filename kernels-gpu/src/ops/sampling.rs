@@ -1039,40 +1039,48 @@ unsafe fn place_cut<E: Element, const PACK: usize>(
     } else {
         n
     };
-    // The cumulative weight through candidate `j` is `low_mass_before + run_before + …`.
-    let mut running = low_mass_before + run_before;
-    if thread_idx() == 0 {
-        // SAFETY: a control word, read after the barrier.
-        unsafe { shared.set(control::TOP_P_PLACE, top_k_place as u32) };
-    }
-    let mut through = [0.0f32; PER_THREAD];
-    for (k, slot) in through.iter_mut().enumerate() {
-        let j = start + k;
-        if k >= per || j >= n {
-            continue;
-        }
-        // SAFETY: a sorted candidate.
-        running += weights.of(value_of_rank(unsafe { shared.candidates.add(j).read() }));
-        *slot = running;
-        if j + 1 == top_k_place {
-            // SAFETY: a control word, read after the barrier.
-            unsafe { shared.set(control::TOP_K_MASS, running.to_bits()) };
-        }
-    }
-    sync_threads();
-    let place = if top_p {
-        // SAFETY: written before the barrier.
-        let target = filters.top_p * f32::from_bits(unsafe { shared.word(control::TOP_K_MASS) });
-        for (k, &cumulative) in through.iter().enumerate() {
+    // The cumulative weight through each of this thread's candidates, from what came before
+    // them: `visit(j, weight through j)`.
+    let base = low_mass_before + run_before;
+    #[inline(always)]
+    fn walk(
+        (candidates, start, per, n): (*const u64, usize, usize, usize),
+        weights: Weights,
+        base: f32,
+        mut visit: impl FnMut(usize, f32),
+    ) {
+        let mut running = base;
+        for k in 0..PER_THREAD {
             let j = start + k;
             if k >= per || j >= n {
                 continue;
             }
-            if j < top_k_place && cumulative >= target {
+            // SAFETY: a sorted candidate (the caller's).
+            running += weights.of(value_of_rank(unsafe { candidates.add(j).read() }));
+            visit(j, running);
+        }
+    }
+    let run = (shared.candidates.cast_const(), start, per, n);
+    if thread_idx() == 0 {
+        // SAFETY: a control word, read after the barrier.
+        unsafe { shared.set(control::TOP_P_PLACE, top_k_place as u32) };
+    }
+    walk(run, weights, base, |j, running| {
+        if j + 1 == top_k_place {
+            // SAFETY: a control word, read after the barrier.
+            unsafe { shared.set(control::TOP_K_MASS, running.to_bits()) };
+        }
+    });
+    sync_threads();
+    let place = if top_p {
+        // SAFETY: written before the barrier.
+        let target = filters.top_p * f32::from_bits(unsafe { shared.word(control::TOP_K_MASS) });
+        walk(run, weights, base, |j, running| {
+            if j < top_k_place && running >= target {
                 // SAFETY: a control word, lowered atomically.
                 unsafe { shared_min_u32(shared.at(control::TOP_P_PLACE), (j + 1) as u32) };
             }
-        }
+        });
         sync_threads();
         // SAFETY: written before the barrier.
         unsafe { shared.word(control::TOP_P_PLACE) as usize }
