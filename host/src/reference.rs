@@ -476,6 +476,33 @@ pub fn filtered_distribution_f64(logits: &[f32], filters: &SamplingReference) ->
     probabilities
 }
 
+/// The token the sampler's noise draws from `distribution` (a row's filtered distribution,
+/// as [`filtered_distribution_f64`] gives it) at `seed`, `offset` and `row`: Gumbel-max over
+/// the kept columns, in f64, with the device's exponential variates (Philox keyed by the
+/// global column `column_offset + c`). `NO_TOKEN` (`u32::MAX`) for an empty distribution.
+pub fn gumbel_draw_f64(
+    distribution: &[f64],
+    seed: u64,
+    offset: u64,
+    row: u32,
+    column_offset: u64,
+) -> u32 {
+    use kernels_gpu::primitives::draw::exponential_of;
+    use kernels_gpu::primitives::philox::draw_words;
+    let mut best = (f64::NEG_INFINITY, u32::MAX);
+    for (c, &q) in distribution.iter().enumerate() {
+        if q > 0.0 {
+            let global = column_offset + c as u64;
+            let bits = draw_words(seed, offset, row, (global / 4) as u32)[(global % 4) as usize];
+            let score = q.ln() - f64::from(exponential_of(bits)).ln();
+            if score > best.0 {
+                best = (score, c as u32);
+            }
+        }
+    }
+    best.1
+}
+
 #[cfg(test)]
 mod cross_entropy_tests {
     use super::*;

@@ -88,11 +88,12 @@ impl<'a, T: Value + CudarcType> Values<'a, T> {
     }
 }
 
-impl<'a> ValuesMut<'a, f32> {
-    /// The writable values of a cudarc buffer of f32 (log-sum-exps).
-    pub fn cudarc(data: &'a mut impl DevicePtrMut<f32>) -> Self {
+impl<'a, T: Value + CudarcType> ValuesMut<'a, T> {
+    /// The writable values of a cudarc buffer (losses, log-sum-exps, sampled tokens, the
+    /// random state).
+    pub fn cudarc(data: &'a mut impl DevicePtrMut<T>) -> Self {
         let len = data.len();
-        ValuesMut::at(PlaceMut::Cudarc(f32::write(data)), len)
+        ValuesMut::at(PlaceMut::Cudarc(T::write(data)), len)
     }
 }
 
@@ -152,6 +153,8 @@ impl<'r> CudarcCall<'r> {
             Read::U8(d) => d.device_ptr(self.stream),
             Read::I32(d) => d.device_ptr(self.stream),
             Read::I64(d) => d.device_ptr(self.stream),
+            Read::U32(d) => d.device_ptr(self.stream),
+            Read::U64(d) => d.device_ptr(self.stream),
         };
         self.guards.push(guard);
         address
@@ -164,6 +167,11 @@ impl<'r> CudarcCall<'r> {
             Write::F32(d) => d.device_ptr_mut(self.stream),
             Write::Bf16(d) => d.device_ptr_mut(self.stream),
             Write::F16(d) => d.device_ptr_mut(self.stream),
+            Write::U8(d) => d.device_ptr_mut(self.stream),
+            Write::I32(d) => d.device_ptr_mut(self.stream),
+            Write::I64(d) => d.device_ptr_mut(self.stream),
+            Write::U32(d) => d.device_ptr_mut(self.stream),
+            Write::U64(d) => d.device_ptr_mut(self.stream),
         };
         self.guards.push(guard);
         address

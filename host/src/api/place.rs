@@ -37,6 +37,8 @@ mod cudarc_buffers {
         impl Sealed for u8 {}
         impl Sealed for i32 {}
         impl Sealed for i64 {}
+        impl Sealed for u32 {}
+        impl Sealed for u64 {}
     }
 
     /// A cudarc buffer a call reads, its element type erased.
@@ -48,6 +50,8 @@ mod cudarc_buffers {
         U8(&'a dyn DevicePtr<u8>),
         I32(&'a dyn DevicePtr<i32>),
         I64(&'a dyn DevicePtr<i64>),
+        U32(&'a dyn DevicePtr<u32>),
+        U64(&'a dyn DevicePtr<u64>),
     }
 
     /// A cudarc buffer a call writes, its element type erased.
@@ -55,6 +59,11 @@ mod cudarc_buffers {
         F32(&'a mut dyn DevicePtrMut<f32>),
         Bf16(&'a mut dyn DevicePtrMut<half2::bf16>),
         F16(&'a mut dyn DevicePtrMut<half2::f16>),
+        U8(&'a mut dyn DevicePtrMut<u8>),
+        I32(&'a mut dyn DevicePtrMut<i32>),
+        I64(&'a mut dyn DevicePtrMut<i64>),
+        U32(&'a mut dyn DevicePtrMut<u32>),
+        U64(&'a mut dyn DevicePtrMut<u64>),
     }
 
     impl std::fmt::Debug for Read<'_> {
@@ -70,29 +79,26 @@ mod cudarc_buffers {
     }
 
     /// A type of cudarc buffers the views take: `f32`, half 2's `bf16` and `f16` (the types
-    /// cudarc's `f16` feature implements), `u8` for masks, and `i32` and `i64` for targets.
+    /// cudarc's `f16` feature implements), `u8` for masks, `i32` and `i64` for targets, `u32`
+    /// for sampled tokens and `u64` for the random state.
     pub trait CudarcType: DeviceRepr + sealed::Sealed + 'static {
         #[doc(hidden)]
         fn read(data: &dyn DevicePtr<Self>) -> Read<'_>;
+        #[doc(hidden)]
+        fn write(data: &mut dyn DevicePtrMut<Self>) -> Write<'_>;
     }
 
     /// An element type of cudarc buffers that rows hold: `f32`, `bf16` and `f16`.
     pub trait CudarcElement: CudarcType {
         const DTYPE: DType;
-        #[doc(hidden)]
-        fn write(data: &mut dyn DevicePtrMut<Self>) -> Write<'_>;
     }
 
-    macro_rules! cudarc_types {
-        ($($ty:ty => $variant:ident, $dtype:expr;)+) => {$(
+    macro_rules! cudarc_buffer_types {
+        ($($ty:ty => $variant:ident;)+) => {$(
             impl CudarcType for $ty {
                 fn read(data: &dyn DevicePtr<Self>) -> Read<'_> {
                     Read::$variant(data)
                 }
-            }
-
-            impl CudarcElement for $ty {
-                const DTYPE: DType = $dtype;
                 fn write(data: &mut dyn DevicePtrMut<Self>) -> Write<'_> {
                     Write::$variant(data)
                 }
@@ -100,27 +106,26 @@ mod cudarc_buffers {
         )+};
     }
 
-    cudarc_types! {
-        f32 => F32, DType::F32;
-        half2::bf16 => Bf16, DType::Bf16;
-        half2::f16 => F16, DType::F16;
+    cudarc_buffer_types! {
+        f32 => F32;
+        half2::bf16 => Bf16;
+        half2::f16 => F16;
+        u8 => U8;
+        i32 => I32;
+        i64 => I64;
+        u32 => U32;
+        u64 => U64;
     }
 
-    impl CudarcType for u8 {
-        fn read(data: &dyn DevicePtr<Self>) -> Read<'_> {
-            Read::U8(data)
-        }
+    impl CudarcElement for f32 {
+        const DTYPE: DType = DType::F32;
     }
 
-    impl CudarcType for i32 {
-        fn read(data: &dyn DevicePtr<Self>) -> Read<'_> {
-            Read::I32(data)
-        }
+    impl CudarcElement for half2::bf16 {
+        const DTYPE: DType = DType::Bf16;
     }
 
-    impl CudarcType for i64 {
-        fn read(data: &dyn DevicePtr<Self>) -> Read<'_> {
-            Read::I64(data)
-        }
+    impl CudarcElement for half2::f16 {
+        const DTYPE: DType = DType::F16;
     }
 }

@@ -33,10 +33,12 @@ mod cross_entropy;
 mod instance;
 mod ops;
 mod rows;
+mod sampling;
 
 use candle_core::{DType, Result, Tensor};
 
 pub use cross_entropy::{CrossEntropyOptions, cross_entropy};
+pub use sampling::{Sampler, SamplingParams, sample};
 pub use softmax::{MaskedRows, Operation, Reduction};
 
 /// A mask applied to the scaled scores before normalizing, as a tensor of `k × cols` values

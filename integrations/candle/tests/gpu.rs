@@ -28,6 +28,7 @@ const TESTS: &[common::Test] = &[
         "candle_cross_entropy_matches_candles_composed_loss",
         cross_entropy,
     ),
+    ("candle_sampling_matches_the_cpu_draw", sampling),
 ];
 
 fn main() -> ExitCode {
@@ -559,5 +560,73 @@ fn cross_entropy(_: &mut softmax::Softmax, rng: &mut StdRng) -> Outcome {
     checked += 1;
     Ok(format!(
         "{checked} losses and gradients of cross-entropy through a matrix product match candle's composed loss, and the options its written-out form"
+    ))
+}
+
+fn sampling(_: &mut softmax::Softmax, rng: &mut StdRng) -> Outcome {
+    use softmax_candle::{Sampler, SamplingParams};
+    let device = device()?;
+    let params = SamplingParams {
+        temperature: 0.8,
+        top_k: Some(40),
+        top_p: Some(0.9),
+        seed: 7,
+        offset: 3,
+        ..SamplingParams::default()
+    };
+    let mut checked = 0;
+    for dtype in [DType::F32, DType::BF16] {
+        let logits = scores(rng, &[3, 5, 32000], dtype, &device)?;
+        let gpu = softmax_candle::sample(&logits, &params).map_err(text)?;
+        if gpu.dims() != [3, 5] || gpu.dtype() != DType::U32 {
+            return Err(format!("tokens of {:?} {:?}", gpu.dims(), gpu.dtype()));
+        }
+        let cpu = softmax_candle::sample(&logits.to_device(&Device::Cpu).map_err(text)?, &params)
+            .map_err(text)?;
+        let (g, c) = (
+            gpu.flatten_all()
+                .and_then(|t| t.to_vec1::<u32>())
+                .map_err(text)?,
+            cpu.flatten_all()
+                .and_then(|t| t.to_vec1::<u32>())
+                .map_err(text)?,
+        );
+        if g != c {
+            return Err(format!("{dtype:?}: the GPU drew {g:?}, the CPU {c:?}"));
+        }
+        // A sampler from the same offset draws the same first, then moves on.
+        let mut sampler = Sampler::new(params, &device).map_err(text)?;
+        let first = sampler
+            .sample(&logits)
+            .and_then(|t| t.flatten_all()?.to_vec1::<u32>())
+            .map_err(text)?;
+        let second = sampler
+            .sample(&logits)
+            .and_then(|t| t.flatten_all()?.to_vec1::<u32>())
+            .map_err(text)?;
+        if first != g || second == g {
+            return Err(format!(
+                "{dtype:?}: the sampler drew {first:?} then {second:?}"
+            ));
+        }
+        // Greedy is the argmax.
+        let greedy = SamplingParams {
+            temperature: 0.0,
+            ..params
+        };
+        let tokens = softmax_candle::sample(&logits, &greedy)
+            .and_then(|t| t.flatten_all()?.to_vec1::<u32>())
+            .map_err(text)?;
+        let argmax = logits
+            .argmax(candle_core::D::Minus1)
+            .and_then(|t| t.flatten_all()?.to_vec1::<u32>())
+            .map_err(text)?;
+        if tokens != argmax {
+            return Err(format!("{dtype:?}: greedy {tokens:?}, argmax {argmax:?}"));
+        }
+        checked += 1;
+    }
+    Ok(format!(
+        "{checked} types: the GPU's tokens are the CPU reference draw's, a sampler advances, greedy is the argmax"
     ))
 }
