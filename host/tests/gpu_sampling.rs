@@ -355,22 +355,38 @@ fn raw_logprob(row: &[f32], temperature: f64, col: usize) -> f64 {
 }
 
 fn log_probabilities(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
-    let filters = Filters {
-        top_k: Some(50),
-        top_p: Some(0.9),
-        temperature: 0.8,
-        min_p: None,
-    };
+    // Top-k and top-p cutting in the first bins; top-p alone; a large top-k whose top-p
+    // crossing comes bins before it.
+    let filter_sets = [
+        Filters {
+            top_k: Some(50),
+            top_p: Some(0.9),
+            temperature: 0.8,
+            min_p: None,
+        },
+        Filters {
+            top_p: Some(0.7),
+            ..Filters::temperature(1.0)
+        },
+        Filters {
+            top_k: Some(2000),
+            top_p: Some(0.5),
+            ..Filters::temperature(1.0)
+        },
+    ];
     let mut checked = Vec::new();
-    // Kept in shared memory (bf16 4×128256, f32 3×32000) and read again from global memory
-    // (f32 2×262144); unaligned rows (bf16 of 50257 columns).
+    // Kept in shared memory (f32 3×32000, bf16 3×50257), read again from global memory (bf16
+    // 4×128256, f32 2×262144); unaligned rows (bf16 of 50257 columns).
     let cases: [(DType, usize, usize); 4] = [
         (DType::Bf16, 4, 128_256),
         (DType::F32, 3, 32_000),
         (DType::F32, 2, 262_144),
         (DType::Bf16, 3, 50_257),
     ];
-    for (dtype, rows, cols) in cases {
+    for ((dtype, rows, cols), filters) in cases
+        .into_iter()
+        .flat_map(|case| filter_sets.iter().map(move |f| (case, *f)))
+    {
         let s = shape(rows, cols);
         let values = common::random_matrix(rng, s, 8.0);
         let (seen, (tokens, logprobs, raw, distribution)) = match dtype {
@@ -390,11 +406,11 @@ fn log_probabilities(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
             let t = tokens[r] as usize;
             if t >= cols || p[t] == 0.0 {
                 return Err(format!(
-                    "{dtype:?} {rows}×{cols} row {r}: token {t} is not kept"
+                    "{dtype:?} {rows}×{cols} {filters:?} row {r}: token {t} is not kept"
                 ));
             }
             let expected = p[t].ln();
-            let e_raw = raw_logprob(row, 0.8, t);
+            let e_raw = raw_logprob(row, f64::from(filters.temperature), t);
             let errors = [
                 (f64::from(logprobs[r]) - expected).abs(),
                 (f64::from(raw[r]) - e_raw).abs() / e_raw.abs().max(1.0),
@@ -414,10 +430,11 @@ fn log_probabilities(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
         }
         if worst > 1e-5 {
             return Err(format!(
-                "{dtype:?} {rows}×{cols}: the distribution differs from the reference by {worst:.2e}"
+                "{dtype:?} {rows}×{cols} {filters:?}: the distribution differs from the reference \
+                 by {worst:.2e}"
             ));
         }
-        checked.push(format!("{dtype:?} {rows}×{cols}"));
+        checked.push(format!("{dtype:?} {rows}×{cols} {filters:?}"));
     }
     Ok(format!(
         "tokens kept, log-probabilities and distribution as the reference: {}",

@@ -297,6 +297,13 @@ impl Softmax {
         options: &Options<'_>,
     ) -> Result<()> {
         let _context = self.enter()?;
+        if !options.is_plain() || options.variant != crate::variant::Variant::Auto {
+            return Err(Error::SamplingOption {
+                why: "of the call's options, sampling takes only the stream (scales, masks and \
+                      variants belong to softmax; a bias in SamplingOptions bans columns)"
+                    .into(),
+            });
+        }
         let shape = logits.shape;
         let rows = shape.rows();
         let mut params = sampling.check(rows)?;

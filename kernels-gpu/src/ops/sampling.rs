@@ -41,6 +41,10 @@ use crate::primitives::reduce::{Partial, Sum, block_reduce};
 
 const LN_2: f32 = core::f32::consts::LN_2;
 
+/// How far below the row's largest `z` the histogram reaches: a column further down weighs
+/// less than the smallest f32 (`e^-104`), and falls in the last bin.
+const WEIGHT_RANGE: f32 = 104.0;
+
 /// Sorted candidates per thread, at most.
 const PER_THREAD: usize = (SAMPLING_CANDIDATES / SAMPLING_THREADS) as usize;
 
@@ -53,11 +57,11 @@ mod control {
     pub const TOP_K_MASS_BEFORE: usize = 3;
     /// The last bin that holds a column.
     pub const LAST_BIN: usize = 5;
-    /// The first bin of the gathered range, the columns and weight before it, its columns.
+    /// The bin where the running weight crosses the top-p target (lowered atomically), the
+    /// columns before the gathered range, and the columns through its end.
     pub const LOW_BIN: usize = 6;
     pub const LOW_BEFORE: usize = 7;
-    pub const LOW_MASS_BEFORE: usize = 8;
-    pub const LOW_IN: usize = 9;
+    pub const HIGH_END: usize = 8;
     /// Columns gathered so far.
     pub const GATHERED: usize = 10;
     /// The top-k kept weight, and the top-p cut's place among the sorted candidates.
@@ -614,6 +618,20 @@ pub(crate) unsafe fn sample_row<E: Element, const PACK: usize>(p: &SamplingParam
         unsafe { finish(p, &src, row, None, f32::NAN, f32::NAN, |_, _| f32::NAN) };
         return;
     }
+    if filters.greedy && p.mode == sampling_mode::SHARD {
+        // A greedy shard's best is its largest logit, which merges as the draws do.
+        if thread_idx() == 0 {
+            let draw = ShardDraw {
+                score: z_max,
+                token: (p.column_offset + u64::from(top.col)) as u32,
+                logit: z_max,
+                row: RowState { max: z_max, sum },
+            };
+            // SAFETY: one draw per row (contract).
+            unsafe { (p.draws as *mut ShardDraw).add(row).write(draw) };
+        }
+        return;
+    }
     if filters.greedy {
         let token = top.col;
         let raw = -ln(sum);
@@ -850,7 +868,8 @@ unsafe fn place_cut<E: Element, const PACK: usize>(
     range: f32,
 ) -> u64 {
     let bins = SAMPLING_BINS;
-    let scale = if range > 0.0 && range < f32::INFINITY {
+    let range = range.min(WEIGHT_RANGE);
+    let scale = if range > 0.0 {
         bins as f32 / range
     } else {
         0.0
@@ -943,7 +962,7 @@ unsafe fn place_cut<E: Element, const PACK: usize>(
             shared.word(control::LAST_BIN),
         )
     };
-    let low_bin = if !top_p {
+    let crossing_bin = if !top_p {
         top_k_bin
     } else if low_target <= 0.0 {
         0
@@ -955,27 +974,33 @@ unsafe fn place_cut<E: Element, const PACK: usize>(
     } else {
         crossing
     };
-    let high_bin = if top_k { top_k_bin } else { low_bin };
-    if b == low_bin {
-        // SAFETY: control words, read after the barrier.
-        unsafe {
+    // The bins' weights are float sums in no fixed order, so the crossing may sit a bin from
+    // the exact one: the range takes a bin more on either side (the exact sums below decide).
+    let low_bin = if top_p {
+        crossing_bin.saturating_sub(1)
+    } else {
+        crossing_bin
+    };
+    let high_bin = if top_k {
+        top_k_bin
+    } else {
+        (crossing_bin + 1).min(last_bin)
+    };
+    // SAFETY: control words, each written by one thread, read after the barrier.
+    unsafe {
+        if b == low_bin {
             shared.set(control::LOW_BEFORE, before);
-            shared.set(control::LOW_MASS_BEFORE, mass_before.to_bits());
-            shared.set(control::LOW_IN, count);
+        }
+        if b == high_bin {
+            shared.set(control::HIGH_END, before + count);
         }
     }
     sync_threads();
     // SAFETY: written before the barrier.
-    let (low_before, low_mass_before, high_end) = unsafe {
-        let low_before = shared.word(control::LOW_BEFORE);
+    let (low_before, high_end) = unsafe {
         (
-            low_before,
-            f32::from_bits(shared.word(control::LOW_MASS_BEFORE)),
-            if top_k {
-                shared.word(control::TOP_K_BEFORE) + shared.word(control::TOP_K_IN)
-            } else {
-                low_before + shared.word(control::LOW_IN)
-            },
+            shared.word(control::LOW_BEFORE),
+            shared.word(control::HIGH_END),
         )
     };
     let candidates = high_end - low_before;
@@ -983,7 +1008,10 @@ unsafe fn place_cut<E: Element, const PACK: usize>(
         // SAFETY: forwarded.
         return unsafe { bisect_cut::<E, PACK>(src, shared, filters, weights, top_k) };
     }
-    // Step 2: gather the range's columns and sort them by rank, earliest first.
+    // Step 2: gather the range's columns and sort them by rank, earliest first; sum the
+    // weight before the range and the row's in a fixed order (each thread its columns, then
+    // the block's tree), so that the cut does not depend on the order of the atomics.
+    let mut masses = Tally::EMPTY;
     // SAFETY: the row; the gathered count and the candidates, written atomically (slots
     // below the count the histogram gave).
     unsafe {
@@ -994,6 +1022,11 @@ unsafe fn place_cut<E: Element, const PACK: usize>(
                 }
                 if value > f32::NEG_INFINITY {
                     let bin = bin_of(value);
+                    let w = weights.of(value);
+                    masses.mass += w;
+                    if bin < low_bin {
+                        masses.count += w;
+                    }
                     if bin >= low_bin && bin <= high_bin {
                         let slot = shared_fetch_add_u32(shared.at(control::GATHERED), 1);
                         if slot < SAMPLING_CANDIDATES {
@@ -1007,7 +1040,10 @@ unsafe fn place_cut<E: Element, const PACK: usize>(
             }
         })
     };
-    sync_threads();
+    // SAFETY: every thread, uniform control flow (its barriers also order the gathering).
+    let masses = unsafe { block_reduce(masses, shared.scratch) };
+    // The tally's count carried the weight before the range.
+    let (low_mass_before, row_mass) = (masses.count, masses.mass);
     let n = candidates as usize;
     let sorted = n.next_power_of_two().max(1);
     let threads = block_dim() as usize;
@@ -1074,7 +1110,12 @@ unsafe fn place_cut<E: Element, const PACK: usize>(
     sync_threads();
     let place = if top_p {
         // SAFETY: written before the barrier.
-        let target = filters.top_p * f32::from_bits(unsafe { shared.word(control::TOP_K_MASS) });
+        let kept = if top_k {
+            f32::from_bits(unsafe { shared.word(control::TOP_K_MASS) })
+        } else {
+            row_mass
+        };
+        let target = filters.top_p * kept;
         walk(run, weights, base, |j, running| {
             if j < top_k_place && running >= target {
                 // SAFETY: a control word, lowered atomically.
