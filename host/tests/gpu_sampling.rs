@@ -714,6 +714,33 @@ fn shards(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     let mut whole = vec![0u32; rows];
     tokens.copy_to(&mut whole[..]).map_err(text)?;
     let whole_logprobs = common::download(&logprobs)?;
+    // The same rows at the top of a batch of 300 (enough rows that they are not sliced).
+    let batch_rows = 300;
+    let mut batch = values.clone();
+    batch.extend(common::random_matrix(
+        rng,
+        shape(batch_rows - rows, cols),
+        3.0,
+    ));
+    let xb = upload::<f32>(&batch)?;
+    let mut batch_tokens = DeviceBuffer::from_slice(&vec![0u32; batch_rows]).map_err(text)?;
+    softmax
+        .sample(
+            Rows::new(&xb, shape(batch_rows, cols)).map_err(text)?,
+            &mut random,
+            SamplingOutputs::new().tokens(&mut batch_tokens),
+            &options,
+            &Options::new(),
+        )
+        .map_err(text)?;
+    let mut unsliced = vec![0u32; batch_rows];
+    batch_tokens.copy_to(&mut unsliced[..]).map_err(text)?;
+    if unsliced[..rows] != whole[..] {
+        return Err(format!(
+            "rows drawn in slices {whole:?}, in a batch of {batch_rows} {:?}",
+            &unsliced[..rows]
+        ));
+    }
     for count in [1usize, 2, 3, 8] {
         let bounds: Vec<usize> = (0..=count).map(|i| i * cols / count).collect();
         let mut merged: Vec<Option<ShardDraw>> = vec![None; rows];

@@ -92,9 +92,15 @@ impl CallKind {
                     })
                     .to_vec()
             }
-            CallKind::Sampling { input } => [false, true]
-                .map(|advance| Request::Sampling { input, advance })
-                .to_vec(),
+            CallKind::Sampling { input } => {
+                [(false, false), (true, false), (false, true), (true, true)]
+                    .map(|(advance, sliceable)| Request::Sampling {
+                        input,
+                        advance,
+                        sliceable,
+                    })
+                    .to_vec()
+            }
         };
         requests
             .into_iter()

@@ -423,8 +423,14 @@ impl Softmax {
         params.cols = u32::try_from(shape.cols()).unwrap_or(u32::MAX);
         let stream = frame.stream;
         let advance = sampling.advance;
+        // Temperature alone, nothing written per column: the rows may be drawn in slices.
+        let sliceable = params.mode == sampling_mode::FULL
+            && params.probabilities == 0
+            && sampling.top_k.is_none()
+            && sampling.top_p.is_none()
+            && sampling.min_p.is_none();
         let done = self.with_stream(stream, |softmax| {
-            softmax.enqueue_sampling(params, &x, &writes, &reads, advance)
+            softmax.enqueue_sampling(params, &x, &writes, &reads, (advance, sliceable))
         });
         done.and(frame.finish())
     }
@@ -437,7 +443,7 @@ impl Softmax {
         x: &Span,
         writes: &[Span],
         reads: &[Span],
-        advance: bool,
+        (advance, sliceable): (bool, bool),
     ) -> Result<()> {
         let on_device: Vec<(&'static str, u64)> = reads
             .iter()
@@ -464,6 +470,7 @@ impl Softmax {
         let request = Request::Sampling {
             input: x.dtype,
             advance,
+            sliceable,
         };
         let prepared = self.prepared(request, shape, layout)?;
         let buffers = CallBuffers {

@@ -13,7 +13,10 @@ pub(crate) mod variants;
 
 use kernels_gpu::launch::cross_entropy::CrossEntropyEntry;
 use kernels_gpu::launch::ops::{DType, Direction, OpInstance, OpKernelShape};
-use kernels_gpu::launch::sampling::SamplingEntry;
+use kernels_gpu::launch::sampling::{SamplingEntry, ShardDraw};
+
+/// Floats of a [`ShardDraw`] in the workspace.
+const SHARD_DRAW_FLOATS: usize = size_of::<ShardDraw>() / 4;
 use kernels_gpu::launch::softmax::{
     BlockRegisterInstance, RegisterKernelName, RowClusterKernelName, RowSlicesKernelName,
     seed_entries,
@@ -62,8 +65,13 @@ pub(crate) enum Request {
         reduce: bool,
     },
     /// Sampling from logits of `input`, with the epilogue that advances the random offset
-    /// where `advance`.
-    Sampling { input: DType, advance: bool },
+    /// where `advance`; `sliceable`: a temperature-only call (no top-k, top-p or min-p, no
+    /// distribution written), whose rows may be cut into slices that draw apart.
+    Sampling {
+        input: DType,
+        advance: bool,
+        sliceable: bool,
+    },
 }
 
 /// What an operation call stores: the outputs, only the rows' states, or the outputs
@@ -181,8 +189,16 @@ pub(crate) enum Params {
         workspace: bool,
         totals: bool,
     },
-    /// One `SamplingParams` by value: the call's, its rows kept in shared memory or not.
-    Sampling { cached: bool, aligned: bool },
+    /// One `SamplingParams` by value: the call's, its rows kept in shared memory or not, cut
+    /// into `slices` of `slice_cols` columns (their draws in the workspace) where `slices` is
+    /// above 1.
+    Sampling {
+        cached: bool,
+        aligned: bool,
+        slices: u32,
+        slice_cols: u32,
+        rows: u32,
+    },
 }
 
 /// How the blocks of a launch are scheduled.
@@ -321,6 +337,11 @@ impl Launch {
                 row_stats: rows as usize + 2,
                 ..WorkspaceNeeds::default()
             },
+            // The slices' draws.
+            Params::Sampling { slices, rows, .. } if slices > 1 => WorkspaceNeeds {
+                row_stats: rows as usize * slices as usize * SHARD_DRAW_FLOATS,
+                ..WorkspaceNeeds::default()
+            },
             // A row in one slice meets no other block: no barrier, nothing published.
             Params::RowSlices { slicing, .. } if slicing.slices > 1 => exchanging,
             Params::Operation {
@@ -455,9 +476,11 @@ pub(crate) fn plan(
             totals,
             reduce,
         } => cross_entropy::plan(input, totals, reduce, shape, layout, device),
-        Request::Sampling { input, advance } => {
-            sampling::plan(input, advance, shape, layout, device)
-        }
+        Request::Sampling {
+            input,
+            advance,
+            sliceable,
+        } => sampling::plan(input, advance, sliceable, shape, layout, device),
     }
 }
 

@@ -1,6 +1,7 @@
 //! Planning a sampling call: a block per row, its row kept in shared memory where it fits
-//! beside the histogram and the candidates, then the one-thread launch that advances the
-//! random offset where the call advances it.
+//! beside the histogram and the candidates; or, for temperature alone on rows too few to fill
+//! the device, a block per slice of a row and a merge of the slices' draws; then the
+//! one-thread launch that advances the random offset where the call advances it.
 
 use kernels_gpu::launch::ops::DType;
 use kernels_gpu::launch::sampling::{
@@ -11,10 +12,18 @@ use super::{DeviceLimits, Entry, Launch, Layout, Params, Scheduling};
 use crate::error::{Error, Result};
 use crate::shape::Shape;
 
-/// What a sampling call launches: the rows, then the advance where `advance`.
+/// Threads per block of the merge launch.
+const MERGE_THREADS: u32 = 256;
+
+/// Blocks a sliced call aims for per multiprocessor.
+const BLOCKS_PER_SM: u32 = 2;
+
+/// What a sampling call launches: the rows (or their slices, then the merge), then the
+/// advance where `advance`.
 pub(crate) fn plan(
     input: DType,
     advance: bool,
+    sliceable: bool,
     shape: Shape,
     layout: Layout,
     limits: &dyn DeviceLimits,
@@ -49,17 +58,41 @@ pub(crate) fn plan(
             why: "its block cannot be resident on this device".into(),
         });
     }
+    let aligned = layout == Layout::Aligned;
+    let (slices, slice_cols) = if sliceable {
+        slicing(input, rows, cols, limits)
+    } else {
+        (1, cols)
+    };
+    let params = |cached| Params::Sampling {
+        cached,
+        aligned,
+        slices,
+        slice_cols,
+        rows,
+    };
+    let grid = rows
+        .checked_mul(slices)
+        .ok_or_else(|| too_large("more blocks than a grid holds"))?;
+    let sliced = slices > 1;
     let mut launches = vec![Launch {
         entry: rows_entry,
-        grid: rows,
+        grid,
         block: SAMPLING_THREADS,
-        shared_bytes: sampling_shared_bytes(cached.unwrap_or(0)),
+        shared_bytes: sampling_shared_bytes(if sliced { 0 } else { cached.unwrap_or(0) }),
         scheduling: Scheduling::Ordinary,
-        params: Params::Sampling {
-            cached: cached.is_some(),
-            aligned: layout == Layout::Aligned,
-        },
+        params: params(!sliced && cached.is_some()),
     }];
+    if sliced {
+        launches.push(Launch {
+            entry: entry(SamplingKind::Merge),
+            grid: rows.div_ceil(MERGE_THREADS),
+            block: MERGE_THREADS,
+            shared_bytes: 0,
+            scheduling: Scheduling::Ordinary,
+            params: params(false),
+        });
+    }
     if advance {
         launches.push(Launch {
             entry: entry(SamplingKind::Advance),
@@ -67,13 +100,26 @@ pub(crate) fn plan(
             block: 1,
             shared_bytes: 0,
             scheduling: Scheduling::Ordinary,
-            params: Params::Sampling {
-                cached: false,
-                aligned: false,
-            },
+            params: params(false),
         });
     }
     Ok(launches)
+}
+
+/// Slices per row and columns per slice: as many slices as bring the blocks to
+/// [`BLOCKS_PER_SM`] per multiprocessor, while every thread of a slice still has a pack; the
+/// columns per slice a multiple of 8 (so every slice starts on a 16-byte boundary when its
+/// row does), the slices trimmed so that none is empty.
+fn slicing(input: DType, rows: u32, cols: u32, limits: &dyn DeviceLimits) -> (u32, u32) {
+    let target = BLOCKS_PER_SM * limits.multiprocessors();
+    let pack = 16 / input.bytes();
+    let most = (cols / (SAMPLING_THREADS * pack)).max(1);
+    let slices = target.div_ceil(rows.max(1)).clamp(1, most);
+    if slices == 1 {
+        return (1, cols);
+    }
+    let slice_cols = cols.div_ceil(slices).next_multiple_of(8);
+    (cols.div_ceil(slice_cols), slice_cols)
 }
 
 #[cfg(test)]
@@ -87,6 +133,7 @@ mod tests {
             plan(
                 dtype,
                 true,
+                false,
                 Shape::new(4, cols).unwrap(),
                 Layout::Aligned,
                 &FakeH200,
@@ -133,11 +180,47 @@ mod tests {
         let launches = plan(
             DType::F32,
             false,
+            false,
             Shape::new(2, 100).unwrap(),
             Layout::Elements,
             &FakeH200,
         )
         .unwrap();
         assert_eq!(launches.len(), 1);
+    }
+
+    #[test]
+    fn few_rows_of_temperature_alone_are_sliced_and_merged() {
+        let launches = plan(
+            DType::Bf16,
+            true,
+            true,
+            Shape::new(1, 262_144).unwrap(),
+            Layout::Aligned,
+            &FakeH200,
+        )
+        .unwrap();
+        assert_eq!(launches.len(), 3);
+        let Params::Sampling {
+            slices, slice_cols, ..
+        } = launches[0].params
+        else {
+            panic!("{:?}", launches[0].params)
+        };
+        assert_eq!((slices, launches[0].grid), (64, 64));
+        assert_eq!(slice_cols % 8, 0);
+        assert!(slice_cols * (slices - 1) < 262_144 && slice_cols * slices >= 262_144);
+        // Enough rows fill the device: no slices.
+        let launches = plan(
+            DType::F32,
+            true,
+            true,
+            Shape::new(512, 32_000).unwrap(),
+            Layout::Aligned,
+            &FakeH200,
+        )
+        .unwrap();
+        assert_eq!(launches.len(), 2);
+        assert_eq!(launches[0].grid, 512);
     }
 }

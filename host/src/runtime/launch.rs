@@ -7,12 +7,12 @@ use std::ffi::c_void;
 use cust::sys;
 use kernels_gpu::launch::cross_entropy::CrossEntropyParams;
 use kernels_gpu::launch::ops::{RowOpParams, mode};
-use kernels_gpu::launch::sampling::SamplingParams;
+use kernels_gpu::launch::sampling::{SamplingEntry, SamplingKind, SamplingParams, sampling_mode};
 use kernels_gpu::launch::softmax::SoftmaxParams;
 
 use super::driver;
 use crate::error::Result;
-use crate::plan::{Launch, OperationPass, Params, Scheduling, Slicing};
+use crate::plan::{Entry, Launch, OperationPass, Params, Scheduling, Slicing};
 
 /// Device addresses of the workspace a launch may use.
 #[derive(Clone, Copy, Debug)]
@@ -184,10 +184,32 @@ impl KernelParams {
                 }
                 KernelParams::CrossEntropy(params)
             }
-            Params::Sampling { cached, aligned } => {
+            Params::Sampling {
+                cached,
+                aligned,
+                slices,
+                slice_cols,
+                ..
+            } => {
                 let mut params = *b.sampling;
                 params.cached = cached.into();
                 params.aligned = aligned.into();
+                if slices > 1 {
+                    // The slices draw into the workspace; the merge writes the outputs.
+                    params.slices = slices;
+                    params.slice_cols = slice_cols;
+                    params.draws = w.row_stats;
+                    if let Entry::Sampling(SamplingEntry {
+                        kind: SamplingKind::Rows,
+                        ..
+                    }) = launch.entry
+                    {
+                        params.mode = sampling_mode::SHARD;
+                        params.tokens = 0;
+                        params.logprobs = 0;
+                        params.raw_logprobs = 0;
+                    }
+                }
                 KernelParams::Sampling(params)
             }
         }

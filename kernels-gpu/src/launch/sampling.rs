@@ -71,11 +71,13 @@ unsafe impl cust_core::DeviceCopy for ShardDraw {}
 ///   offset (its only write), every other entry only reads them.
 /// - `tokens` (u32), `logprobs` and `raw_logprobs` (f32), when not 0, hold one value per row;
 ///   `probabilities`, when not 0, `rows` rows of `cols` f32 at `probabilities_stride`.
-/// - `draws` (mode `SHARD`) holds one [`ShardDraw`] per row.
+/// - `draws` (mode `SHARD`, and the merge entry) holds `slices` [`ShardDraw`]s per row.
 /// - Every output is disjoint from every input and from the other outputs.
 /// - The launch is `rows` blocks of [`SAMPLING_THREADS`] threads with
 ///   [`sampling_shared_bytes`]`(c)` bytes of dynamic shared memory, where `c` is `cols ·`
-///   the element's bytes when `cached` is 1, else 0. The advance entry is one thread.
+///   the element's bytes when `cached` is 1, else 0, in `slices` blocks per row, each slice a
+///   temperature-only draw (mode `SHARD`). The merge entry is any grid of any blocks; the
+///   advance entry one thread.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct SamplingParams {
@@ -115,18 +117,26 @@ pub struct SamplingParams {
     /// Whether every row starts on a 16-byte boundary (read in 16-byte packs; else one
     /// element at a time).
     pub aligned: u32,
+    /// Blocks per row (mode `SHARD`): block `b` draws over columns `s·slice_cols..` of row
+    /// `b / slices`, `s = b % slices`, into draw `b`; the merge entry then writes the rows'
+    /// outputs from the `slices` draws of each.
+    pub slices: u32,
+    /// Columns per slice where `slices` is above 1 (a multiple of 8).
+    pub slice_cols: u32,
 }
 
-/// What a sampling entry does: the rows, a block each (`Rows`), or the one-thread epilogue
-/// that advances the random offset (`Advance`).
+/// What a sampling entry does: the rows, a block each or a block per slice (`Rows`), the
+/// merge of each row's slices into its outputs (`Merge`), or the one-thread epilogue that
+/// advances the random offset (`Advance`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum SamplingKind {
     Rows,
+    Merge,
     Advance,
 }
 
 /// A sampling entry of the operation module of `dtype`. Its `Display` is the PTX entry
-/// name: `sample_bf16`, `sample_advance_bf16`.
+/// name: `sample_bf16`, `sample_merge_bf16`, `sample_advance_bf16`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SamplingEntry {
     pub dtype: DType,
@@ -135,8 +145,13 @@ pub struct SamplingEntry {
 
 impl SamplingEntry {
     /// Every sampling entry of `dtype`'s module.
-    pub fn all(dtype: DType) -> [Self; 2] {
-        [SamplingKind::Rows, SamplingKind::Advance].map(|kind| SamplingEntry { dtype, kind })
+    pub fn all(dtype: DType) -> [Self; 3] {
+        [
+            SamplingKind::Rows,
+            SamplingKind::Merge,
+            SamplingKind::Advance,
+        ]
+        .map(|kind| SamplingEntry { dtype, kind })
     }
 }
 
@@ -145,6 +160,7 @@ impl core::fmt::Display for SamplingEntry {
         let input = self.dtype.name();
         match self.kind {
             SamplingKind::Rows => write_entry_name!(f, sample(input)),
+            SamplingKind::Merge => write_entry_name!(f, sample_merge(input)),
             SamplingKind::Advance => write_entry_name!(f, sample_advance(input)),
         }
     }

@@ -30,8 +30,9 @@ use crate::launch::sampling::{
 };
 use crate::launch::{REDUCTION_SCRATCH_FLOATS, WARP_SIZE};
 use crate::primitives::device::{
-    DeviceExp2, block_dim, block_idx, dynamic_shared_f32, exp2_approx, log2_approx, shared_add_f32,
-    shared_fetch_add_u32, shared_max_u32, shared_min_u32, shfl_up_u32, sync_threads, thread_idx,
+    DeviceExp2, block_dim, block_idx, dynamic_shared_f32, exp2_approx, grid_dim, log2_approx,
+    shared_add_f32, shared_fetch_add_u32, shared_max_u32, shared_min_u32, shfl_up_u32,
+    sync_threads, thread_idx,
 };
 use crate::primitives::draw::{GUMBEL_NOISE_BOUND, exponential_of, rank, value_of_rank};
 use crate::primitives::element::{Element, cached_words, copy_words};
@@ -137,6 +138,9 @@ unsafe fn per_row(values: u64, row: usize, all: f32) -> f32 {
 /// shared memory when the launch caches it.
 struct RowSource<E> {
     x: *const E,
+    /// The global column of the first column (a shard's or a slice's offset): the noise's key
+    /// and the token's number.
+    first_column: u64,
     bias: *const f32,
     cache: *mut E,
     cols: usize,
@@ -159,25 +163,43 @@ impl<E: Element> RowSource<E> {
     ) {
         let threads = block_dim() as usize;
         let cached = !self.cache.is_null();
-        let mut pack = thread_idx() as usize;
-        while pack < self.packs {
-            let at = pack * PACK;
-            // SAFETY: a pack of the row, 16-byte aligned (contract); the cache holds the row.
+        // SAFETY (both closures): `at` starts a pack of the row, 16-byte aligned (contract);
+        // the cache holds the row.
+        let read = |at: usize| unsafe {
+            if cached && !fill {
+                cached_words::<E, PACK>(self.cache.add(at))
+            } else {
+                E::load_packed::<PACK>(self.x.add(at))
+            }
+        };
+        let mut visit_words = |at: usize, words: &[u32; PACK]| {
+            // SAFETY: as above; the bias holds the row's columns.
             let mut values = unsafe {
-                let words = if cached && !fill {
-                    cached_words::<E, PACK>(self.cache.add(at))
-                } else {
-                    E::load_packed::<PACK>(self.x.add(at))
-                };
                 if cached && fill {
-                    copy_words::<E, PACK>(self.cache.add(at), &words);
+                    copy_words::<E, PACK>(self.cache.add(at), words);
                 }
-                E::widen_all(&words)
+                E::widen_all(words)
             };
-            // SAFETY: the bias holds the row's columns.
+            // SAFETY: as above.
             unsafe { self.add_bias(at, &mut values, PACK) };
             visit(at, &values, PACK);
-            pack += threads;
+        };
+        let mut pack = thread_idx() as usize;
+        // Two packs read before the first is used (one in flight per thread leaves a block
+        // at a fraction of a multiprocessor's share of the bandwidth).
+        while pack < self.packs {
+            let second = pack + threads;
+            let both = second < self.packs;
+            let a = read(pack * PACK);
+            let b = if both { read(second * PACK) } else { a };
+            // One call site, so the visit is inlined once and the loop unrolled after.
+            for u in 0..2 {
+                if u == 0 || both {
+                    let at = if u == 0 { pack } else { second } * PACK;
+                    visit_words(at, if u == 0 { &a } else { &b });
+                }
+            }
+            pack += 2 * threads;
         }
         let mut col = self.packs * PACK + thread_idx() as usize;
         while col < self.cols {
@@ -529,18 +551,32 @@ impl Shared {
 /// The contract of [`SamplingParams`].
 #[inline(always)]
 pub(crate) unsafe fn sample_row<E: Element, const PACK: usize>(p: &SamplingParams) {
-    let row = block_idx() as usize;
-    let cols = p.cols as usize;
+    let slices = p.slices.max(1) as usize;
+    let (row, slice) = (block_idx() as usize / slices, block_idx() as usize % slices);
+    // This block's columns: the row, or its slice (whose first column keeps 16-byte packs
+    // aligned: `slice_cols` is a multiple of 8).
+    let (start, cols) = if slices > 1 {
+        let start = slice * p.slice_cols as usize;
+        (
+            start,
+            (p.cols as usize)
+                .saturating_sub(start)
+                .min(p.slice_cols as usize),
+        )
+    } else {
+        (0, p.cols as usize)
+    };
     let (shared, cache) = Shared::new();
     let src = RowSource::<E> {
-        // SAFETY: row `row` of the logits (contract).
-        x: unsafe { (p.logits as *const E).add(row * p.logits_stride as usize) },
+        // SAFETY: row `row` of the logits from column `start` (contract).
+        x: unsafe { (p.logits as *const E).add(row * p.logits_stride as usize + start) },
         bias: if p.bias == 0 {
             core::ptr::null()
         } else {
             // SAFETY: the bias's row (contract).
-            unsafe { (p.bias as *const f32).add(row * p.bias_stride as usize) }
+            unsafe { (p.bias as *const f32).add(row * p.bias_stride as usize + start) }
         },
+        first_column: p.column_offset + start as u64,
         cache: if p.cached != 0 {
             cache.cast::<E>()
         } else {
@@ -560,7 +596,7 @@ pub(crate) unsafe fn sample_row<E: Element, const PACK: usize>(p: &SamplingParam
         seed,
         offset,
         row: row as u32,
-        column_offset: p.column_offset,
+        column_offset: src.first_column,
         group: u64::MAX,
         words: [0; 4],
     };
@@ -613,6 +649,31 @@ pub(crate) unsafe fn sample_row<E: Element, const PACK: usize>(p: &SamplingParam
     };
     let z_max = stats.max;
     let sum = stats.sum();
+    if filters.valid
+        && extremes.bad == 0.0
+        && z_max == f32::NEG_INFINITY
+        && p.mode == sampling_mode::SHARD
+    {
+        // A shard or slice without a finite logit offers nothing to the merge.
+        if thread_idx() == 0 {
+            let draw = ShardDraw {
+                score: f32::NEG_INFINITY,
+                token: NO_TOKEN,
+                logit: f32::NEG_INFINITY,
+                row: RowState {
+                    max: f32::NEG_INFINITY,
+                    sum: 0.0,
+                },
+            };
+            // SAFETY: one draw per block (contract).
+            unsafe {
+                (p.draws as *mut ShardDraw)
+                    .add(block_idx() as usize)
+                    .write(draw)
+            };
+        }
+        return;
+    }
     if !filters.valid || extremes.bad > 0.0 || z_max == f32::NEG_INFINITY {
         // SAFETY: the outputs of row `row`.
         unsafe { finish(p, &src, row, None, f32::NAN, f32::NAN, |_, _| f32::NAN) };
@@ -623,12 +684,16 @@ pub(crate) unsafe fn sample_row<E: Element, const PACK: usize>(p: &SamplingParam
         if thread_idx() == 0 {
             let draw = ShardDraw {
                 score: z_max,
-                token: (p.column_offset + u64::from(top.col)) as u32,
+                token: (src.first_column + u64::from(top.col)) as u32,
                 logit: z_max,
                 row: RowState { max: z_max, sum },
             };
             // SAFETY: one draw per row (contract).
-            unsafe { (p.draws as *mut ShardDraw).add(row).write(draw) };
+            unsafe {
+                (p.draws as *mut ShardDraw)
+                    .add(block_idx() as usize)
+                    .write(draw)
+            };
         }
         return;
     }
@@ -748,7 +813,7 @@ unsafe fn finish_draw<E: Element>(
         if thread_idx() == 0 {
             let draw = ShardDraw {
                 score: best.value,
-                token: (p.column_offset + u64::from(token)) as u32,
+                token: (src.first_column + u64::from(token)) as u32,
                 logit: z,
                 row: RowState {
                     max: weights.max,
@@ -756,7 +821,11 @@ unsafe fn finish_draw<E: Element>(
                 },
             };
             // SAFETY: one draw per row (contract).
-            unsafe { (p.draws as *mut ShardDraw).add(row).write(draw) };
+            unsafe {
+                (p.draws as *mut ShardDraw)
+                    .add(block_idx() as usize)
+                    .write(draw)
+            };
         }
         return;
     }
@@ -815,7 +884,9 @@ unsafe fn finish<E: Element>(
                         sum: f32::NAN,
                     },
                 };
-                (p.draws as *mut ShardDraw).add(row).write(draw);
+                (p.draws as *mut ShardDraw)
+                    .add(block_idx() as usize)
+                    .write(draw);
             }
             if p.tokens != 0 {
                 let id = token.map_or(NO_TOKEN, |(t, _)| t);
@@ -1254,6 +1325,67 @@ unsafe fn bisect_cut<E: Element, const PACK: usize>(
     }
 }
 
+/// Writes each row's outputs from its `slices` draws (each a slice of the row, temperature
+/// alone): the best score's token (the lower token among equals), its log-probability under
+/// the merged statistics (filtered and unfiltered are one; 0 filtered for a greedy row), or
+/// `NO_TOKEN` and NaN where a slice had none. A thread per row, any grid.
+///
+/// # Safety
+/// The contract of [`SamplingParams`] for `draws` (read), the per-row arrays, and the
+/// outputs.
+#[inline(always)]
+pub(crate) unsafe fn sample_merge(p: &SamplingParams) {
+    let slices = p.slices.max(1) as usize;
+    let mut row = (block_idx() * block_dim() + thread_idx()) as usize;
+    while row < p.rows as usize {
+        // SAFETY: `row < rows`; the row's draws (contract).
+        let (filters, draws) = unsafe {
+            (
+                Filters::of(p, row),
+                (p.draws as *const ShardDraw).add(row * slices),
+            )
+        };
+        let mut best = Best::EMPTY;
+        let mut logit = f32::NAN;
+        let mut stats = OnlineStats::EMPTY;
+        let mut broken = false;
+        for s in 0..slices {
+            // SAFETY: draw `s` of the row.
+            let draw = unsafe { draws.add(s).read() };
+            broken |= draw.score.is_nan();
+            stats = stats.merge::<DeviceExp2>(OnlineStats::new(draw.row.max, draw.row.sum));
+            let before = best.col;
+            best.offer(draw.score, draw.token);
+            if best.col != before {
+                logit = draw.logit;
+            }
+        }
+        let (token, raw) = if broken || best.col == u32::MAX {
+            (NO_TOKEN, f32::NAN)
+        } else {
+            (best.col, (logit - stats.max) - ln(stats.sum()))
+        };
+        let filtered = if filters.greedy && token != NO_TOKEN {
+            0.0
+        } else {
+            raw
+        };
+        // SAFETY: one value per row in each output that is given (contract).
+        unsafe {
+            if p.tokens != 0 {
+                (p.tokens as *mut u32).add(row).write(token);
+            }
+            if p.logprobs != 0 {
+                (p.logprobs as *mut f32).add(row).write(filtered);
+            }
+            if p.raw_logprobs != 0 {
+                (p.raw_logprobs as *mut f32).add(row).write(raw);
+            }
+        }
+        row += (grid_dim() * block_dim()) as usize;
+    }
+}
+
 /// Adds 1 to the random offset, after every row of the call has read it. One thread.
 ///
 /// # Safety
@@ -1268,13 +1400,18 @@ pub(crate) unsafe fn sample_advance(p: &SamplingParams) {
 }
 
 /// The sampling entries of one element type: the row kernel (16-byte packs where the rows
-/// are aligned for them) and the advance.
+/// are aligned for them), the merge of sliced rows, and the advance.
 macro_rules! sampling_entries {
     ($($module:literal: $element:ty, $name:literal, $pack:literal;)+) => {$(
         $crate::primitives::entry::kernel_entry!(
             #[cfg(kernels_module = $module)]
             export $crate::launch::entry_name!(sample $name),
             (params: SamplingParams) => sample_row::<$element, $pack>(&params)
+        );
+        $crate::primitives::entry::kernel_entry!(
+            #[cfg(kernels_module = $module)]
+            export $crate::launch::entry_name!(sample_merge $name),
+            (params: SamplingParams) => sample_merge(&params)
         );
         $crate::primitives::entry::kernel_entry!(
             #[cfg(kernels_module = $module)]
