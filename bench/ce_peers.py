@@ -17,7 +17,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-SAMPLES = 25
+from isolated import isolated, l2_flush
 
 try:
     from liger_kernel.transformers import LigerCrossEntropyLoss
@@ -30,27 +30,6 @@ try:
 except Exception as error:
     quack_cross_entropy = None
     print(f"ce_peers.py: quack: {type(error).__name__}: {error}", file=sys.stderr)
-
-
-def spin(cycles=400_000):
-    torch.cuda._sleep(cycles)
-
-
-def isolated(call, flush):
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    call()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(SAMPLES):
-        flush.zero_()
-        spin()
-        start.record()
-        call()
-        stop.record()
-        stop.synchronize()
-        samples.append(start.elapsed_time(stop) * 1e3)
-    samples.sort()
-    return samples[SAMPLES // 2]
 
 
 def extra_bytes(call):
@@ -66,8 +45,7 @@ def main():
     shapes = [(4096, 128256), (8192, 32000), (16384, 151936), (2048, 262144)]
     if len(sys.argv) > 1:
         shapes = [tuple(int(v) for v in s.split("x")) for s in sys.argv[1].split(",")]
-    props = torch.cuda.get_device_properties(0)
-    flush = torch.empty(2 * props.L2_cache_size // 4, dtype=torch.int32, device="cuda")
+    flush = l2_flush()
     liger = LigerCrossEntropyLoss() if LigerCrossEntropyLoss else None
     print("rows,cols,dtype,contender,median_us,pct_of_copy,extra_bytes")
     for rows, cols in shapes:

@@ -16,30 +16,13 @@ import sys
 
 import torch
 
-SAMPLES = 25
+from isolated import isolated, l2_flush
 
 try:
     import flashinfer.sampling as fi
 except Exception as error:
     fi = None
     print(f"sampling_peers.py: flashinfer: {type(error).__name__}: {error}", file=sys.stderr)
-
-
-def isolated(call, flush):
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    call()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(SAMPLES):
-        flush.zero_()
-        torch.cuda._sleep(400_000)
-        start.record()
-        call()
-        stop.record()
-        stop.synchronize()
-        samples.append(start.elapsed_time(stop) * 1e3)
-    samples.sort()
-    return samples[SAMPLES // 2]
 
 
 def logits_like_bench(rows, cols, dtype):
@@ -61,8 +44,7 @@ def main():
         shapes = [tuple(int(v) for v in s.split("x")) for s in sys.argv[1].split(",")]
     else:
         shapes = [(r, c) for r in (1, 16, 64, 256) for c in (32000, 128256, 262144)]
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    flush = torch.empty(2 * l2 // 4, dtype=torch.int32, device="cuda")
+    flush = l2_flush()
     print("rows,cols,dtype,contender,median_us")
     for rows, cols in shapes:
         for dtype, name in ((torch.bfloat16, "bf16"), (torch.float32, "f32")):

@@ -18,21 +18,12 @@ use softmax::{
 };
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let shapes: Vec<(usize, usize)> = match std::env::args().nth(1) {
-        Some(list) => list
-            .split(',')
-            .map(|s| {
-                let (r, c) = s.split_once('x').expect("ROWSxCOLS");
-                (r.parse().expect("rows"), c.parse().expect("cols"))
-            })
-            .collect(),
-        None => vec![
-            (4096, 128256),
-            (8192, 32000),
-            (16384, 151936),
-            (2048, 262144),
-        ],
-    };
+    let shapes = timing::shapes_from_args(vec![
+        (4096, 128256),
+        (8192, 32000),
+        (16384, 151936),
+        (2048, 262144),
+    ]);
     let mut softmax = Softmax::new()?;
     let mut flush = timing::l2_flush(&softmax)?;
     println!("rows,cols,dtype,contender,median_us,pct_of_copy,extra_bytes");

@@ -15,19 +15,12 @@ use softmax::{
 };
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let shapes: Vec<(usize, usize)> = match std::env::args().nth(1) {
-        Some(list) => list
-            .split(',')
-            .map(|s| {
-                let (r, c) = s.split_once('x').expect("ROWSxCOLS");
-                (r.parse().expect("rows"), c.parse().expect("cols"))
-            })
-            .collect(),
-        None => [1, 16, 64, 256]
+    let shapes = timing::shapes_from_args(
+        [1, 16, 64, 256]
             .into_iter()
             .flat_map(|rows| [32000, 128256, 262144].map(|cols| (rows, cols)))
             .collect(),
-    };
+    );
     let mut softmax = Softmax::new()?;
     let mut flush = timing::l2_flush(&softmax)?;
     println!("rows,cols,dtype,contender,median_us");

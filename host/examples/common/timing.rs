@@ -5,6 +5,20 @@ use cust::event::{Event, EventFlags};
 use cust::memory::DeviceBuffer;
 use softmax::Softmax;
 
+/// The shapes of the command line's first argument (`ROWSxCOLS,...`), else `default`.
+pub fn shapes_from_args(default: Vec<(usize, usize)>) -> Vec<(usize, usize)> {
+    match std::env::args().nth(1) {
+        Some(list) => list
+            .split(',')
+            .map(|s| {
+                let (r, c) = s.split_once('x').expect("ROWSxCOLS");
+                (r.parse().expect("rows"), c.parse().expect("cols"))
+            })
+            .collect(),
+        None => default,
+    }
+}
+
 /// Samples per timing.
 pub const SAMPLES: usize = 25;
 

@@ -98,6 +98,12 @@ impl Span {
             && self.bytes == other.bytes
     }
 
+    /// Whether its rows can be read in 16-byte packs: the first starts on a 16-byte boundary,
+    /// and so does every other.
+    pub fn packs_aligned(&self) -> bool {
+        self.operand.address.is_multiple_of(16) && self.operand.stride_bytes.is_multiple_of(16)
+    }
+
     /// Values per element of a per-row buffer.
     pub fn len(&self) -> usize {
         (self.bytes / u64::from(self.operand.element_bytes.max(1))) as usize

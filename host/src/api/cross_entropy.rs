@@ -8,7 +8,7 @@ pub use kernels_gpu::launch::cross_entropy::CrossEntropyState;
 use kernels_gpu::launch::cross_entropy::{CrossEntropyParams, cross_entropy_mode};
 
 use super::Softmax;
-use super::call::{Frame, Span, check_output, check_per_row, check_shapes};
+use super::call::{Frame, Span, check_per_row, check_shapes};
 use super::options::Options;
 use super::views::{Rows, RowsMut, Values, ValuesMut};
 use crate::error::{Error, Result};
@@ -505,18 +505,7 @@ impl Softmax {
         gradient: Option<&Span>,
         (totals, reduce): (bool, bool),
     ) -> Result<()> {
-        let on_device: Vec<(&'static str, u64)> = reads
-            .iter()
-            .chain(writes)
-            .filter(|s| s.bytes > 0)
-            .map(|s| (s.what, s.operand.address))
-            .collect();
-        self.runtime.check_on_device(&on_device)?;
-        for (i, output) in writes.iter().enumerate() {
-            let in_place = gradient.filter(|g| g.same_view(output)).map(|_| x);
-            check_output(output, reads, in_place)?;
-            check_output(output, &writes[i + 1..], None)?;
-        }
+        self.check_call_buffers(reads, writes, gradient.map(|g| (g, x)))?;
         let shape = x.shape;
         if shape.rows() == 0 {
             // No row: a sum of nothing is 0, a mean of nothing NaN (torch's).
@@ -530,10 +519,10 @@ impl Softmax {
             }
             return Ok(());
         }
-        let aligned = |span: &Span| {
-            span.operand.address.is_multiple_of(16) && span.operand.stride_bytes.is_multiple_of(16)
-        };
-        let layout = if aligned(x) && gradient.is_none_or(aligned) && !params.elementwise_math() {
+        let layout = if x.packs_aligned()
+            && gradient.is_none_or(Span::packs_aligned)
+            && !params.elementwise_math()
+        {
             Layout::Aligned
         } else {
             Layout::Elements

@@ -7,7 +7,7 @@ pub use kernels_gpu::launch::sampling::{NO_TOKEN, ShardDraw};
 use kernels_gpu::launch::sampling::{SamplingParams, sampling_mode};
 
 use super::Softmax;
-use super::call::{Span, check_output, check_per_row, check_shapes};
+use super::call::{Span, check_per_row, check_shapes};
 use super::options::Options;
 use super::views::{DType, Rows, RowsMut, Values, ValuesMut, merge_row_states};
 use crate::error::{Error, Result};
@@ -445,24 +445,12 @@ impl Softmax {
         reads: &[Span],
         (advance, sliceable): (bool, bool),
     ) -> Result<()> {
-        let on_device: Vec<(&'static str, u64)> = reads
-            .iter()
-            .chain(writes)
-            .filter(|s| s.bytes > 0)
-            .map(|s| (s.what, s.operand.address))
-            .collect();
-        self.runtime.check_on_device(&on_device)?;
-        for (i, output) in writes.iter().enumerate() {
-            check_output(output, reads, None)?;
-            check_output(output, &writes[i + 1..], None)?;
-        }
+        self.check_call_buffers(reads, writes, None)?;
         let shape = x.shape;
         if shape.rows() == 0 {
             return Ok(());
         }
-        let aligned =
-            x.operand.address.is_multiple_of(16) && x.operand.stride_bytes.is_multiple_of(16);
-        let layout = if aligned {
+        let layout = if x.packs_aligned() {
             Layout::Aligned
         } else {
             Layout::Elements

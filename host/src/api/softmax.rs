@@ -12,7 +12,7 @@ use cust::memory::{CopyDestination, DeviceBuffer, DeviceSlice};
 use cust::stream::{Stream, StreamFlags};
 use cust::sys;
 
-use super::call::Frame;
+use super::call::{Frame, Span, check_output};
 use super::options::Options;
 use super::tune::TuneState;
 use super::views::{Operation, Rows, RowsMut};
@@ -169,6 +169,32 @@ impl Softmax {
     /// device.
     pub(crate) fn enter(&self) -> Result<ContextScope> {
         ContextScope::enter(self.context.as_raw())
+    }
+
+    /// Checks a call's buffers: every one with bytes on this device, every output apart from
+    /// every input and from the other outputs, but for `in_place` (an output that may be
+    /// exactly the given input where it views it exactly so).
+    pub(super) fn check_call_buffers(
+        &self,
+        reads: &[Span],
+        writes: &[Span],
+        in_place: Option<(&Span, &Span)>,
+    ) -> Result<()> {
+        let on_device: Vec<(&'static str, u64)> = reads
+            .iter()
+            .chain(writes)
+            .filter(|s| s.bytes > 0)
+            .map(|s| (s.what, s.operand.address))
+            .collect();
+        self.runtime.check_on_device(&on_device)?;
+        for (i, output) in writes.iter().enumerate() {
+            let allowed = in_place
+                .filter(|(written, _)| written.same_view(output))
+                .map(|(_, read)| read);
+            check_output(output, reads, allowed)?;
+            check_output(output, &writes[i + 1..], None)?;
+        }
+        Ok(())
     }
 
     /// The frame of a call with `options`: its stream, and the bookkeeping of the buffers
