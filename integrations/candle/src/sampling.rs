@@ -40,6 +40,28 @@ impl Default for SamplingParams {
 }
 
 impl SamplingParams {
+    /// The library's checks, on every device (the CPU path included).
+    fn check(&self) -> Result<()> {
+        let t = self.temperature;
+        if !(0.0..f32::INFINITY).contains(&t) {
+            bail!("softmax-candle: the temperature must be finite and at least 0, got {t}");
+        }
+        if self.top_k == Some(0) {
+            bail!("softmax-candle: top-k must be at least 1");
+        }
+        if let Some(p) = self.top_p
+            && !(p > 0.0 && p <= 1.0)
+        {
+            bail!("softmax-candle: top-p must be in (0, 1], got {p}");
+        }
+        if let Some(p) = self.min_p
+            && !(0.0..=1.0).contains(&p)
+        {
+            bail!("softmax-candle: min-p must be in [0, 1], got {p}");
+        }
+        Ok(())
+    }
+
     fn library(&self) -> SamplingOptions<'static> {
         let mut options = SamplingOptions::new()
             .temperature(self.temperature)
@@ -63,6 +85,7 @@ impl SamplingParams {
 /// NaN or `+inf` logit, or none finite) gets `softmax::NO_TOKEN`. CPU tensors are drawn from
 /// the f64 reference's filtered distribution with the same noise.
 pub fn sample(logits: &Tensor, params: &SamplingParams) -> Result<Tensor> {
+    params.check()?;
     let state = Tensor::new(&[params.seed as i64, params.offset as i64], logits.device())?;
     logits.apply_op2_no_bwd(&state, &Sample { params: *params })
 }
@@ -79,6 +102,7 @@ pub struct Sampler {
 impl Sampler {
     /// A sampler with `params`' filters, starting at its seed and offset, on `device`.
     pub fn new(params: SamplingParams, device: &Device) -> Result<Self> {
+        params.check()?;
         Ok(Sampler {
             params,
             state: Tensor::new(&[params.seed as i64, params.offset as i64], device)?,

@@ -18,8 +18,9 @@ pub const SAMPLING_CANDIDATES: u32 = 4096;
 /// Words of the block's control area in shared memory (the cuts and counters it shares).
 pub const SAMPLING_CONTROL_WORDS: u32 = 64;
 
-/// The token written for a row that has no token: a NaN or `+inf` logit, no finite logit, or
-/// a per-row parameter out of range (its log-probabilities are NaN).
+/// The token written for a row that has no token: a NaN or `+inf` value of the logit plus bias
+/// over the temperature, no finite one, or a per-row parameter out of range (its
+/// log-probabilities are NaN).
 pub const NO_TOKEN: u32 = u32::MAX;
 
 /// Bytes of dynamic shared memory a sampling launch gives each block: the reduction scratch,

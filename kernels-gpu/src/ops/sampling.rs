@@ -20,7 +20,7 @@
 //! 3. where those bins hold more columns, a bisection over ranks, a pass per step.
 //!
 //! Passes: greedy and temperature-only rows read their row once; min-p adds a pass; top-k or
-//! top-p three (the histogram, the gathering, the draw). Each pass reads the row from shared
+//! top-p add three (the histogram, the gathering, the draw). Each pass reads the row from shared
 //! memory where the launch keeps it there (`cached`), else from global memory again.
 
 use crate::launch::ops::RowState;
