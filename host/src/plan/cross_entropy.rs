@@ -10,8 +10,11 @@ use kernels_gpu::launch::cross_entropy::{
 };
 use kernels_gpu::launch::ops::DType;
 
-use super::{CLUSTER_SHARED_BYTES, DeviceLimits, Entry, Launch, Layout, Params, Scheduling};
-use crate::error::{Error, Result};
+use super::{
+    CLUSTER_SHARED_BYTES, DeviceLimits, Entry, Launch, Layout, Params, Scheduling, not_resident,
+    rows_and_cols, too_large,
+};
+use crate::error::Result;
 use crate::shape::Shape;
 
 /// Threads of the one-block prologue and epilogue.
@@ -32,14 +35,7 @@ pub(crate) fn plan(
     layout: Layout,
     limits: &dyn DeviceLimits,
 ) -> Result<Vec<Launch>> {
-    let too_large = |why| Error::ShapeTooLarge {
-        rows: shape.rows(),
-        cols: shape.cols(),
-        why,
-    };
-    let rows = u32::try_from(shape.rows()).map_err(|_| too_large("more rows than a grid holds"))?;
-    let cols =
-        u32::try_from(shape.cols()).map_err(|_| too_large("a row of more than 2^32 columns"))?;
+    let (rows, cols) = rows_and_cols(shape)?;
     let aligned = layout == Layout::Aligned;
     let entry = Entry::CrossEntropy(CrossEntropyEntry {
         dtype: input,
@@ -48,14 +44,9 @@ pub(crate) fn plan(
     let slicing = slicing(input, rows, cols, aligned, entry, limits);
     let grid = rows
         .checked_mul(slicing.slices)
-        .ok_or_else(|| too_large("more blocks than a grid holds"))?;
+        .ok_or_else(|| too_large(shape, "more blocks than a grid holds"))?;
     if limits.blocks_per_sm(entry, CROSS_ENTROPY_THREADS, slicing.shared_bytes) == 0 {
-        return Err(Error::Unsupported {
-            variant: "cross-entropy".into(),
-            rows: shape.rows(),
-            cols: shape.cols(),
-            why: "its block cannot be resident on this device".into(),
-        });
+        return Err(not_resident("cross-entropy", shape));
     }
     let scratch = REDUCTION_SCRATCH_FLOATS * 4;
     let one_block = |kind| Launch {
@@ -298,21 +289,13 @@ mod tests {
     /// blocks per multiprocessor.
     #[test]
     fn the_row_kernels_launch_bounds_are_the_plans() {
-        for dtype in [DType::F32, DType::Bf16, DType::F16] {
-            let name = CrossEntropyEntry {
+        let rows = [DType::F32, DType::Bf16, DType::F16].map(|dtype| {
+            Entry::CrossEntropy(CrossEntropyEntry {
                 dtype,
                 kind: CrossEntropyKind::Rows,
-            }
-            .to_string();
-            let bounds = ptx_builder::LAUNCH_BOUNDS
-                .iter()
-                .find(|bounds| bounds.entries.contains(&name.as_str()))
-                .unwrap_or_else(|| panic!("{name} has no launch bounds"));
-            assert_eq!(
-                (bounds.threads, bounds.blocks_per_sm),
-                (CROSS_ENTROPY_THREADS, BLOCKS_PER_SM)
-            );
-        }
+            })
+        });
+        crate::plan::tests::assert_launch_bounds(rows, CROSS_ENTROPY_THREADS, BLOCKS_PER_SM);
     }
 
     #[test]

@@ -535,9 +535,59 @@ pub(crate) fn operation_module_entries(input: DType) -> Vec<Entry> {
         .collect()
 }
 
+/// `Error::ShapeTooLarge` for `shape`, saying `why`.
+pub(crate) fn too_large(shape: Shape, why: &'static str) -> Error {
+    Error::ShapeTooLarge {
+        rows: shape.rows(),
+        cols: shape.cols(),
+        why,
+    }
+}
+
+/// The rows and columns of `shape` as a one-block-per-row kernel takes them (u32), or
+/// `Error::ShapeTooLarge`.
+pub(crate) fn rows_and_cols(shape: Shape) -> Result<(u32, u32)> {
+    let rows =
+        u32::try_from(shape.rows()).map_err(|_| too_large(shape, "more rows than a grid holds"))?;
+    let cols = u32::try_from(shape.cols())
+        .map_err(|_| too_large(shape, "a row of more than 2^32 columns"))?;
+    Ok((rows, cols))
+}
+
+/// `Error::Unsupported` for a family whose block cannot be resident on the device.
+pub(crate) fn not_resident(variant: &str, shape: Shape) -> Error {
+    Error::Unsupported {
+        variant: variant.into(),
+        rows: shape.rows(),
+        cols: shape.cols(),
+        why: "its block cannot be resident on this device".into(),
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    /// Checks that each of `entries` has the launch bounds ptx-builder gives it of
+    /// `threads` and `blocks_per_sm` (what its planner launches).
+    pub(crate) fn assert_launch_bounds(
+        entries: impl IntoIterator<Item = Entry>,
+        threads: u32,
+        blocks_per_sm: u32,
+    ) {
+        for entry in entries {
+            let name = entry.to_string();
+            let bounds = ptx_builder::LAUNCH_BOUNDS
+                .iter()
+                .find(|bounds| bounds.entries.contains(&name.as_str()))
+                .unwrap_or_else(|| panic!("{name} has no launch bounds"));
+            assert_eq!(
+                (bounds.threads, bounds.blocks_per_sm),
+                (threads, blocks_per_sm),
+                "{name}"
+            );
+        }
+    }
 
     /// The H200's numbers, with occupancy estimated from threads and shared memory alone.
     pub(crate) struct FakeH200;

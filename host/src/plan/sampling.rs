@@ -8,8 +8,10 @@ use kernels_gpu::launch::sampling::{
     SAMPLING_THREADS, SamplingEntry, SamplingKind, sampling_shared_bytes,
 };
 
-use super::{DeviceLimits, Entry, Launch, Layout, Params, Scheduling};
-use crate::error::{Error, Result};
+use super::{
+    DeviceLimits, Entry, Launch, Layout, Params, Scheduling, not_resident, rows_and_cols, too_large,
+};
+use crate::error::Result;
 use crate::shape::Shape;
 
 /// Threads per block of the merge launch.
@@ -28,17 +30,14 @@ pub(crate) fn plan(
     layout: Layout,
     limits: &dyn DeviceLimits,
 ) -> Result<Vec<Launch>> {
-    let too_large = |why| Error::ShapeTooLarge {
-        rows: shape.rows(),
-        cols: shape.cols(),
-        why,
-    };
-    let rows = u32::try_from(shape.rows()).map_err(|_| too_large("more rows than a grid holds"))?;
+    let (rows, cols) = rows_and_cols(shape)?;
     // Columns are counted in f32 by the bisection, exactly up to 2^24.
-    let cols = u32::try_from(shape.cols())
-        .ok()
-        .filter(|&c| c <= 1 << 24)
-        .ok_or_else(|| too_large("sampling takes rows of at most 2^24 columns"))?;
+    if cols > 1 << 24 {
+        return Err(too_large(
+            shape,
+            "sampling takes rows of at most 2^24 columns",
+        ));
+    }
     let entry = |kind| Entry::Sampling(SamplingEntry { dtype: input, kind });
     let rows_entry = entry(SamplingKind::Rows);
     let row_bytes = u64::from(cols) * u64::from(input.bytes());
@@ -51,12 +50,7 @@ pub(crate) fn plan(
     };
     let cached = cached_bytes.filter(|&bytes| fits(bytes));
     if cached.is_none() && !fits(0) {
-        return Err(Error::Unsupported {
-            variant: "sampling".into(),
-            rows: shape.rows(),
-            cols: shape.cols(),
-            why: "its block cannot be resident on this device".into(),
-        });
+        return Err(not_resident("sampling", shape));
     }
     let aligned = layout == Layout::Aligned;
     let (slices, slice_cols) = if sliceable {
@@ -73,7 +67,7 @@ pub(crate) fn plan(
     };
     let grid = rows
         .checked_mul(slices)
-        .ok_or_else(|| too_large("more blocks than a grid holds"))?;
+        .ok_or_else(|| too_large(shape, "more blocks than a grid holds"))?;
     let sliced = slices > 1;
     let mut launches = vec![Launch {
         entry: rows_entry,
@@ -158,21 +152,13 @@ mod tests {
 
     #[test]
     fn the_row_kernels_launch_bounds_are_the_plans() {
-        for dtype in [DType::F32, DType::Bf16, DType::F16] {
-            let name = SamplingEntry {
+        let rows = [DType::F32, DType::Bf16, DType::F16].map(|dtype| {
+            Entry::Sampling(SamplingEntry {
                 dtype,
                 kind: SamplingKind::Rows,
-            }
-            .to_string();
-            let bounds = ptx_builder::LAUNCH_BOUNDS
-                .iter()
-                .find(|bounds| bounds.entries.contains(&name.as_str()))
-                .unwrap_or_else(|| panic!("{name} has no launch bounds"));
-            assert_eq!(
-                (bounds.threads, bounds.blocks_per_sm),
-                (SAMPLING_THREADS, 1)
-            );
-        }
+            })
+        });
+        crate::plan::tests::assert_launch_bounds(rows, SAMPLING_THREADS, 1);
     }
 
     #[test]
