@@ -2,7 +2,8 @@
 //! shapes, isolated as the benchmark times (the L2 evicted by a memset of twice its size
 //! before each sample, one call between two events), beside a device-to-device copy of the
 //! logits: the bytes the fused call must move (the logits read once, the gradient written
-//! once) are the copy's. Prints one CSV line per shape, type and contender:
+//! once) are the copy's, and the softmax of the same logits (`softmax-rs-softmax`) moves the
+//! same bytes. Prints one CSV line per shape, type and contender:
 //! `rows,cols,dtype,contender,median_us,pct_of_copy,extra_bytes`.
 //!
 //! `cargo run --release -p host --example cross_entropy_bench [ROWSxCOLS,...]`
@@ -13,8 +14,8 @@ mod timing;
 use cust::memory::{DeviceBuffer, DeviceCopy};
 use softmax::half::bf16;
 use softmax::{
-    CrossEntropyOptions, CrossEntropyOutputs, Element, Options, Rows, RowsMut, Shape, Softmax,
-    Upstream,
+    CrossEntropyOptions, CrossEntropyOutputs, Element, Operation, Options, Rows, RowsMut, Shape,
+    Softmax, Upstream,
 };
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -90,12 +91,24 @@ fn run<T: Element + DeviceCopy>(
         )?;
         Ok(())
     })?;
+    // The softmax of the same logits, the same bytes moved: what the family's forward reaches
+    // on this shape.
+    let forward = timing::time(softmax, flush, |s| {
+        s.forward(
+            Operation::Softmax,
+            Rows::new(&logits, shape)?,
+            RowsMut::new(&mut gradient, shape)?,
+            &Options::new(),
+        )?;
+        Ok(())
+    })?;
     let dtype = if size_of::<T>() == 2 { "bf16" } else { "f32" };
     let workspace = 4 * (rows + 2);
     for (contender, us, extra) in [
         ("copy", copy, 0),
         ("softmax-rs", into, bytes + workspace),
         ("softmax-rs-in-place", in_place, workspace),
+        ("softmax-rs-softmax", forward, bytes),
     ] {
         println!(
             "{rows},{cols},{dtype},{contender},{us:.2},{:.1},{extra}",
