@@ -24,6 +24,9 @@ use crate::primitives::device::{
     DeviceExp2, block_dim, block_idx, dynamic_shared_f32, exp2_approx, log2_approx, thread_idx,
 };
 use crate::primitives::element::{Element, cached_words, copy_words, store_as};
+use crate::primitives::memory::{
+    ReadOncePolicy, commit_async_copies, copy_async_16, wait_async_copies,
+};
 use crate::primitives::online::{LOG2_E, OnlineStats};
 use crate::primitives::reduce::{Partial, block_reduce};
 use crate::primitives::row_exchange::leave_row_cluster;
@@ -263,70 +266,139 @@ impl Gradient {
     }
 }
 
+/// Adds a batch of [`LOADS_IN_FLIGHT`] packs to the statistics and the (unweighted)
+/// smoothing's sum: those where `holds` is true hold columns, the others `-inf` words.
+#[inline(always)]
+fn push_packs<E: Element, const PACK: usize>(
+    words: &[[u32; PACK]; LOADS_IN_FLIGHT],
+    holds: [bool; LOADS_IN_FLIGHT],
+    stats: &mut OnlineStats,
+    sums: &mut Sums,
+) {
+    // `-inf` packs leave the maximum as it is.
+    let batch_max = words
+        .iter()
+        .fold(f32::NEG_INFINITY, |max, pack| max.max(E::pack_max(pack)));
+    for (k, pack_words) in words.iter().enumerate() {
+        if holds[k] {
+            for i in 0..PACK {
+                // Without a branch: unweighted (the packed passes' calls), and unused without
+                // label smoothing.
+                sums.smoothing += E::widen(pack_words, i);
+            }
+        }
+    }
+    stats.push_batch::<DeviceExp2>(batch_max, LOADS_IN_FLIGHT * PACK, |i| {
+        E::widen(&words[i / PACK], i % PACK)
+    });
+}
+
 /// The statistics pass over packs `first..end` of a row at `x` (pack `k` holds columns
 /// `k·PACK..(k + 1)·PACK`) of a call without softcap or weighted label smoothing, this
-/// thread's every `block_dim`-th: [`LOADS_IN_FLIGHT`] loads issued before the first is used,
-/// each pack kept in shared memory at `cache + (k − first)·PACK` when `cache` is given. The
-/// statistics and the (unweighted) smoothing's sum; not the target's logit, which one thread
-/// reads on its own.
+/// thread's every `block_dim`-th, the row read from global memory again by the gradient pass:
+/// [`LOADS_IN_FLIGHT`] loads issued before the first is used. The statistics and the
+/// (unweighted) smoothing's sum; not the target's logit, which one thread reads on its own.
 ///
 /// # Safety
-/// The packs lie in the row, which starts on a 16-byte boundary; `cache`, when given, holds
-/// `(end − first)·PACK` elements of shared memory, 16-byte aligned.
+/// The packs lie in the row, which starts on a 16-byte boundary.
 #[inline(always)]
 unsafe fn stats_of_packs<E: Element, const PACK: usize>(
     x: *const E,
     (first, end): (usize, usize),
-    cache: Option<*mut E>,
     stats: &mut OnlineStats,
     sums: &mut Sums,
 ) {
     let threads = block_dim() as usize;
-    let loads = LOADS_IN_FLIGHT;
     let mut batch = first + thread_idx() as usize;
     while batch < end {
-        // Packs past `end` stay `-inf`, which leaves the maximum as it is.
         let mut words = [[E::NEG_INF_WORD; PACK]; LOADS_IN_FLIGHT];
+        let mut holds = [false; LOADS_IN_FLIGHT];
         for (k, pack_words) in words.iter_mut().enumerate() {
             let pack = batch + k * threads;
             if pack < end {
-                // SAFETY: the pack lies in the row (contract). A kept row is read from global
-                // memory only here, so for the last time.
-                *pack_words = unsafe {
-                    if cache.is_some() {
-                        E::load_packed_last_use::<PACK>(x.add(pack * PACK))
-                    } else {
-                        E::load_packed::<PACK>(x.add(pack * PACK))
-                    }
-                };
+                // SAFETY: the pack lies in the row (contract).
+                *pack_words = unsafe { E::load_packed::<PACK>(x.add(pack * PACK)) };
+                holds[k] = true;
             }
         }
-        if let Some(cache) = cache {
-            for (k, pack_words) in words.iter().enumerate() {
-                let pack = batch + k * threads;
-                if pack < end {
-                    // SAFETY: `pack − first < end − first`: inside the cache.
-                    unsafe { copy_words::<E, PACK>(cache.add((pack - first) * PACK), pack_words) };
+        push_packs::<E, PACK>(&words, holds, stats, sums);
+        batch += LOADS_IN_FLIGHT * threads;
+    }
+}
+
+/// Groups of copies in which a thread starts its share of a kept slice: it computes on the
+/// first group while the later ones are still in flight.
+const COPY_GROUPS: usize = 4;
+
+/// As [`stats_of_packs`], for a slice kept in shared memory, pack `k` at
+/// `cache + (k − first)·PACK`: each thread starts copying all its packs at once (in
+/// [`COPY_GROUPS`] groups, without passing through registers, so that the whole slice is in
+/// flight), then takes its statistics from the cache as each group lands. A thread reads
+/// only the packs it copied, which the gradient pass reads (and in place overwrites) again.
+///
+/// # Safety
+/// As [`stats_of_packs`]; `cache` holds `(end − first)·PACK` elements of shared memory,
+/// 16-byte aligned, and the packs are 16 bytes.
+#[inline(always)]
+unsafe fn stats_of_kept_packs<E: Element, const PACK: usize>(
+    x: *const E,
+    (first, end): (usize, usize),
+    cache: *mut E,
+    stats: &mut OnlineStats,
+    sums: &mut Sums,
+) {
+    let threads = block_dim() as usize;
+    let thread = thread_idx() as usize;
+    let count = end - first;
+    let mine = if thread < count {
+        (count - thread).div_ceil(threads)
+    } else {
+        0
+    };
+    let per_group = mine.div_ceil(COPY_GROUPS);
+    // This thread's `j`-th pack, as an offset in the slice.
+    let offset = |j: usize| thread + j * threads;
+    let policy = ReadOncePolicy::evict_first();
+    for group in 0..COPY_GROUPS {
+        for j in group * per_group..((group + 1) * per_group).min(mine) {
+            let at = offset(j);
+            // SAFETY: a 16-byte pack of the row (contract) and its place in the cache, which
+            // only this thread touches until the gradient pass; the row is not written before
+            // then (in place, this thread writes this pack's gradient after the copy landed).
+            unsafe {
+                copy_async_16(
+                    cache.add(at * PACK).cast(),
+                    x.add((first + at) * PACK).cast(),
+                    policy,
+                )
+            };
+        }
+        commit_async_copies();
+    }
+    const _: () = assert!(COPY_GROUPS == 4);
+    for group in 0..COPY_GROUPS {
+        match group {
+            0 => wait_async_copies::<3>(),
+            1 => wait_async_copies::<2>(),
+            2 => wait_async_copies::<1>(),
+            _ => wait_async_copies::<0>(),
+        }
+        let stop = ((group + 1) * per_group).min(mine);
+        let mut j = group * per_group;
+        while j < stop {
+            let mut words = [[E::NEG_INF_WORD; PACK]; LOADS_IN_FLIGHT];
+            let mut holds = [false; LOADS_IN_FLIGHT];
+            for (k, pack_words) in words.iter_mut().enumerate() {
+                if j + k < stop {
+                    // SAFETY: a pack this thread copied, in a group that has landed.
+                    *pack_words =
+                        unsafe { cached_words::<E, PACK>(cache.add(offset(j + k) * PACK)) };
+                    holds[k] = true;
                 }
             }
+            push_packs::<E, PACK>(&words, holds, stats, sums);
+            j += LOADS_IN_FLIGHT;
         }
-        let batch_max = words
-            .iter()
-            .fold(f32::NEG_INFINITY, |max, pack| max.max(E::pack_max(pack)));
-        for (k, pack_words) in words.iter().enumerate() {
-            let pack = batch + k * threads;
-            if pack < end {
-                for i in 0..PACK {
-                    // Without a branch: unweighted (the packed passes' calls), and unused
-                    // without label smoothing.
-                    sums.smoothing += E::widen(pack_words, i);
-                }
-            }
-        }
-        stats.push_batch::<DeviceExp2>(batch_max, loads * PACK, |i| {
-            E::widen(&words[i / PACK], i % PACK)
-        });
-        batch += loads * threads;
     }
 }
 
@@ -616,7 +688,12 @@ pub(crate) unsafe fn cross_entropy_row<E: Element, const PACK: usize>(p: &CrossE
     let mut stats = OnlineStats::EMPTY;
     let mut sums = Sums::EMPTY;
     // SAFETY: this slice's packs lie in the row; the cache holds them (contract).
-    unsafe { stats_of_packs::<E, PACK>(x, span, cache, &mut stats, &mut sums) };
+    unsafe {
+        match cache {
+            Some(cache) => stats_of_kept_packs::<E, PACK>(x, span, cache, &mut stats, &mut sums),
+            None => stats_of_packs::<E, PACK>(x, span, &mut stats, &mut sums),
+        }
+    };
     // The target's column where one of this block's packs holds it: the thread that visits
     // that pack reads the target's logit, and writes its gradient again after its own pass.
     let packed_target = terms

@@ -311,7 +311,7 @@ pub fn shfl_up_u32(value: u32, delta: u32) -> u32 {
 /// The shared-memory window address of `local` (`cvta.to.shared`), as the `.shared` atomics
 /// below take it.
 #[inline(always)]
-fn shared_window<T>(local: *const T) -> u64 {
+pub(crate) fn shared_window<T>(local: *const T) -> u64 {
     let window: u64;
     // SAFETY: address arithmetic only.
     unsafe {

@@ -251,3 +251,85 @@ pub unsafe fn store_element<T: Copy>(address: *mut T, value: T) {
         }
     }
 }
+
+/// Starts copying the 16 bytes at `src` in global memory to `dst` in this block's shared
+/// memory without passing through registers (`cp.async.cg`, which bypasses L1), its L2 lines
+/// kept as `policy` says: the copy lands
+/// once a [`wait_async_copies`] that covers its group has returned, in this thread; other
+/// threads see it only after a barrier as well. It joins the group the next
+/// [`commit_async_copies`] closes.
+///
+/// # Safety
+/// `src` is 16 readable, 16-byte aligned bytes of global memory that nothing writes until the
+/// copy has landed; `dst` is 16 bytes of this block's shared memory, 16-byte aligned, that
+/// nothing reads or writes until then.
+#[inline(always)]
+pub unsafe fn copy_async_16(dst: *mut u8, src: *const u8, policy: ReadOncePolicy) {
+    let shared = crate::primitives::device::shared_window(dst);
+    // SAFETY (both): forwarded from the contract.
+    #[cfg(not(kernels_sm80))]
+    unsafe {
+        asm!(
+            "cp.async.cg.shared.global.L2::cache_hint [{s}], [{g}], 16, {p};",
+            s = in(reg64) shared,
+            g = in(reg64) src as u64,
+            p = in(reg64) policy.0,
+            options(nostack, preserves_flags)
+        )
+    };
+    // The sm_80 build's PTX (ISA 7.0) has no cache hints.
+    #[cfg(kernels_sm80)]
+    unsafe {
+        let _ = policy;
+        asm!(
+            "cp.async.cg.shared.global [{s}], [{g}], 16;",
+            s = in(reg64) shared,
+            g = in(reg64) src as u64,
+            options(nostack, preserves_flags)
+        )
+    };
+}
+
+/// An L2 policy for data read once (`createpolicy … evict_first`): the lines go first when
+/// the L2 needs room, as the streaming loads' (`.cs`) do. None in the sm_80 build.
+#[derive(Clone, Copy)]
+pub struct ReadOncePolicy(u64);
+
+impl ReadOncePolicy {
+    #[inline(always)]
+    pub fn evict_first() -> Self {
+        #[cfg(kernels_sm80)]
+        return Self(0);
+        #[cfg(not(kernels_sm80))]
+        let policy: u64;
+        // SAFETY: makes a policy value; no memory is touched.
+        #[cfg(not(kernels_sm80))]
+        unsafe {
+            asm!(
+                "createpolicy.fractional.L2::evict_first.b64 {p}, 1.0;",
+                p = out(reg64) policy,
+                options(pure, nomem, nostack, preserves_flags)
+            )
+        };
+        #[cfg(not(kernels_sm80))]
+        Self(policy)
+    }
+}
+
+/// Closes this thread's group of the [`copy_async_16`] copies started since the last call.
+#[inline(always)]
+pub fn commit_async_copies() {
+    // SAFETY: bookkeeping of this thread's copies; no memory is touched.
+    unsafe { asm!("cp.async.commit_group;", options(nostack, preserves_flags)) };
+}
+
+/// Waits until at most `PENDING` of this thread's committed groups of copies are still in
+/// flight (the older ones have landed). A memory clobber: no shared-memory access is moved
+/// above it.
+#[inline(always)]
+pub fn wait_async_copies<const PENDING: u32>() {
+    // SAFETY: waits on this thread's own copies.
+    unsafe {
+        asm!("cp.async.wait_group {n};", n = const PENDING, options(nostack, preserves_flags))
+    };
+}
