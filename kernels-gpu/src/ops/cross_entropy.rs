@@ -21,7 +21,8 @@ use crate::launch::cross_entropy::{CrossEntropyParams, CrossEntropyState, cross_
 use crate::launch::ops::RowState;
 use crate::launch::{CLUSTER_STATS_FLOATS, REDUCTION_SCRATCH_FLOATS};
 use crate::primitives::device::{
-    DeviceExp2, block_dim, block_idx, dynamic_shared_f32, exp2_approx, log2_approx, thread_idx,
+    DeviceExp2, block_dim, block_idx, dynamic_shared_f32, exp2_approx, fused_multiply_add,
+    log2_approx, thread_idx,
 };
 use crate::primitives::element::{Element, cached_words, copy_words, store_as};
 use crate::primitives::memory::{
@@ -206,6 +207,10 @@ struct Gradient {
     smoothing_per_class: f32,
     /// The upstream gradient (over the mean's divisor); NaN for a target out of range.
     scale: f32,
+    /// `scale · p_factor` and `scale · smoothing_per_class`: the packed passes' gradient is
+    /// one multiply-add of the probability.
+    scaled_p_factor: f32,
+    scaled_smoothing: f32,
     /// The row's gradient is 0.
     ignored: bool,
 }
@@ -240,13 +245,14 @@ impl Gradient {
         let terms = &self.terms;
         // The difference first: it is exact where `z` and `lse` are close, whatever their size.
         let probability = exp2_approx((z - self.lse) * LOG2_E);
-        let mut dz = probability * self.p_factor - onehot;
         if !GENERAL {
-            dz -= self.smoothing_per_class;
-        } else if terms.smoothing {
+            return fused_multiply_add(probability, self.scaled_p_factor, -self.scaled_smoothing);
+        }
+        let mut dz = probability * self.p_factor - onehot;
+        if terms.smoothing {
             dz -= self.smoothing_per_class * terms.class_weight(p, col);
         }
-        if GENERAL && terms.softcap > 0.0 {
+        if terms.softcap > 0.0 {
             let t = z * terms.inv_softcap;
             dz *= 1.0 - t * t;
         }
@@ -266,12 +272,14 @@ impl Gradient {
     }
 }
 
-/// Adds a batch of [`LOADS_IN_FLIGHT`] packs to the statistics and the (unweighted)
-/// smoothing's sum: those where `holds` is true hold columns, the others `-inf` words.
+/// Adds a batch of [`LOADS_IN_FLIGHT`] packs to the statistics and, where `smoothing`, the
+/// (unweighted) smoothing's sum: those where `holds` is true hold columns, the others `-inf`
+/// words.
 #[inline(always)]
 fn push_packs<E: Element, const PACK: usize>(
     words: &[[u32; PACK]; LOADS_IN_FLIGHT],
     holds: [bool; LOADS_IN_FLIGHT],
+    smoothing: bool,
     stats: &mut OnlineStats,
     sums: &mut Sums,
 ) {
@@ -280,10 +288,9 @@ fn push_packs<E: Element, const PACK: usize>(
         .iter()
         .fold(f32::NEG_INFINITY, |max, pack| max.max(E::pack_max(pack)));
     for (k, pack_words) in words.iter().enumerate() {
-        if holds[k] {
+        if smoothing && holds[k] {
             for i in 0..PACK {
-                // Without a branch: unweighted (the packed passes' calls), and unused without
-                // label smoothing.
+                // Unweighted: the packed passes' calls.
                 sums.smoothing += E::widen(pack_words, i);
             }
         }
@@ -296,8 +303,8 @@ fn push_packs<E: Element, const PACK: usize>(
 /// The statistics pass over packs `first..end` of a row at `x` (pack `k` holds columns
 /// `k·PACK..(k + 1)·PACK`) of a call without softcap or weighted label smoothing, this
 /// thread's every `block_dim`-th, the row read from global memory again by the gradient pass:
-/// [`LOADS_IN_FLIGHT`] loads issued before the first is used. The statistics and the
-/// (unweighted) smoothing's sum; not the target's logit, which one thread reads on its own.
+/// [`LOADS_IN_FLIGHT`] loads issued before the first is used. The statistics and (where
+/// `smoothing`) the unweighted smoothing's sum; not the target's logit, which one thread reads on its own.
 ///
 /// # Safety
 /// The packs lie in the row, which starts on a 16-byte boundary.
@@ -305,6 +312,7 @@ fn push_packs<E: Element, const PACK: usize>(
 unsafe fn stats_of_packs<E: Element, const PACK: usize>(
     x: *const E,
     (first, end): (usize, usize),
+    smoothing: bool,
     stats: &mut OnlineStats,
     sums: &mut Sums,
 ) {
@@ -321,7 +329,7 @@ unsafe fn stats_of_packs<E: Element, const PACK: usize>(
                 holds[k] = true;
             }
         }
-        push_packs::<E, PACK>(&words, holds, stats, sums);
+        push_packs::<E, PACK>(&words, holds, smoothing, stats, sums);
         batch += LOADS_IN_FLIGHT * threads;
     }
 }
@@ -344,6 +352,7 @@ unsafe fn stats_of_kept_packs<E: Element, const PACK: usize>(
     x: *const E,
     (first, end): (usize, usize),
     cache: *mut E,
+    smoothing: bool,
     stats: &mut OnlineStats,
     sums: &mut Sums,
 ) {
@@ -396,7 +405,7 @@ unsafe fn stats_of_kept_packs<E: Element, const PACK: usize>(
                     holds[k] = true;
                 }
             }
-            push_packs::<E, PACK>(&words, holds, stats, sums);
+            push_packs::<E, PACK>(&words, holds, smoothing, stats, sums);
             j += LOADS_IN_FLIGHT;
         }
     }
@@ -626,14 +635,19 @@ unsafe fn finish_row(
     } else {
         upstream
     };
+    let scale = if target.invalid { f32::NAN } else { scale };
+    let p_factor = (1.0 - eps) * target_weight + smoothed + 2.0 * p.z_loss * lse;
+    let smoothing_per_class = if terms.smoothing { eps / vocab } else { 0.0 };
     Gradient {
         terms,
         lse,
         target_logit: sums.target,
-        p_factor: (1.0 - eps) * target_weight + smoothed + 2.0 * p.z_loss * lse,
+        p_factor,
         onehot: (1.0 - eps) * target_weight,
-        smoothing_per_class: eps / vocab,
-        scale: if target.invalid { f32::NAN } else { scale },
+        smoothing_per_class,
+        scale,
+        scaled_p_factor: scale * p_factor,
+        scaled_smoothing: scale * smoothing_per_class,
         ignored: target.ignored,
     }
 }
@@ -690,8 +704,15 @@ pub(crate) unsafe fn cross_entropy_row<E: Element, const PACK: usize>(p: &CrossE
     // SAFETY: this slice's packs lie in the row; the cache holds them (contract).
     unsafe {
         match cache {
-            Some(cache) => stats_of_kept_packs::<E, PACK>(x, span, cache, &mut stats, &mut sums),
-            None => stats_of_packs::<E, PACK>(x, span, &mut stats, &mut sums),
+            Some(cache) => stats_of_kept_packs::<E, PACK>(
+                x,
+                span,
+                cache,
+                terms.smoothing,
+                &mut stats,
+                &mut sums,
+            ),
+            None => stats_of_packs::<E, PACK>(x, span, terms.smoothing, &mut stats, &mut sums),
         }
     };
     // The target's column where one of this block's packs holds it: the thread that visits

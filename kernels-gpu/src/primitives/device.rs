@@ -67,6 +67,19 @@ special_function!(
     "rcp.approx.ftz.f32"
 );
 
+/// `a · b + c`, rounded once (`fma.rn.f32`): the compiler fuses no multiply and add of its
+/// own.
+#[inline(always)]
+pub fn fused_multiply_add(a: f32, b: f32, c: f32) -> f32 {
+    let d: f32;
+    // SAFETY: a pure arithmetic instruction on registers.
+    unsafe {
+        asm!("fma.rn.f32 {d}, {a}, {b}, {c};", d = out(reg32) d, a = in(reg32) a,
+            b = in(reg32) b, c = in(reg32) c, options(pure, nomem, nostack))
+    };
+    d
+}
+
 /// Value of `value` held by lane `lane ^ mask`. Every lane of the warp must execute it.
 #[inline(always)]
 pub fn shfl_xor_f32(value: f32, mask: u32) -> f32 {
