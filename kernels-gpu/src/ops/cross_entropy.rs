@@ -18,17 +18,18 @@
 //! NaN for both.
 
 use crate::launch::cross_entropy::{CrossEntropyParams, CrossEntropyState, cross_entropy_mode};
+use crate::launch::ops::DType;
 use crate::launch::ops::RowState;
 use crate::launch::{CLUSTER_STATS_FLOATS, REDUCTION_SCRATCH_FLOATS};
 use crate::primitives::device::{
     DeviceExp2, block_dim, block_idx, dynamic_shared_f32, exp2_approx, fused_multiply_add,
     log2_approx, thread_idx,
 };
-use crate::primitives::element::{Element, cached_words, copy_words, store_as};
+use crate::primitives::element::{Bf16, Element, F16, cached_words, copy_words, store_as};
 use crate::primitives::memory::{
     ReadOncePolicy, commit_async_copies, copy_async_16, wait_async_copies,
 };
-use crate::primitives::online::{LOG2_E, OnlineStats};
+use crate::primitives::online::{CompensatedSum, Exp2, LOG2_E, OnlineStats};
 use crate::primitives::reduce::{Partial, block_reduce};
 use crate::primitives::row_exchange::leave_row_cluster;
 #[cfg(not(kernels_sm80))]
@@ -341,8 +342,10 @@ const COPY_GROUPS: usize = 4;
 /// As [`stats_of_packs`], for a slice kept in shared memory, pack `k` at
 /// `cache + (k − first)·PACK`: each thread starts copying all its packs at once (in
 /// [`COPY_GROUPS`] groups, without passing through registers, so that the whole slice is in
-/// flight), then takes its statistics from the cache as each group lands. A thread reads
-/// only the packs it copied, which the gradient pass reads (and in place overwrites) again.
+/// flight), takes the maximum of its packs as each group lands (on packed pairs for 16-bit
+/// data), then sums their exponentials relative to it from the cache: no rescaling, one
+/// exponential per element. A thread reads only the packs it copied, which the gradient pass
+/// reads (and in place overwrites) again.
 ///
 /// # Safety
 /// As [`stats_of_packs`]; `cache` holds `(end − first)·PACK` elements of shared memory,
@@ -365,19 +368,18 @@ unsafe fn stats_of_kept_packs<E: Element, const PACK: usize>(
         0
     };
     let per_group = mine.div_ceil(COPY_GROUPS);
-    // This thread's `j`-th pack, as an offset in the slice.
-    let offset = |j: usize| thread + j * threads;
+    // This thread's `j`-th pack in the cache.
+    let kept = |j: usize| cache.wrapping_add((thread + j * threads) * PACK);
     let policy = ReadOncePolicy::evict_first();
     for group in 0..COPY_GROUPS {
         for j in group * per_group..((group + 1) * per_group).min(mine) {
-            let at = offset(j);
             // SAFETY: a 16-byte pack of the row (contract) and its place in the cache, which
             // only this thread touches until the gradient pass; the row is not written before
             // then (in place, this thread writes this pack's gradient after the copy landed).
             unsafe {
                 copy_async_16(
-                    cache.add(at * PACK).cast(),
-                    x.add((first + at) * PACK).cast(),
+                    kept(j).cast(),
+                    x.add((first + thread + j * threads) * PACK).cast(),
                     policy,
                 )
             };
@@ -385,6 +387,8 @@ unsafe fn stats_of_kept_packs<E: Element, const PACK: usize>(
         commit_async_copies();
     }
     const _: () = assert!(COPY_GROUPS == 4);
+    // `-inf` where this thread has no pack, which leaves the maximum to the other threads.
+    let mut max = f32::NEG_INFINITY;
     for group in 0..COPY_GROUPS {
         match group {
             0 => wait_async_copies::<3>(),
@@ -392,23 +396,56 @@ unsafe fn stats_of_kept_packs<E: Element, const PACK: usize>(
             2 => wait_async_copies::<1>(),
             _ => wait_async_copies::<0>(),
         }
-        let stop = ((group + 1) * per_group).min(mine);
-        let mut j = group * per_group;
-        while j < stop {
-            let mut words = [[E::NEG_INF_WORD; PACK]; LOADS_IN_FLIGHT];
-            let mut holds = [false; LOADS_IN_FLIGHT];
-            for (k, pack_words) in words.iter_mut().enumerate() {
-                if j + k < stop {
-                    // SAFETY: a pack this thread copied, in a group that has landed.
-                    *pack_words =
-                        unsafe { cached_words::<E, PACK>(cache.add(offset(j + k) * PACK)) };
-                    holds[k] = true;
-                }
-            }
-            push_packs::<E, PACK>(&words, holds, smoothing, stats, sums);
-            j += LOADS_IN_FLIGHT;
+        for j in group * per_group..((group + 1) * per_group).min(mine) {
+            // SAFETY: a pack this thread copied, in a group that has landed.
+            max = max.max(E::pack_max(&unsafe { cached_words::<E, PACK>(kept(j)) }));
         }
     }
+    // SAFETY: this thread's `mine` packs, landed.
+    let sum = unsafe {
+        if smoothing {
+            kept_sum::<E, PACK, true>(kept, mine, max, sums)
+        } else {
+            kept_sum::<E, PACK, false>(kept, mine, max, sums)
+        }
+    };
+    // Only `-inf` (or nothing) seen: the sum is 0 whatever `max` is.
+    *stats = stats.merge::<DeviceExp2>(OnlineStats { max, sum });
+}
+
+/// The sum of `e^(x − max)` over the `mine` packs at `kept(0..mine)` in shared memory (and,
+/// where `SMOOTHING`, their unweighted sum added to `sums.smoothing`): the second half of
+/// [`stats_of_kept_packs`], one loop for each `SMOOTHING` so that the loop without smoothing
+/// computes nothing for it.
+///
+/// # Safety
+/// `kept(j)` for `j < mine` is a pack of this block's shared memory, 16-byte aligned, that
+/// this thread's copies filled and that have landed.
+#[inline(always)]
+unsafe fn kept_sum<E: Element, const PACK: usize, const SMOOTHING: bool>(
+    kept: impl Fn(usize) -> *mut E,
+    mine: usize,
+    max: f32,
+    sums: &mut Sums,
+) -> CompensatedSum {
+    let origin = OnlineStats::exponent_origin(max);
+    let mut sum = CompensatedSum::ZERO;
+    // A 32-bit count: a thread holds far fewer packs.
+    for j in 0..mine as u32 {
+        // SAFETY: forwarded.
+        let words = unsafe { cached_words::<E, PACK>(kept(j as usize)) };
+        let mut pack_sum = 0.0;
+        for i in 0..PACK {
+            let value = E::widen(&words, i);
+            pack_sum += DeviceExp2::exp2((value - origin) * LOG2_E);
+            if SMOOTHING {
+                // Unweighted: the packed passes' calls.
+                sums.smoothing += value;
+            }
+        }
+        sum.add(pack_sum);
+    }
+    sum
 }
 
 /// The gradient pass over the packs [`stats_of_packs`] visited, read from `cache` when
@@ -424,13 +461,47 @@ unsafe fn gradient_of_packs<E: Element, const PACK: usize>(
     p: &CrossEntropyParams,
     x: *const E,
     gradient: &Gradient,
-    (first, end): (usize, usize),
+    span: (usize, usize),
     cache: Option<*mut E>,
     (y, dtype): (u64, u32),
 ) {
+    // One test of the gradient's type for the pass, not one a pack.
+    // SAFETY (each): forwarded, the gradient row taken as elements of its type.
+    unsafe {
+        if dtype == DType::Bf16 as u32 {
+            gradient_of_packs_as::<E, Bf16, PACK>(p, x, gradient, span, cache, y as *mut Bf16)
+        } else if dtype == DType::F16 as u32 {
+            gradient_of_packs_as::<E, F16, PACK>(p, x, gradient, span, cache, y as *mut F16)
+        } else {
+            gradient_of_packs_as::<E, f32, PACK>(p, x, gradient, span, cache, y as *mut f32)
+        }
+    }
+}
+
+/// [`gradient_of_packs`] into a gradient row `y` of `O`.
+///
+/// # Safety
+/// As [`gradient_of_packs`].
+#[inline(always)]
+unsafe fn gradient_of_packs_as<E: Element, O: Element, const PACK: usize>(
+    p: &CrossEntropyParams,
+    x: *const E,
+    gradient: &Gradient,
+    (first, end): (usize, usize),
+    cache: Option<*mut E>,
+    y: *mut O,
+) {
     let threads = block_dim() as usize;
-    let loads = LOADS_IN_FLIGHT;
     let mut batch = first + thread_idx() as usize;
+    if gradient.ignored {
+        while batch < end {
+            // SAFETY: the gradient row holds the pack's columns (contract); in place, this
+            // thread read them in the first pass.
+            unsafe { O::store_f32(y.add(batch * PACK), [0.0f32; PACK]) };
+            batch += threads;
+        }
+        return;
+    }
     while batch < end {
         let mut words = [[0u32; PACK]; LOADS_IN_FLIGHT];
         for (k, pack_words) in words.iter_mut().enumerate() {
@@ -448,19 +519,15 @@ unsafe fn gradient_of_packs<E: Element, const PACK: usize>(
         for (k, pack_words) in words.iter().enumerate() {
             let pack = batch + k * threads;
             if pack < end {
-                let mut out = [0.0f32; PACK];
-                if !gradient.ignored {
-                    for (i, value) in out.iter_mut().enumerate() {
-                        let raw = E::widen(pack_words, i);
-                        *value = gradient.off_target::<false>(p, raw, pack * PACK + i);
-                    }
-                }
+                let out: [f32; PACK] = core::array::from_fn(|i| {
+                    gradient.off_target::<false>(p, E::widen(pack_words, i), pack * PACK + i)
+                });
                 // SAFETY: the gradient row holds the pack's columns (contract). In place, this
                 // thread read them just above.
-                unsafe { store_as::<PACK>(dtype, y, pack * PACK, out) };
+                unsafe { O::store_f32(y.add(pack * PACK), out) };
             }
         }
-        batch += loads * threads;
+        batch += LOADS_IN_FLIGHT * threads;
     }
 }
 
