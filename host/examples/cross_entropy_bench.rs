@@ -91,8 +91,9 @@ fn run<T: Element + DeviceCopy>(
         )?;
         Ok(())
     })?;
-    // The softmax of the same logits, the same bytes moved: what the family's forward reaches
-    // on this shape.
+    // The softmax of a tensor of this shape (the logits buffer, which the in-place calls above
+    // turned into gradients: the time does not depend on the values), the same bytes moved:
+    // what the family's forward reaches on this shape.
     let forward = timing::time(softmax, flush, |s| {
         s.forward(
             Operation::Softmax,

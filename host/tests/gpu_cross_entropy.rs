@@ -2,7 +2,7 @@
 //! f32, bf16 and f16, i32 and i64 targets, the gradient into a buffer and in place, ignored
 //! rows and a batch of them only, targets out of range, strided and unaligned rows, upstream
 //! gradients on the device, vocabulary shards (2, 3 and 8 on one GPU) against the unsharded
-//! call, and bad input. Without a CUDA device each test is reported as skipped.
+//! call, the special values of docs/numerics.md, and bad input. Without a CUDA device each test is reported as skipped.
 //!
 //! Losses are checked row by row (absolute error at most `1e-5 · max(1, |loss|)` for f32
 //! logits, `1e-4 · …` for 16-bit ones, whose inputs are rounded first and read rounded by the
@@ -38,6 +38,7 @@ const TESTS: &[common::Test] = &[
     ("ce_vocabulary_shards_match_the_whole", shards),
     ("ce_captured_in_a_graph", captured),
     ("ce_bad_input_is_refused", bad_input),
+    ("ce_special_values_follow_the_reference", special_values),
 ];
 
 fn main() -> std::process::ExitCode {
@@ -600,6 +601,135 @@ fn targets_at_edges(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
         "{}: in place, in clusters, every edge target's loss and gradient as the reference's",
         checked.join(", ")
     ))
+}
+
+/// Losses (or log-sum-exps) against the reference's where some are not finite: NaN where it
+/// has NaN, the same infinity where it has one, else within `tolerance · max(1, |loss|)`.
+fn check_special_losses(
+    what: &str,
+    actual: &[f32],
+    expected: &[f64],
+    tolerance: f64,
+) -> Result<(), String> {
+    for (r, (&a, &e)) in actual.iter().zip(expected).enumerate() {
+        let a = f64::from(a);
+        let ok = if e.is_nan() {
+            a.is_nan()
+        } else if e.is_infinite() {
+            a == e
+        } else {
+            (a - e).abs() <= tolerance * e.abs().max(1.0)
+        };
+        if !ok {
+            return Err(format!(
+                "{what}: row {r} is {a} where the reference has {e}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The special values of docs/numerics.md through each way a row is read: a block keeping
+/// its row (4096 columns), clusters keeping slices (f32 131076, bf16 262144 columns), and a
+/// row read one element at a time (f32 1001 columns, rows not 16-byte aligned). Rows: `-inf`
+/// vocabulary padding at the end; all `-inf`; a `+inf`; a NaN in the last column; the
+/// target's logit `-inf`; only NaN and `-inf`; one value 100 above the rest, at the target.
+fn special_values(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
+    let mut checked = Vec::new();
+    for (dtype, cols) in [
+        (DType::F32, 4096),
+        (DType::Bf16, 4096),
+        (DType::F32, 131076),
+        (DType::Bf16, 262144),
+        (DType::F32, 1001),
+    ] {
+        match dtype {
+            DType::Bf16 => special_rows::<bf16>(softmax, rng, cols)?,
+            _ => special_rows::<f32>(softmax, rng, cols)?,
+        }
+        checked.push(format!("{dtype:?} 7×{cols}"));
+    }
+    Ok(format!(
+        "{}: -inf padding, all -inf, +inf, NaN, a -inf target, NaN among -inf and a dominant \
+         target, losses, log-sum-exps and gradients as the reference's",
+        checked.join(", ")
+    ))
+}
+
+fn special_rows<T: Element>(
+    softmax: &mut Softmax,
+    rng: &mut StdRng,
+    cols: usize,
+) -> Result<(), String> {
+    let rows = 7;
+    let s = shape(rows, cols);
+    let mut values = common::random_matrix(rng, s, 6.0);
+    let row = |r: usize| r * cols..(r + 1) * cols;
+    for v in &mut values[row(0)][cols - cols / 8..] {
+        *v = f32::NEG_INFINITY;
+    }
+    values[row(1)].fill(f32::NEG_INFINITY);
+    values[cols * 2 + cols / 2] = f32::INFINITY;
+    values[cols * 4 - 1] = f32::NAN;
+    let minus_inf_target = cols / 3;
+    values[cols * 4 + minus_inf_target] = f32::NEG_INFINITY;
+    values[row(5)].fill(f32::NEG_INFINITY);
+    values[cols * 5] = f32::NAN;
+    values[cols * 6 + 9] = 106.0;
+    let values = rounded::<T>(&values);
+    let target_values = [3, 0, 1, 2, minus_inf_target as i64, 5, 9];
+    let case = Case {
+        reduction: Reduction::None,
+        ..Case::PLAIN
+    };
+    let reference = cross_entropy_f64(&values, rows, cols, &target_values, &case.reference(&[]));
+    let logits = upload::<T>(&values)?;
+    let targets = DeviceBuffer::from_slice(&target_values).map_err(text)?;
+    let mut losses = common::poisoned(rows)?;
+    let mut lse = common::poisoned(rows)?;
+    let mut gradient = upload::<T>(&vec![0.5; rows * cols])?;
+    softmax
+        .cross_entropy_backward(
+            Rows::new(&logits, s).map_err(text)?,
+            &targets,
+            CrossEntropyOutputs::new().loss(&mut losses).lse(&mut lse),
+            RowsMut::new(&mut gradient, s).map_err(text)?,
+            Upstream::Value(1.0),
+            &case.options(&DeviceBuffer::from_slice(&[1.0f32]).map_err(text)?),
+            &Options::new(),
+        )
+        .map_err(text)?;
+    softmax.synchronize().map_err(text)?;
+    let what = format!("{:?} {rows}×{cols}", T::DTYPE);
+    check_special_losses(
+        &what,
+        &download(&losses)?,
+        &reference.losses,
+        loss_tolerance(T::DTYPE),
+    )?;
+    check_special_losses(
+        &format!("{what} lse"),
+        &download(&lse)?,
+        &reference.lse,
+        loss_tolerance(T::DTYPE),
+    )?;
+    let gradient = download(&gradient)?;
+    // The padding's gradient is exactly 0, as a `-inf` entry's softmax is.
+    if let Some(c) = (cols - cols / 8..cols).find(|&c| gradient[c] != 0.0) {
+        return Err(format!(
+            "{what}: padding column {c} has gradient {}",
+            gradient[c]
+        ));
+    }
+    check_gradient(
+        &what,
+        &gradient,
+        &common::as_written::<T>(&reference.gradient),
+        cols,
+        gradient_tolerance(T::DTYPE),
+        1.0,
+    )?;
+    Ok(())
 }
 
 fn strided_and_unaligned(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {

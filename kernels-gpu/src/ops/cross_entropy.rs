@@ -53,6 +53,9 @@ fn tanh(y: f32) -> f32 {
 
 // The four floats a block publishes to its cluster fit the room every clustered block keeps.
 const _: () = assert!(CLUSTER_STATS_FLOATS >= 4);
+// The cache after the scratch and the published floats starts on a 16-byte boundary (the
+// asynchronous copies' and the packs' alignment).
+const _: () = assert!((REDUCTION_SCRATCH_FLOATS + CLUSTER_STATS_FLOATS) % 4 == 0);
 
 /// Packs a thread loads before it uses the first.
 const LOADS_IN_FLIGHT: usize = 2;
@@ -305,7 +308,8 @@ fn push_packs<E: Element, const PACK: usize>(
 /// `k·PACK..(k + 1)·PACK`) of a call without softcap or weighted label smoothing, this
 /// thread's every `block_dim`-th, the row read from global memory again by the gradient pass:
 /// [`LOADS_IN_FLIGHT`] loads issued before the first is used. The statistics and (where
-/// `smoothing`) the unweighted smoothing's sum; not the target's logit, which one thread reads on its own.
+/// `smoothing`) the unweighted smoothing's sum; not the target's logit, which one thread
+/// reads on its own.
 ///
 /// # Safety
 /// The packs lie in the row, which starts on a 16-byte boundary.
@@ -368,6 +372,8 @@ unsafe fn stats_of_kept_packs<E: Element, const PACK: usize>(
         0
     };
     let per_group = mine.div_ceil(COPY_GROUPS);
+    // Each copy is one 16-byte pack.
+    const { assert!(PACK * size_of::<E>() == 16) };
     // This thread's `j`-th pack in the cache.
     let kept = |j: usize| cache.wrapping_add((thread + j * threads) * PACK);
     let policy = ReadOncePolicy::evict_first();
@@ -448,14 +454,16 @@ unsafe fn kept_sum<E: Element, const PACK: usize, const SMOOTHING: bool>(
     sum
 }
 
-/// The gradient pass over the packs [`stats_of_packs`] visited, read from `cache` when
-/// given (where that pass kept them), else from the row again, written to the gradient row
-/// at `y` (of element type `dtype`); the target's column without its one-hot term, which the
-/// thread that wrote it writes again after.
+/// The gradient pass over the packs the statistics pass visited: read from `cache` when given
+/// (where [`stats_of_kept_packs`] kept them), else from the row again (after
+/// [`stats_of_packs`]), written to the gradient row at `y` (of element type `dtype`); the
+/// target's column without its one-hot term, which the thread that wrote it writes again
+/// after.
 ///
 /// # Safety
-/// As [`stats_of_packs`], after it, with the same packs and cache; the gradient row holds the
-/// row's columns, aligned as the logits.
+/// After that pass, with the same packs and cache (each thread's copies landed), the contract
+/// of [`stats_of_packs`] or [`stats_of_kept_packs`]; the gradient row holds the row's columns,
+/// aligned as the logits.
 #[inline(always)]
 unsafe fn gradient_of_packs<E: Element, const PACK: usize>(
     p: &CrossEntropyParams,

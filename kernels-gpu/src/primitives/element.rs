@@ -365,11 +365,12 @@ pub unsafe fn store_as<const N: usize>(dtype: u32, base: u64, offset: usize, val
     }
 }
 
-/// A pack kept by [`copy_words`], as `load_packed` returns it.
+/// A pack kept by [`copy_words`] (or copied there as it lay in global memory, by
+/// [`copy_async_16`](crate::primitives::memory::copy_async_16)), as `load_packed` returns it.
 ///
 /// # Safety
-/// `at` holds `N` elements of `E` in shared memory that [`copy_words`] wrote, aligned for
-/// `N` of them.
+/// `at` holds `N` elements of `E` in shared memory that [`copy_words`] wrote, or that a
+/// landed asynchronous copy of a 16-byte pack filled, aligned for `N` of them.
 #[inline(always)]
 pub unsafe fn cached_words<E: Element, const N: usize>(at: *const E) -> [u32; N] {
     let mut words = [0u32; N];

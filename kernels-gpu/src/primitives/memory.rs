@@ -266,8 +266,8 @@ pub unsafe fn store_element<T: Copy>(address: *mut T, value: T) {
 #[inline(always)]
 pub unsafe fn copy_async_16(dst: *mut u8, src: *const u8, policy: ReadOncePolicy) {
     let shared = crate::primitives::device::shared_window(dst);
-    // SAFETY (both): forwarded from the contract.
     #[cfg(not(kernels_sm80))]
+    // SAFETY: forwarded from the contract.
     unsafe {
         asm!(
             "cp.async.cg.shared.global.L2::cache_hint [{s}], [{g}], 16, {p};",
@@ -279,6 +279,7 @@ pub unsafe fn copy_async_16(dst: *mut u8, src: *const u8, policy: ReadOncePolicy
     };
     // The sm_80 build's PTX (ISA 7.0) has no cache hints.
     #[cfg(kernels_sm80)]
+    // SAFETY: forwarded from the contract.
     unsafe {
         let _ = policy;
         asm!(
@@ -292,8 +293,8 @@ pub unsafe fn copy_async_16(dst: *mut u8, src: *const u8, policy: ReadOncePolicy
 
 /// An L2 policy for data read once (`createpolicy … evict_first`): the lines go first when
 /// the L2 needs room, as the streaming loads' (`.cs`) do. None in the sm_80 build.
-#[derive(Clone, Copy)]
-pub struct ReadOncePolicy(u64);
+#[derive(Clone, Copy, Debug)]
+pub struct ReadOncePolicy(#[cfg_attr(kernels_sm80, allow(dead_code))] u64);
 
 impl ReadOncePolicy {
     #[inline(always)]
