@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::{download, rounded, upload};
+use common::{download, rounded, shape, text, upload};
 
 use cust::memory::{CopyDestination, DeviceBuffer};
 use rand::Rng;
@@ -20,7 +20,7 @@ use softmax::half::{bf16, f16};
 use softmax::reference::{CrossEntropyReference, Reduction, cross_entropy_f64, value_deviation};
 use softmax::{
     CrossEntropyOptions, CrossEntropyOutputs, CrossEntropyState, DType, Element, Error, Options,
-    Rows, RowsMut, Shape, Softmax, Targets, Upstream, Values,
+    Rows, RowsMut, Softmax, Targets, Upstream, Values,
 };
 
 type Outcome = Result<String, String>;
@@ -43,14 +43,6 @@ const TESTS: &[common::Test] = &[
 
 fn main() -> std::process::ExitCode {
     common::run_harness(TESTS)
-}
-
-fn text<E: std::fmt::Display>(error: E) -> String {
-    error.to_string()
-}
-
-fn shape(rows: usize, cols: usize) -> Shape {
-    Shape::new(rows, cols).expect("a shape")
 }
 
 /// One case's options, for the library and the reference.

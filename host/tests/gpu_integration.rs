@@ -4,6 +4,8 @@
 
 mod common;
 
+use common::text;
+
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -55,10 +57,6 @@ fn main() -> ExitCode {
         return fault_child();
     }
     common::run_harness(TESTS)
-}
-
-fn text<E: std::fmt::Display>(e: E) -> String {
-    e.to_string()
 }
 
 fn to_host<T: DeviceCopy + Default + Clone>(buffer: &DeviceBuffer<T>) -> Result<Vec<T>, String> {

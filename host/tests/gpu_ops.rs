@@ -13,6 +13,8 @@
 
 mod common;
 
+use common::text;
+
 use common::{RowValues, as_written, check_rows, download, random_matrix, rounded, upload};
 use cust::memory::{CopyDestination, DeviceBuffer};
 use rand::Rng;
@@ -76,10 +78,6 @@ fn tolerance(output: DType) -> f64 {
 fn forward_tolerance(output: DType, score_bound: f32) -> f64 {
     let exponent_rounding = f64::from(score_bound) * std::f64::consts::LOG2_E * 2f64.powi(-22);
     tolerance(output).max(exponent_rounding)
-}
-
-fn text<E: std::fmt::Display>(error: E) -> String {
-    error.to_string()
 }
 
 /// A buffer of `len` NaNs of type `T`: anything left unwritten stays NaN.

@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::{rounded, upload};
+use common::{rounded, shape, text, upload};
 
 use cust::memory::{CopyDestination, DeviceBuffer};
 use rand::Rng;
@@ -46,14 +46,6 @@ const TESTS: &[common::Test] = &[
 
 fn main() -> std::process::ExitCode {
     common::run_harness(TESTS)
-}
-
-fn text<E: std::fmt::Display>(error: E) -> String {
-    error.to_string()
-}
-
-fn shape(rows: usize, cols: usize) -> Shape {
-    Shape::new(rows, cols).expect("a shape")
 }
 
 /// One case's filters, for the library and the reference.

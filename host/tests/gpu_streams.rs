@@ -9,6 +9,8 @@
 
 mod common;
 
+use common::{shape, text};
+
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -70,10 +72,6 @@ fn main() -> ExitCode {
     common::run_harness(TESTS)
 }
 
-fn text<E: std::fmt::Display>(e: E) -> String {
-    e.to_string()
-}
-
 /// Rounds of every case per test: `SOFTMAX_STREAM_ROUNDS`, else 3 (fewer under a sanitizer).
 fn rounds() -> usize {
     std::env::var("SOFTMAX_STREAM_ROUNDS")
@@ -90,10 +88,6 @@ fn to_host<T: DeviceCopy + Default + Clone>(buffer: &DeviceBuffer<T>) -> Result<
 
 fn non_blocking_stream() -> Result<Stream, String> {
     Stream::new(StreamFlags::NON_BLOCKING, None).map_err(text)
-}
-
-fn shape(rows: usize, cols: usize) -> Shape {
-    Shape::new(rows, cols).expect("a test shape")
 }
 
 /// What one case computes. Each kind goes through a different part of the library.

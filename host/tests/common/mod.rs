@@ -17,6 +17,16 @@ use softmax::half::{bf16, f16};
 use softmax::reference::{Deviation, deviation};
 use softmax::{DType, Element, Error, Shape, Softmax, Variant};
 
+/// An error as the tests report it: its text.
+pub fn text<E: std::fmt::Display>(error: E) -> String {
+    error.to_string()
+}
+
+/// A shape the test knows to be valid.
+pub fn shape(rows: usize, cols: usize) -> Shape {
+    Shape::new(rows, cols).expect("a shape")
+}
+
 /// Set (to anything but `0` or nothing) on a machine that has a GPU: there, a missing device
 /// fails every GPU test instead of skipping it, so a broken driver cannot pass as "no GPU".
 pub const REQUIRE_GPU: &str = "SOFTMAX_REQUIRE_GPU";
