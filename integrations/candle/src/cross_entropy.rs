@@ -15,7 +15,7 @@ use softmax::{
 };
 
 use crate::instance::with_softmax;
-use crate::ops::{cpu_rows, cpu_storage, ordinal};
+use crate::ops::{cpu_rows, cpu_storage, dispatch_float, ordinal};
 use crate::rows::Rows;
 
 /// The options of [`crate::cross_entropy`], as `torch.nn.functional.cross_entropy`'s (ignore
@@ -201,12 +201,11 @@ impl CrossEntropy {
                 })?
             }};
         }
-        match logits.0.dtype() {
-            DType::F32 => call!(f32),
-            DType::BF16 => call!(bf16),
-            DType::F16 => call!(f16),
-            other => bail!("softmax-candle: logits of {other:?} (f32, bf16 or f16)"),
-        }
+        dispatch_float!(
+            logits.0.dtype(),
+            call,
+            "softmax-candle: logits of {:?} (f32, bf16 or f16)"
+        );
         Ok((
             CudaStorage::wrap_cuda_slice(loss, device),
             self.loss_shape(rows.shape.rows()),
@@ -439,12 +438,11 @@ impl Gradient {
                 <$t as CudaDType>::wrap_cuda_slice(gradient, device.clone())
             }};
         }
-        let gradient = match logits.0.dtype() {
-            DType::F32 => call!(f32),
-            DType::BF16 => call!(bf16),
-            DType::F16 => call!(f16),
-            other => bail!("softmax-candle: logits of {other:?} (f32, bf16 or f16)"),
-        };
+        let gradient = dispatch_float!(
+            logits.0.dtype(),
+            call,
+            "softmax-candle: logits of {:?} (f32, bf16 or f16)"
+        );
         Ok((gradient, logits.1.shape().clone()))
     }
 }

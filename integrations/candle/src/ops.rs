@@ -100,6 +100,20 @@ macro_rules! dispatch {
     };
 }
 
+/// Calls `$call!(T)` with the Rust element type of `$dtype`, f32, bf16 or f16; any other
+/// type fails with `$message`, a format string given that type.
+macro_rules! dispatch_float {
+    ($dtype:expr, $call:ident, $message:literal) => {
+        match $dtype {
+            DType::F32 => $call!(f32),
+            DType::BF16 => $call!(bf16),
+            DType::F16 => $call!(f16),
+            other => bail!($message, other),
+        }
+    };
+}
+pub(crate) use dispatch_float;
+
 /// The values of `rows` in a CPU storage, widened to f32, row after row.
 pub(crate) fn cpu_rows(storage: &CpuStorage, rows: &Rows) -> Result<Vec<f32>> {
     fn gather<T: Copy>(data: &[T], rows: &Rows, widen: impl Fn(T) -> f32) -> Vec<f32> {
@@ -376,12 +390,11 @@ impl InplaceOp1 for Forward {
                 })
             }};
         }
-        match storage.dtype() {
-            DType::F32 => call!(f32),
-            DType::BF16 => call!(bf16),
-            DType::F16 => call!(f16),
-            other => bail!("softmax-candle: element type {other:?} in place"),
-        }
+        dispatch_float!(
+            storage.dtype(),
+            call,
+            "softmax-candle: element type {:?} in place"
+        )
     }
 }
 
@@ -502,12 +515,11 @@ impl LogSumExp {
                 })?
             }};
         }
-        match storage.dtype() {
-            DType::F32 => call!(f32),
-            DType::BF16 => call!(bf16),
-            DType::F16 => call!(f16),
-            other => bail!("softmax-candle: element type {other:?} is not f32, bf16 or f16"),
-        }
+        dispatch_float!(
+            storage.dtype(),
+            call,
+            "softmax-candle: element type {:?} is not f32, bf16 or f16"
+        );
         Ok((
             CudaStorage::wrap_cuda_slice(lse, device),
             Self::shape(layout),

@@ -11,7 +11,7 @@ use softmax::reference::{SamplingReference, filtered_distribution_f64, gumbel_dr
 use softmax::{Options, SamplingOptions, SamplingOutputs, ValuesMut};
 
 use crate::instance::with_softmax;
-use crate::ops::{cpu_rows, ordinal};
+use crate::ops::{cpu_rows, dispatch_float, ordinal};
 use crate::rows::Rows;
 
 /// The filters of a draw and its random state: the seed, and the offset of the draw (each
@@ -218,12 +218,11 @@ impl CustomOp2 for Sample {
                 })?
             }};
         }
-        match s1.dtype() {
-            DType::F32 => call!(f32),
-            DType::BF16 => call!(bf16),
-            DType::F16 => call!(f16),
-            other => bail!("softmax-candle: logits of {other:?} (f32, bf16 or f16)"),
-        }
+        dispatch_float!(
+            s1.dtype(),
+            call,
+            "softmax-candle: logits of {:?} (f32, bf16 or f16)"
+        );
         Ok((
             CudaStorage::wrap_cuda_slice(tokens, device),
             token_shape(l1),
