@@ -30,7 +30,7 @@ use crate::primitives::memory::{
     ReadOncePolicy, commit_async_copies, copy_async_16, wait_async_copies,
 };
 use crate::primitives::online::{CompensatedSum, Exp2, LOG2_E, OnlineStats};
-use crate::primitives::reduce::{Partial, block_reduce};
+use crate::primitives::reduce::{Partial, block_reduce, two_sums};
 use crate::primitives::row_exchange::leave_row_cluster;
 #[cfg(not(kernels_sm80))]
 use crate::primitives::row_exchange::row_is_cluster;
@@ -60,38 +60,10 @@ const _: () = assert!((REDUCTION_SCRATCH_FLOATS + CLUSTER_STATS_FLOATS) % 4 == 0
 /// Packs a thread loads before it uses the first.
 const LOADS_IN_FLIGHT: usize = 2;
 
-/// Two plain sums carried through one block reduction: the target's logit (held by one
-/// thread, 0 in the others) and the weighted sum of the logits.
-#[derive(Clone, Copy)]
-struct Sums {
-    target: f32,
-    smoothing: f32,
-}
-
-impl Partial for Sums {
-    const EMPTY: Self = Sums {
-        target: 0.0,
-        smoothing: 0.0,
-    };
-    const FLOATS: usize = 2;
-
-    #[inline(always)]
-    fn merge(self, other: Self) -> Self {
-        Sums {
-            target: self.target + other.target,
-            smoothing: self.smoothing + other.smoothing,
-        }
-    }
-
-    #[inline(always)]
-    fn to_floats(self) -> [f32; 2] {
-        [self.target, self.smoothing]
-    }
-
-    #[inline(always)]
-    fn from_floats([target, smoothing]: [f32; 2]) -> Self {
-        Sums { target, smoothing }
-    }
+two_sums! {
+    /// Two plain sums carried through one block reduction: the target's logit (held by one
+    /// thread, 0 in the others) and the weighted sum of the logits.
+    struct Sums { target, smoothing }
 }
 
 /// What a row's target says: the target's column in this shard (if it falls there), whether

@@ -38,7 +38,7 @@ use crate::primitives::draw::{GUMBEL_NOISE_BOUND, exponential_of, rank, value_of
 use crate::primitives::element::{Element, cached_words, copy_words};
 use crate::primitives::online::{LOG2_E, OnlineStats};
 use crate::primitives::philox::draw_words;
-use crate::primitives::reduce::{Partial, Sum, block_reduce};
+use crate::primitives::reduce::{Partial, Sum, block_reduce, two_sums};
 
 const LN_2: f32 = core::f32::consts::LN_2;
 
@@ -337,37 +337,9 @@ impl Partial for Extremes {
     }
 }
 
-/// A count of columns and their weight.
-#[derive(Clone, Copy)]
-struct Tally {
-    count: f32,
-    mass: f32,
-}
-
-impl Partial for Tally {
-    const EMPTY: Self = Tally {
-        count: 0.0,
-        mass: 0.0,
-    };
-    const FLOATS: usize = 2;
-
-    #[inline(always)]
-    fn merge(self, other: Self) -> Self {
-        Tally {
-            count: self.count + other.count,
-            mass: self.mass + other.mass,
-        }
-    }
-
-    #[inline(always)]
-    fn to_floats(self) -> [f32; 2] {
-        [self.count, self.mass]
-    }
-
-    #[inline(always)]
-    fn from_floats([count, mass]: [f32; 2]) -> Self {
-        Tally { count, mass }
-    }
+two_sums! {
+    /// A count of columns and their weight.
+    struct Tally { count, mass }
 }
 
 /// The Gumbel noise of a row's columns, four columns per Philox call, the last call's words

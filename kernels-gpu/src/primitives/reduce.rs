@@ -62,6 +62,49 @@ impl Partial for Sum {
     }
 }
 
+/// Defines a struct of two `f32` fields that a reduction adds field by field, with its
+/// [`Partial`] implementation: two plain sums carried through one reduction. (Used by the
+/// operation modules only: unused in the softmax module's build.)
+#[allow(unused_macros)]
+macro_rules! two_sums {
+    ($(#[$doc:meta])* $vis:vis struct $name:ident { $first:ident, $second:ident }) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy)]
+        $vis struct $name {
+            $first: f32,
+            $second: f32,
+        }
+
+        impl $crate::primitives::reduce::Partial for $name {
+            const EMPTY: Self = $name {
+                $first: 0.0,
+                $second: 0.0,
+            };
+            const FLOATS: usize = 2;
+
+            #[inline(always)]
+            fn merge(self, other: Self) -> Self {
+                $name {
+                    $first: self.$first + other.$first,
+                    $second: self.$second + other.$second,
+                }
+            }
+
+            #[inline(always)]
+            fn to_floats(self) -> [f32; 2] {
+                [self.$first, self.$second]
+            }
+
+            #[inline(always)]
+            fn from_floats([$first, $second]: [f32; 2]) -> Self {
+                $name { $first, $second }
+            }
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use two_sums;
+
 /// A maximum over part of a row (the first of the forward pass's two block reductions).
 #[derive(Clone, Copy, Debug)]
 pub struct Max(pub f32);
