@@ -7,9 +7,9 @@ pub use kernels_gpu::launch::sampling::{NO_TOKEN, ShardDraw};
 use kernels_gpu::launch::sampling::{SamplingParams, sampling_mode};
 
 use super::Softmax;
-use super::call::{Span, check_per_row, check_shapes};
+use super::call::{Frame, Span, check_per_row, check_shapes};
 use super::options::Options;
-use super::views::{DType, Rows, RowsMut, Values, ValuesMut, merge_row_states};
+use super::views::{DType, Rows, RowsMut, Value, Values, ValuesMut, merge_row_states};
 use crate::error::{Error, Result};
 use crate::plan::{Layout, Request};
 use crate::runtime::CallBuffers;
@@ -338,26 +338,11 @@ impl Softmax {
         let mut frame = self.frame(options)?;
         let x = frame.rows("logits", &logits)?;
         let mut reads = vec![x];
-        if let PerRow::Each(v) = sampling.temperature {
-            let span = frame.values("temperatures", &v)?;
-            params.temperatures = span.operand.address;
-            reads.push(span);
-        }
-        if let Some(PerRow::Each(v)) = sampling.top_k {
-            let span = frame.values("top-k values", &v)?;
-            params.top_ks = span.operand.address;
-            reads.push(span);
-        }
-        if let Some(PerRow::Each(v)) = sampling.top_p {
-            let span = frame.values("top-p values", &v)?;
-            params.top_ps = span.operand.address;
-            reads.push(span);
-        }
-        if let Some(PerRow::Each(v)) = sampling.min_p {
-            let span = frame.values("min-p values", &v)?;
-            params.min_ps = span.operand.address;
-            reads.push(span);
-        }
+        let temperature = Some(sampling.temperature);
+        params.temperatures = per_row_array(&mut frame, "temperatures", temperature, &mut reads)?;
+        params.top_ks = per_row_array(&mut frame, "top-k values", sampling.top_k, &mut reads)?;
+        params.top_ps = per_row_array(&mut frame, "top-p values", sampling.top_p, &mut reads)?;
+        params.min_ps = per_row_array(&mut frame, "min-p values", sampling.min_p, &mut reads)?;
         if let Some(bias) = &sampling.bias {
             let span = frame.rows("bias", bias)?;
             params.bias = span.operand.address;
@@ -472,6 +457,23 @@ impl Softmax {
         // the logits starts 16-byte aligned.
         unsafe { self.enqueue(&prepared, shape, &buffers) }
     }
+}
+
+/// The device address of the per-row array of `value`, its span added to `reads`; 0 where
+/// `value` is one for all rows (or absent).
+fn per_row_array<'r, T: Value>(
+    frame: &mut Frame<'r>,
+    what: &'static str,
+    value: Option<PerRow<'r, T>>,
+    reads: &mut Vec<Span>,
+) -> Result<u64> {
+    let Some(PerRow::Each(values)) = value else {
+        return Ok(0);
+    };
+    let span = frame.values(what, &values)?;
+    let address = span.operand.address;
+    reads.push(span);
+    Ok(address)
 }
 
 /// What a sampling call writes: the full outputs, or a shard's draws (with its first global
