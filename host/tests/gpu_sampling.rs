@@ -160,17 +160,13 @@ fn draw_counts<T: Element>(
         options = options.bias(Rows::new(b, shape(1, cols)).map_err(text)?);
     }
     for _ in 0..calls {
-        softmax
-            .sample(
-                Rows::new(&x, shape(rows, cols)).map_err(text)?,
-                &mut random,
-                SamplingOutputs::new().tokens(&mut tokens),
-                &options,
-                &Options::new(),
-            )
-            .map_err(text)?;
-        let mut host = vec![0u32; rows];
-        tokens.copy_to(&mut host[..]).map_err(text)?;
+        let host = draw_tokens(
+            softmax,
+            Rows::new(&x, shape(rows, cols)).map_err(text)?,
+            &mut random,
+            &mut tokens,
+            &options,
+        )?;
         for t in host {
             let t = t as usize;
             if t >= cols {
@@ -542,19 +538,37 @@ fn tokens_of(
     let x = upload::<f32>(values)?;
     let mut random = DeviceBuffer::from_slice(&[seed, offset]).map_err(text)?;
     let mut tokens = DeviceBuffer::from_slice(&vec![0u32; s.rows()]).map_err(text)?;
+    draw_tokens(
+        softmax,
+        Rows::new(&x, s).map_err(text)?,
+        &mut random,
+        &mut tokens,
+        &SamplingOptions::new()
+            .temperature(1.2)
+            .top_k(40)
+            .advance(false),
+    )
+}
+
+/// One call's tokens of `logits` with `random` and `options`, drawn into `tokens` and read
+/// back.
+fn draw_tokens(
+    softmax: &mut Softmax,
+    logits: Rows<'_>,
+    random: &mut DeviceBuffer<u64>,
+    tokens: &mut DeviceBuffer<u32>,
+    options: &SamplingOptions<'_>,
+) -> Result<Vec<u32>, String> {
     softmax
         .sample(
-            Rows::new(&x, s).map_err(text)?,
-            &mut random,
-            SamplingOutputs::new().tokens(&mut tokens),
-            &SamplingOptions::new()
-                .temperature(1.2)
-                .top_k(40)
-                .advance(false),
+            logits,
+            random,
+            SamplingOutputs::new().tokens(&mut *tokens),
+            options,
             &Options::new(),
         )
         .map_err(text)?;
-    let mut host = vec![0u32; s.rows()];
+    let mut host = vec![0u32; tokens.len()];
     tokens.copy_to(&mut host[..]).map_err(text)?;
     Ok(host)
 }
@@ -716,17 +730,13 @@ fn shards(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     ));
     let xb = upload::<f32>(&batch)?;
     let mut batch_tokens = DeviceBuffer::from_slice(&vec![0u32; batch_rows]).map_err(text)?;
-    softmax
-        .sample(
-            Rows::new(&xb, shape(batch_rows, cols)).map_err(text)?,
-            &mut random,
-            SamplingOutputs::new().tokens(&mut batch_tokens),
-            &options,
-            &Options::new(),
-        )
-        .map_err(text)?;
-    let mut unsliced = vec![0u32; batch_rows];
-    batch_tokens.copy_to(&mut unsliced[..]).map_err(text)?;
+    let unsliced = draw_tokens(
+        softmax,
+        Rows::new(&xb, shape(batch_rows, cols)).map_err(text)?,
+        &mut random,
+        &mut batch_tokens,
+        &options,
+    )?;
     if unsliced[..rows] != whole[..] {
         return Err(format!(
             "rows drawn in slices {whole:?}, in a batch of {batch_rows} {:?}",
