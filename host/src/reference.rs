@@ -368,9 +368,20 @@ pub fn cross_entropy_f64(
         }
         let t = target as usize;
         let w_t = weight(t);
-        let smooth: f64 = (0..cols).map(|c| weight(c) * (lse - z[c])).sum();
-        let loss =
-            (1.0 - eps) * w_t * (lse - z[t]) + eps / vocab * smooth + options.z_loss * lse * lse;
+        // Terms whose coefficient is 0 are left out, not multiplied by 0: without label
+        // smoothing a `-inf` logit (vocabulary padding) leaves the loss finite, as in torch.
+        let smoothing = if eps > 0.0 {
+            let smooth: f64 = (0..cols).map(|c| weight(c) * (lse - z[c])).sum();
+            eps / vocab * smooth
+        } else {
+            0.0
+        };
+        let z_loss = if options.z_loss > 0.0 {
+            options.z_loss * lse * lse
+        } else {
+            0.0
+        };
+        let loss = (1.0 - eps) * w_t * (lse - z[t]) + smoothing + z_loss;
         result.losses.push(loss);
         result.denominator += w_t;
         coefficients.push(Some((w_t, t, lse)));
@@ -389,7 +400,12 @@ pub fn cross_entropy_f64(
             result.gradient.extend(std::iter::repeat_n(0.0, cols));
             continue;
         };
-        let p_factor = (1.0 - eps) * w_t + eps * total_weight / vocab + 2.0 * options.z_loss * lse;
+        let z_loss = if options.z_loss > 0.0 {
+            2.0 * options.z_loss * lse
+        } else {
+            0.0
+        };
+        let p_factor = (1.0 - eps) * w_t + eps * total_weight / vocab + z_loss;
         for (c, &v) in x.iter().enumerate() {
             let v = f64::from(v);
             let (z, dz_dx) = if options.softcap > 0.0 {

@@ -565,7 +565,8 @@ fn few_wide_rows_in_slices(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
 /// Softmax over few wide rows of a 16-bit type runs row-slices, as f32's `auto` does: cached
 /// slices that exchange their statistics (32×151936, 16×262144, and 8×300001 with peeled
 /// ends), a cached row per block in one wave (128×50257), and a cached row per block over
-/// many rows (600×70001); 16 bytes at a time, and one element at a time with the input one
+/// many rows (600×70001, which the operation kernels read in clusters in waves where packs
+/// serve, as they do 256×65536); 16 bytes at a time, and one element at a time with the input one
 /// element off the output's alignment; bf16 and f16. Then the special values (12 rows of
 /// 200003, 4.8 MB: NaN, ±inf, rows of -inf only, ±3e38, …) through the same kernels, whose
 /// batch maximum is taken on packed pairs. Each row is compared on its own.
@@ -577,6 +578,7 @@ fn wide_16_bit_rows_in_row_slices(softmax: &mut Softmax, rng: &mut StdRng) -> Ou
         (8, 300_001),
         (128, 50_257),
         (600, 70_001),
+        (256, 65_536),
     ]
     .map(|(rows, cols)| {
         let shape = Shape::new(rows, cols).unwrap();

@@ -260,6 +260,43 @@ pub(crate) fn slices_form_clusters(
         && device.active_clusters(entry, threads, CLUSTER_SHARED_BYTES, slices) > 0
 }
 
+/// Threads of the blocks that slice rows into clusters run in waves
+/// ([`clusters_in_waves`]): the block size QuACK gives such rows too.
+pub(crate) const WAVE_CLUSTER_THREADS: u32 = 256;
+
+/// Whether rows that a whole-row block cannot keep two to a multiprocessor (`whole_resident`
+/// blocks of the best whole-row instance, 0 when none holds the row) run as `slices` blocks of
+/// `entry` (`threads` each) per row, one thread-block cluster per row, in as many waves as the
+/// rows need. A cluster needs no other block resident, so its rows need not all fit at once,
+/// and smaller blocks keep more of them on each multiprocessor, at different points of their
+/// rows: the reads of some overlap the reductions and writes of others. Needs more blocks
+/// (`rows · slices`) than are resident at once, which leaves fewer rows to the slicings that
+/// spread a row over the whole GPU; and the sm_90 build, at most [`MAX_CLUSTER_BLOCKS`]
+/// slices, and a cluster the driver can schedule.
+pub(crate) fn clusters_in_waves(
+    device: &dyn DeviceLimits,
+    entry: Entry,
+    threads: u32,
+    rows: u32,
+    slices: u32,
+    whole_resident: u32,
+) -> bool {
+    let per_sm = device.blocks_per_sm(entry, threads, CLUSTER_SHARED_BYTES);
+    whole_resident < 2
+        && slices_form_clusters(device, entry, threads, slices)
+        && u64::from(rows) * u64::from(slices)
+            > u64::from(device.multiprocessors()) * u64::from(per_sm)
+}
+
+/// Whether `launch` is a slicing in clusters that runs in waves ([`clusters_in_waves`]): more
+/// blocks than are resident at once.
+pub(crate) fn runs_in_waves(launch: &Launch, device: &dyn DeviceLimits) -> bool {
+    matches!(launch.scheduling, Scheduling::Clusters(_))
+        && u64::from(launch.grid)
+            > u64::from(device.multiprocessors())
+                * u64::from(device.blocks_per_sm(launch.entry, launch.block, launch.shared_bytes))
+}
+
 /// One kernel launch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Launch {
@@ -437,8 +474,11 @@ pub(crate) fn plan(
                 mode: OperationMode::Full,
             };
             let launches = plan(operation, shape, layout, device)?;
+            // Row-slices serves sliced rows, but for slicings in waves of clusters.
             let sliced = launches.iter().any(|l| match l.params {
-                Params::Operation { slicing, .. } => slicing.slices > 1,
+                Params::Operation { slicing, .. } => {
+                    slicing.slices > 1 && !runs_in_waves(l, device)
+                }
                 _ => false,
             });
             let bytes = shape.len() as u64 * u64::from(dtype.bytes());
@@ -709,16 +749,26 @@ pub(crate) mod tests {
     }
 
     /// 16-bit plain softmax takes row-slices on large tensors the operation kernels would
-    /// slice, and the operation kernels elsewhere.
+    /// slice across the GPU, and the operation kernels elsewhere, their clusters in waves
+    /// included.
     #[test]
     fn sixteen_bit_plain_softmax_takes_row_slices_only_on_large_sliced_tensors() {
-        let entry = |rows, cols| {
+        let launch = |rows, cols| {
             let request = Request::PlainSoftmax {
                 dtype: DType::Bf16,
                 peelable: true,
             };
-            plan(request, shape(rows, cols), Layout::Aligned, &FakeH200).unwrap()[0].entry
+            plan(request, shape(rows, cols), Layout::Aligned, &FakeH200).unwrap()[0]
         };
+        let entry = |rows, cols| launch(rows, cols).entry;
+        // 151936 columns in blocks of 256 threads of 8 packs: 10 a row, 1280 blocks.
+        let waves = launch(128, 151936);
+        assert!(
+            matches!(waves.entry, Entry::Operation(k) if k.threads_per_row() == 256 && k.packs == 8),
+            "{waves:?}"
+        );
+        assert_eq!(waves.scheduling, Scheduling::Clusters(10));
+        assert!(runs_in_waves(&waves, &FakeH200));
         assert!(matches!(entry(32, 151936), Entry::RowSlices(_)));
         // Also where the operation kernels' slices would form clusters (7 slices a row).
         assert!(matches!(entry(128, 50257), Entry::RowSlices(_)));
@@ -745,10 +795,10 @@ pub(crate) mod tests {
             assert!(sliced(bf16, rows, cols), "bf16 {rows}x{cols}");
         }
         let auto = Request::Variant(Variant::Auto);
-        for (rows, cols) in [(4, 1048576), (16, 262144), (2, 4194304), (32, 151936)] {
+        for (rows, cols) in [(4, 1048576), (16, 262144), (2, 4194304), (8, 128256)] {
             assert!(sliced(auto, rows, cols), "f32 {rows}x{cols}");
         }
-        let whole = plan(auto, shape(5000, 100000), Layout::Aligned, &FakeH200).unwrap();
+        let whole = plan(auto, shape(5000, 300000), Layout::Aligned, &FakeH200).unwrap();
         assert!(matches!(whole[0].entry, Entry::RowSlices(_)));
         assert!(workspace_needs(&whole).is_none(), "{whole:?}");
     }

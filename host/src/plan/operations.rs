@@ -8,7 +8,7 @@ use kernels_gpu::launch::ops::{
 
 use super::{
     DeviceLimits, Entry, Launch, OperationMode, OperationPass, Params, Scheduling, Slicing,
-    block_shared_bytes, slices_form_clusters,
+    WAVE_CLUSTER_THREADS, block_shared_bytes, clusters_in_waves, slices_form_clusters,
 };
 use crate::shape::Shape;
 
@@ -92,6 +92,10 @@ impl OpLaunch {
         }
     }
 }
+
+/// Packs per thread of the blocks that slice rows into clusters in waves
+/// ([`clusters_in_waves`]): 32 KB of a 16-bit row, 16 KB of an f32 one.
+const WAVE_CLUSTER_PACKS: u32 = 8;
 
 /// Fewest threads of a block that holds a slice of a row (rather than a whole row).
 const MIN_SLICE_THREADS: u32 = 128;
@@ -201,6 +205,32 @@ pub(crate) fn plan(
         .filter(|(k, _)| k.slots() >= row_packs)
         .max_by_key(|&&(k, resident)| (resident, std::cmp::Reverse(k.capacity())))
         .copied();
+    // Forward rows too wide to keep two whole rows on a multiprocessor: clusters of
+    // 256-thread blocks of 8 packs each, in waves, where there are rows enough.
+    let waves = (direction == Direction::Forward && vector)
+        .then(|| {
+            blocks.iter().find(|(k, _)| {
+                k.threads_per_row() == WAVE_CLUSTER_THREADS && k.packs == WAVE_CLUSTER_PACKS
+            })
+        })
+        .flatten()
+        .map(|&(k, _)| launch(k, row_packs.div_ceil(k.slots())))
+        .filter(|sliced| {
+            clusters_in_waves(
+                device,
+                Entry::Operation(sliced.kernel),
+                sliced.block(),
+                rows,
+                sliced.slices,
+                whole.map_or(0, |(_, resident)| resident),
+            )
+        });
+    if let Some(sliced) = waves {
+        return Some(OpLaunch {
+            clustered: true,
+            ..sliced
+        });
+    }
     let fills_gpu = whole.is_some_and(|(_, r)| {
         u64::from(rows) >= u64::from(device.multiprocessors()) * u64::from(r)
     });
@@ -335,7 +365,8 @@ mod tests {
         if launch.slices > 1 && !launch.split && launch.slices > k.threads_per_row() {
             return Err(format!("{cols} columns, {k}: more slices than threads"));
         }
-        if launch.slices > 1 && !launch.split {
+        // Clusters may run in waves: only a cooperative launch needs every block resident.
+        if launch.slices > 1 && !launch.split && !launch.clustered {
             let resident = 132
                 * FakeH200.blocks_per_sm(
                     Entry::Operation(k),

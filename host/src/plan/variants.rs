@@ -15,7 +15,8 @@ use kernels_gpu::launch::{
 
 use super::{
     CLUSTER_SHARED_BYTES, DeviceLimits, Entry, Launch, Layout, Params, Scheduling, Slicing,
-    block_shared_bytes, slices_form_clusters,
+    WAVE_CLUSTER_THREADS, block_shared_bytes, clusters_in_waves, runs_in_waves,
+    slices_form_clusters,
 };
 use crate::error::{Error, Result};
 use crate::shape::Shape;
@@ -79,6 +80,7 @@ pub(crate) fn plan(
             None => vec![match block_registers_launch(shape, layout, device) {
                 Some(launch)
                     if !(launch.scheduling != Scheduling::Ordinary
+                        && !runs_in_waves(&launch, device)
                         && shape.len() as u64 * 4 >= SLICED_ROW_SLICES_FROM_BYTES) =>
                 {
                     launch
@@ -255,10 +257,27 @@ fn block_registers_launch(
     let fills_gpu = whole.is_some_and(|(_, resident)| {
         u64::from(rows) >= u64::from(device.multiprocessors()) * u64::from(resident)
     });
+    // Rows too wide to keep two whole rows on a multiprocessor: clusters of 256-thread
+    // blocks of 16 packs each, in waves, where there are rows enough.
+    let waves = block_register_instances()
+        .find(|i| {
+            i.pack == VECTOR_PACK
+                && pack == VECTOR_PACK
+                && i.threads == WAVE_CLUSTER_THREADS
+                && i.packs == WAVE_CLUSTER_PACKS
+        })
+        .map(|i| (i, row_packs.div_ceil(i.threads * i.packs)))
+        .filter(|&(i, slices)| {
+            let whole_resident = whole.map_or(0, |(_, resident)| resident);
+            let entry = Entry::BlockRegisters(i);
+            clusters_in_waves(device, entry, i.threads, rows, slices, whole_resident)
+        });
     let sliced = (!fills_gpu && device.cooperative_launch())
         .then(|| block_register_slicing(rows, row_packs, pack, device))
         .flatten();
-    let (instance, slices) = sliced.or(whole.map(|(instance, _)| (instance, 1)))?;
+    let (instance, slices) = waves
+        .or(sliced)
+        .or(whole.map(|(instance, _)| (instance, 1)))?;
     let entry = Entry::BlockRegisters(instance);
     // On sm_90, as one thread-block cluster per row where the slices are few enough.
     let clustered = slices_form_clusters(device, entry, instance.threads, slices);
@@ -277,6 +296,10 @@ fn block_registers_launch(
         },
     })
 }
+
+/// Packs per thread of the block-registers blocks that slice rows into clusters in waves
+/// ([`clusters_in_waves`]): 64 KB of a row.
+const WAVE_CLUSTER_PACKS: u32 = 16;
 
 /// Widest row the rows-in-registers kernels hold with this layout.
 fn register_capacity(layout: Layout) -> usize {
@@ -909,16 +932,27 @@ mod tests {
             (one_wave.grid, one_wave.scheduling, cached),
             (128, Scheduling::Ordinary, true)
         );
-        // More data than the GPU caches at once, in rows too few to fill it with a block each:
-        // a cluster per row, clusters in waves. Rows that fill it, or slices too wide for a
-        // cluster to cache: row-slices, reading twice.
-        assert_eq!(kernel(32, 151936, 0), "softmax_row_slices_p4");
-        assert_eq!(kernel(64, 151936, 0), "softmax_row_cluster_p4");
-        assert_eq!(kernel(48, 262144, 0), "softmax_row_cluster_p4");
-        assert_eq!(kernel(100, 151936, 0), "softmax_row_cluster_p4");
-        assert_eq!(kernel(128, 151936, 0), "softmax_row_slices_p4");
+        // Rows of at most 16 blocks of 256 threads and 16 packs, more of those blocks than
+        // are resident at once: block registers, a cluster per row, clusters in waves.
+        let waves = "softmax_block_registers_p4_n16 (256 threads)";
+        for (rows, cols) in [(32, 151936), (64, 151936), (48, 262144), (512, 65536)] {
+            assert_eq!(kernel(rows, cols, 0), waves, "{rows}x{cols}");
+            let launch = plan(Variant::Auto, shape(rows, cols), ALIGNED, &FakeH200).unwrap()[0];
+            let slices = (cols as u32).div_ceil(4 * 256 * 16);
+            assert_eq!(
+                launch.scheduling,
+                Scheduling::Clusters(slices),
+                "{rows}x{cols}"
+            );
+            assert!(
+                super::super::runs_in_waves(&launch, &FakeH200),
+                "{rows}x{cols}"
+            );
+        }
+        // Fewer rows (their blocks all resident): slices across the GPU.
+        assert_eq!(kernel(16, 262144, 0), "softmax_row_slices_p4");
+        // Rows wider than 16 such blocks: row-slices, reading twice.
         assert_eq!(kernel(16, 1 << 20, 0), "softmax_row_slices_p4");
-        assert_eq!(kernel(512, 65536, 0), "softmax_row_slices_p4");
         assert_eq!(kernel(2000, 1 << 22, 0), "softmax_row_slices_p4");
     }
 
@@ -979,7 +1013,11 @@ mod tests {
                     }
                 }
                 if slices > 1 {
-                    assert_all_resident(&launch, rows, cols);
+                    // Clusters may run in waves: only a cooperative launch needs every block
+                    // resident.
+                    if launch.scheduling == Scheduling::Cooperative {
+                        assert_all_resident(&launch, rows, cols);
+                    }
                     assert!(
                         slices <= launch.block,
                         "{rows}x{cols}: more slices than threads to read them"
