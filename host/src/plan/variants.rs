@@ -15,8 +15,8 @@ use kernels_gpu::launch::{
 
 use super::{
     CLUSTER_SHARED_BYTES, DeviceLimits, Entry, Launch, Layout, Params, Scheduling, Slicing,
-    WAVE_CLUSTER_THREADS, block_shared_bytes, clusters_in_waves, runs_in_waves,
-    slices_form_clusters,
+    WAVE_CLUSTER_THREADS, block_shared_bytes, clusters_in_waves, reads_once_in_one_wave,
+    runs_in_waves, slices_form_clusters,
 };
 use crate::error::{Error, Result};
 use crate::shape::Shape;
@@ -78,9 +78,18 @@ pub(crate) fn plan(
         Variant::Auto => match register_instance(shape.cols(), layout) {
             Some(instance) => vec![register_launch(instance, rows, cols)],
             None => vec![match block_registers_launch(shape, layout, device) {
+                // Clusters in waves, unless row-slices reads the tensor once in one wave.
+                Some(launch) if runs_in_waves(&launch, device) => {
+                    let peelable = layout != Layout::Elements;
+                    let (slices, cached) = row_slices_launch(shape, DType::F32, peelable, device);
+                    if reads_once_in_one_wave(&slices, cached, device) {
+                        slices
+                    } else {
+                        launch
+                    }
+                }
                 Some(launch)
                     if !(launch.scheduling != Scheduling::Ordinary
-                        && !runs_in_waves(&launch, device)
                         && shape.len() as u64 * 4 >= SLICED_ROW_SLICES_FROM_BYTES) =>
                 {
                     launch
@@ -933,9 +942,9 @@ mod tests {
             (128, Scheduling::Ordinary, true)
         );
         // Rows of at most 16 blocks of 256 threads and 16 packs, more of those blocks than
-        // are resident at once: block registers, a cluster per row, clusters in waves.
+        // are resident at once: block registers, a cluster per row, clusters in waves...
         let waves = "softmax_block_registers_p4_n16 (256 threads)";
-        for (rows, cols) in [(32, 151936), (64, 151936), (48, 262144), (512, 65536)] {
+        for (rows, cols) in [(64, 151936), (48, 262144), (512, 65536), (128, 128256)] {
             assert_eq!(kernel(rows, cols, 0), waves, "{rows}x{cols}");
             let launch = plan(Variant::Auto, shape(rows, cols), ALIGNED, &FakeH200).unwrap()[0];
             let slices = (cols as u32).div_ceil(4 * 256 * 16);
@@ -948,6 +957,17 @@ mod tests {
                 super::super::runs_in_waves(&launch, &FakeH200),
                 "{rows}x{cols}"
             );
+        }
+        // ...unless row-slices reads the tensor once in one wave: cached slices of 32 rows,
+        // a cached row per block for 128 rows.
+        for (rows, cols) in [(32, 151936), (128, 50257)] {
+            let launch = plan(Variant::Auto, shape(rows, cols), ALIGNED, &FakeH200).unwrap()[0];
+            let (slices, cached) =
+                row_slices_launch(shape(rows, cols), DType::F32, true, &FakeH200);
+            assert_eq!(launch, slices, "{rows}x{cols}");
+            assert!(super::super::reads_once_in_one_wave(
+                &slices, cached, &FakeH200
+            ));
         }
         // Fewer rows (their blocks all resident): slices across the GPU.
         assert_eq!(kernel(16, 262144, 0), "softmax_row_slices_p4");
