@@ -103,7 +103,7 @@ enum Kind {
     /// bf16 log-softmax at a temperature into f32 (the operation kernels).
     Bf16LogSoftmax,
     /// f32 log-softmax into f32 (the operation kernels; two launches on rows too many and
-    /// too wide to keep resident).
+    /// too wide to keep resident, more than 16 slices of a cluster in waves).
     F32LogSoftmax,
     /// bf16 row states, then the rows normalized with them into f32.
     Bf16States,
@@ -131,7 +131,13 @@ fn cases() -> Vec<Case> {
         case(Kind::Run, 2, 4_194_304, "f32 row-slices"),
         case(Kind::Run, 1, 128_256, "f32 block-registers, cooperative"),
         case(Kind::Run, 4, 8192, "f32 block-registers in clusters"),
-        case(Kind::Run, 64, 151_936, "f32 row-cluster"),
+        case(Kind::Run, 32, 524_288, "f32 row-cluster"),
+        case(
+            Kind::Run,
+            128,
+            128_256,
+            "f32 block-registers, clusters in waves",
+        ),
         case(Kind::Run, 4096, 1000, "f32 rows in registers"),
         case(
             Kind::RunLeaving,
@@ -156,8 +162,14 @@ fn cases() -> Vec<Case> {
         case(
             Kind::F32LogSoftmax,
             300,
-            65_536,
+            140_000,
             "f32 operation, two launches",
+        ),
+        case(
+            Kind::Bf16LogSoftmax,
+            512,
+            128_256,
+            "bf16 operation, clusters in waves",
         ),
         case(Kind::Bf16States, 1, 128_256, "bf16 row states, cooperative"),
     ]
@@ -481,12 +493,12 @@ fn growth_beside_queued_work(_softmax: &mut Softmax, rng: &mut StdRng) -> Outcom
     let grows = [
         Case {
             kind: Kind::F32LogSoftmax,
-            shape: shape(300, 65_536),
+            shape: shape(64, 140_000),
             family: "",
         },
         Case {
             kind: Kind::F32LogSoftmax,
-            shape: shape(600, 70_000),
+            shape: shape(300, 140_000),
             family: "",
         },
     ];

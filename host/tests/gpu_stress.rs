@@ -469,13 +469,14 @@ fn two_streams(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
 }
 
 /// A variant on a shape for each kernel family that launches with programmatic overlap (the
-/// sliced 32×151936 among them).
-const DEPENDENT_CASES: [(Variant, usize, usize); 11] = [
+/// sliced 32×151936 and the clusters in waves of 128×128256 among them).
+const DEPENDENT_CASES: [(Variant, usize, usize); 12] = [
     (Variant::Auto, 4096, 1000),
     (Variant::Auto, 65536, 100),
     (Variant::Auto, 64, 16384),
     (Variant::Auto, 128, 50257),
     (Variant::Auto, 32, 151936),
+    (Variant::Auto, 128, 128256),
     (Variant::RowSlices, 8, 128256),
     (Variant::RowCluster, 64, 151936),
     (Variant::Unfused, 64, 3000),
@@ -695,7 +696,7 @@ fn late_writer(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
             refused.push(format!("{variant} on {shape}"));
         }
     }
-    for (rows, cols) in [(4096, 1000), (128, 50257), (64, 8192)] {
+    for (rows, cols) in [(4096, 1000), (128, 50257), (64, 8192), (512, 128256)] {
         let shape = Shape::new(rows, cols).unwrap();
         let values = random_bf16(rng, shape);
         // Whole 32-bit words: every shape here has an even number of elements.

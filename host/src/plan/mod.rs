@@ -46,9 +46,10 @@ pub(crate) enum Request {
     /// `BlockPerRowAutotuned` must be resolved to a thread count first).
     Variant(Variant),
     /// Softmax without options of contiguous rows of one 16-bit type, same type in and out:
-    /// row-slices where the operation kernels would slice the rows of a large tensor and
-    /// row-slices caches its slices, else the operation kernels. `peelable`: input and
-    /// output are misaligned alike modulo 16 bytes.
+    /// the operation kernels in clusters in waves where they take the rows, unless row-slices
+    /// would read the tensor once in one wave; else row-slices where the operation kernels
+    /// would slice the rows of a large tensor and row-slices caches its slices, else the
+    /// operation kernels. `peelable`: input and output are misaligned alike modulo 16 bytes.
     PlainSoftmax { dtype: DType, peelable: bool },
     /// The operation kernels.
     Operation {
@@ -269,10 +270,10 @@ pub(crate) const WAVE_CLUSTER_THREADS: u32 = 256;
 /// `entry` (`threads` each) per row, one thread-block cluster per row, in as many waves as the
 /// rows need. A cluster needs no other block resident, so its rows need not all fit at once,
 /// and smaller blocks keep more of them on each multiprocessor, at different points of their
-/// rows: the reads of some overlap the reductions and writes of others. Needs more blocks
-/// (`rows · slices`) than are resident at once, which leaves fewer rows to the slicings that
-/// spread a row over the whole GPU; and the sm_90 build, at most [`MAX_CLUSTER_BLOCKS`]
-/// slices, and a cluster the driver can schedule.
+/// rows: the reads of some overlap the reductions and writes of others. Needs at least one
+/// and a half waves of blocks (`rows · slices`): a second wave mostly empty lost to the plans
+/// that keep every block resident (performance log: "Clusters in waves"); and the sm_90
+/// build, at most [`MAX_CLUSTER_BLOCKS`] slices, and a cluster the driver can schedule.
 pub(crate) fn clusters_in_waves(
     device: &dyn DeviceLimits,
     entry: Entry,
@@ -284,33 +285,21 @@ pub(crate) fn clusters_in_waves(
     let per_sm = device.blocks_per_sm(entry, threads, CLUSTER_SHARED_BYTES);
     whole_resident < 2
         && slices_form_clusters(device, entry, threads, slices)
-        && u64::from(rows) * u64::from(slices)
-            > u64::from(device.multiprocessors()) * u64::from(per_sm)
+        && 2 * u64::from(rows) * u64::from(slices)
+            >= 3 * u64::from(device.multiprocessors()) * u64::from(per_sm)
 }
 
-/// Whether `launch` is a slicing in clusters that runs in waves ([`clusters_in_waves`]): more
-/// blocks than are resident at once.
-pub(crate) fn runs_in_waves(launch: &Launch, device: &dyn DeviceLimits) -> bool {
-    matches!(launch.scheduling, Scheduling::Clusters(_))
-        && u64::from(launch.grid)
-            > u64::from(device.multiprocessors())
-                * u64::from(device.blocks_per_sm(launch.entry, launch.block, launch.shared_bytes))
-}
-
-/// Whether a row-slices launch (`cached`: its slices held in shared memory) reads its
-/// tensor once with every block resident at once. Where it does, it beats clusters in waves
-/// (a cached row or slice per block, in one wave, read at 93–105% of the copy; clusters in
-/// waves lost 7 to 17 points there), so the planners keep it (performance log: "Clusters in
-/// waves").
-pub(crate) fn reads_once_in_one_wave(
-    launch: &Launch,
-    cached: bool,
-    device: &dyn DeviceLimits,
-) -> bool {
-    cached
-        && u64::from(launch.grid)
-            <= u64::from(device.multiprocessors())
-                * u64::from(device.blocks_per_sm(launch.entry, launch.block, launch.shared_bytes))
+/// Whether `launch` is row-slices reading its tensor once (its slices cached in shared
+/// memory) with every block resident at once. Such a plan beats clusters in waves (a cached
+/// row or slice per block in one wave read 93–105% of the copy, and clusters in waves lost 7
+/// to 17 points against it), so the planners keep it (performance log: "Clusters in waves").
+pub(crate) fn reads_once_in_one_wave(launch: &Launch, device: &dyn DeviceLimits) -> bool {
+    matches!(
+        (launch.entry, launch.params),
+        (Entry::RowSlices(_), Params::RowSlices { cached: true, .. })
+    ) && u64::from(launch.grid)
+        <= u64::from(device.multiprocessors())
+            * u64::from(device.blocks_per_sm(launch.entry, launch.block, launch.shared_bytes))
 }
 
 /// One kernel launch.
@@ -484,22 +473,11 @@ pub(crate) fn plan(
     match request {
         Request::Variant(variant) => variants::plan(variant, shape, layout, device),
         Request::PlainSoftmax { dtype, peelable } => {
-            let operation = Request::Operation {
-                direction: Direction::Forward,
-                input: dtype,
-                mode: OperationMode::Full,
-            };
-            let launches = plan(operation, shape, layout, device)?;
-            // Clusters in waves, unless row-slices reads the tensor once in one wave.
-            if launches.iter().any(|l| runs_in_waves(l, device)) {
-                let (slices, cached) = variants::row_slices_launch(shape, dtype, peelable, device);
-                return Ok(if reads_once_in_one_wave(&slices, cached, device) {
-                    vec![slices]
-                } else {
-                    launches
-                });
-            }
-            let sliced = launches.iter().any(|l| match l.params {
+            let (forward, full) = (Direction::Forward, OperationMode::Full);
+            // The operation kernels' plan without clusters in waves, or 16-bit row-slices
+            // where that plan slices a large tensor and row-slices caches it.
+            let mut resident = operation_plan(forward, dtype, full, shape, layout, device, false)?;
+            let sliced = resident.iter().any(|l| match l.params {
                 Params::Operation { slicing, .. } => slicing.slices > 1,
                 _ => false,
             });
@@ -507,32 +485,21 @@ pub(crate) fn plan(
             if sliced && bytes >= SIXTEEN_BIT_ROW_SLICES_FROM_BYTES {
                 let (launch, cached) = variants::row_slices_launch(shape, dtype, peelable, device);
                 if cached {
-                    return Ok(vec![launch]);
+                    resident = vec![launch];
                 }
             }
-            Ok(launches)
+            // Clusters in waves where the rule takes them, unless that plan is row-slices
+            // reading the tensor once in one wave.
+            let in_waves = operations::plan_in_waves(forward, dtype, shape, layout, device)
+                .filter(|_| !resident.iter().any(|l| reads_once_in_one_wave(l, device)))
+                .and_then(|waves| operations::launches(waves, full));
+            Ok(in_waves.unwrap_or(resident))
         }
         Request::Operation {
             direction,
             input,
             mode,
-        } => {
-            let unsupported = |why: &str| Error::Unsupported {
-                variant: "operation".into(),
-                rows: shape.rows(),
-                cols: shape.cols(),
-                why: why.into(),
-            };
-            let launch = operations::plan(direction, input, shape, layout, device)
-                .ok_or_else(|| unsupported("no operation kernel can launch on this device"))?;
-            operations::launches(launch, mode).ok_or_else(|| {
-                unsupported(
-                    "the slice is too wide to reduce in one launch here (too many rows to keep \
-                     resident at this width): split it into narrower slices and merge their \
-                     states",
-                )
-            })
-        }
+        } => operation_plan(direction, input, mode, shape, layout, device, true),
         Request::CrossEntropy {
             input,
             totals,
@@ -544,6 +511,38 @@ pub(crate) fn plan(
             sliceable,
         } => sampling::plan(input, advance, sliceable, shape, layout, device),
     }
+}
+
+/// The operation kernels' launches for `direction` on `input` in `mode`: with `waves`, the
+/// full calls take clusters in waves where [`operations::plan_in_waves`] does (row states and
+/// their application keep the plans that hold every block resident or split the row).
+fn operation_plan(
+    direction: Direction,
+    input: DType,
+    mode: OperationMode,
+    shape: Shape,
+    layout: Layout,
+    device: &dyn DeviceLimits,
+    waves: bool,
+) -> Result<Vec<Launch>> {
+    let unsupported = |why: &str| Error::Unsupported {
+        variant: "operation".into(),
+        rows: shape.rows(),
+        cols: shape.cols(),
+        why: why.into(),
+    };
+    let in_waves = (waves && mode == OperationMode::Full)
+        .then(|| operations::plan_in_waves(direction, input, shape, layout, device))
+        .flatten();
+    let launch = in_waves
+        .or_else(|| operations::plan(direction, input, shape, layout, device))
+        .ok_or_else(|| unsupported("no operation kernel can launch on this device"))?;
+    operations::launches(launch, mode).ok_or_else(|| {
+        unsupported(
+            "the slice is too wide to reduce in one launch here (too many rows to keep \
+             resident at this width): split it into narrower slices and merge their states",
+        )
+    })
 }
 
 /// Every entry a plan of the softmax module can name (the module must hold them all);
@@ -664,9 +663,12 @@ pub(crate) mod tests {
         }
 
         fn blocks_per_sm(&self, entry: Entry, threads: u32, shared_bytes: u32) -> u32 {
-            // Registers per thread: about 24, plus the floats a block-registers thread holds.
+            // Registers per thread: about 24, plus those holding a thread's packs (a
+            // block-registers thread's floats; an operation thread's packs, a 16-byte pack
+            // in four registers: ptxas gives op_block_fwd_bf16_p8_n8 56, p8_n4 40).
             let held = match entry {
                 Entry::BlockRegisters(name) => name.pack * name.packs,
+                Entry::Operation(k) => k.packs * (k.pack() * k.input.bytes() / 4).max(1),
                 _ => 8,
             };
             let by_registers = 65536 / (threads * (24 + held));
@@ -743,6 +745,14 @@ pub(crate) mod tests {
         Shape::new(rows, cols).unwrap()
     }
 
+    /// Whether `launch` runs in clusters in waves: in clusters, with more blocks than are
+    /// resident at once.
+    pub(crate) fn runs_in_waves(launch: &Launch, device: &dyn DeviceLimits) -> bool {
+        let resident = device.blocks_per_sm(launch.entry, launch.block, launch.shared_bytes);
+        matches!(launch.scheduling, Scheduling::Clusters(_))
+            && u64::from(launch.grid) > u64::from(device.multiprocessors()) * u64::from(resident)
+    }
+
     #[test]
     fn the_pair_layout_needs_both_pointers_aligned_and_whole_packs() {
         assert_eq!(pair_layout(256, 512, 8), Layout::Aligned);
@@ -791,8 +801,24 @@ pub(crate) mod tests {
         );
         assert_eq!(waves.scheduling, Scheduling::Clusters(10));
         assert!(runs_in_waves(&waves, &FakeH200));
-        // Row-slices where it reads the tensor once in one wave: 128 cached rows of 100003.
-        assert!(matches!(entry(128, 100003), Entry::RowSlices(_)));
+        // Row-slices where it reads the tensor once in one wave, though clusters in waves
+        // would take the rows: 128 cached rows of 100003.
+        let peeled = Layout::Peeled;
+        let in_waves = operations::plan_in_waves(
+            Direction::Forward,
+            DType::Bf16,
+            shape(128, 100003),
+            peeled,
+            &FakeH200,
+        );
+        assert!(in_waves.is_some());
+        let request = Request::PlainSoftmax {
+            dtype: DType::Bf16,
+            peelable: true,
+        };
+        let kept = plan(request, shape(128, 100003), peeled, &FakeH200).unwrap()[0];
+        assert!(matches!(kept.entry, Entry::RowSlices(_)), "{kept:?}");
+        assert!(reads_once_in_one_wave(&kept, &FakeH200));
         assert!(matches!(entry(32, 151936), Entry::RowSlices(_)));
         // Also where the operation kernels' slices would form clusters (7 slices a row).
         assert!(matches!(entry(128, 50257), Entry::RowSlices(_)));
@@ -815,16 +841,55 @@ pub(crate) mod tests {
             dtype: DType::Bf16,
             peelable: true,
         };
-        for (rows, cols) in [(16, 262144), (32, 151936), (12, 200003), (3, 1048576)] {
+        for (rows, cols) in [
+            (16, 262144),
+            (32, 151936),
+            (64, 151936),
+            (12, 200003),
+            (3, 1048576),
+        ] {
             assert!(sliced(bf16, rows, cols), "bf16 {rows}x{cols}");
         }
         let auto = Request::Variant(Variant::Auto);
-        for (rows, cols) in [(4, 1048576), (16, 262144), (2, 4194304), (8, 128256)] {
+        for (rows, cols) in [(4, 1048576), (16, 262144), (2, 4194304), (32, 151936)] {
             assert!(sliced(auto, rows, cols), "f32 {rows}x{cols}");
         }
         let whole = plan(auto, shape(5000, 300000), Layout::Aligned, &FakeH200).unwrap();
         assert!(matches!(whole[0].entry, Entry::RowSlices(_)));
         assert!(workspace_needs(&whole).is_none(), "{whole:?}");
+    }
+
+    /// The stream tests' cases that name a family reach it: row-cluster, clusters in waves for
+    /// f32 `auto` and the bf16 operation kernels, and the two launches of f32 log-softmax
+    /// (whose row states grow the workspace).
+    #[test]
+    fn the_stream_tests_cases_reach_their_families() {
+        let auto = |rows, cols| {
+            let request = Request::Variant(Variant::Auto);
+            plan(request, shape(rows, cols), Layout::Aligned, &FakeH200).unwrap()
+        };
+        let forward = |input, rows, cols| {
+            let request = Request::Operation {
+                direction: Direction::Forward,
+                input,
+                mode: OperationMode::Full,
+            };
+            plan(request, shape(rows, cols), Layout::Aligned, &FakeH200).unwrap()
+        };
+        assert!(matches!(
+            auto(32, 524288)[0].entry,
+            Entry::RowCluster { .. }
+        ));
+        let waves = auto(128, 128256)[0];
+        assert!(matches!(waves.entry, Entry::BlockRegisters(_)), "{waves:?}");
+        assert!(runs_in_waves(&waves, &FakeH200));
+        assert!(runs_in_waves(
+            &forward(DType::Bf16, 512, 128256)[0],
+            &FakeH200
+        ));
+        for (rows, cols) in [(64, 140000), (300, 140000)] {
+            assert_eq!(forward(DType::F32, rows, cols).len(), 2, "{rows}x{cols}");
+        }
     }
 
     /// Only a cooperative launch's sliced rows exchange through the workspace: whole rows need

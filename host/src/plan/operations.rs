@@ -183,14 +183,7 @@ pub(crate) fn plan(
         });
     }
 
-    let scratch = block_shared_bytes(false);
-    let resident =
-        |&k: &OpInstance| device.blocks_per_sm(Entry::Operation(k), k.threads_per_row(), scratch);
-    let blocks: Vec<(OpInstance, u32)> = instances
-        .filter(|k| matches!(k.shape, OpKernelShape::Block { .. }))
-        .map(|k| (k, resident(&k)))
-        .filter(|&(_, resident)| resident > 0)
-        .collect();
+    let blocks = block_instances(instances, device);
     let launch = |kernel: OpInstance, slices: u32| OpLaunch {
         kernel,
         grid: rows.saturating_mul(slices),
@@ -199,38 +192,7 @@ pub(crate) fn plan(
         split: false,
         clustered: false,
     };
-    // Whole rows: most rows resident per multiprocessor, then the smallest instance.
-    let whole = blocks
-        .iter()
-        .filter(|(k, _)| k.slots() >= row_packs)
-        .max_by_key(|&&(k, resident)| (resident, std::cmp::Reverse(k.capacity())))
-        .copied();
-    // Forward rows too wide to keep two whole rows on a multiprocessor: clusters of
-    // 256-thread blocks of 8 packs each, in waves, where there are rows enough.
-    let waves = (direction == Direction::Forward && vector)
-        .then(|| {
-            blocks.iter().find(|(k, _)| {
-                k.threads_per_row() == WAVE_CLUSTER_THREADS && k.packs == WAVE_CLUSTER_PACKS
-            })
-        })
-        .flatten()
-        .map(|&(k, _)| launch(k, row_packs.div_ceil(k.slots())))
-        .filter(|sliced| {
-            clusters_in_waves(
-                device,
-                Entry::Operation(sliced.kernel),
-                sliced.block(),
-                rows,
-                sliced.slices,
-                whole.map_or(0, |(_, resident)| resident),
-            )
-        });
-    if let Some(sliced) = waves {
-        return Some(OpLaunch {
-            clustered: true,
-            ..sliced
-        });
-    }
+    let whole = whole_rows(&blocks, row_packs);
     let fills_gpu = whole.is_some_and(|(_, r)| {
         u64::from(rows) >= u64::from(device.multiprocessors()) * u64::from(r)
     });
@@ -309,6 +271,71 @@ pub(crate) fn plan(
     })
 }
 
+/// The block instances among `instances` that can launch on `device`, with the blocks of
+/// each resident on a multiprocessor at once.
+fn block_instances(
+    instances: impl Iterator<Item = OpInstance>,
+    device: &dyn DeviceLimits,
+) -> Vec<(OpInstance, u32)> {
+    let scratch = block_shared_bytes(false);
+    instances
+        .filter(|k| matches!(k.shape, OpKernelShape::Block { .. }))
+        .map(|k| {
+            let threads = k.threads_per_row();
+            (
+                k,
+                device.blocks_per_sm(Entry::Operation(k), threads, scratch),
+            )
+        })
+        .filter(|&(_, resident)| resident > 0)
+        .collect()
+}
+
+/// The instance for whole rows of `row_packs` packs: most rows resident per multiprocessor,
+/// then the smallest instance; with its resident blocks.
+fn whole_rows(blocks: &[(OpInstance, u32)], row_packs: u32) -> Option<(OpInstance, u32)> {
+    blocks
+        .iter()
+        .filter(|(k, _)| k.slots() >= row_packs)
+        .max_by_key(|&&(k, resident)| (resident, std::cmp::Reverse(k.capacity())))
+        .copied()
+}
+
+/// A forward call in clusters in waves ([`clusters_in_waves`]): rows that no whole-row block
+/// keeps two to a multiprocessor, cut into blocks of 256 threads of 8 packs (16-byte packs
+/// only), one thread-block cluster per row. `None` where the rule does not take them.
+pub(crate) fn plan_in_waves(
+    direction: Direction,
+    input: DType,
+    shape: Shape,
+    layout: PackLayout,
+    device: &dyn DeviceLimits,
+) -> Option<OpLaunch> {
+    if direction != Direction::Forward || layout == PackLayout::Elements {
+        return None;
+    }
+    let (rows, row_packs) = (
+        shape.rows() as u32,
+        shape.cols() as u32 / layout.pack(input),
+    );
+    let blocks = block_instances(OpInstance::instances(direction, input, layout), device);
+    let whole_resident = whole_rows(&blocks, row_packs).map_or(0, |(_, resident)| resident);
+    let (kernel, _) = blocks.into_iter().find(|(k, _)| {
+        k.threads_per_row() == WAVE_CLUSTER_THREADS && k.packs == WAVE_CLUSTER_PACKS
+    })?;
+    let slices = row_packs.div_ceil(kernel.slots());
+    let entry = Entry::Operation(kernel);
+    let threads = kernel.threads_per_row();
+    clusters_in_waves(device, entry, threads, rows, slices, whole_resident).then(|| OpLaunch {
+        kernel,
+        grid: rows.saturating_mul(slices),
+        slices,
+        slice_packs: row_packs.div_ceil(slices),
+        split: false,
+        clustered: true,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -324,13 +351,10 @@ mod tests {
         layout: PackLayout,
         device: &dyn DeviceLimits,
     ) -> Option<OpLaunch> {
-        plan(
-            direction,
-            input,
-            shape(rows as usize, cols as usize),
-            layout,
-            device,
-        )
+        // As a full call plans: clusters in waves first.
+        let shape = shape(rows as usize, cols as usize);
+        plan_in_waves(direction, input, shape, layout, device)
+            .or_else(|| plan(direction, input, shape, layout, device))
     }
 
     const LAYOUTS: [PackLayout; 3] = [
@@ -376,6 +400,18 @@ mod tests {
             if launch.grid > resident {
                 return Err(format!("{cols} columns, {k}: not all resident"));
             }
+        }
+        if launch.clustered
+            && FakeH200.active_clusters(
+                Entry::Operation(k),
+                launch.block(),
+                launch.shared_bytes(),
+                launch.slices,
+            ) == 0
+        {
+            return Err(format!(
+                "{cols} columns, {k}: its clusters cannot be scheduled"
+            ));
         }
         if launch.clustered
             && (launch.split

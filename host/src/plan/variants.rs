@@ -16,7 +16,7 @@ use kernels_gpu::launch::{
 use super::{
     CLUSTER_SHARED_BYTES, DeviceLimits, Entry, Launch, Layout, Params, Scheduling, Slicing,
     WAVE_CLUSTER_THREADS, block_shared_bytes, clusters_in_waves, reads_once_in_one_wave,
-    runs_in_waves, slices_form_clusters,
+    slices_form_clusters,
 };
 use crate::error::{Error, Result};
 use crate::shape::Shape;
@@ -77,25 +77,23 @@ pub(crate) fn plan(
     Ok(match variant {
         Variant::Auto => match register_instance(shape.cols(), layout) {
             Some(instance) => vec![register_launch(instance, rows, cols)],
-            None => vec![match block_registers_launch(shape, layout, device) {
-                // Clusters in waves, unless row-slices reads the tensor once in one wave.
-                Some(launch) if runs_in_waves(&launch, device) => {
-                    let peelable = layout != Layout::Elements;
-                    let (slices, cached) = row_slices_launch(shape, DType::F32, peelable, device);
-                    if reads_once_in_one_wave(&slices, cached, device) {
-                        slices
-                    } else {
+            None => {
+                let resident = match block_registers_launch(shape, layout, device) {
+                    Some(launch)
+                        if !(launch.scheduling != Scheduling::Ordinary
+                            && shape.len() as u64 * 4 >= SLICED_ROW_SLICES_FROM_BYTES) =>
+                    {
                         launch
                     }
-                }
-                Some(launch)
-                    if !(launch.scheduling != Scheduling::Ordinary
-                        && shape.len() as u64 * 4 >= SLICED_ROW_SLICES_FROM_BYTES) =>
-                {
-                    launch
-                }
-                _ => wide_rows_launch(shape, layout, device),
-            }],
+                    _ => wide_rows_launch(shape, layout, device),
+                };
+                // Clusters in waves, unless that plan is row-slices reading the tensor once
+                // in one wave.
+                vec![match block_registers_in_waves(shape, layout, device) {
+                    Some(waves) if !reads_once_in_one_wave(&resident, device) => waves,
+                    _ => resident,
+                }]
+            }
         },
         Variant::Unfused => unfused_launches(shape, device),
         Variant::ThreadPerRowNaive => vec![per_row(
@@ -140,13 +138,15 @@ pub(crate) fn plan(
         }
         Variant::BlockRegisters => {
             vec![
-                block_registers_launch(shape, layout, device).ok_or_else(|| {
-                    unsupported(
-                        "the row (or the slices the GPU has room for) is wider than a block's \
+                block_registers_in_waves(shape, layout, device)
+                    .or_else(|| block_registers_launch(shape, layout, device))
+                    .ok_or_else(|| {
+                        unsupported(
+                            "the row (or the slices the GPU has room for) is wider than a block's \
                      registers hold"
-                            .into(),
-                    )
-                })?,
+                                .into(),
+                        )
+                    })?,
             ]
         }
         Variant::RowSlices => {
@@ -250,10 +250,11 @@ fn block_register_slicing(
     })
 }
 
-/// Block registers: a block per row when rows fill the GPU, otherwise each row cut into
-/// slices that keep every block resident (a cooperative launch; on sm_90 a thread-block
-/// cluster per row when it has at most [`MAX_CLUSTER_BLOCKS`] slices). `None` when the row
-/// fits neither way.
+/// Block registers with every block resident or whole rows (for clusters in waves, see
+/// [`block_registers_in_waves`]): a block per row when rows fill the GPU, otherwise each row
+/// cut into slices that keep every block resident (a cooperative launch; on sm_90 a
+/// thread-block cluster per row when it has at most [`MAX_CLUSTER_BLOCKS`] slices). `None`
+/// when the row fits neither way.
 fn block_registers_launch(
     shape: Shape,
     layout: Layout,
@@ -266,33 +267,59 @@ fn block_registers_launch(
     let fills_gpu = whole.is_some_and(|(_, resident)| {
         u64::from(rows) >= u64::from(device.multiprocessors()) * u64::from(resident)
     });
-    // Rows too wide to keep two whole rows on a multiprocessor: clusters of 256-thread
-    // blocks of 16 packs each, in waves, where there are rows enough.
-    let waves = block_register_instances()
-        .find(|i| {
-            i.pack == VECTOR_PACK
-                && pack == VECTOR_PACK
-                && i.threads == WAVE_CLUSTER_THREADS
-                && i.packs == WAVE_CLUSTER_PACKS
-        })
-        .map(|i| (i, row_packs.div_ceil(i.threads * i.packs)))
-        .filter(|&(i, slices)| {
-            let whole_resident = whole.map_or(0, |(_, resident)| resident);
-            let entry = Entry::BlockRegisters(i);
-            clusters_in_waves(device, entry, i.threads, rows, slices, whole_resident)
-        });
     let sliced = (!fills_gpu && device.cooperative_launch())
         .then(|| block_register_slicing(rows, row_packs, pack, device))
         .flatten();
-    let (instance, slices) = waves
-        .or(sliced)
-        .or(whole.map(|(instance, _)| (instance, 1)))?;
+    let (instance, slices) = sliced.or(whole.map(|(instance, _)| (instance, 1)))?;
     let entry = Entry::BlockRegisters(instance);
     // On sm_90, as one thread-block cluster per row where the slices are few enough.
     let clustered = slices_form_clusters(device, entry, instance.threads, slices);
-    Some(Launch {
+    Some(block_registers_sliced(shape, instance, slices, clustered))
+}
+
+/// Block registers in clusters in waves ([`clusters_in_waves`]): rows that no whole-row
+/// instance keeps two to a multiprocessor, cut into blocks of 256 threads of 16 packs (16-byte
+/// packs only), one thread-block cluster per row. `None` where the rule does not take them.
+fn block_registers_in_waves(
+    shape: Shape,
+    layout: Layout,
+    device: &dyn DeviceLimits,
+) -> Option<Launch> {
+    if peeled_pack(layout) != VECTOR_PACK {
+        return None;
+    }
+    let row_packs = (shape.cols() as u32).div_ceil(VECTOR_PACK);
+    let whole_resident = block_register_whole_rows(row_packs, VECTOR_PACK, device)
+        .map_or(0, |(_, resident)| resident);
+    let instance = block_register_instances().find(|i| {
+        i.pack == VECTOR_PACK && i.threads == WAVE_CLUSTER_THREADS && i.packs == WAVE_CLUSTER_PACKS
+    })?;
+    let slices = row_packs.div_ceil(instance.threads * instance.packs);
+    let entry = Entry::BlockRegisters(instance);
+    let rows = shape.rows() as u32;
+    clusters_in_waves(
+        device,
         entry,
-        grid: rows.saturating_mul(slices),
+        instance.threads,
+        rows,
+        slices,
+        whole_resident,
+    )
+    .then(|| block_registers_sliced(shape, instance, slices, true))
+}
+
+/// The block-registers launch of `instance` over rows of `shape` cut into `slices` (one:
+/// whole rows), in clusters of a row's slices or else cooperative.
+fn block_registers_sliced(
+    shape: Shape,
+    instance: BlockRegisterInstance,
+    slices: u32,
+    clustered: bool,
+) -> Launch {
+    let row_packs = (shape.cols() as u32).div_ceil(instance.pack);
+    Launch {
+        entry: Entry::BlockRegisters(instance),
+        grid: (shape.rows() as u32).saturating_mul(slices),
         block: instance.threads,
         shared_bytes: block_shared_bytes(clustered),
         scheduling: Scheduling::exchanging(slices, clustered),
@@ -303,7 +330,7 @@ fn block_registers_launch(
                 slice_packs: row_packs.div_ceil(slices),
             },
         },
-    })
+    }
 }
 
 /// Packs per thread of the block-registers blocks that slice rows into clusters in waves
@@ -954,21 +981,28 @@ mod tests {
                 "{rows}x{cols}"
             );
             assert!(
-                super::super::runs_in_waves(&launch, &FakeH200),
+                crate::plan::tests::runs_in_waves(&launch, &FakeH200),
                 "{rows}x{cols}"
             );
         }
-        // ...unless row-slices reads the tensor once in one wave: cached slices of 32 rows,
-        // a cached row per block for 128 rows.
-        for (rows, cols) in [(32, 151936), (128, 50257)] {
-            let launch = plan(Variant::Auto, shape(rows, cols), ALIGNED, &FakeH200).unwrap()[0];
-            let (slices, cached) =
-                row_slices_launch(shape(rows, cols), DType::F32, true, &FakeH200);
-            assert_eq!(launch, slices, "{rows}x{cols}");
-            assert!(super::super::reads_once_in_one_wave(
-                &slices, cached, &FakeH200
-            ));
-        }
+        // ...unless the plan without them is row-slices reading the tensor once in one wave:
+        // a cached row per block for 128 rows of 50257.
+        let (rows, cols) = (128, 50257);
+        let peeled = super::super::pair_layout(0, 0, cols);
+        assert_eq!(peeled, Layout::Peeled);
+        assert!(block_registers_in_waves(shape(rows, cols), peeled, &FakeH200).is_some());
+        let launch = plan(Variant::Auto, shape(rows, cols), peeled, &FakeH200).unwrap()[0];
+        let (slices, cached) = row_slices_launch(shape(rows, cols), DType::F32, true, &FakeH200);
+        assert!(cached, "{slices:?}");
+        assert_eq!(launch, slices);
+        assert!(super::super::reads_once_in_one_wave(&launch, &FakeH200));
+        // Blocks of less than a wave and a half (320 for 32 rows of 151936): no clusters in
+        // waves; row-slices caches their slices.
+        assert!(block_registers_in_waves(shape(32, 151936), ALIGNED, &FakeH200).is_none());
+        assert_eq!(kernel(32, 151936, 0), "softmax_row_slices_p4");
+        // Rows of more than 16 such blocks, too few for row-slices to cache their slices:
+        // row-cluster.
+        assert_eq!(kernel(32, 524288, 0), "softmax_row_cluster_p4");
         // Fewer rows (their blocks all resident): slices across the GPU.
         assert_eq!(kernel(16, 262144, 0), "softmax_row_slices_p4");
         // Rows wider than 16 such blocks: row-slices, reading twice.

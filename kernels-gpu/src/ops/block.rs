@@ -39,11 +39,13 @@ use super::states::{block_merged_states, store_slice_state, store_state};
 /// dynamic shared memory. When `slices > 1`, in modes `FULL` and `STATES`, either the launch
 /// is in thread-block clusters of `slices` blocks (the sm_90 build; `slices` at most
 /// [`MAX_CLUSTER_BLOCKS`](crate::launch::MAX_CLUSTER_BLOCKS)), each block with
-/// `(REDUCTION_SCRATCH_FLOATS + CLUSTER_STATS_FLOATS) · 4` bytes of dynamic shared memory, or
+/// `(REDUCTION_SCRATCH_FLOATS + CLUSTER_STATS_FLOATS) · 4` bytes of dynamic shared memory (the
+/// clusters need not all be resident at once: they may run in waves), or
 /// `partials` holds two floats per block, `barriers` two words per row zeroed when allocated
 /// and used by one launch at a time, and every block is resident at once (cooperative
 /// launch). In mode `SLICE_STATES` each block only stores its slice's state, and
-/// `APPLY_STATES` merges stored states: neither runs in clusters. In-place operation is
+/// `APPLY_STATES` merges stored states: neither exchanges statistics, and a launch of either
+/// in clusters leaves its clusters unused. In-place operation is
 /// allowed: each thread reads its packs before it writes them, and no thread reads another's.
 #[inline(always)]
 pub unsafe fn op_block<

@@ -3,10 +3,11 @@
 //!
 //! With `PACK == 4` any width and any 4-byte aligned row is read with 16-byte accesses (see
 //! [`EdgePerThreadSlice`] for the few floats around the aligned body). When a row is cut into
-//! several slices (few rows, wide rows: LLM vocabularies), the blocks of a row exchange their
-//! statistics within their thread-block cluster where the row has at most 16 slices (sm_90),
-//! else through global memory behind a per-row barrier, in a cooperative launch so every block
-//! is resident. Its entries are generated at the bottom from the instance list in
+//! several slices (few rows, wide rows: LLM vocabularies; or batches of rows no whole-row block
+//! keeps two to a multiprocessor), the blocks of a row exchange their statistics within their
+//! thread-block cluster where the row has at most 16 slices (sm_90; the clusters may run in
+//! waves), else through global memory behind a per-row barrier, in a cooperative launch so
+//! every block is resident. Its entries are generated at the bottom from the instance list in
 //! [`crate::launch::softmax`], the one the host's tables come from.
 
 use crate::launch::entry_name;
