@@ -457,10 +457,10 @@ fn every_operation_and_type_pair(softmax: &mut Softmax, rng: &mut StdRng) -> Out
             every_operation_for::<f16>(softmax, &mut tally, rng, shape)?;
         }
     }
-    // Wide rows: the cooperative slices; clusters in waves (the forward passes of 600×70000);
-    // and the two launches over slices for rows too many and too wide to keep resident (the
-    // backward pass of 600×70000, the forward passes of 64×300000), with both 16-bit and f32
-    // input.
+    // Wide rows: the cooperative slices; clusters in waves (the forward passes of 600×70000,
+    // and its log-sum-exp); and the two launches over slices for rows too many and too wide
+    // to keep resident (the gradient of 600×70000; at 64×300000 the 16-bit forward passes and
+    // the f32 log-softmax, whose softmax takes row-cluster).
     for (rows, cols) in [(8, 128256), (1, 1_048_576), (600, 70000), (64, 300_000)] {
         let shape = Shape::new(rows, cols).unwrap();
         let x = random_matrix(rng, shape, 8.0);
@@ -512,7 +512,7 @@ fn every_operation_and_type_pair(softmax: &mut Softmax, rng: &mut StdRng) -> Out
 /// capacities lie (the narrowest may plan as groups), the 151,935-wide LLM row, 600 rows of
 /// 70,001 (too many and too wide to keep resident: the forward passes in clusters in waves,
 /// the gradient in two launches, whose second merges the slices' states) and 64 rows of
-/// 140,001 (the f32 forward passes in two launches too): the rows are peeled, and a block
+/// 140,001 (the f32 log-softmax in two launches too, the f32 softmax in clusters in waves): the rows are peeled, and a block
 /// holds their head and tail in one more slot of its first two threads. Few rows (cooperative slices) and many (a block per row),
 /// softmax and log-softmax forward and the softmax gradient, bf16 and f32.
 fn peeled_rows_at_block_capacity(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {

@@ -167,7 +167,7 @@ fn cases() -> Vec<Case> {
         ),
         case(
             Kind::Bf16LogSoftmax,
-            512,
+            256,
             128_256,
             "bf16 operation, clusters in waves",
         ),

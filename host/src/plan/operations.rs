@@ -790,17 +790,63 @@ mod tests {
         ) {
             proptest::prop_assume!(layout.serves(direction));
             let cols = if layout == PackLayout::Aligned { cols.next_multiple_of(input.vector_pack()) } else { cols };
-            let launch = plan_op(direction, input, rows, cols, layout, &FakeH200).unwrap();
-            proptest::prop_assert!(check(&launch, input, cols, layout).is_ok(), "{:?}", check(&launch, input, cols, layout));
-            // Rows start anywhere only when peeled.
-            let row_start = if layout == PackLayout::Peeled { row_start } else { 0 };
-            let covered = match launch.kernel.pack() {
-                1 => coverage::<1>(&launch, cols, row_start),
-                4 => coverage::<4>(&launch, cols, row_start),
-                _ => coverage::<8>(&launch, cols, row_start),
-            };
-            proptest::prop_assert!(covered.iter().all(|&n| n == 1), "{launch:?} from {row_start}");
+            // Both plans a call may take: clusters in waves, and the plan without them (row
+            // states, and 16-bit plain softmax's comparison with row-slices).
+            let s = shape(rows as usize, cols as usize);
+            let in_waves = plan_in_waves(direction, input, s, layout, &FakeH200);
+            let without = plan(direction, input, s, layout, &FakeH200).unwrap();
+            for launch in in_waves.into_iter().chain([without]) {
+                proptest::prop_assert!(check(&launch, input, cols, layout).is_ok(), "{:?}", check(&launch, input, cols, layout));
+                // Rows start anywhere only when peeled.
+                let row_start = if layout == PackLayout::Peeled { row_start } else { 0 };
+                let covered = match launch.kernel.pack() {
+                    1 => coverage::<1>(&launch, cols, row_start),
+                    4 => coverage::<4>(&launch, cols, row_start),
+                    _ => coverage::<8>(&launch, cols, row_start),
+                };
+                proptest::prop_assert!(covered.iter().all(|&n| n == 1), "{launch:?} from {row_start}");
+            }
         }
+    }
+
+    /// Clusters in waves serve the forward direction with 16-byte packs only, and only where
+    /// their blocks make a wave and a half.
+    #[test]
+    fn clusters_in_waves_serve_only_forward_rows_in_packs() {
+        let waves = |direction, input, rows, cols, layout, device: &dyn DeviceLimits| {
+            plan_in_waves(direction, input, shape(rows, cols), layout, device)
+        };
+        let aligned = PackLayout::Aligned;
+        for input in DType::ALL {
+            let taken = waves(Direction::Forward, input, 512, 128256, aligned, &FakeH200);
+            assert!(taken.is_some_and(|l| l.clustered && !l.split), "{input:?}");
+            for (direction, layout) in [
+                (Direction::Backward, aligned),
+                (Direction::MaskedForward, PackLayout::Elements),
+                (Direction::Forward, PackLayout::Elements),
+            ] {
+                let none = waves(direction, input, 512, 128256, layout, &FakeH200);
+                assert!(none.is_none(), "{direction:?} {layout:?}");
+            }
+            for sm90_build in [false, true] {
+                let device = FakeH200WithoutClusters { sm90_build };
+                let none = waves(Direction::Forward, input, 512, 128256, aligned, &device);
+                assert!(none.is_none(), "{input:?} without clusters");
+            }
+        }
+        // 64 bf16 rows of 151936: 10 blocks each, 640 against 528 resident, under a wave and
+        // a half.
+        assert!(
+            waves(
+                Direction::Forward,
+                DType::Bf16,
+                64,
+                151936,
+                aligned,
+                &FakeH200
+            )
+            .is_none()
+        );
     }
 
     #[test]
