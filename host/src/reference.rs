@@ -324,6 +324,14 @@ pub fn cross_entropy_f64(
     let eps = options.label_smoothing;
     let vocab = cols as f64;
     let total_weight: f64 = (0..cols).map(weight).sum();
+    // Terms whose coefficient is 0 are left out, not multiplied by 0 (an infinite `lse`).
+    let z_loss_of = |x: f64| {
+        if options.z_loss > 0.0 {
+            options.z_loss * x
+        } else {
+            0.0
+        }
+    };
     let mut result = CrossEntropyResult {
         losses: Vec::with_capacity(rows),
         lse: Vec::with_capacity(rows),
@@ -376,12 +384,7 @@ pub fn cross_entropy_f64(
         } else {
             0.0
         };
-        let z_loss = if options.z_loss > 0.0 {
-            options.z_loss * lse * lse
-        } else {
-            0.0
-        };
-        let loss = (1.0 - eps) * w_t * (lse - z[t]) + smoothing + z_loss;
+        let loss = (1.0 - eps) * w_t * (lse - z[t]) + smoothing + z_loss_of(lse * lse);
         result.losses.push(loss);
         result.denominator += w_t;
         coefficients.push(Some((w_t, t, lse)));
@@ -400,12 +403,7 @@ pub fn cross_entropy_f64(
             result.gradient.extend(std::iter::repeat_n(0.0, cols));
             continue;
         };
-        let z_loss = if options.z_loss > 0.0 {
-            2.0 * options.z_loss * lse
-        } else {
-            0.0
-        };
-        let p_factor = (1.0 - eps) * w_t + eps * total_weight / vocab + z_loss;
+        let p_factor = (1.0 - eps) * w_t + eps * total_weight / vocab + z_loss_of(2.0 * lse);
         for (c, &v) in x.iter().enumerate() {
             let v = f64::from(v);
             let (z, dz_dx) = if options.softcap > 0.0 {

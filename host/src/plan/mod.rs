@@ -297,9 +297,21 @@ pub(crate) fn reads_once_in_one_wave(launch: &Launch, device: &dyn DeviceLimits)
     matches!(
         (launch.entry, launch.params),
         (Entry::RowSlices(_), Params::RowSlices { cached: true, .. })
-    ) && u64::from(launch.grid)
-        <= u64::from(device.multiprocessors())
-            * u64::from(device.blocks_per_sm(launch.entry, launch.block, launch.shared_bytes))
+    ) && u64::from(launch.grid) <= launch.resident_blocks(device)
+}
+
+/// The plan of a call that clusters in waves may take: `in_waves` where the rule takes the
+/// rows ([`clusters_in_waves`]), unless `resident`, the plan without them, is row-slices
+/// reading the tensor once in one wave ([`reads_once_in_one_wave`]).
+pub(crate) fn waves_unless_read_once(
+    resident: Vec<Launch>,
+    in_waves: Option<Vec<Launch>>,
+    device: &dyn DeviceLimits,
+) -> Vec<Launch> {
+    match in_waves {
+        Some(waves) if !resident.iter().any(|l| reads_once_in_one_wave(l, device)) => waves,
+        _ => resident,
+    }
 }
 
 /// One kernel launch.
@@ -311,6 +323,14 @@ pub(crate) struct Launch {
     pub shared_bytes: u32,
     pub scheduling: Scheduling,
     pub params: Params,
+}
+
+impl Launch {
+    /// Blocks of this launch resident on the whole GPU at once.
+    pub(crate) fn resident_blocks(&self, device: &dyn DeviceLimits) -> u64 {
+        u64::from(device.multiprocessors())
+            * u64::from(device.blocks_per_sm(self.entry, self.block, self.shared_bytes))
+    }
 }
 
 /// Workspace a plan's launches use, in elements of each buffer.
@@ -476,7 +496,7 @@ pub(crate) fn plan(
             let (forward, full) = (Direction::Forward, OperationMode::Full);
             // The operation kernels' plan without clusters in waves, or 16-bit row-slices
             // where that plan slices a large tensor and row-slices caches it.
-            let mut resident = operation_plan(forward, dtype, full, shape, layout, device, false)?;
+            let mut resident = operation_plan(forward, dtype, full, shape, layout, device)?;
             let sliced = resident.iter().any(|l| match l.params {
                 Params::Operation { slicing, .. } => slicing.slices > 1,
                 _ => false,
@@ -488,18 +508,26 @@ pub(crate) fn plan(
                     resident = vec![launch];
                 }
             }
-            // Clusters in waves where the rule takes them, unless that plan is row-slices
-            // reading the tensor once in one wave.
             let in_waves = operations::plan_in_waves(forward, dtype, shape, layout, device)
-                .filter(|_| !resident.iter().any(|l| reads_once_in_one_wave(l, device)))
                 .and_then(|waves| operations::launches(waves, full));
-            Ok(in_waves.unwrap_or(resident))
+            Ok(waves_unless_read_once(resident, in_waves, device))
         }
         Request::Operation {
             direction,
             input,
             mode,
-        } => operation_plan(direction, input, mode, shape, layout, device, true),
+        } => {
+            // Full calls take clusters in waves where the rule takes the rows; row states and
+            // their application keep the plans that hold every block resident or split rows.
+            let in_waves = (mode == OperationMode::Full)
+                .then(|| operations::plan_in_waves(direction, input, shape, layout, device))
+                .flatten()
+                .and_then(|waves| operations::launches(waves, mode));
+            in_waves.map_or_else(
+                || operation_plan(direction, input, mode, shape, layout, device),
+                Ok,
+            )
+        }
         Request::CrossEntropy {
             input,
             totals,
@@ -513,9 +541,8 @@ pub(crate) fn plan(
     }
 }
 
-/// The operation kernels' launches for `direction` on `input` in `mode`: with `waves`, the
-/// full calls take clusters in waves where [`operations::plan_in_waves`] does (row states and
-/// their application keep the plans that hold every block resident or split the row).
+/// The operation kernels' launches for `direction` on `input` in `mode` without clusters in
+/// waves ([`operations::plan`]).
 fn operation_plan(
     direction: Direction,
     input: DType,
@@ -523,7 +550,6 @@ fn operation_plan(
     shape: Shape,
     layout: Layout,
     device: &dyn DeviceLimits,
-    waves: bool,
 ) -> Result<Vec<Launch>> {
     let unsupported = |why: &str| Error::Unsupported {
         variant: "operation".into(),
@@ -531,11 +557,7 @@ fn operation_plan(
         cols: shape.cols(),
         why: why.into(),
     };
-    let in_waves = (waves && mode == OperationMode::Full)
-        .then(|| operations::plan_in_waves(direction, input, shape, layout, device))
-        .flatten();
-    let launch = in_waves
-        .or_else(|| operations::plan(direction, input, shape, layout, device))
+    let launch = operations::plan(direction, input, shape, layout, device)
         .ok_or_else(|| unsupported("no operation kernel can launch on this device"))?;
     operations::launches(launch, mode).ok_or_else(|| {
         unsupported(
@@ -748,9 +770,8 @@ pub(crate) mod tests {
     /// Whether `launch` runs in clusters in waves: in clusters, with more blocks than are
     /// resident at once.
     pub(crate) fn runs_in_waves(launch: &Launch, device: &dyn DeviceLimits) -> bool {
-        let resident = device.blocks_per_sm(launch.entry, launch.block, launch.shared_bytes);
         matches!(launch.scheduling, Scheduling::Clusters(_))
-            && u64::from(launch.grid) > u64::from(device.multiprocessors()) * u64::from(resident)
+            && u64::from(launch.grid) > launch.resident_blocks(device)
     }
 
     #[test]

@@ -15,8 +15,8 @@ use kernels_gpu::launch::{
 
 use super::{
     CLUSTER_SHARED_BYTES, DeviceLimits, Entry, Launch, Layout, Params, Scheduling, Slicing,
-    WAVE_CLUSTER_THREADS, block_shared_bytes, clusters_in_waves, reads_once_in_one_wave,
-    slices_form_clusters,
+    WAVE_CLUSTER_THREADS, block_shared_bytes, clusters_in_waves, slices_form_clusters,
+    waves_unless_read_once,
 };
 use crate::error::{Error, Result};
 use crate::shape::Shape;
@@ -87,12 +87,8 @@ pub(crate) fn plan(
                     }
                     _ => wide_rows_launch(shape, layout, device),
                 };
-                // Clusters in waves, unless that plan is row-slices reading the tensor once
-                // in one wave.
-                vec![match block_registers_in_waves(shape, layout, device) {
-                    Some(waves) if !reads_once_in_one_wave(&resident, device) => waves,
-                    _ => resident,
-                }]
+                let in_waves = block_registers_in_waves(shape, layout, device).map(|l| vec![l]);
+                waves_unless_read_once(vec![resident], in_waves, device)
             }
         },
         Variant::Unfused => unfused_launches(shape, device),
