@@ -4,6 +4,8 @@
 #
 #   bash bench/grid.sh [WHEELS_DIR]
 #
+# DTYPES (default "f32 bf16") names the element types to run, so that each can take a run of
+# its own.
 # Installs the peer wheels of WHEELS_DIR (default target/peer-wheels; see docs/benchmarking.md,
 # "Peers") into a private folder, where a wheel too large to carry whole may come as pieces
 # `NAME.whl.part-*` joined here first; runs `host bench --grid --peers`, isolated, for f32 and
@@ -30,7 +32,7 @@ else
     echo "grid: no $wheels: the peers are those python3 already has" >&2
 fi
 
-for dtype in f32 bf16; do
+for dtype in ${DTYPES:-f32 bf16}; do
     variants=()
     [ "$dtype" = f32 ] && variants=(--variants auto)
     .gpu/host bench --grid --dtype "$dtype" "${variants[@]}" --timing isolated --peers \
