@@ -121,6 +121,8 @@ fn llm_and_odd_shapes(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
         (16, 262144),
         (56, 262144),
         (1, 1048576),
+        // `auto` in row-slices in waves of rows.
+        (8, 1048576),
         (4096, 1000),
         (65536, 100),
         (128, 50257),

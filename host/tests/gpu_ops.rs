@@ -458,10 +458,17 @@ fn every_operation_and_type_pair(softmax: &mut Softmax, rng: &mut StdRng) -> Out
         }
     }
     // Wide rows: the cooperative slices; clusters in waves (the forward passes of 600×70000,
-    // and its log-sum-exp); and the two launches over slices for rows too many and too wide
-    // to keep resident (the gradient of 600×70000; at 64×300000 the 16-bit forward passes and
-    // the f32 log-softmax, whose softmax takes row-cluster).
-    for (rows, cols) in [(8, 128256), (1, 1_048_576), (600, 70000), (64, 300_000)] {
+    // and its log-sum-exp); the two launches over slices for rows too many and too wide to
+    // keep resident (the gradient of 600×70000; at 64×300000 and 16×1048576 the log-softmax
+    // of every type, f32's softmax taking row-cluster at 64×300000); and the 16-bit softmax
+    // of those two in row-slices in waves of rows.
+    for (rows, cols) in [
+        (8, 128256),
+        (1, 1_048_576),
+        (600, 70000),
+        (64, 300_000),
+        (16, 1_048_576),
+    ] {
         let shape = Shape::new(rows, cols).unwrap();
         let x = random_matrix(rng, shape, 8.0);
         for op in [Operation::Softmax, Operation::LogSoftmax] {

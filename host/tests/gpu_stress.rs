@@ -715,8 +715,14 @@ fn late_writer(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
 }
 
 /// The bf16 shapes of [`leaving_blocks`] besides the special values: 16-bit row-slices.
-const BF16_LEAVING: [(usize, usize); 4] =
-    [(32, 151936), (16, 262144), (64, 151936), (3, 1_048_576)];
+const BF16_LEAVING: [(usize, usize); 5] = [
+    (32, 151936),
+    (16, 262144),
+    (64, 151936),
+    (3, 1_048_576),
+    // Row-slices in waves of rows.
+    (16, 1_048_576),
+];
 
 /// Row-slices shapes (f32, and bf16 through the forward call, special values included) on an
 /// instance whose blocks wait no time for their rows, each launched beside a kernel that holds
@@ -741,24 +747,27 @@ fn leaving_blocks(_softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
         checked += 1;
         Ok(())
     };
-    for (rows, cols) in [
-        (32, 151936),
-        (16, 262144),
-        (8, 128256),
-        (1, 1048576),
-        (3, 100003),
-        (17, 50001),
-        (2, 65537),
+    let row_slices = Variant::RowSlices;
+    for (rows, cols, variant) in [
+        (32, 151936, row_slices),
+        (16, 262144, row_slices),
+        (8, 128256, row_slices),
+        (1, 1048576, row_slices),
+        (3, 100003, row_slices),
+        (17, 50001, row_slices),
+        (2, 65537, row_slices),
+        // `auto`'s row-slices in waves of rows.
+        (8, 1048576, Variant::Auto),
     ] {
         let shape = Shape::new(rows, cols).unwrap();
         let values = common::random_matrix(rng, shape, 8.0);
         let x = DeviceBuffer::from_slice(&values).map_err(cuda)?;
         let mut y = poisoned(shape.len())?;
-        let (variant, what) = (Variant::RowSlices, "with blocks leaving");
+        let what = "with blocks leaving";
         let before = left(&impatient)?;
         let held = holder.hold(hold)?;
         if !run_f32_checked(&mut impatient, variant, (&x, &mut y), &values, shape, what)? {
-            return Err(format!("row-slices refused {shape}"));
+            return Err(format!("{variant} refused {shape}"));
         }
         holder.stream.synchronize().map_err(cuda)?;
         drop(held);

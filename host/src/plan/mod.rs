@@ -495,7 +495,8 @@ pub(crate) fn plan(
         Request::PlainSoftmax { dtype, peelable } => {
             let (forward, full) = (Direction::Forward, OperationMode::Full);
             // The operation kernels' plan without clusters in waves, or 16-bit row-slices
-            // where that plan slices a large tensor and row-slices caches it.
+            // where that plan slices a large tensor and row-slices caches it, in one wave or
+            // in waves of rows.
             let mut resident = operation_plan(forward, dtype, full, shape, layout, device)?;
             let sliced = resident.iter().any(|l| match l.params {
                 Params::Operation { slicing, .. } => slicing.slices > 1,
@@ -504,7 +505,12 @@ pub(crate) fn plan(
             let bytes = shape.len() as u64 * u64::from(dtype.bytes());
             if sliced && bytes >= SIXTEEN_BIT_ROW_SLICES_FROM_BYTES {
                 let (launch, cached) = variants::row_slices_launch(shape, dtype, peelable, device);
-                if cached {
+                let kept = if cached {
+                    Some(launch)
+                } else {
+                    variants::row_slices_in_waves_launch(shape, dtype, peelable, device)
+                };
+                if let Some(launch) = kept {
                     resident = vec![launch];
                 }
             }
@@ -876,8 +882,12 @@ pub(crate) mod tests {
         for (rows, cols) in [(4, 1048576), (16, 262144), (2, 4194304), (32, 151936)] {
             assert!(sliced(auto, rows, cols), "f32 {rows}x{cols}");
         }
-        let whole = plan(auto, shape(5000, 300000), Layout::Aligned, &FakeH200).unwrap();
+        // The row-slices variant keeps a block per row where rows fill the GPU (`auto` takes
+        // row-slices in waves there: `wide_rows_in_waves_keep_every_slice`).
+        let row_slices = Request::Variant(Variant::RowSlices);
+        let whole = plan(row_slices, shape(5000, 300000), Layout::Aligned, &FakeH200).unwrap();
         assert!(matches!(whole[0].entry, Entry::RowSlices(_)));
+        assert_eq!(whole[0].grid, 5000);
         assert!(workspace_needs(&whole).is_none(), "{whole:?}");
     }
 

@@ -12,6 +12,7 @@ use kernels_gpu::launch::softmax::{
 use kernels_gpu::launch::{
     MAX_BLOCK_THREADS, MAX_CLUSTER_BLOCKS, REDUCTION_SCRATCH_FLOATS, WARP_SIZE,
 };
+use kernels_gpu::primitives::barrier_word;
 
 use super::{
     CLUSTER_SHARED_BYTES, DeviceLimits, Entry, Launch, Layout, Params, Scheduling, Slicing,
@@ -404,26 +405,10 @@ pub(crate) fn row_slices_launch(
     peelable: bool,
     device: &dyn DeviceLimits,
 ) -> (Launch, bool) {
-    let pack = if peelable { dtype.vector_pack() } else { 1 };
-    let rows = shape.rows() as u32;
-    let row_packs = (shape.cols() as u32).div_ceil(pack);
+    let geometry = RowSlicesGeometry::new(shape, dtype, peelable);
+    let (rows, entry) = (geometry.rows, geometry.entry);
     let sms = device.multiprocessors();
-    let scratch_bytes = REDUCTION_SCRATCH_FLOATS * 4;
-    let entry = Entry::RowSlices(RowSlicesKernelName { dtype, pack });
-
-    // (slice packs, threads, cached, shared bytes) for a number of slices.
-    let configure = |slices: u32, max_threads: u32| {
-        let slice_packs = row_packs.div_ceil(slices);
-        let threads = slice_threads(slice_packs as usize, max_threads);
-        let cache_bytes = cache_bytes(slice_packs, pack, dtype.bytes());
-        let cached = scratch_bytes.saturating_add(cache_bytes) <= device.max_shared_per_block();
-        (
-            slice_packs,
-            threads,
-            cached,
-            scratch_bytes + if cached { cache_bytes } else { 0 },
-        )
-    };
+    let configure = |slices: u32, max_threads: u32| geometry.configure(slices, max_threads, device);
 
     // Blocks of this many threads and shared bytes resident on the whole GPU at once.
     let resident = |threads, shared_bytes| {
@@ -487,39 +472,149 @@ pub(crate) fn row_slices_launch(
             config = chosen_config;
         }
     }
-    let (slice_packs, threads, cached, shared_bytes) = config;
-    let params = Params::RowSlices {
-        cols: shape.cols() as u32,
-        slicing: Slicing {
-            slices,
-            slice_packs,
-        },
-        cached,
-    };
-    let grid = rows.saturating_mul(slices);
-    let launch = ordinary(entry, grid, threads, shared_bytes, params);
-    (launch, cached)
+    (geometry.launch(slices, config), config.2)
 }
 
-/// Wide rows that block registers do not take: row-slices, unless it cannot cache its slices
-/// (the input is then read twice) and also does not fill the GPU with whole rows, one full
-/// block per row on at least 90% of the multiprocessors; then a cluster per row, if one can
-/// cache its slices (clusters run in waves, so they need not all be resident at once). Clusters
-/// won where row-slices' slices were uncached, and lost where a full uncached block per row
-/// fills the GPU (performance log: "Row-cluster where row-slices cannot cache").
+/// What row-slices plans a shape with: its entry, rows, packs per row.
+struct RowSlicesGeometry {
+    entry: Entry,
+    dtype: DType,
+    pack: u32,
+    rows: u32,
+    cols: u32,
+    row_packs: u32,
+}
+
+/// A row-slices configuration for a number of slices: (slice packs, threads, cached, shared
+/// bytes).
+type RowSlicesConfig = (u32, u32, bool, u32);
+
+impl RowSlicesGeometry {
+    /// Elements of `dtype` go 16 bytes at a time when input and output are misaligned alike
+    /// (`peelable`).
+    fn new(shape: Shape, dtype: DType, peelable: bool) -> Self {
+        let pack = if peelable { dtype.vector_pack() } else { 1 };
+        let cols = shape.cols() as u32;
+        RowSlicesGeometry {
+            entry: Entry::RowSlices(RowSlicesKernelName { dtype, pack }),
+            dtype,
+            pack,
+            rows: shape.rows() as u32,
+            cols,
+            row_packs: cols.div_ceil(pack),
+        }
+    }
+
+    /// The configuration of `slices` slices a row with at most `max_threads` threads a block:
+    /// each slice kept in shared memory where it fits one block's.
+    fn configure(
+        &self,
+        slices: u32,
+        max_threads: u32,
+        device: &dyn DeviceLimits,
+    ) -> RowSlicesConfig {
+        let scratch_bytes = REDUCTION_SCRATCH_FLOATS * 4;
+        let slice_packs = self.row_packs.div_ceil(slices);
+        let threads = slice_threads(slice_packs as usize, max_threads);
+        let cache_bytes = cache_bytes(slice_packs, self.pack, self.dtype.bytes());
+        let cached = scratch_bytes.saturating_add(cache_bytes) <= device.max_shared_per_block();
+        (
+            slice_packs,
+            threads,
+            cached,
+            scratch_bytes + if cached { cache_bytes } else { 0 },
+        )
+    }
+
+    fn launch(
+        &self,
+        slices: u32,
+        (slice_packs, threads, cached, shared_bytes): RowSlicesConfig,
+    ) -> Launch {
+        let params = Params::RowSlices {
+            cols: self.cols,
+            slicing: Slicing {
+                slices,
+                slice_packs,
+            },
+            cached,
+        };
+        ordinary(
+            self.entry,
+            self.rows.saturating_mul(slices),
+            threads,
+            shared_bytes,
+            params,
+        )
+    }
+}
+
+/// Blocks per multiprocessor that row-slices in waves tries, in turn: two (one block's loads
+/// go on while the other waits for its row), then one (the largest slices).
+const IN_WAVES_BLOCKS_PER_SM: [u32; 2] = [2, 1];
+
+/// Row-slices with every slice kept in shared memory, for rows whose slices the resident
+/// blocks cannot all keep at once ([`row_slices_launch`] would read them twice): rows in
+/// waves of whole rows. A wave holds as many rows as the fewest slices that fit `per_sm`
+/// blocks per multiprocessor allow; the rows are spread evenly over the fewest waves, and each
+/// row is cut into as many slices as fill a wave. A row's blocks meet only each other at its
+/// barrier, and a wave's rows finish without the next wave's blocks, so no row waits for
+/// blocks that cannot become resident (one that did would leave after its patience, as any
+/// row-slices block may). `None` where no row fits the blocks of a wave.
+pub(crate) fn row_slices_in_waves_launch(
+    shape: Shape,
+    dtype: DType,
+    peelable: bool,
+    device: &dyn DeviceLimits,
+) -> Option<Launch> {
+    let geometry = RowSlicesGeometry::new(shape, dtype, peelable);
+    let keeps = |slices: u32, per_sm: u32| {
+        let config = geometry.configure(slices, MAX_BLOCK_THREADS / per_sm, device);
+        let resident = device.blocks_per_sm(geometry.entry, config.1, config.3) >= per_sm;
+        (config.2 && resident).then_some(config)
+    };
+    IN_WAVES_BLOCKS_PER_SM.into_iter().find_map(|per_sm| {
+        let wave = per_sm * device.multiprocessors();
+        let most = wave
+            .min(geometry.row_packs)
+            .min(barrier_word::MAX_PARTICIPANTS);
+        // Shared memory first (no device query), then residency.
+        let fewest = (2..=most)
+            .filter(|&slices| {
+                geometry
+                    .configure(slices, MAX_BLOCK_THREADS / per_sm, device)
+                    .2
+            })
+            .find(|&slices| keeps(slices, per_sm).is_some())?;
+        let waves = geometry.rows.div_ceil(wave / fewest);
+        let slices = (wave / geometry.rows.div_ceil(waves)).min(most);
+        Some(geometry.launch(slices, keeps(slices, per_sm)?))
+    })
+}
+
+/// Wide rows that block registers do not take: row-slices where it caches its slices in one
+/// wave. Otherwise (the input would be read twice) a cluster per row, if one can cache its
+/// slices (clusters run in waves, so they need not all be resident at once), unless whole rows
+/// fill the GPU, one full block per row on at least 90% of the multiprocessors; then
+/// row-slices in waves of rows whose slices are cached; else row-slices reading twice.
+/// Clusters won where row-slices' slices were uncached, and lost where a full uncached block
+/// per row fills the GPU (performance log: "Row-cluster where row-slices cannot cache").
 fn wide_rows_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) -> Launch {
     let peelable = layout != Layout::Elements;
     let (slices, slices_read_once) = row_slices_launch(shape, DType::F32, peelable, device);
+    if slices_read_once {
+        return slices;
+    }
     let rows = shape.rows() as u64;
     let rows_fill_gpu =
         u64::from(slices.grid) == rows && 10 * rows >= 9 * u64::from(device.multiprocessors());
-    if slices_read_once || rows_fill_gpu || !device.thread_block_clusters() {
-        return slices;
+    if !rows_fill_gpu
+        && device.thread_block_clusters()
+        && let (cluster, true) = row_cluster_launch(shape, layout, device)
+    {
+        return cluster;
     }
-    match row_cluster_launch(shape, layout, device) {
-        (cluster, true) => cluster,
-        _ => slices,
-    }
+    row_slices_in_waves_launch(shape, DType::F32, peelable, device).unwrap_or(slices)
 }
 
 /// One cluster size row-cluster may take.
@@ -712,6 +807,77 @@ mod tests {
             "{rows}x{cols}: slices miss columns"
         );
         slice_cols
+    }
+
+    /// Row-slices in waves: every slice kept, the slices covering the row, a row's blocks
+    /// resident together; none where a row outgrows a wave. `auto` (f32) and
+    /// 16-bit plain softmax take it where row-slices alone would read the rows twice and no
+    /// cluster keeps them.
+    #[test]
+    fn wide_rows_in_waves_keep_every_slice() {
+        let shapes = [
+            (8, 1 << 20),
+            (16, 1 << 20),
+            (300, 1 << 20),
+            (512, 1 << 20),
+            (5000, 300000),
+            (2, 1 << 22),
+        ];
+        for (rows, cols) in shapes {
+            for (dtype, peelable) in DType::ALL.into_iter().flat_map(|d| [(d, true), (d, false)]) {
+                let launch =
+                    row_slices_in_waves_launch(shape(rows, cols), dtype, peelable, &FakeH200)
+                        .unwrap_or_else(|| panic!("{dtype:?} {rows}x{cols}: no waves"));
+                let Params::RowSlices {
+                    slicing:
+                        Slicing {
+                            slices,
+                            slice_packs,
+                        },
+                    cached,
+                    ..
+                } = launch.params
+                else {
+                    panic!("unexpected arguments {:?}", launch.params)
+                };
+                let pack = if peelable { dtype.vector_pack() } else { 1 };
+                let slice_cols = assert_slices_cover(rows, cols, pack, slices, slice_packs);
+                assert!(cached && slices > 1 && slices <= barrier_word::MAX_PARTICIPANTS);
+                assert!(
+                    launch.shared_bytes
+                        >= REDUCTION_SCRATCH_FLOATS * 4 + slice_cols * dtype.bytes()
+                );
+                assert!(launch.shared_bytes <= FakeH200.max_shared_per_block());
+                assert_eq!(launch.scheduling, Scheduling::Ordinary);
+                assert_eq!(launch.grid, rows as u32 * slices);
+                // A wave holds whole rows.
+                let per_sm =
+                    FakeH200.blocks_per_sm(launch.entry, launch.block, launch.shared_bytes);
+                assert!(132 * per_sm >= slices, "{dtype:?} {rows}x{cols}");
+            }
+        }
+        // A row wider than a wave's shared memory: no waves.
+        assert!(
+            row_slices_in_waves_launch(shape(2, 1 << 24), DType::F32, true, &FakeH200).is_none()
+        );
+        let auto = |rows, cols| plan(Variant::Auto, shape(rows, cols), ALIGNED, &FakeH200).unwrap();
+        for rows in [8, 16, 512] {
+            let launch = auto(rows, 1 << 20)[0];
+            assert!(matches!(launch.entry, Entry::RowSlices(_)), "{launch:?}");
+            assert!(matches!(
+                launch.params,
+                Params::RowSlices { cached: true, .. }
+            ));
+            assert!(
+                launch.grid
+                    > 132 * FakeH200.blocks_per_sm(launch.entry, launch.block, launch.shared_bytes)
+            );
+        }
+        // Where a cluster keeps the row, row-cluster as before.
+        assert!(matches!(
+            auto(32, 524288)[0].entry,
+            Entry::RowCluster { .. }
+        ));
     }
 
     /// Every element type's row-slices plan: slices that cover the row, every block of a
