@@ -809,6 +809,45 @@ mod tests {
         slice_cols
     }
 
+    /// A row-slices launch of `dtype` on `rows`×`cols`: its entry, slices that cover the row,
+    /// a block per slice, an ordinary launch (blocks that cannot start leave nobody waiting
+    /// forever), shared memory within the limit and, where cached, room for the slice. Returns
+    /// the slices and whether they are cached.
+    fn assert_row_slices_launch(
+        launch: &Launch,
+        (rows, cols): (usize, usize),
+        dtype: DType,
+        peelable: bool,
+    ) -> (u32, bool) {
+        let Params::RowSlices {
+            slicing: Slicing {
+                slices,
+                slice_packs,
+            },
+            cached,
+            ..
+        } = launch.params
+        else {
+            panic!("unexpected arguments {:?}", launch.params)
+        };
+        let pack = if peelable { dtype.vector_pack() } else { 1 };
+        assert_eq!(
+            launch.entry,
+            Entry::RowSlices(RowSlicesKernelName { dtype, pack })
+        );
+        let slice_cols = assert_slices_cover(rows, cols, pack, slices, slice_packs);
+        assert_eq!(launch.grid, rows as u32 * slices);
+        assert!(launch.shared_bytes <= FakeH200.max_shared_per_block());
+        assert_eq!(launch.scheduling, Scheduling::Ordinary);
+        assert!(slices <= barrier_word::MAX_PARTICIPANTS);
+        if cached {
+            assert!(
+                launch.shared_bytes >= REDUCTION_SCRATCH_FLOATS * 4 + slice_cols * dtype.bytes()
+            );
+        }
+        (slices, cached)
+    }
+
     /// Row-slices in waves: every slice kept, the slices covering the row, a row's blocks
     /// resident together; none where a row outgrows a wave. `auto` (f32) and
     /// 16-bit plain softmax take it where row-slices alone would read the rows twice and no
@@ -828,28 +867,9 @@ mod tests {
                 let launch =
                     row_slices_in_waves_launch(shape(rows, cols), dtype, peelable, &FakeH200)
                         .unwrap_or_else(|| panic!("{dtype:?} {rows}x{cols}: no waves"));
-                let Params::RowSlices {
-                    slicing:
-                        Slicing {
-                            slices,
-                            slice_packs,
-                        },
-                    cached,
-                    ..
-                } = launch.params
-                else {
-                    panic!("unexpected arguments {:?}", launch.params)
-                };
-                let pack = if peelable { dtype.vector_pack() } else { 1 };
-                let slice_cols = assert_slices_cover(rows, cols, pack, slices, slice_packs);
-                assert!(cached && slices > 1 && slices <= barrier_word::MAX_PARTICIPANTS);
-                assert!(
-                    launch.shared_bytes
-                        >= REDUCTION_SCRATCH_FLOATS * 4 + slice_cols * dtype.bytes()
-                );
-                assert!(launch.shared_bytes <= FakeH200.max_shared_per_block());
-                assert_eq!(launch.scheduling, Scheduling::Ordinary);
-                assert_eq!(launch.grid, rows as u32 * slices);
+                let (slices, cached) =
+                    assert_row_slices_launch(&launch, (rows, cols), dtype, peelable);
+                assert!(cached && slices > 1);
                 // A wave holds whole rows.
                 let per_sm =
                     FakeH200.blocks_per_sm(launch.entry, launch.block, launch.shared_bytes);
@@ -888,40 +908,12 @@ mod tests {
         for (rows, cols) in FEW_WIDE_ROWS.into_iter().chain(extra) {
             for (dtype, peelable) in DType::ALL.into_iter().flat_map(|d| [(d, true), (d, false)]) {
                 let (launch, _) = row_slices_launch(shape(rows, cols), dtype, peelable, &FakeH200);
-                let Params::RowSlices {
-                    slicing:
-                        Slicing {
-                            slices,
-                            slice_packs,
-                        },
-                    cached,
-                    ..
-                } = launch.params
-                else {
-                    panic!("unexpected arguments {:?}", launch.params)
-                };
-                let pack = if peelable { dtype.vector_pack() } else { 1 };
-                assert_eq!(
-                    launch.entry,
-                    Entry::RowSlices(RowSlicesKernelName { dtype, pack })
-                );
-                let slice_cols = assert_slices_cover(rows, cols, pack, slices, slice_packs);
-                assert_eq!(launch.grid, rows as u32 * slices);
-                assert!(launch.shared_bytes <= FakeH200.max_shared_per_block());
-                // An ordinary launch: blocks that cannot start leave nobody waiting forever.
-                assert_eq!(launch.scheduling, Scheduling::Ordinary);
+                let (slices, _) = assert_row_slices_launch(&launch, (rows, cols), dtype, peelable);
                 if slices > 1 {
-                    assert!(slices <= barrier_word::MAX_PARTICIPANTS);
                     assert_all_resident(&launch, rows, cols);
                     assert!(
                         launch.grid >= 132,
                         "{rows}x{cols}: a sliced launch should fill the GPU"
-                    );
-                }
-                if cached {
-                    assert!(
-                        launch.shared_bytes
-                            >= REDUCTION_SCRATCH_FLOATS * 4 + slice_cols * dtype.bytes()
                     );
                 }
             }
