@@ -121,7 +121,7 @@ fn llm_and_odd_shapes(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
         (16, 262144),
         (56, 262144),
         (1, 1048576),
-        // `auto` in row-slices in waves of rows.
+        // `auto` in row-slices in waves of rows (2×4000001 below too, its rows peeled).
         (8, 1048576),
         (4096, 1000),
         (65536, 100),

@@ -557,48 +557,54 @@ const IN_WAVES_BLOCKS_PER_SM: [u32; 2] = [2, 1];
 /// blocks cannot all keep at once ([`row_slices_launch`] would read them twice): rows in
 /// waves of whole rows. A wave holds as many rows as the fewest slices that fit `per_sm`
 /// blocks per multiprocessor allow; the rows are spread evenly over the fewest waves, and each
-/// row is cut into as many slices as fill a wave. A row's blocks meet only each other at its
-/// barrier, and a wave's rows finish without the next wave's blocks, so no row waits for
-/// blocks that cannot become resident (one that did would leave after its patience, as any
-/// row-slices block may). `None` where no row fits the blocks of a wave.
+/// row is cut into as many slices as fill a wave (smaller slices may fit more blocks a
+/// multiprocessor than `per_sm`, so the launch may run in fewer, fuller waves than planned).
+/// Blocks start in index order and a row's slices are at most the blocks resident at once, so
+/// a row waits only for blocks that start as earlier rows finish (were the places held
+/// elsewhere, its blocks would leave after their patience, as any row-slices block may).
+/// Only with 16-byte packs on devices with thread-block clusters (Hopper), where it was
+/// measured; `None` elsewhere, and where no row fits the blocks of a wave.
 pub(crate) fn row_slices_in_waves_launch(
     shape: Shape,
     dtype: DType,
     peelable: bool,
     device: &dyn DeviceLimits,
 ) -> Option<Launch> {
+    if !peelable || !device.thread_block_clusters() {
+        return None;
+    }
     let geometry = RowSlicesGeometry::new(shape, dtype, peelable);
+    // The configuration of `slices` if it is cached with `per_sm` blocks a multiprocessor.
+    // `per_sm` blocks need at least `per_sm` times their shared memory of a multiprocessor,
+    // which holds about one block's most and the 1 KB the system reserves: checked first,
+    // without a device query.
     let keeps = |slices: u32, per_sm: u32| {
         let config = geometry.configure(slices, MAX_BLOCK_THREADS / per_sm, device);
-        let resident = device.blocks_per_sm(geometry.entry, config.1, config.3) >= per_sm;
-        (config.2 && resident).then_some(config)
+        let room = u64::from(device.max_shared_per_block()) + 1024;
+        let fits = config.2 && u64::from(per_sm) * u64::from(config.3) <= room;
+        (fits && device.blocks_per_sm(geometry.entry, config.1, config.3) >= per_sm)
+            .then_some(config)
     };
     IN_WAVES_BLOCKS_PER_SM.into_iter().find_map(|per_sm| {
         let wave = per_sm * device.multiprocessors();
         let most = wave
             .min(geometry.row_packs)
             .min(barrier_word::MAX_PARTICIPANTS);
-        // Shared memory first (no device query), then residency.
-        let fewest = (2..=most)
-            .filter(|&slices| {
-                geometry
-                    .configure(slices, MAX_BLOCK_THREADS / per_sm, device)
-                    .2
-            })
-            .find(|&slices| keeps(slices, per_sm).is_some())?;
+        let fewest = (2..=most).find(|&slices| keeps(slices, per_sm).is_some())?;
         let waves = geometry.rows.div_ceil(wave / fewest);
         let slices = (wave / geometry.rows.div_ceil(waves)).min(most);
         Some(geometry.launch(slices, keeps(slices, per_sm)?))
     })
 }
 
-/// Wide rows that block registers do not take: row-slices where it caches its slices in one
-/// wave. Otherwise (the input would be read twice) a cluster per row, if one can cache its
-/// slices (clusters run in waves, so they need not all be resident at once), unless whole rows
-/// fill the GPU, one full block per row on at least 90% of the multiprocessors; then
-/// row-slices in waves of rows whose slices are cached; else row-slices reading twice.
+/// Wide rows that block registers do not take: row-slices where it caches its slices.
+/// Otherwise (the input would be read twice) a cluster per row, if one can cache its slices
+/// (clusters run in waves, so they need not all be resident at once), unless whole rows fill
+/// the GPU, one full block per row on at least 90% of the multiprocessors; then row-slices in
+/// waves of rows whose slices are cached, where it applies; else row-slices reading twice.
 /// Clusters won where row-slices' slices were uncached, and lost where a full uncached block
-/// per row fills the GPU (performance log: "Row-cluster where row-slices cannot cache").
+/// per row fills the GPU (performance log: "Row-cluster where row-slices cannot cache");
+/// row-slices in waves is measured in "Row-slices in waves of rows".
 fn wide_rows_launch(shape: Shape, layout: Layout, device: &dyn DeviceLimits) -> Launch {
     let peelable = layout != Layout::Elements;
     let (slices, slices_read_once) = row_slices_launch(shape, DType::F32, peelable, device);
@@ -863,12 +869,10 @@ mod tests {
             (2, 1 << 22),
         ];
         for (rows, cols) in shapes {
-            for (dtype, peelable) in DType::ALL.into_iter().flat_map(|d| [(d, true), (d, false)]) {
-                let launch =
-                    row_slices_in_waves_launch(shape(rows, cols), dtype, peelable, &FakeH200)
-                        .unwrap_or_else(|| panic!("{dtype:?} {rows}x{cols}: no waves"));
-                let (slices, cached) =
-                    assert_row_slices_launch(&launch, (rows, cols), dtype, peelable);
+            for dtype in DType::ALL {
+                let launch = row_slices_in_waves_launch(shape(rows, cols), dtype, true, &FakeH200)
+                    .unwrap_or_else(|| panic!("{dtype:?} {rows}x{cols}: no waves"));
+                let (slices, cached) = assert_row_slices_launch(&launch, (rows, cols), dtype, true);
                 assert!(cached && slices > 1);
                 // A wave holds whole rows.
                 let per_sm =
@@ -876,10 +880,46 @@ mod tests {
                 assert!(132 * per_sm >= slices, "{dtype:?} {rows}x{cols}");
             }
         }
-        // A row wider than a wave's shared memory: no waves.
+        // A row wider than a wave's shared memory, rows read one element at a time, a device
+        // without clusters (where it was not measured): no waves.
+        let none = |rows, cols, peelable, device: &dyn DeviceLimits| {
+            row_slices_in_waves_launch(shape(rows, cols), DType::F32, peelable, device).is_none()
+        };
+        assert!(none(2, 1 << 24, true, &FakeH200));
+        assert!(none(8, 1 << 20, false, &FakeH200));
+        let sm80 = FakeH200WithoutClusters { sm90_build: false };
+        assert!(none(8, 1 << 20, true, &sm80));
+        // There `auto` keeps reading twice, as before: a block per row where rows fill the GPU
+        // (unaligned 128×151936), uncached slices otherwise.
+        let uncached = |launch: Launch| {
+            matches!(launch.entry, Entry::RowSlices(_))
+                && matches!(launch.params, Params::RowSlices { cached: false, .. })
+        };
+        let unaligned = plan(Variant::Auto, shape(128, 151936), UNALIGNED, &FakeH200).unwrap();
         assert!(
-            row_slices_in_waves_launch(shape(2, 1 << 24), DType::F32, true, &FakeH200).is_none()
+            uncached(unaligned[0]) && unaligned[0].grid == 128,
+            "{unaligned:?}"
         );
+        let without_clusters = plan(Variant::Auto, shape(64, 128256), ALIGNED, &sm80).unwrap();
+        assert!(uncached(without_clusters[0]), "{without_clusters:?}");
+        // 16-bit plain softmax where the operation kernels would make two launches.
+        for (rows, cols) in [(16, 1 << 20), (64, 300000)] {
+            let request = crate::plan::Request::PlainSoftmax {
+                dtype: DType::Bf16,
+                peelable: true,
+            };
+            let launches =
+                super::super::plan(request, shape(rows, cols), ALIGNED, &FakeH200).unwrap();
+            assert_eq!(launches.len(), 1);
+            assert!(
+                matches!(launches[0].entry, Entry::RowSlices(_)),
+                "{launches:?}"
+            );
+            assert!(matches!(
+                launches[0].params,
+                Params::RowSlices { cached: true, .. }
+            ));
+        }
         let auto = |rows, cols| plan(Variant::Auto, shape(rows, cols), ALIGNED, &FakeH200).unwrap();
         for rows in [8, 16, 512] {
             let launch = auto(rows, 1 << 20)[0];
