@@ -428,33 +428,34 @@ pub(crate) fn row_slices_launch(
         let mut candidate = wanted.clamp(1, u64::from(ROW_SLICE_THREADS)) as u32;
         while candidate > 1 {
             let mut config = configure(candidate, ROW_SLICE_THREADS);
-            let resident_blocks = resident(config.1, config.3);
+            let resident_blocks = resident(config.threads, config.shared_bytes);
             let blocks = u64::from(rows) * u64::from(candidate);
             if blocks <= resident_blocks {
-                let (slice_packs, threads, _, shared_bytes) = config;
-                let rounds = slice_packs.div_ceil(threads * LOADS_IN_FLIGHT);
+                let rounds = config
+                    .slice_packs
+                    .div_ceil(config.threads * LOADS_IN_FLIGHT);
                 if rounds > 1 {
-                    let fewer_rounds_threads = slice_packs
+                    let fewer_rounds_threads = config
+                        .slice_packs
                         .div_ceil((rounds - 1) * LOADS_IN_FLIGHT)
                         .next_multiple_of(32);
                     if fewer_rounds_threads <= MAX_BLOCK_THREADS
-                        && blocks <= resident(fewer_rounds_threads, shared_bytes)
+                        && blocks <= resident(fewer_rounds_threads, config.shared_bytes)
                     {
-                        config.1 = fewer_rounds_threads;
+                        config.threads = fewer_rounds_threads;
                     }
                 }
-                return Some((candidate, config));
+                return Some(config);
             }
             candidate = (resident_blocks / u64::from(rows)).min(u64::from(candidate - 1)) as u32;
         }
         None
     };
 
-    let mut slices = 1;
     let mut config = configure(1, MAX_BLOCK_THREADS);
     // Rows that fill one wave by themselves (at least 90% of the multiprocessors, at most one
     // each) keep a whole cached row per block: no barrier at all.
-    let one_wave = 10 * u64::from(rows) >= 9 * u64::from(sms) && rows <= sms && config.2;
+    let one_wave = 10 * u64::from(rows) >= 9 * u64::from(sms) && rows <= sms && config.cached;
     // Otherwise, with fewer rows than two blocks per multiprocessor, a block per row leaves
     // most of the GPU idle: cut rows into slices until the resident blocks are used, aiming
     // at four blocks per multiprocessor. 16-bit rows aim at two where those blocks need at
@@ -466,13 +467,12 @@ pub(crate) fn row_slices_launch(
         let half = (dtype.bytes() == 2)
             .then(|| sliced(2))
             .flatten()
-            .filter(|(_, config)| config.1 <= SIXTEEN_BIT_HALF_SLICING_MAX_THREADS);
-        if let Some((chosen_slices, chosen_config)) = half.or_else(|| sliced(4)) {
-            slices = chosen_slices;
-            config = chosen_config;
+            .filter(|config| config.threads <= SIXTEEN_BIT_HALF_SLICING_MAX_THREADS);
+        if let Some(chosen) = half.or_else(|| sliced(4)) {
+            config = chosen;
         }
     }
-    (geometry.launch(slices, config), config.2)
+    (geometry.launch(config), config.cached)
 }
 
 /// What row-slices plans a shape with: its entry, rows, packs per row.
@@ -485,9 +485,16 @@ struct RowSlicesGeometry {
     row_packs: u32,
 }
 
-/// A row-slices configuration for a number of slices: (slice packs, threads, cached, shared
-/// bytes).
-type RowSlicesConfig = (u32, u32, bool, u32);
+/// How row-slices cuts a row and sizes its blocks.
+#[derive(Clone, Copy)]
+struct RowSlicesConfig {
+    slices: u32,
+    slice_packs: u32,
+    threads: u32,
+    /// Whether each block keeps its slice in shared memory.
+    cached: bool,
+    shared_bytes: u32,
+}
 
 impl RowSlicesGeometry {
     /// Elements of `dtype` go 16 bytes at a time when input and output are misaligned alike
@@ -518,19 +525,23 @@ impl RowSlicesGeometry {
         let threads = slice_threads(slice_packs as usize, max_threads);
         let cache_bytes = cache_bytes(slice_packs, self.pack, self.dtype.bytes());
         let cached = scratch_bytes.saturating_add(cache_bytes) <= device.max_shared_per_block();
-        (
+        RowSlicesConfig {
+            slices,
             slice_packs,
             threads,
             cached,
-            scratch_bytes + if cached { cache_bytes } else { 0 },
-        )
+            shared_bytes: scratch_bytes + if cached { cache_bytes } else { 0 },
+        }
     }
 
-    fn launch(
-        &self,
-        slices: u32,
-        (slice_packs, threads, cached, shared_bytes): RowSlicesConfig,
-    ) -> Launch {
+    fn launch(&self, config: RowSlicesConfig) -> Launch {
+        let RowSlicesConfig {
+            slices,
+            slice_packs,
+            threads,
+            cached,
+            shared_bytes,
+        } = config;
         let params = Params::RowSlices {
             cols: self.cols,
             slicing: Slicing {
@@ -584,8 +595,9 @@ pub(crate) fn row_slices_in_waves_launch(
     let keeps = |slices: u32, per_sm: u32| {
         let config = geometry.configure(slices, MAX_BLOCK_THREADS / per_sm, device);
         let room = u64::from(device.max_shared_per_block()) + 1024;
-        let fits = config.2 && u64::from(per_sm) * u64::from(config.3) <= room;
-        (fits && device.blocks_per_sm(geometry.entry, config.1, config.3) >= per_sm)
+        let fits = config.cached && u64::from(per_sm) * u64::from(config.shared_bytes) <= room;
+        (fits
+            && device.blocks_per_sm(geometry.entry, config.threads, config.shared_bytes) >= per_sm)
             .then_some(config)
     };
     IN_WAVES_BLOCKS_PER_SM.into_iter().find_map(|per_sm| {
@@ -596,7 +608,7 @@ pub(crate) fn row_slices_in_waves_launch(
         let fewest = (2..=most).find(|&slices| keeps(slices, per_sm).is_some())?;
         let waves = geometry.rows.div_ceil(wave / fewest);
         let slices = (wave / geometry.rows.div_ceil(waves)).min(most);
-        Some(geometry.launch(slices, keeps(slices, per_sm)?))
+        Some(geometry.launch(keeps(slices, per_sm)?))
     })
 }
 
