@@ -890,9 +890,10 @@ mod tests {
                 let (slices, cached) = assert_row_slices_launch(&launch, (rows, cols), dtype, true);
                 assert!(cached && slices > 1);
                 // A wave holds whole rows.
-                let per_sm =
-                    FakeH200.blocks_per_sm(launch.entry, launch.block, launch.shared_bytes);
-                assert!(132 * per_sm >= slices, "{dtype:?} {rows}x{cols}");
+                assert!(
+                    launch.resident_blocks(&FakeH200) >= u64::from(slices),
+                    "{dtype:?} {rows}x{cols}"
+                );
             }
         }
         // A row wider than a wave's shared memory, rows read one element at a time, a device
@@ -943,10 +944,7 @@ mod tests {
                 launch.params,
                 Params::RowSlices { cached: true, .. }
             ));
-            assert!(
-                launch.grid
-                    > 132 * FakeH200.blocks_per_sm(launch.entry, launch.block, launch.shared_bytes)
-            );
+            assert!(u64::from(launch.grid) > launch.resident_blocks(&FakeH200));
         }
         // Where a cluster keeps the row, row-cluster as before.
         assert!(matches!(
