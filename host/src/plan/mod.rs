@@ -300,17 +300,66 @@ pub(crate) fn reads_once_in_one_wave(launch: &Launch, device: &dyn DeviceLimits)
     ) && u64::from(launch.grid) <= launch.resident_blocks(device)
 }
 
-/// The plan of a call that clusters in waves may take: `in_waves` where the rule takes the
-/// rows ([`clusters_in_waves`]), unless `resident`, the plan without them, is row-slices
-/// reading the tensor once in one wave ([`reads_once_in_one_wave`]).
+/// Waves of whole cached rows (a row a block, nothing exchanged) that 16-bit plain softmax
+/// keeps over clusters in waves: bf16 256×100003 read 83% of the copy in clusters in waves and
+/// 93% as whole cached rows in two waves, 1024×100003 84% and 86% in eight (performance log:
+/// "Row-slices in waves over clusters in waves").
+const WHOLE_ROW_WAVES: u64 = 8;
+
+/// Whether `launch` is row-slices keeping a whole row in each block in at most
+/// [`WHOLE_ROW_WAVES`] waves.
+fn keeps_whole_rows_in_few_waves(launch: &Launch, device: &dyn DeviceLimits) -> bool {
+    matches!(
+        (launch.entry, launch.params),
+        (
+            Entry::RowSlices(_),
+            Params::RowSlices {
+                cached: true,
+                slicing: Slicing { slices: 1, .. },
+                ..
+            }
+        )
+    ) && u64::from(launch.grid) <= WHOLE_ROW_WAVES * launch.resident_blocks(device)
+}
+
+/// The plan of a call that clusters in waves may take, from `resident` (the plan without them),
+/// `clusters` (clusters in waves, where [`clusters_in_waves`] takes the rows) and `slices`
+/// (row-slices in waves of rows, where the caller offers it): `resident` where it is row-slices
+/// reading the tensor once in one wave ([`reads_once_in_one_wave`]); else `slices` where it
+/// runs in fewer waves than `clusters` ([`launch_waves`]); else `clusters`. Row-slices in
+/// waves keeps a row's slices in shared memory, which holds more of a wave than the clusters'
+/// registers: where it took fewer waves it read 2 to 14 points of the copy more in 16-bit and
+/// in f32 clusters of 10 and 16 blocks (performance log: "Row-slices in waves over clusters in
+/// waves").
 pub(crate) fn waves_unless_read_once(
     resident: Vec<Launch>,
-    in_waves: Option<Vec<Launch>>,
+    clusters: Option<Launch>,
+    slices: Option<Launch>,
     device: &dyn DeviceLimits,
 ) -> Vec<Launch> {
-    match in_waves {
-        Some(waves) if !resident.iter().any(|l| reads_once_in_one_wave(l, device)) => waves,
-        _ => resident,
+    match (clusters, slices) {
+        _ if resident.iter().any(|l| reads_once_in_one_wave(l, device)) => resident,
+        (Some(clusters), Some(slices))
+            if launch_waves(&slices, device) < launch_waves(&clusters, device) =>
+        {
+            vec![slices]
+        }
+        (Some(clusters), _) => vec![clusters],
+        (None, _) => resident,
+    }
+}
+
+/// Waves `launch` runs in: of clusters, by the driver's count of clusters active at once, for a
+/// clustered launch; of blocks otherwise.
+pub(crate) fn launch_waves(launch: &Launch, device: &dyn DeviceLimits) -> u64 {
+    match launch.scheduling {
+        Scheduling::Clusters(size) if size > 1 => {
+            let clusters = u64::from(launch.grid / size);
+            let active =
+                device.active_clusters(launch.entry, launch.block, launch.shared_bytes, size);
+            clusters.div_ceil(u64::from(active.max(1)))
+        }
+        _ => u64::from(launch.grid).div_ceil(launch.resident_blocks(device).max(1)),
     }
 }
 
@@ -514,9 +563,21 @@ pub(crate) fn plan(
                     resident = vec![launch];
                 }
             }
-            let in_waves = operations::plan_in_waves(forward, dtype, shape, layout, device)
-                .and_then(|waves| operations::launches(waves, full));
-            Ok(waves_unless_read_once(resident, in_waves, device))
+            if resident
+                .iter()
+                .any(|l| keeps_whole_rows_in_few_waves(l, device))
+            {
+                return Ok(resident);
+            }
+            let clusters = operations::plan_in_waves(forward, dtype, shape, layout, device)
+                .and_then(|waves| operations::launches(waves, full))
+                .and_then(|launches| match launches.as_slice() {
+                    // Clusters in waves are one launch (their rows are never split).
+                    &[launch] => Some(launch),
+                    _ => None,
+                });
+            let slices = variants::row_slices_in_waves_launch(shape, dtype, peelable, device);
+            Ok(waves_unless_read_once(resident, clusters, slices, device))
         }
         Request::Operation {
             direction,
@@ -809,7 +870,7 @@ pub(crate) mod tests {
 
     /// 16-bit plain softmax takes row-slices on large tensors the operation kernels would
     /// slice across the GPU, and the operation kernels elsewhere, their clusters in waves
-    /// included.
+    /// included, unless row-slices in waves of rows takes fewer waves.
     #[test]
     fn sixteen_bit_plain_softmax_takes_row_slices_only_on_large_sliced_tensors() {
         let launch = |rows, cols| {
@@ -820,14 +881,37 @@ pub(crate) mod tests {
             plan(request, shape(rows, cols), Layout::Aligned, &FakeH200).unwrap()[0]
         };
         let entry = |rows, cols| launch(rows, cols).entry;
-        // 151936 columns in blocks of 256 threads of 8 packs: 10 a row, 1280 blocks.
-        let waves = launch(128, 151936);
+        let forward = |rows, cols| {
+            operations::plan_in_waves(
+                Direction::Forward,
+                DType::Bf16,
+                shape(rows, cols),
+                Layout::Aligned,
+                &FakeH200,
+            )
+            .and_then(|waves| operations::launches(waves, OperationMode::Full))
+            .unwrap()[0]
+        };
+        // 128256 columns in blocks of 256 threads of 8 packs: 8 a row, 1024 blocks, in two
+        // waves of clusters, which row-slices in waves does not beat.
+        let waves = launch(128, 128256);
         assert!(
             matches!(waves.entry, Entry::Operation(k) if k.threads_per_row() == 256 && k.packs == 8),
             "{waves:?}"
         );
-        assert_eq!(waves.scheduling, Scheduling::Clusters(10));
+        assert_eq!(waves.scheduling, Scheduling::Clusters(8));
         assert!(runs_in_waves(&waves, &FakeH200));
+        // 151936 columns: 10 blocks a row in three waves of clusters, against two of row-slices
+        // keeping every slice.
+        let slices = launch(128, 151936);
+        let clusters = forward(128, 151936);
+        assert_eq!(clusters.scheduling, Scheduling::Clusters(10));
+        assert!(matches!(slices.entry, Entry::RowSlices(_)), "{slices:?}");
+        assert!(
+            matches!(slices.params, Params::RowSlices { cached: true, .. }),
+            "{slices:?}"
+        );
+        assert!(launch_waves(&slices, &FakeH200) < launch_waves(&clusters, &FakeH200));
         // Row-slices where it reads the tensor once in one wave, though clusters in waves
         // would take the rows: 128 cached rows of 100003.
         let peeled = Layout::Peeled;
@@ -852,6 +936,28 @@ pub(crate) mod tests {
         assert!(matches!(entry(128, 50257), Entry::RowSlices(_)));
         assert!(matches!(entry(8, 128256), Entry::Operation(_)));
         assert!(matches!(entry(4096, 1000), Entry::Operation(_)));
+    }
+
+    /// 16-bit plain softmax keeps whole cached rows in a few waves over clusters in waves
+    /// (bf16 256–1024×100003), and from more waves takes row-slices in waves of rows, which
+    /// cuts them (2048×100003).
+    #[test]
+    fn sixteen_bit_whole_rows_in_few_waves_stay() {
+        let slices = |rows| {
+            let request = Request::PlainSoftmax {
+                dtype: DType::Bf16,
+                peelable: true,
+            };
+            let launch = plan(request, shape(rows, 100003), Layout::Aligned, &FakeH200).unwrap()[0];
+            match (launch.entry, launch.params) {
+                (Entry::RowSlices(_), Params::RowSlices { slicing, .. }) => slicing.slices,
+                _ => panic!("{rows}: {launch:?}"),
+            }
+        };
+        for rows in [256, 512, 1024] {
+            assert_eq!(slices(rows), 1, "{rows}");
+        }
+        assert!(slices(2048) > 1);
     }
 
     /// The shapes the GPU tests of leaving blocks and of special values in 16-bit row-slices

@@ -88,8 +88,13 @@ pub(crate) fn plan(
                     }
                     _ => wide_rows_launch(shape, layout, device),
                 };
-                let in_waves = block_registers_in_waves(shape, layout, device).map(|l| vec![l]);
-                waves_unless_read_once(vec![resident], in_waves, device)
+                let clusters = block_registers_in_waves(shape, layout, device);
+                let slices = clusters
+                    .filter(|l| matches!(l.scheduling, Scheduling::Clusters(blocks) if blocks > F32_CLUSTERS_KEPT_UP_TO))
+                    .and_then(|_| {
+                        row_slices_in_waves_launch(shape, DType::F32, layout != Layout::Elements, device)
+                    });
+                waves_unless_read_once(vec![resident], clusters, slices, device)
             }
         },
         Variant::Unfused => unfused_launches(shape, device),
@@ -273,6 +278,14 @@ fn block_registers_launch(
     let clustered = slices_form_clusters(device, entry, instance.threads, slices);
     Some(block_registers_sliced(shape, instance, slices, clustered))
 }
+
+/// Blocks of f32 clusters in waves that stay clusters though row-slices in waves of rows would
+/// take fewer waves: clusters of 2, 4 and 8 blocks read 10, 1.5 and 3.6 points of the copy more
+/// than row-slices in waves (512×32000, 2048×50257, 128×128256), clusters of 10 and 16 blocks
+/// 0.8 to 4.8 points less (64–2048×151936, 64 and 512×262144); clusters of 7 (100003 columns)
+/// are kept too, though 128 rows read 2.4 points more in row-slices (performance log:
+/// "Row-slices in waves over clusters in waves").
+const F32_CLUSTERS_KEPT_UP_TO: u32 = 8;
 
 /// Block registers in clusters in waves ([`clusters_in_waves`]): rows that no whole-row
 /// instance keeps two to a multiprocessor, cut into blocks of 256 threads of 16 packs (16-byte
@@ -1178,7 +1191,7 @@ mod tests {
         // Rows of at most 16 blocks of 256 threads and 16 packs, more of those blocks than
         // are resident at once: block registers, a cluster per row, clusters in waves...
         let waves = "softmax_block_registers_p4_n16 (256 threads)";
-        for (rows, cols) in [(64, 151936), (48, 262144), (512, 65536), (128, 128256)] {
+        for (rows, cols) in [(512, 65536), (128, 128256), (128, 100003), (512, 32000)] {
             assert_eq!(kernel(rows, cols, 0), waves, "{rows}x{cols}");
             let launch = plan(Variant::Auto, shape(rows, cols), ALIGNED, &FakeH200).unwrap()[0];
             let slices = (cols as u32).div_ceil(4 * 256 * 16);
@@ -1192,7 +1205,22 @@ mod tests {
                 "{rows}x{cols}"
             );
         }
-        // ...unless the plan without them is row-slices reading the tensor once in one wave:
+        // ...unless clusters of more than 8 blocks take more waves than row-slices keeping
+        // every slice in waves of rows...
+        for (rows, cols) in [(64, 151936), (48, 262144), (2048, 151936)] {
+            let launch = plan(Variant::Auto, shape(rows, cols), ALIGNED, &FakeH200).unwrap()[0];
+            assert!(
+                matches!(launch.params, Params::RowSlices { cached: true, .. }),
+                "{rows}x{cols}: {launch:?}"
+            );
+            let clusters = block_registers_in_waves(shape(rows, cols), ALIGNED, &FakeH200).unwrap();
+            assert!(
+                crate::plan::launch_waves(&launch, &FakeH200)
+                    < crate::plan::launch_waves(&clusters, &FakeH200),
+                "{rows}x{cols}"
+            );
+        }
+        // ...or the plan without them is row-slices reading the tensor once in one wave:
         // a cached row per block for 128 rows of 50257.
         let (rows, cols) = (128, 50257);
         let peeled = super::super::pair_layout(0, 0, cols);
