@@ -27,6 +27,10 @@ if [ -d "$wheels" ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
         --target "$site" "$wheels"/*.whl > "$out/peer-wheels.txt" 2>&1 \
         || echo "grid: installing the peer wheels failed (see $out/peer-wheels.txt)" >&2
+    # A folder on PYTHONPATH has its .pth files ignored, where site-packages would run them
+    # (CUTLASS's DSL, which QuACK imports, puts itself on the path from one): a
+    # sitecustomize there makes the folder a site directory.
+    printf 'import site\nsite.addsitedir(%s)\n' "'$site'" > "$site/sitecustomize.py"
     export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
 else
     echo "grid: no $wheels: the peers are those python3 already has" >&2
