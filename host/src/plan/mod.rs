@@ -301,9 +301,8 @@ pub(crate) fn reads_once_in_one_wave(launch: &Launch, device: &dyn DeviceLimits)
 }
 
 /// Waves of whole cached rows (a row a block, nothing exchanged) that 16-bit plain softmax
-/// keeps over clusters in waves: bf16 256×100003 read 83% of the copy in clusters in waves and
-/// 93% as whole cached rows in two waves, 1024×100003 84% and 86% in eight (performance log:
-/// "Row-slices in waves over clusters in waves").
+/// keeps over clusters in waves: they read more of the copy at bf16 256–1024×100003, in two
+/// to eight waves (performance log: "Row-slices in waves over clusters in waves").
 const WHOLE_ROW_WAVES: u64 = 8;
 
 /// Whether `launch` is row-slices keeping a whole row in each block in at most
@@ -328,8 +327,8 @@ fn keeps_whole_rows_in_few_waves(launch: &Launch, device: &dyn DeviceLimits) -> 
 /// reading the tensor once in one wave ([`reads_once_in_one_wave`]); else `slices` where it
 /// runs in fewer waves than `clusters` ([`launch_waves`]); else `clusters`. Row-slices in
 /// waves keeps a row's slices in shared memory, which holds more of a wave than the clusters'
-/// registers: where it took fewer waves it read 2 to 14 points of the copy more in 16-bit and
-/// in f32 clusters of 10 and 16 blocks (performance log: "Row-slices in waves over clusters in
+/// registers; where it took fewer waves it read more of the copy in 16-bit, and in f32 with
+/// clusters of more than 8 blocks (performance log: "Row-slices in waves over clusters in
 /// waves").
 pub(crate) fn waves_unless_read_once(
     resident: Vec<Launch>,

@@ -280,11 +280,11 @@ fn block_registers_launch(
 }
 
 /// Blocks of f32 clusters in waves that stay clusters though row-slices in waves of rows would
-/// take fewer waves: clusters of 2, 4 and 8 blocks read 10, 1.5 and 3.6 points of the copy more
-/// than row-slices in waves (512×32000, 2048×50257, 128×128256), clusters of 10 and 16 blocks
-/// 0.8 to 4.8 points less (64–2048×151936, 64 and 512×262144); clusters of 7 (100003 columns)
-/// are kept too, though 128 rows read 2.4 points more in row-slices (performance log:
-/// "Row-slices in waves over clusters in waves").
+/// take fewer waves: clusters of 2, 4 and 8 blocks read more of the copy than row-slices in
+/// waves (512×32000, 2048×50257, 128×128256), clusters of 10 and 16 blocks less (64–2048 rows
+/// of 151936, 64 and 512 of 262144). Clusters of 7 (100003 columns) stay too, though one shape
+/// of them read more in row-slices (performance log: "Row-slices in waves over clusters in
+/// waves").
 const F32_CLUSTERS_KEPT_UP_TO: u32 = 8;
 
 /// Block registers in clusters in waves ([`clusters_in_waves`]): rows that no whole-row
