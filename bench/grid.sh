@@ -30,7 +30,8 @@ if [ -d "$wheels" ]; then
     # A folder on PYTHONPATH has its .pth files ignored, where site-packages would run them
     # (CUTLASS's DSL, which QuACK imports, puts itself on the path from one): a
     # sitecustomize there makes the folder a site directory.
-    printf 'import site\nsite.addsitedir(%s)\n' "'$site'" > "$site/sitecustomize.py"
+    printf 'import os, site\nsite.addsitedir(os.path.dirname(os.path.abspath(__file__)))\n' \
+        > "$site/sitecustomize.py"
     export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
 else
     echo "grid: no $wheels: the peers are those python3 already has" >&2

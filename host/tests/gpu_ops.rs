@@ -457,8 +457,9 @@ fn every_operation_and_type_pair(softmax: &mut Softmax, rng: &mut StdRng) -> Out
             every_operation_for::<f16>(softmax, &mut tally, rng, shape)?;
         }
     }
-    // Wide rows: the cooperative slices; clusters in waves (the forward passes of 600×70000,
-    // and its log-sum-exp); the two launches over slices for rows too many and too wide to
+    // Wide rows: the cooperative slices; clusters in waves (the forward passes of 600×70000
+    // but the 16-bit softmax without options, which keeps a whole row a block, and its
+    // log-sum-exp); the two launches over slices for rows too many and too wide to
     // keep resident (the gradient of 600×70000; at 64×300000 and 16×1048576 the log-softmax
     // of f32 and bf16, f32's softmax taking row-cluster at 64×300000); and the 16-bit softmax
     // of those two in row-slices in waves of rows.

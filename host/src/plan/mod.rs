@@ -46,10 +46,12 @@ pub(crate) enum Request {
     /// `BlockPerRowAutotuned` must be resolved to a thread count first).
     Variant(Variant),
     /// Softmax without options of contiguous rows of one 16-bit type, same type in and out:
-    /// the operation kernels in clusters in waves where they take the rows, unless row-slices
-    /// would read the tensor once in one wave; else row-slices where the operation kernels
-    /// would slice the rows of a large tensor and row-slices caches its slices, else the
-    /// operation kernels. `peelable`: input and output are misaligned alike modulo 16 bytes.
+    /// row-slices where the operation kernels would slice the rows of a large tensor and
+    /// row-slices caches its slices (in one wave, or in waves of rows), else the operation
+    /// kernels; where the operation kernels' clusters in waves take the rows, those instead,
+    /// unless row-slices reads the tensor once in one wave, keeps a whole row a block in a
+    /// few waves, or runs its rows in waves of rows in fewer waves than the clusters.
+    /// `peelable`: input and output are misaligned alike modulo 16 bytes.
     PlainSoftmax { dtype: DType, peelable: bool },
     /// The operation kernels.
     Operation {
@@ -575,7 +577,8 @@ pub(crate) fn plan(
                     &[launch] => Some(launch),
                     _ => None,
                 });
-            let slices = variants::row_slices_in_waves_launch(shape, dtype, peelable, device);
+            let slices = clusters
+                .and_then(|_| variants::row_slices_in_waves_launch(shape, dtype, peelable, device));
             Ok(waves_unless_read_once(resident, clusters, slices, device))
         }
         Request::Operation {
@@ -871,7 +874,7 @@ pub(crate) mod tests {
     /// slice across the GPU, and the operation kernels elsewhere, their clusters in waves
     /// included, unless row-slices in waves of rows takes fewer waves.
     #[test]
-    fn sixteen_bit_plain_softmax_takes_row_slices_only_on_large_sliced_tensors() {
+    fn sixteen_bit_plain_softmax_takes_row_slices_on_large_sliced_tensors_and_in_fewer_waves() {
         let launch = |rows, cols| {
             let request = Request::PlainSoftmax {
                 dtype: DType::Bf16,

@@ -581,7 +581,8 @@ impl RowSlicesGeometry {
 const IN_WAVES_BLOCKS_PER_SM: [u32; 3] = [4, 2, 1];
 
 /// Row-slices with every slice kept in shared memory, for rows whose slices the resident
-/// blocks cannot all keep at once ([`row_slices_launch`] would read them twice): rows in
+/// blocks cannot all keep at once ([`row_slices_launch`] would read them twice), or that it
+/// runs in fewer waves than clusters in waves would ([`waves_unless_read_once`]): rows in
 /// waves of whole rows. A wave holds as many rows as the fewest slices that fit `per_sm`
 /// blocks per multiprocessor allow; the rows are spread evenly over the fewest waves, and each
 /// row is cut into as many slices as fill a wave (smaller slices may fit more blocks a
