@@ -12,7 +12,6 @@ Each is written as PNG and SVG. Cells a run did not time stay blank.
     python3 bench/grid_heatmap.py RUN.csv OUT_STEM
 """
 
-import csv
 import math
 import sys
 
@@ -21,24 +20,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-PEERS = ("torch", "torch_unfused", "triton", "quack", "flashinfer")
+from grid_csv import PEERS, read  # noqa: E402
+
 SMALL_COPY_MS = 0.010
-
-
-def read(path):
-    """{(variant, rows, cols): median_ms} of the isolated rows, and the run's dtype."""
-    times, dtype = {}, None
-    with open(path) as f:
-        for row in csv.DictReader(f):
-            if row["timing"] != "isolated":
-                continue
-            try:
-                ms = float(row["median_ms"])
-            except ValueError:
-                continue
-            times[(row["variant"], int(row["rows"]), int(row["cols"]))] = ms
-            dtype = row["dtype"]
-    return times, dtype
 
 
 def heatmap(cells, rows, cols, title, label, stem, cmap, vmin, vmax, fmt):
@@ -66,7 +50,8 @@ def heatmap(cells, rows, cols, title, label, stem, cmap, vmin, vmax, fmt):
 def main():
     if len(sys.argv) != 3:
         sys.exit(__doc__.strip().splitlines()[-1].strip())
-    times, dtype = read(sys.argv[1])
+    runs, dtype = read(sys.argv[1])
+    times = {(v,) + point: ms for v, points in runs.items() for point, (ms, _) in points.items()}
     stem = sys.argv[2]
     shapes = sorted({(r, c) for (v, r, c) in times if v == "auto"})
     rows = sorted({r for r, _ in shapes})

@@ -13,25 +13,8 @@ Prints each target's misses, worst first, and a count per target.
 """
 
 import argparse
-import csv
 
-PEERS = ("torch", "torch_unfused", "triton", "quack", "flashinfer")
-
-
-def read(path):
-    """{variant: {(rows, cols): (median_ms, pct_of_copy)}} of the isolated rows, and the dtype."""
-    runs, dtype = {}, None
-    with open(path) as f:
-        for row in csv.DictReader(f):
-            if row["timing"] != "isolated":
-                continue
-            try:
-                ms, pct = float(row["median_ms"]), float(row["pct_of_copy"])
-            except ValueError:
-                continue
-            runs.setdefault(row["variant"], {})[(int(row["rows"]), int(row["cols"]))] = (ms, pct)
-            dtype = row["dtype"]
-    return runs, dtype
+from grid_csv import PEERS, read
 
 
 def misses(runs):
