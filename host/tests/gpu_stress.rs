@@ -759,11 +759,22 @@ fn leaving_blocks(_softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
         // `auto`'s row-slices in waves of rows.
         (8, 1048576, Variant::Auto),
     ];
-    // Plans, modules and the workspace made before any holder: a first call that waited for
-    // the device would start after the holder let go, and no block would need to leave.
+    let special = Shape::new(common::SPECIAL_ROWS, 200_003).unwrap();
+    let bf16_shapes = BF16_LEAVING
+        .map(|(rows, cols)| Shape::new(rows, cols).unwrap())
+        .into_iter()
+        .chain([special]);
+    // Plans, modules and the workspace of every call made before any holder: a first call
+    // that waited for the device would start after the holder let go, and no block would need
+    // to leave.
+    let bf16_forward = CallKind::Forward {
+        input: DType::Bf16,
+        masked: false,
+    };
     let reserved: Vec<(CallKind, Shape)> = f32_cases
         .iter()
         .map(|&(rows, cols, variant)| (CallKind::Run(variant), Shape::new(rows, cols).unwrap()))
+        .chain(bf16_shapes.map(|shape| (bf16_forward, shape)))
         .collect();
     impatient.reserve(&reserved).map_err(|e| e.to_string())?;
     for (rows, cols, variant) in f32_cases {
@@ -781,7 +792,6 @@ fn leaving_blocks(_softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
         drop(held);
         count(format!("f32 {shape}"), before, left(&impatient)?)?;
     }
-    let special = Shape::new(common::SPECIAL_ROWS, 200_003).unwrap();
     let bf16_cases = BF16_LEAVING
         .map(|(rows, cols)| {
             let shape = Shape::new(rows, cols).unwrap();
@@ -796,15 +806,6 @@ fn leaving_blocks(_softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
             special,
         )])
         .collect::<Vec<(Vec<bf16>, Shape)>>();
-    // The first bf16 call loads its module, which waits for the device: done here, before
-    // any holder, so that each timed call runs beside one.
-    let kind = CallKind::Forward {
-        input: DType::Bf16,
-        masked: false,
-    };
-    let reserved: Vec<(CallKind, Shape)> =
-        bf16_cases.iter().map(|&(_, shape)| (kind, shape)).collect();
-    impatient.reserve(&reserved).map_err(|e| e.to_string())?;
     for (values, shape) in bf16_cases {
         let (x, mut y) = (
             DeviceBuffer::from_slice(&values).map_err(cuda)?,
