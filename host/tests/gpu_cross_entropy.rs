@@ -27,6 +27,10 @@ type Outcome = Result<String, String>;
 
 const TESTS: &[common::Test] = &[
     ("ce_every_option_and_type", every_option_and_type),
+    (
+        "ce_block_entries_every_slicing",
+        block_entries_every_slicing,
+    ),
     ("ce_in_place_equals_out_of_place", in_place),
     (
         "ce_ignored_and_out_of_range_targets",
@@ -376,14 +380,65 @@ fn every_option_and_type(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     ))
 }
 
+/// The calls the block entries take (aligned rows, no label smoothing), over each way their
+/// planner cuts rows: whole rows, clusters in waves of 256- and 512-thread blocks, clusters of
+/// few rows and one cooperative launch, against the reference.
+fn block_entries_every_slicing(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
+    let p = Case::PLAIN;
+    let cases = [
+        p,
+        Case {
+            weighted: true,
+            z_loss: 1e-3,
+            reduction: Reduction::None,
+            ..p
+        },
+        Case {
+            ignore: None,
+            reduction: Reduction::Sum,
+            ..p
+        },
+    ];
+    let mut runs = 0;
+    let mut worst: f64 = 0.0;
+    for (i, case) in cases.into_iter().enumerate() {
+        let wide = i % 2 == 0;
+        for (rows, cols) in [(1100, 32000), (200, 128256), (1, 32000), (5, 100000)] {
+            worst = worst.max(run_case::<bf16>(softmax, rng, case, rows, cols, wide)?);
+            runs += 1;
+        }
+        for (rows, cols) in [(160, 262144), (300, 32000), (2, 128256)] {
+            worst = worst.max(run_case::<f32>(softmax, rng, case, rows, cols, !wide)?);
+            runs += 1;
+        }
+        worst = worst.max(run_case::<f16>(softmax, rng, case, 40, 151936, wide)?);
+        runs += 1;
+    }
+    Ok(format!(
+        "{runs} fused calls and their forward-only twins on rows whole, in clusters in waves, in clusters and in one cooperative launch: worst gradient relative L2 {worst:.2e}"
+    ))
+}
+
 fn in_place(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     let mut checked = 0;
-    for &(rows, cols) in &[(16, 32000), (4, 151936), (64, 1000)] {
+    // Label smoothing takes the row kernel; without it, the block entries (clusters in waves
+    // at 300×128256).
+    let shapes = [
+        (16, 32000, 0.1),
+        (4, 151936, 0.1),
+        (64, 1000, 0.1),
+        (16, 32000, 0.0),
+        (300, 128256, 0.0),
+        (64, 1000, 0.0),
+    ];
+    for &(rows, cols, smoothing) in &shapes {
         let s = shape(rows, cols);
         let values = rounded::<bf16>(&common::random_matrix(rng, s, 6.0));
         let target_values = targets(rng, rows, cols, Some(-100));
         let t = DeviceBuffer::from_slice(&target_values).map_err(text)?;
-        let ce = CrossEntropyOptions::new().label_smoothing(0.1).z_loss(1e-4);
+        let ce = CrossEntropyOptions::new()
+            .label_smoothing(smoothing)
+            .z_loss(1e-4);
         let logits = upload::<bf16>(&values)?;
         let mut apart = upload::<bf16>(&vec![f32::NAN; rows * cols])?;
         let mut loss_apart = common::poisoned(1)?;
@@ -424,7 +479,7 @@ fn in_place(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
         checked += 1;
     }
     Ok(format!(
-        "{checked} bf16 shapes: the gradient written over the logits is bit for bit the one written apart"
+        "{checked} bf16 calls (the row kernel and the block entries): the gradient written over the logits is bit for bit the one written apart"
     ))
 }
 
@@ -493,24 +548,42 @@ fn ignored_and_out_of_range(softmax: &mut Softmax, _rng: &mut StdRng) -> Outcome
 /// step, the columns after the last whole pack; ignored and out-of-range rows among them.
 fn targets_at_edges(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     let mut checked = Vec::new();
-    // bf16 6×50257 runs in twelve slices of 524 packs of 8 (column 4192 starts the second;
-    // thread 11 reaches pack 523 on its second load); f32 5×131075 in sixteen slices of 2048
-    // packs of 4 (thread 511 reaches pack 2047 on its second step).
-    let cases: [(DType, usize, usize, &[i64]); 2] = [
+    // With label smoothing, the row kernel: bf16 6×50257 runs in twelve slices of 524 packs
+    // of 8 (column 4192 starts the second; thread 11 reaches pack 523 on its second load);
+    // f32 5×131075 in sixteen slices of 2048 packs of 4 (thread 511 reaches pack 2047 on its
+    // second step). Without it, the block entries over rows of whole packs, cut into slices
+    // (of 4096 or 8192 columns, or others) that these targets' columns start or end.
+    let cases: [(DType, usize, usize, f32, &[i64]); 4] = [
         (
             DType::Bf16,
             50257,
             50264,
+            0.1,
             &[50256, 0, 4192, 4191, -100, 50262],
         ),
         (
             DType::F32,
             131075,
             131076,
+            0.1,
             &[8191, 131074, 131072, 8192, -100],
         ),
+        (
+            DType::Bf16,
+            65536,
+            65544,
+            0.0,
+            &[65535, 0, 4096, 4095, 8192, 8191, -100, 65528, 16384],
+        ),
+        (
+            DType::F32,
+            131072,
+            131076,
+            0.0,
+            &[8191, 131071, 4096, 8192, -100, 4095, 16383],
+        ),
     ];
-    for (dtype, cols, pitch, target_values) in cases {
+    for (dtype, cols, pitch, smoothing, target_values) in cases {
         let rows = target_values.len();
         let s = shape(rows, cols);
         let dense = common::random_matrix(rng, s, 6.0);
@@ -523,7 +596,7 @@ fn targets_at_edges(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
             padded[r * pitch..r * pitch + cols].copy_from_slice(&dense[r * cols..(r + 1) * cols]);
         }
         let case = Case {
-            smoothing: 0.1,
+            smoothing,
             z_loss: 1e-4,
             reduction: Reduction::None,
             ..Case::PLAIN
@@ -532,7 +605,7 @@ fn targets_at_edges(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
         let t = DeviceBuffer::from_slice(target_values).map_err(text)?;
         let mut losses = common::poisoned(rows)?;
         let ce = CrossEntropyOptions::new()
-            .label_smoothing(0.1)
+            .label_smoothing(smoothing)
             .z_loss(1e-4)
             .reduction(Reduction::None);
         let gradient = match dtype {
@@ -593,14 +666,14 @@ fn targets_at_edges(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
         checked.push(format!("{dtype:?} {rows}×{cols}"));
     }
     Ok(format!(
-        "{}: in place, in clusters, every edge target's loss and gradient as the reference's",
+        "{}: in place, in slices, every edge target's loss and gradient as the reference's",
         checked.join(", ")
     ))
 }
 
-/// The special values of docs/numerics.md through each way a row is read: a block keeping
-/// its row (4096 columns), clusters keeping slices (f32 131076, bf16 262144 columns), and a
-/// row read one element at a time (f32 1001 columns, rows not 16-byte aligned). Rows: `-inf`
+/// The special values of docs/numerics.md through each way a row is read: the block entries
+/// holding a whole row (4096 columns) or slices of one (f32 131076, bf16 262144 columns), and
+/// the row kernel reading one element at a time (f32 1001 columns, rows not 16-byte aligned). Rows: `-inf`
 /// vocabulary padding at the end; all `-inf`; a `+inf`; a NaN in the last column; the
 /// target's logit `-inf`; only NaN and `-inf`; one value 100 above the rest, at the target.
 fn special_values(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {

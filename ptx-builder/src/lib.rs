@@ -99,8 +99,28 @@ pub const LAUNCH_BOUNDS: [LaunchBounds; 2] = [
     },
 ];
 
-/// `ptx` with each entry of [`LAUNCH_BOUNDS`] given its bounds, after its parameter list, and
-/// the entries it gave bounds.
+/// Registers `ptxas` may give each thread of the entries whose names start with `prefix`
+/// (`.maxnreg`), where the block size is a launch parameter, so launch bounds cannot say it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RegisterCap {
+    pub prefix: &'static str,
+    pub registers: u32,
+}
+
+/// Every entry family with a register cap. [`build_all_ptx`] fails where a build has no entry
+/// of a listed family.
+pub const REGISTER_CAPS: [RegisterCap; 1] = [RegisterCap {
+    // The cross-entropy block entries: 64 registers let two blocks of 512 threads share a
+    // multiprocessor, and every block size up to 1024 launch. Uncapped, `ptxas` gave the
+    // 8-pack entries 72 to 127 registers as the code around their loads changed, where 64
+    // spill nothing.
+    prefix: "op_block_xent_",
+    registers: 64,
+}];
+
+/// `ptx` with each entry of [`LAUNCH_BOUNDS`] given its bounds, and each entry of a family of
+/// [`REGISTER_CAPS`] its cap, after its parameter list; and the entries (the names listed in
+/// [`LAUNCH_BOUNDS`], the prefixes of [`REGISTER_CAPS`]) it gave them.
 pub fn with_launch_bounds(ptx: &str) -> (String, Vec<&'static str>) {
     let mut bound = Vec::new();
     let mut out = String::with_capacity(ptx.len() + 256);
@@ -112,18 +132,30 @@ pub fn with_launch_bounds(ptx: &str) -> (String, Vec<&'static str>) {
             .strip_prefix(".visible .entry ")
             .and_then(|rest| rest.strip_suffix('('))
         {
-            pending = LAUNCH_BOUNDS.iter().find_map(|bounds| {
+            let bounds = LAUNCH_BOUNDS.iter().find_map(|bounds| {
                 let listed = bounds.entries.iter().find(|&&entry| entry == name)?;
-                Some((bounds, *listed))
+                Some((
+                    format!(
+                        ".maxntid {},1,1\n.minnctapersm {}\n",
+                        bounds.threads, bounds.blocks_per_sm
+                    ),
+                    *listed,
+                ))
             });
+            let cap = || {
+                REGISTER_CAPS
+                    .iter()
+                    .find(|cap| name.starts_with(cap.prefix))
+                    .map(|cap| (format!(".maxnreg {}\n", cap.registers), cap.prefix))
+            };
+            pending = bounds.or_else(cap);
         } else if line == ")"
-            && let Some((bounds, name)) = pending.take()
+            && let Some((directives, name)) = pending.take()
         {
-            out.push_str(&format!(
-                ".maxntid {},1,1\n.minnctapersm {}\n",
-                bounds.threads, bounds.blocks_per_sm
-            ));
-            bound.push(name);
+            out.push_str(&directives);
+            if !bound.contains(&name) {
+                bound.push(name);
+            }
         }
     }
     (out, bound)
@@ -207,6 +239,14 @@ pub fn build_all_ptx(cargo: &Path, workspace: &Path, dest_dir: &Path) -> Result<
             return Err(format!(
                 "the {} build has no entry `{missing}` to give its launch bounds (ptx-builder's \
                  LAUNCH_BOUNDS names it)",
+                build.arch()
+            ));
+        }
+        let capped = REGISTER_CAPS.iter().map(|cap| cap.prefix);
+        if let Some(missing) = capped.into_iter().find(|prefix| !bound.contains(prefix)) {
+            return Err(format!(
+                "the {} build has no entry `{missing}…` to cap (ptx-builder's REGISTER_CAPS \
+                 names the family)",
                 build.arch()
             ));
         }
@@ -735,6 +775,21 @@ mod tests {
              .visible .entry cross_entropy_totals_bf16(\n.param .align 8 .b8 p0[208]\n)\n\
              {\nret;\n}\n"
         );
+    }
+
+    #[test]
+    fn register_caps_follow_the_parameters_of_their_family_only() {
+        let ptx = ".visible .entry op_block_xent_f32_p4_n8(\n.param .align 8 .b8 p0[208]\n)\n\
+                   {\nret;\n}\n.visible .entry op_block_fwd_f32_p4_n8(\n.param .b64 p0\n)\n\
+                   {\nret;\n}\n";
+        let (capped, families) = with_launch_bounds(ptx);
+        assert_eq!(
+            capped,
+            ".visible .entry op_block_xent_f32_p4_n8(\n.param .align 8 .b8 p0[208]\n)\n\
+             .maxnreg 64\n{\nret;\n}\n.visible .entry op_block_fwd_f32_p4_n8(\n\
+             .param .b64 p0\n)\n{\nret;\n}\n"
+        );
+        assert_eq!(families, ["op_block_xent_"]);
     }
 
     /// Parameters and labels take short names in the function that declares them (and only

@@ -531,6 +531,7 @@ impl Softmax {
             input: x.dtype,
             totals,
             reduce,
+            block_entries: params.takes_block_entries(),
         };
         let prepared = self.prepared(request, shape, layout)?;
         let buffers = CallBuffers {

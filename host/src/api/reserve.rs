@@ -83,15 +83,19 @@ impl CallKind {
                 let direction = forward_direction(masked);
                 vec![operation(direction, input, OperationMode::States)]
             }
-            CallKind::CrossEntropy { input } => {
-                [(false, false), (true, false), (false, true), (true, true)]
-                    .map(|(totals, reduce)| Request::CrossEntropy {
-                        input,
-                        totals,
-                        reduce,
-                    })
-                    .to_vec()
-            }
+            CallKind::CrossEntropy { input } => [false, true]
+                .into_iter()
+                .flat_map(|block_entries| {
+                    [(false, false), (true, false), (false, true), (true, true)].map(
+                        |(totals, reduce)| Request::CrossEntropy {
+                            input,
+                            totals,
+                            reduce,
+                            block_entries,
+                        },
+                    )
+                })
+                .collect(),
             CallKind::Sampling { input } => {
                 [(false, false), (true, false), (false, true), (true, true)]
                     .map(|(advance, sliceable)| Request::Sampling {

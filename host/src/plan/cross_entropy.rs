@@ -1,6 +1,9 @@
-//! Planning a cross-entropy call: each row one block, or a thread-block cluster of blocks
-//! that each hold a slice of it, kept in shared memory where two blocks still fit a
-//! multiprocessor (else one block that reads its row twice); the one-block prologue and
+//! Planning a cross-entropy call: the block entries where the call can take them (rows
+//! aligned for 16-byte packs, no label smoothing, the whole vocabulary), which hold their rows
+//! in registers as the operation kernels plan them: whole rows, clusters in waves, or the
+//! slices of one launch. Else each row one block of the row kernel, or a thread-block cluster
+//! of blocks that each hold a slice of it, kept in shared memory where two blocks still fit a
+//! multiprocessor (else one block that reads its row twice). The one-block prologue and
 //! epilogue where the call needs them.
 
 use kernels_gpu::launch::MAX_CLUSTER_BLOCKS;
@@ -8,11 +11,12 @@ use kernels_gpu::launch::REDUCTION_SCRATCH_FLOATS;
 use kernels_gpu::launch::cross_entropy::{
     CROSS_ENTROPY_THREADS, CrossEntropyEntry, CrossEntropyKind,
 };
-use kernels_gpu::launch::ops::DType;
+use kernels_gpu::launch::ops::{DType, Direction};
 
+use super::operations::{self, OpLaunch};
 use super::{
-    CLUSTER_SHARED_BYTES, DeviceLimits, Entry, Launch, Layout, Params, Scheduling, not_resident,
-    rows_and_cols, too_large,
+    CLUSTER_SHARED_BYTES, DeviceLimits, Entry, Launch, Layout, Params, Scheduling,
+    WAVE_CLUSTER_THREADS, not_resident, rows_and_cols, too_large,
 };
 use crate::error::Result;
 use crate::shape::Shape;
@@ -26,15 +30,107 @@ const BLOCKS_PER_SM: u32 = 2;
 
 /// What a cross-entropy call launches: `totals` (the mean's divisor and the class weights'
 /// sum) first where the call needs them, the rows, then `reduce` (the reduced loss) where the
-/// loss is reduced.
+/// loss is reduced. `block_entries`: the call can take the block entries (no label
+/// smoothing, no softcap, the whole vocabulary, every row whole here).
 pub(crate) fn plan(
     input: DType,
-    totals: bool,
-    reduce: bool,
+    (totals, reduce): (bool, bool),
+    block_entries: bool,
     shape: Shape,
     layout: Layout,
     limits: &dyn DeviceLimits,
 ) -> Result<Vec<Launch>> {
+    let (rows, _) = rows_and_cols(shape)?;
+    let workspace = totals || reduce;
+    let in_blocks = block_entries
+        .then(|| plan_in_blocks(input, shape, layout, limits))
+        .flatten();
+    let rows_launch = match in_blocks {
+        Some(launch) => Launch {
+            entry: Entry::Operation(launch.kernel),
+            grid: launch.grid,
+            block: launch.block(),
+            shared_bytes: launch.shared_bytes(),
+            scheduling: Scheduling::exchanging(launch.slices, launch.clustered),
+            params: Params::CrossEntropy {
+                rows,
+                slices: launch.slices,
+                slice_packs: launch.slice_packs,
+                cached: false,
+                aligned: true,
+                workspace,
+                totals,
+            },
+        },
+        None => rows_kernel_launch(input, totals, workspace, shape, layout, limits)?,
+    };
+    let scratch = REDUCTION_SCRATCH_FLOATS * 4;
+    let one_block = |kind| Launch {
+        entry: Entry::CrossEntropy(CrossEntropyEntry { dtype: input, kind }),
+        grid: 1,
+        block: ONE_BLOCK_THREADS,
+        shared_bytes: scratch,
+        scheduling: Scheduling::Ordinary,
+        params: Params::CrossEntropy {
+            rows,
+            slices: 1,
+            slice_packs: 0,
+            cached: false,
+            aligned: false,
+            workspace: true,
+            totals,
+        },
+    };
+    let mut launches = Vec::with_capacity(3);
+    if totals {
+        launches.push(one_block(CrossEntropyKind::Totals));
+    }
+    launches.push(rows_launch);
+    if reduce {
+        launches.push(one_block(CrossEntropyKind::Reduce));
+    }
+    Ok(launches)
+}
+
+/// Block sizes of the block entries' clusters in waves, the smallest first that cuts a row
+/// into a cluster: the forward's 256 threads, then larger blocks for rows that 256 threads
+/// would cut into more blocks than a cluster holds (f32 rows wider than 131072 columns).
+const IN_WAVES_THREADS: [u32; 3] = [WAVE_CLUSTER_THREADS, 512, 1024];
+
+/// The block entries' launch for the rows, as the operation kernels would plan a forward
+/// call: clusters in waves (of larger blocks too), whole rows, or the slices of one launch
+/// whose blocks exchange their statistics. `None` where the rows are not aligned for packs, or are too many and
+/// too wide for one launch to reduce (the two launches over slices that such operation
+/// calls take would write the gradient over logits the second launch still reads).
+fn plan_in_blocks(
+    input: DType,
+    shape: Shape,
+    layout: Layout,
+    limits: &dyn DeviceLimits,
+) -> Option<OpLaunch> {
+    if layout != Layout::Aligned {
+        return None;
+    }
+    let direction = Direction::CrossEntropy;
+    let in_waves =
+        |threads| operations::plan_in_waves_of(threads, direction, input, shape, layout, limits);
+    IN_WAVES_THREADS
+        .into_iter()
+        .find_map(in_waves)
+        .or_else(|| operations::plan(direction, input, shape, layout, limits))
+        .filter(|launch| !launch.split)
+}
+
+/// The row kernel's launch: each row one block, or a cluster of blocks, its packs kept in
+/// shared memory where they fit ([`slicing`]).
+fn rows_kernel_launch(
+    input: DType,
+    totals: bool,
+    workspace: bool,
+    shape: Shape,
+    layout: Layout,
+    limits: &dyn DeviceLimits,
+) -> Result<Launch> {
     let (rows, cols) = rows_and_cols(shape)?;
     let aligned = layout == Layout::Aligned;
     let entry = Entry::CrossEntropy(CrossEntropyEntry {
@@ -48,27 +144,7 @@ pub(crate) fn plan(
     if limits.blocks_per_sm(entry, CROSS_ENTROPY_THREADS, slicing.shared_bytes) == 0 {
         return Err(not_resident("cross-entropy", shape));
     }
-    let scratch = REDUCTION_SCRATCH_FLOATS * 4;
-    let one_block = |kind| Launch {
-        entry: Entry::CrossEntropy(CrossEntropyEntry { dtype: input, kind }),
-        grid: 1,
-        block: ONE_BLOCK_THREADS,
-        shared_bytes: scratch,
-        scheduling: Scheduling::Ordinary,
-        params: Params::CrossEntropy {
-            rows,
-            slices: 1,
-            cached: false,
-            aligned: false,
-            workspace: true,
-            totals,
-        },
-    };
-    let mut launches = Vec::with_capacity(3);
-    if totals {
-        launches.push(one_block(CrossEntropyKind::Totals));
-    }
-    launches.push(Launch {
+    Ok(Launch {
         entry,
         grid,
         block: CROSS_ENTROPY_THREADS,
@@ -81,16 +157,13 @@ pub(crate) fn plan(
         params: Params::CrossEntropy {
             rows,
             slices: slicing.slices,
+            slice_packs: 0,
             cached: slicing.cached,
             aligned,
-            workspace: totals || reduce,
+            workspace,
             totals,
         },
-    });
-    if reduce {
-        launches.push(one_block(CrossEntropyKind::Reduce));
-    }
-    Ok(launches)
+    })
 }
 
 /// How the row kernel cuts and keeps its rows.
@@ -167,7 +240,7 @@ mod tests {
     fn rows_launch(input: DType, rows: usize, cols: usize, limits: &dyn DeviceLimits) -> Launch {
         let launches = plan(
             input,
-            false,
+            (false, false),
             false,
             shape(rows, cols),
             Layout::Aligned,
@@ -201,8 +274,8 @@ mod tests {
         // 513 KB rows: five slices of about 103 KB, two to a multiprocessor.
         let launches = plan(
             DType::F32,
-            true,
-            true,
+            (true, true),
+            false,
             shape(4096, 128256),
             Layout::Aligned,
             &FakeH200,
@@ -254,7 +327,7 @@ mod tests {
     fn unaligned_rows_read_one_element_at_a_time() {
         let launches = plan(
             DType::F32,
-            false,
+            (false, false),
             false,
             shape(8, 1001),
             Layout::Elements,
@@ -275,7 +348,7 @@ mod tests {
         // Not in clusters, however few the rows.
         let launches = plan(
             DType::Bf16,
-            false,
+            (false, false),
             false,
             shape(2, 50257),
             Layout::Elements,
@@ -306,6 +379,128 @@ mod tests {
         // A row that fits one block is still kept whole.
         let launch = rows_launch(DType::F16, 4096, 32000, &unschedulable);
         assert_eq!(slicing_of(&launch), (1, true));
+    }
+
+    /// The rows launch of a call that can take the block entries.
+    fn block_entries_launch(input: DType, rows: usize, cols: usize) -> Launch {
+        let launches = plan(
+            input,
+            (false, false),
+            true,
+            shape(rows, cols),
+            Layout::Aligned,
+            &FakeH200,
+        )
+        .unwrap();
+        assert_eq!(launches.len(), 1);
+        launches[0]
+    }
+
+    /// `(threads, packs per thread, slices, slice_packs, scheduling)` of a block-entries launch.
+    fn block_slicing(launch: &Launch) -> (u32, u32, u32, u32, Scheduling) {
+        match (launch.entry, launch.params) {
+            (
+                Entry::Operation(k),
+                Params::CrossEntropy {
+                    slices,
+                    slice_packs,
+                    ..
+                },
+            ) if k.direction == Direction::CrossEntropy => (
+                launch.block,
+                k.packs,
+                slices,
+                slice_packs,
+                launch.scheduling,
+            ),
+            _ => panic!("not a block-entries launch: {launch:?}"),
+        }
+    }
+
+    #[test]
+    fn training_shapes_take_the_block_entries_as_the_forward_is_planned() {
+        // bf16 rows of 32000 columns: whole rows, 512 threads of 8 packs.
+        let whole = block_entries_launch(DType::Bf16, 8192, 32000);
+        assert_eq!(
+            block_slicing(&whole),
+            (512, 8, 1, 4000, Scheduling::Ordinary)
+        );
+        // Clusters in waves of 256-thread blocks.
+        let waves = block_entries_launch(DType::Bf16, 4096, 128256);
+        assert_eq!(
+            block_slicing(&waves),
+            (256, 8, 8, 2004, Scheduling::Clusters(8))
+        );
+        // f32 rows that 256 threads would cut into more than 16 blocks: 512-thread blocks.
+        let wide = block_entries_launch(DType::F32, 2048, 262144);
+        assert_eq!(
+            block_slicing(&wide),
+            (512, 8, 16, 4096, Scheduling::Clusters(16))
+        );
+        // A few rows: the slices of one cooperative launch, which exchange through the
+        // workspace.
+        let few = block_entries_launch(DType::F32, 1, 128256);
+        let (_, _, slices, _, scheduling) = block_slicing(&few);
+        assert!(
+            slices > 16 && scheduling == Scheduling::Cooperative,
+            "{few:?}"
+        );
+        let needs = crate::plan::workspace_needs(&[few]);
+        assert!(needs.partials >= 2 * few.grid as usize && needs.barrier_words > 0);
+    }
+
+    #[test]
+    fn calls_the_block_entries_cannot_take_keep_the_row_kernel() {
+        // Not asked (label smoothing, a softcap, a shard), rows not aligned for packs, or rows
+        // only two launches over slices could reduce.
+        let row_kernel = |block_entries, layout, rows, cols| {
+            let launches = plan(
+                DType::F32,
+                (false, false),
+                block_entries,
+                shape(rows, cols),
+                layout,
+                &FakeH200,
+            )
+            .unwrap();
+            matches!(launches[0].entry, Entry::CrossEntropy(_))
+        };
+        assert!(row_kernel(false, Layout::Aligned, 4096, 32000));
+        assert!(row_kernel(true, Layout::Elements, 4096, 32001));
+        assert!(row_kernel(true, Layout::Aligned, 32, 1 << 20));
+    }
+
+    proptest::proptest! {
+        /// Every block-entries plan keeps the kernels' contract: its slices cover the row,
+        /// each within its block's slots, a cluster of at most 16 blocks the driver can
+        /// schedule, or a cooperative launch whose blocks are all resident.
+        #[test]
+        fn block_entries_plans_keep_the_contract(
+            rows in 1usize..20_000,
+            packs in 1usize..300_000,
+            input in proptest::sample::select(vec![DType::F32, DType::Bf16]),
+        ) {
+            let cols = packs * (16 / input.bytes() as usize);
+            let launches = plan(input, (false, false), true, shape(rows, cols), Layout::Aligned, &FakeH200).unwrap();
+            let launch = launches[0];
+            if let Entry::Operation(k) = launch.entry {
+                let (threads, per_thread, slices, slice_packs, scheduling) = block_slicing(&launch);
+                proptest::prop_assert!(slices as usize * slice_packs as usize >= packs);
+                proptest::prop_assert!(threads * per_thread >= slice_packs);
+                proptest::prop_assert_eq!(launch.grid as usize, rows * slices as usize);
+                match scheduling {
+                    Scheduling::Clusters(blocks) => {
+                        proptest::prop_assert!(blocks == slices && slices <= MAX_CLUSTER_BLOCKS);
+                        proptest::prop_assert!(FakeH200.active_clusters(launch.entry, threads, launch.shared_bytes, slices) > 0);
+                    }
+                    Scheduling::Cooperative => {
+                        let resident = u64::from(FakeH200.blocks_per_sm(Entry::Operation(k), threads, launch.shared_bytes)) * 132;
+                        proptest::prop_assert!(u64::from(launch.grid) <= resident);
+                    }
+                    Scheduling::Ordinary => proptest::prop_assert_eq!(slices, 1),
+                }
+            }
+        }
     }
 
     #[test]

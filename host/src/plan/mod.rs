@@ -61,11 +61,13 @@ pub(crate) enum Request {
     },
     /// Cross-entropy of logits of `input`: with the prologue (`totals`: the mean's divisor,
     /// the class weights' sum) and the epilogue (`reduce`: the reduced loss) where the call
-    /// needs them.
+    /// needs them; `block_entries`: the call can take the block entries (no label smoothing,
+    /// no softcap, the whole vocabulary).
     CrossEntropy {
         input: DType,
         totals: bool,
         reduce: bool,
+        block_entries: bool,
     },
     /// Sampling from logits of `input`, with the epilogue that advances the random offset
     /// where `advance`; `sliceable`: a temperature-only call (no top-k, top-p or min-p, no
@@ -180,11 +182,13 @@ pub(crate) enum Params {
         slicing: Slicing,
     },
     /// One `CrossEntropyParams` by value: the call's, its rows cut into `slices` blocks (a
-    /// cluster each, above 1), their packs kept in shared memory or not; the per-row losses
-    /// and the totals go to the workspace where the call keeps none.
+    /// cluster each, above 1, or for the block entries the slices of one cooperative launch,
+    /// `slice_packs` packs each), their packs kept in shared memory or not; the per-row
+    /// losses and the totals go to the workspace where the call keeps none.
     CrossEntropy {
         rows: u32,
         slices: u32,
+        slice_packs: u32,
         cached: bool,
         aligned: bool,
         /// The losses go to the workspace (a reduced loss) and, with `totals`, the totals the
@@ -440,15 +444,21 @@ impl Launch {
                 row_stats: 2 * rows as usize,
                 ..WorkspaceNeeds::default()
             },
-            // The rows' losses, then the totals.
+            // The rows' losses, then the totals; the block entries' slices of one
+            // cooperative launch exchange through global memory.
             Params::CrossEntropy {
-                rows,
-                workspace: true,
-                ..
-            } => WorkspaceNeeds {
-                row_stats: rows as usize + 2,
-                ..WorkspaceNeeds::default()
-            },
+                rows, workspace, ..
+            } => {
+                let exchange = if self.scheduling == Scheduling::Cooperative {
+                    exchanging
+                } else {
+                    WorkspaceNeeds::default()
+                };
+                WorkspaceNeeds {
+                    row_stats: if workspace { rows as usize + 2 } else { 0 },
+                    ..exchange
+                }
+            }
             // The slices' draws.
             Params::Sampling { slices, rows, .. } if slices > 1 => WorkspaceNeeds {
                 row_stats: rows as usize * slices as usize * SHARD_DRAW_FLOATS,
@@ -601,7 +611,15 @@ pub(crate) fn plan(
             input,
             totals,
             reduce,
-        } => cross_entropy::plan(input, totals, reduce, shape, layout, device),
+            block_entries,
+        } => cross_entropy::plan(
+            input,
+            (totals, reduce),
+            block_entries,
+            shape,
+            layout,
+            device,
+        ),
         Request::Sampling {
             input,
             advance,

@@ -311,7 +311,28 @@ pub(crate) fn plan_in_waves(
     layout: PackLayout,
     device: &dyn DeviceLimits,
 ) -> Option<OpLaunch> {
-    if direction != Direction::Forward || layout == PackLayout::Elements {
+    plan_in_waves_of(
+        WAVE_CLUSTER_THREADS,
+        direction,
+        input,
+        shape,
+        layout,
+        device,
+    )
+}
+
+/// [`plan_in_waves`] with blocks of `threads` threads (8 packs each), for the forward and the
+/// cross-entropy directions.
+pub(crate) fn plan_in_waves_of(
+    threads: u32,
+    direction: Direction,
+    input: DType,
+    shape: Shape,
+    layout: PackLayout,
+    device: &dyn DeviceLimits,
+) -> Option<OpLaunch> {
+    let served = matches!(direction, Direction::Forward | Direction::CrossEntropy);
+    if !served || layout == PackLayout::Elements {
         return None;
     }
     let (rows, row_packs) = (
@@ -320,9 +341,9 @@ pub(crate) fn plan_in_waves(
     );
     let blocks = block_instances(OpInstance::instances(direction, input, layout), device);
     let whole_resident = whole_rows(&blocks, row_packs).map_or(0, |(_, resident)| resident);
-    let (kernel, _) = blocks.into_iter().find(|(k, _)| {
-        k.threads_per_row() == WAVE_CLUSTER_THREADS && k.packs == WAVE_CLUSTER_PACKS
-    })?;
+    let (kernel, _) = blocks
+        .into_iter()
+        .find(|(k, _)| k.threads_per_row() == threads && k.packs == WAVE_CLUSTER_PACKS)?;
     let slices = row_packs.div_ceil(kernel.slots());
     let entry = Entry::Operation(kernel);
     let threads = kernel.threads_per_row();
@@ -809,17 +830,19 @@ mod tests {
         }
     }
 
-    /// Clusters in waves serve the forward direction with 16-byte packs only, and only where
-    /// their blocks make a wave and a half.
+    /// Clusters in waves serve the forward and cross-entropy directions with 16-byte packs
+    /// only, and only where their blocks make a wave and a half.
     #[test]
-    fn clusters_in_waves_serve_only_forward_rows_in_packs() {
+    fn clusters_in_waves_serve_only_forward_and_cross_entropy_rows_in_packs() {
         let waves = |direction, input, rows, cols, layout, device: &dyn DeviceLimits| {
             plan_in_waves(direction, input, shape(rows, cols), layout, device)
         };
         let aligned = PackLayout::Aligned;
         for input in DType::ALL {
-            let taken = waves(Direction::Forward, input, 512, 128256, aligned, &FakeH200);
-            assert!(taken.is_some_and(|l| l.clustered && !l.split), "{input:?}");
+            for direction in [Direction::Forward, Direction::CrossEntropy] {
+                let taken = waves(direction, input, 512, 128256, aligned, &FakeH200);
+                assert!(taken.is_some_and(|l| l.clustered && !l.split), "{input:?}");
+            }
             for (direction, layout) in [
                 (Direction::Backward, aligned),
                 (Direction::MaskedForward, PackLayout::Elements),

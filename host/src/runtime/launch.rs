@@ -163,6 +163,7 @@ impl KernelParams {
             Params::CrossEntropy {
                 rows,
                 slices,
+                slice_packs,
                 cached,
                 aligned,
                 workspace,
@@ -170,8 +171,13 @@ impl KernelParams {
             } => {
                 let mut params = *b.cross_entropy;
                 params.slices = slices;
+                params.slice_packs = slice_packs;
                 params.cached = cached.into();
                 params.aligned = aligned.into();
+                if launch.scheduling == Scheduling::Cooperative {
+                    params.partials = w.partials;
+                    params.barriers = w.barriers;
+                }
                 // The losses a reduced call does not keep, then the totals, live in the
                 // workspace.
                 if workspace {

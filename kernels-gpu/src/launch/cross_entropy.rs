@@ -76,6 +76,10 @@ pub struct CrossEntropyParams {
     pub states: u64,
     /// The reduced loss (one f32), written by the epilogue launch.
     pub reduced: u64,
+    /// Two floats per block and two words per row, zeroed once: the statistics a cooperative
+    /// launch of the block entries exchanges through global memory (`op_block_xent_*`).
+    pub partials: u64,
+    pub barriers: u64,
     /// The global column of this shard's first column (0 unsharded).
     pub column_offset: u64,
     /// Columns of the whole vocabulary (`cols` unsharded).
@@ -100,6 +104,9 @@ pub struct CrossEntropyParams {
     pub cached: u32,
     /// Blocks per row (a thread-block cluster when more than 1).
     pub slices: u32,
+    /// Packs of a row each slice holds (the block entries, `op_block_xent_*`; the others
+    /// share a row's packs evenly among its slices).
+    pub slice_packs: u32,
     /// Whether every row of the logits and the gradient starts on a 16-byte boundary (read
     /// in 16-byte packs; else one element at a time).
     pub aligned: u32,
@@ -112,6 +119,17 @@ impl CrossEntropyParams {
     #[inline(always)]
     pub fn elementwise_math(&self) -> bool {
         self.softcap > 0.0 || (self.weight != 0 && self.label_smoothing != 0.0)
+    }
+
+    /// Whether the block entries (`op_block_xent_*`) compute this call: the whole vocabulary
+    /// in mode `FULL`, no label smoothing, no softcap (the layout's alignment aside).
+    #[inline(always)]
+    pub fn takes_block_entries(&self) -> bool {
+        self.mode == cross_entropy_mode::FULL
+            && self.column_offset == 0
+            && self.vocab == u64::from(self.cols)
+            && self.label_smoothing == 0.0
+            && self.softcap == 0.0
     }
 }
 

@@ -219,6 +219,9 @@ macro_rules! op_tables {
 /// An instance table: `(packs per thread, the widths that entry runs with)`.
 pub type OpTable = &'static [(u32, &'static [u32])];
 
+/// The group table of a direction with block entries only.
+const NO_GROUPS: OpTable = &[];
+
 // The operation modules' builds generate the entries from it too.
 #[cfg(all(target_arch = "nvptx64", not(kernels_module = "softmax")))]
 pub(crate) use with_op_instances;
@@ -272,13 +275,18 @@ pub enum Direction {
     /// Forward with an additive or boolean mask, or the causal mask.
     MaskedForward,
     Backward,
+    /// Cross-entropy's loss and gradient (`ops::cross_entropy_block`): block entries of
+    /// aligned rows only, which take a
+    /// [`CrossEntropyParams`](super::cross_entropy::CrossEntropyParams), not a [`RowOpParams`].
+    CrossEntropy,
 }
 
 impl Direction {
-    pub const ALL: [Direction; 3] = [
+    pub const ALL: [Direction; 4] = [
         Direction::Forward,
         Direction::MaskedForward,
         Direction::Backward,
+        Direction::CrossEntropy,
     ];
 
     const fn tag(self) -> &'static str {
@@ -286,6 +294,7 @@ impl Direction {
             Direction::Forward => "fwd",
             Direction::MaskedForward => "mfwd",
             Direction::Backward => "bwd",
+            Direction::CrossEntropy => "xent",
         }
     }
 }
@@ -334,10 +343,11 @@ impl PackLayout {
 
     /// Whether the layout has entries for `direction`.
     pub const fn serves(self, direction: Direction) -> bool {
-        !matches!(
-            (self, direction),
-            (PackLayout::Peeled, Direction::MaskedForward)
-        )
+        match direction {
+            Direction::MaskedForward => !matches!(self, PackLayout::Peeled),
+            Direction::CrossEntropy => matches!(self, PackLayout::Aligned),
+            Direction::Forward | Direction::Backward => true,
+        }
     }
 }
 
@@ -411,6 +421,7 @@ impl OpInstance {
         layout: PackLayout,
     ) -> impl Iterator<Item = OpInstance> + Clone {
         let (rows, blocks) = match (layout, direction) {
+            (_, Direction::CrossEntropy) => (NO_GROUPS, OP_BLOCK_VECTOR),
             (PackLayout::Elements, _) => (OP_ROWS_SCALAR, OP_BLOCK_SCALAR),
             (PackLayout::Peeled, _) => (OP_ROWS_PEELED, OP_BLOCK_VECTOR),
             (_, Direction::MaskedForward) => (OP_ROWS_MASKED, OP_BLOCK_MASKED),

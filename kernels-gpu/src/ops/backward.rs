@@ -27,6 +27,7 @@ pub struct Backward<In> {
 }
 
 impl<In: Element, const PACK: usize> RowKernel<PACK> for Backward<In> {
+    type Params = RowOpParams;
     /// `y` and `dy` as loaded (see [`Element::load_packed`]), widened when used.
     type Values = ([u32; PACK], [u32; PACK]);
     type Stats = Sum;

@@ -49,7 +49,7 @@ use super::states::{block_merged_states, store_slice_state, store_state};
 /// allowed: each thread reads its packs before it writes them, and no thread reads another's.
 #[inline(always)]
 pub unsafe fn op_block<
-    K: RowKernel<PACK>,
+    K: RowKernel<PACK, Params = RowOpParams>,
     L: Slots<K, PACK>,
     const PACK: usize,
     const PACKS: usize,

@@ -69,17 +69,17 @@ two_sums! {
 /// What a row's target says: the target's column in this shard (if it falls there), whether
 /// the row is ignored, whether the target is outside the vocabulary.
 #[derive(Clone, Copy)]
-struct Target {
-    global: i64,
-    ignored: bool,
-    invalid: bool,
+pub(super) struct Target {
+    pub(super) global: i64,
+    pub(super) ignored: bool,
+    pub(super) invalid: bool,
 }
 
 impl Target {
     /// # Safety
     /// `row < p.rows`, and the targets buffer holds `p.rows` integers of `p.target_bytes`.
     #[inline(always)]
-    unsafe fn of(p: &CrossEntropyParams, row: usize) -> Self {
+    pub(super) unsafe fn of(p: &CrossEntropyParams, row: usize) -> Self {
         // SAFETY: forwarded.
         let global = unsafe {
             if p.target_bytes == 8 {
@@ -96,12 +96,76 @@ impl Target {
         }
     }
 
+    /// The weight of the row's class: 0 where the row is ignored or its target lies outside
+    /// the vocabulary, 1 without class weights.
+    ///
+    /// # Safety
+    /// The contract of [`CrossEntropyParams`] for `weight`.
+    #[inline(always)]
+    pub(super) unsafe fn weight(&self, p: &CrossEntropyParams) -> f32 {
+        match (p.weight == 0, self.ignored || self.invalid) {
+            (_, true) => 0.0,
+            (true, false) => 1.0,
+            // SAFETY: a target inside the vocabulary indexes the weights.
+            (false, false) => unsafe { (p.weight as *const f32).add(self.global as usize).read() },
+        }
+    }
+
+    /// What row `row`'s gradient is multiplied by: the upstream gradient, over the mean's
+    /// divisor for a mean; NaN where the target lies outside the vocabulary.
+    ///
+    /// # Safety
+    /// The contract of [`CrossEntropyParams`] for `upstream` and `totals`; `row < rows`.
+    #[inline(always)]
+    pub(super) unsafe fn gradient_scale(&self, p: &CrossEntropyParams, row: usize) -> f32 {
+        let upstream = if p.upstream == 0 {
+            p.upstream_value
+        } else {
+            let index = if p.upstream_per_row != 0 { row } else { 0 };
+            // SAFETY: one value, or one per row.
+            unsafe { (p.upstream as *const f32).add(index).read() }
+        };
+        let scale = if p.mean != 0 {
+            // SAFETY: forwarded.
+            upstream / unsafe { totals(p) }.0
+        } else {
+            upstream
+        };
+        if self.invalid { f32::NAN } else { scale }
+    }
+
     /// The target's column in this shard, if it lies there.
     #[inline(always)]
-    fn local(&self, p: &CrossEntropyParams) -> Option<usize> {
+    pub(super) fn local(&self, p: &CrossEntropyParams) -> Option<usize> {
         let local = self.global - p.column_offset as i64;
         (!self.ignored && local >= 0 && (local as u64) < u64::from(p.cols))
             .then_some(local as usize)
+    }
+}
+
+/// `ln Σ e^x` of a row from its statistics.
+#[inline(always)]
+pub(super) fn log_sum_exp(stats: OnlineStats) -> f32 {
+    OnlineStats::exponent_origin(stats.max) + log2_approx(stats.sum()) * core::f32::consts::LN_2
+}
+
+/// The mean's divisor and the class weights' sum: the prologue's, or without it the rows and
+/// the vocabulary.
+///
+/// # Safety
+/// The contract of [`CrossEntropyParams`] for `totals`.
+#[inline(always)]
+unsafe fn totals(p: &CrossEntropyParams) -> (f32, f32) {
+    if p.totals == 0 {
+        (p.rows as f32, p.vocab as f32)
+    } else {
+        // SAFETY: `totals` holds the divisor and the weights' sum (contract).
+        unsafe {
+            (
+                (p.totals as *const f32).read(),
+                (p.totals as *const f32).add(1).read(),
+            )
+        }
     }
 }
 
@@ -621,26 +685,12 @@ unsafe fn finish_row(
         _ => (stats, sums),
     };
 
-    let lse = OnlineStats::exponent_origin(stats.max)
-        + log2_approx(stats.sum()) * core::f32::consts::LN_2;
+    let lse = log_sum_exp(stats);
     let vocab = p.vocab as f32;
-    // SAFETY: `totals` holds the divisor and the weights' sum when not null.
-    let (divisor, weight_sum) = if p.totals == 0 {
-        (p.rows as f32, vocab)
-    } else {
-        unsafe {
-            (
-                (p.totals as *const f32).read(),
-                (p.totals as *const f32).add(1).read(),
-            )
-        }
-    };
-    let target_weight = match (p.weight == 0, target.ignored || target.invalid) {
-        (_, true) => 0.0,
-        (true, false) => 1.0,
-        // SAFETY: a target inside the vocabulary indexes the weights.
-        (false, false) => unsafe { (p.weight as *const f32).add(target.global as usize).read() },
-    };
+    // SAFETY: forwarded.
+    let (_, weight_sum) = unsafe { totals(p) };
+    // SAFETY: forwarded.
+    let target_weight = unsafe { target.weight(p) };
     let eps = p.label_smoothing;
     if writer && p.mode != cross_entropy_mode::STATES {
         let loss = if target.ignored {
@@ -665,24 +715,13 @@ unsafe fn finish_row(
             }
         }
     }
-    let upstream = if p.upstream == 0 {
-        p.upstream_value
-    } else {
-        let index = if p.upstream_per_row != 0 { row } else { 0 };
-        // SAFETY: one value, or one per row.
-        unsafe { (p.upstream as *const f32).add(index).read() }
-    };
     let smoothed = if terms.smoothing {
         eps * weight_sum / vocab
     } else {
         0.0
     };
-    let scale = if p.mean != 0 {
-        upstream / divisor
-    } else {
-        upstream
-    };
-    let scale = if target.invalid { f32::NAN } else { scale };
+    // SAFETY: forwarded.
+    let scale = unsafe { target.gradient_scale(p, row) };
     let p_factor = (1.0 - eps) * target_weight + smoothed + 2.0 * p.z_loss * lse;
     let smoothing_per_class = if terms.smoothing { eps / vocab } else { 0.0 };
     Gradient {

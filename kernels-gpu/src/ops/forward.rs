@@ -167,6 +167,36 @@ impl ForwardRow {
     }
 }
 
+/// The largest element of the packs (as loaded: see [`Element::load_packed`]).
+#[inline(always)]
+pub(super) fn packs_max<In: Element, const PACK: usize, const PACKS: usize>(
+    packs: &[[u32; PACK]; PACKS],
+) -> f32 {
+    let mut max = f32::NEG_INFINITY;
+    for pack in packs {
+        for i in 0..PACK {
+            max = max.max(In::widen(pack, i));
+        }
+    }
+    max
+}
+
+/// `Σ 2^((v − origin)·slope)` over the elements `v` of the packs (as loaded).
+#[inline(always)]
+pub(super) fn sum_of_exponentials<In: Element, const PACK: usize, const PACKS: usize>(
+    packs: &[[u32; PACK]; PACKS],
+    origin: f32,
+    slope: f32,
+) -> f32 {
+    let mut sum = 0.0;
+    for pack in packs {
+        for i in 0..PACK {
+            sum += exp2_approx((In::widen(pack, i) - origin) * slope);
+        }
+    }
+    sum
+}
+
 /// Softmax, log-softmax and log-sum-exp of the scores `x · scale · row_scale`, without
 /// masks. Packs stay in registers as loaded (two 16-bit elements per register, so a block
 /// keeps twice the bf16 data in flight), widened each time they are used; a thread of at most
@@ -193,20 +223,6 @@ impl<In: Element> Forward<In> {
         PACK * PACKS <= KEPT_ELEMENTS
     }
 
-    #[inline(always)]
-    fn local_max<const PACK: usize, const PACKS: usize>(
-        &self,
-        packs: &[[u32; PACK]; PACKS],
-    ) -> f32 {
-        let mut max = f32::NEG_INFINITY;
-        for pack in packs {
-            for i in 0..PACK {
-                max = max.max(In::widen(pack, i));
-            }
-        }
-        max
-    }
-
     /// `Σ 2^((v − max)·k·log2 e)` over the packs, keeping each element's term (softmax) or
     /// its `v·k − max·k` (log-softmax) in its place where [`Self::keeps`]. A maximum of -inf
     /// (nothing but -inf) is taken as 0 so -inf gives 0, not NaN.
@@ -224,11 +240,7 @@ impl<In: Element> Forward<In> {
         let mut sum = 0.0;
         // One loop per case rather than a choice per element: the branches are uniform.
         if !Self::keeps::<PACK, PACKS>() {
-            for pack in packs.iter() {
-                for i in 0..PACK {
-                    sum += exp2_approx((In::widen(pack, i) - max) * slope);
-                }
-            }
+            sum = sum_of_exponentials::<In, PACK, PACKS>(packs, max, slope);
         } else if self.row.log {
             // The scores' difference `x·k − max·k`, as the writes that recompute it take it
             // (`(x − max)·k` overflows where `k < 1` brings both ends of ±3e38 in range).
@@ -260,6 +272,7 @@ impl<In: Element> Forward<In> {
 }
 
 impl<In: Element, const PACK: usize> RowKernel<PACK> for Forward<In> {
+    type Params = RowOpParams;
     type Values = [u32; PACK];
     type Stats = OnlineStats;
     type Finished = ForwardFinished;
@@ -282,7 +295,7 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for Forward<In> {
 
     #[inline(always)]
     fn partial<const PACKS: usize>(&self, packs: &mut [[u32; PACK]; PACKS]) -> OnlineStats {
-        let max = self.local_max(packs);
+        let max = packs_max::<In, PACK, PACKS>(packs);
         // In score units: the scale is positive, so it maps the maximum to the maximum.
         OnlineStats::new(max * self.row.scale, self.exponential_sum(packs, max))
     }
@@ -294,7 +307,7 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for Forward<In> {
         &self,
         packs: &mut [[u32; PACK]; PACKS],
     ) -> (OnlineStats, OnlineStats) {
-        let max = group_max::<LANES>(self.local_max(packs));
+        let max = group_max::<LANES>(packs_max::<In, PACK, PACKS>(packs));
         let mine = self.exponential_sum(packs, max);
         let max = max * self.row.scale;
         (
@@ -312,7 +325,7 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for Forward<In> {
         scratch: *mut f32,
     ) -> (OnlineStats, OnlineStats) {
         // SAFETY (both): forwarded from the contract.
-        let Max(max) = unsafe { block_reduce(Max(self.local_max(packs)), scratch) };
+        let Max(max) = unsafe { block_reduce(Max(packs_max::<In, PACK, PACKS>(packs)), scratch) };
         let mine = self.exponential_sum(packs, max);
         let Sum(sum) = unsafe { block_reduce(Sum(mine), scratch) };
         let max = max * self.row.scale;
@@ -385,6 +398,7 @@ pub struct MaskedForward<In> {
 }
 
 impl<In: Element, const PACK: usize> RowKernel<PACK> for MaskedForward<In> {
+    type Params = RowOpParams;
     type Values = [f32; PACK];
     type Stats = OnlineStats;
     type Finished = ForwardFinished;

@@ -10,6 +10,7 @@
 mod backward;
 mod block;
 mod cross_entropy;
+mod cross_entropy_block;
 mod forward;
 mod row_kernel;
 mod rows;

@@ -11,6 +11,9 @@ use crate::primitives::reduce::{Partial, block_reduce, group_reduce};
 
 /// One row's work, with `PACK` columns per load.
 pub trait RowKernel<const PACK: usize>: Sized {
+    /// The launch's one parameter: [`RowOpParams`] for the operation directions, the
+    /// cross-entropy's own for its block entries.
+    type Params;
     /// What one pack of columns keeps in registers between the reduction and the writes.
     type Values: Copy;
     type Stats: Partial;
@@ -20,8 +23,8 @@ pub trait RowKernel<const PACK: usize>: Sized {
     const PAD: Self::Values;
 
     /// # Safety
-    /// `row < params.rows`, and `params` satisfies the operation kernels' contract.
-    unsafe fn for_row(params: &RowOpParams, row: usize) -> Self;
+    /// `row < params.rows`, and `params` satisfies its kernels' contract.
+    unsafe fn for_row(params: &Self::Params, row: usize) -> Self;
 
     /// # Safety
     /// `col..col + PACK` lies in the row and is aligned as the launch's layout promises.

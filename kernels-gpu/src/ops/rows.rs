@@ -36,7 +36,7 @@ use super::states::{merged_states, store_state};
 /// each element is read before it is written, by the same thread.
 #[inline(always)]
 pub unsafe fn op_rows<
-    K: RowKernel<PACK>,
+    K: RowKernel<PACK, Params = RowOpParams>,
     L: Slots<K, PACK>,
     const PACK: usize,
     const LANES: u32,
