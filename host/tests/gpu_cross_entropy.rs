@@ -551,9 +551,11 @@ fn targets_at_edges(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     // With label smoothing, the row kernel: bf16 6×50257 runs in twelve slices of 524 packs
     // of 8 (column 4192 starts the second; thread 11 reaches pack 523 on its second load);
     // f32 5×131075 in sixteen slices of 2048 packs of 4 (thread 511 reaches pack 2047 on its
-    // second step). Without it, the block entries over rows of whole packs, cut into slices
-    // (of 4096 or 8192 columns, or others) that these targets' columns start or end.
-    let cases: [(DType, usize, usize, f32, &[i64]); 4] = [
+    // second step). Without it, the row kernel still for rows that end in part of a pack
+    // (aligned rows of 50257 columns: the last in the tail), and the block entries over rows of
+    // whole packs, cut into slices (of 4096 or 8192 columns, or others) that these targets'
+    // columns start or end.
+    let cases: [(DType, usize, usize, f32, &[i64]); 5] = [
         (
             DType::Bf16,
             50257,
@@ -567,6 +569,13 @@ fn targets_at_edges(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
             131076,
             0.1,
             &[8191, 131074, 131072, 8192, -100],
+        ),
+        (
+            DType::Bf16,
+            50257,
+            50264,
+            0.0,
+            &[50256, 0, 4192, 50255, -100, 50249],
         ),
         (
             DType::Bf16,
@@ -1166,63 +1175,66 @@ fn bad_input(softmax: &mut Softmax, _rng: &mut StdRng) -> Outcome {
 fn captured(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     use cust::stream::{Stream, StreamFlags};
     use softmax::CallKind;
-    let (rows, cols) = (64, 32000);
-    let s = shape(rows, cols);
-    softmax
-        .reserve(&[(CallKind::CrossEntropy { input: DType::Bf16 }, s)])
-        .map_err(text)?;
-    let stream = Stream::new(StreamFlags::NON_BLOCKING, None).map_err(text)?;
-    let target_values = targets(rng, rows, cols, Some(-100));
-    let t = DeviceBuffer::from_slice(&target_values).map_err(text)?;
-    let upstream = DeviceBuffer::from_slice(&[1.0f32]).map_err(text)?;
-    let mut data = upload::<bf16>(&vec![0.0; rows * cols])?;
-    let mut loss = common::poisoned(1)?;
-    let ce = CrossEntropyOptions::new().label_smoothing(0.1);
-    common::begin_capture(&stream)?;
-    let call = softmax.cross_entropy_backward_in_place(
-        RowsMut::new(&mut data, s).map_err(text)?,
-        &t,
-        CrossEntropyOutputs::new().loss(&mut loss),
-        Upstream::Device(Values::new(&upstream)),
-        &ce,
-        &Options::new().on(&stream),
-    );
-    let exec = common::end_capture(&stream);
-    call.map_err(|e| format!("the reserved call during capture: {e}"))?;
-    let exec = exec?;
-    for replay in 0..3 {
-        let values = rounded::<bf16>(&common::random_matrix(rng, s, 6.0));
-        let fresh: Vec<bf16> = values.iter().map(|&v| bf16::from_f32(v)).collect();
-        data.copy_from(&fresh[..]).map_err(text)?;
-        cust::context::CurrentContext::synchronize().map_err(text)?;
-        // SAFETY: an executable graph of this context, launched on one of its streams.
-        let status = unsafe { cust::sys::cuGraphLaunch(exec, stream.as_inner()) };
-        if status != cust::sys::CUresult::CUDA_SUCCESS {
-            return Err(format!("replay {replay}: {status:?}"));
-        }
-        stream.synchronize().map_err(text)?;
-        let replayed = (download(&data)?, download(&loss)?);
-        let mut direct = upload::<bf16>(&values)?;
-        let mut direct_loss = common::poisoned(1)?;
+    // With label smoothing, the row kernel; without it on two wide rows, the block entries in
+    // one cooperative launch, whose blocks exchange through the reserved workspace.
+    for (rows, cols, smoothing) in [(64, 32000, 0.1), (2, 128256, 0.0)] {
+        let s = shape(rows, cols);
         softmax
-            .cross_entropy_backward_in_place(
-                RowsMut::new(&mut direct, s).map_err(text)?,
-                &t,
-                CrossEntropyOutputs::new().loss(&mut direct_loss),
-                Upstream::Value(1.0),
-                &ce,
-                &Options::new(),
-            )
+            .reserve(&[(CallKind::CrossEntropy { input: DType::Bf16 }, s)])
             .map_err(text)?;
-        softmax.synchronize().map_err(text)?;
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        if bits(&replayed.0) != bits(&download(&direct)?)
-            || bits(&replayed.1) != bits(&download(&direct_loss)?)
-        {
-            return Err(format!("replay {replay} differs from the direct call"));
+        let stream = Stream::new(StreamFlags::NON_BLOCKING, None).map_err(text)?;
+        let target_values = targets(rng, rows, cols, Some(-100));
+        let t = DeviceBuffer::from_slice(&target_values).map_err(text)?;
+        let upstream = DeviceBuffer::from_slice(&[1.0f32]).map_err(text)?;
+        let mut data = upload::<bf16>(&vec![0.0; rows * cols])?;
+        let mut loss = common::poisoned(1)?;
+        let ce = CrossEntropyOptions::new().label_smoothing(smoothing);
+        common::begin_capture(&stream)?;
+        let call = softmax.cross_entropy_backward_in_place(
+            RowsMut::new(&mut data, s).map_err(text)?,
+            &t,
+            CrossEntropyOutputs::new().loss(&mut loss),
+            Upstream::Device(Values::new(&upstream)),
+            &ce,
+            &Options::new().on(&stream),
+        );
+        let exec = common::end_capture(&stream);
+        call.map_err(|e| format!("the reserved call during capture: {e}"))?;
+        let exec = exec?;
+        for replay in 0..3 {
+            let values = rounded::<bf16>(&common::random_matrix(rng, s, 6.0));
+            let fresh: Vec<bf16> = values.iter().map(|&v| bf16::from_f32(v)).collect();
+            data.copy_from(&fresh[..]).map_err(text)?;
+            cust::context::CurrentContext::synchronize().map_err(text)?;
+            // SAFETY: an executable graph of this context, launched on one of its streams.
+            let status = unsafe { cust::sys::cuGraphLaunch(exec, stream.as_inner()) };
+            if status != cust::sys::CUresult::CUDA_SUCCESS {
+                return Err(format!("replay {replay}: {status:?}"));
+            }
+            stream.synchronize().map_err(text)?;
+            let replayed = (download(&data)?, download(&loss)?);
+            let mut direct = upload::<bf16>(&values)?;
+            let mut direct_loss = common::poisoned(1)?;
+            softmax
+                .cross_entropy_backward_in_place(
+                    RowsMut::new(&mut direct, s).map_err(text)?,
+                    &t,
+                    CrossEntropyOutputs::new().loss(&mut direct_loss),
+                    Upstream::Value(1.0),
+                    &ce,
+                    &Options::new(),
+                )
+                .map_err(text)?;
+            softmax.synchronize().map_err(text)?;
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            if bits(&replayed.0) != bits(&download(&direct)?)
+                || bits(&replayed.1) != bits(&download(&direct_loss)?)
+            {
+                return Err(format!("replay {replay} differs from the direct call"));
+            }
         }
+        // SAFETY: the executable graph is not used again.
+        unsafe { cust::sys::cuGraphExecDestroy(exec) };
     }
-    // SAFETY: the executable graph is not used again.
-    unsafe { cust::sys::cuGraphExecDestroy(exec) };
-    Ok("a reserved bf16 cross-entropy captured in a graph: three replays, each bit for bit the direct call".into())
+    Ok("reserved bf16 cross-entropy calls (the row kernel, the block entries) captured in graphs: three replays each, each bit for bit the direct call".into())
 }

@@ -99,8 +99,8 @@ const IN_WAVES_THREADS: [u32; 3] = [WAVE_CLUSTER_THREADS, 512, 1024];
 
 /// The block entries' launch for the rows, as the operation kernels would plan a forward
 /// call: clusters in waves (of larger blocks too), whole rows, or the slices of one launch
-/// whose blocks exchange their statistics. `None` where the rows are not aligned for packs, or are too many and
-/// too wide for one launch to reduce (the two launches over slices that such operation
+/// whose blocks exchange their statistics. `None` where the rows are not whole 16-byte packs aligned for them,
+/// or are too many and too wide for one launch to reduce (the two launches over slices that such operation
 /// calls take would write the gradient over logits the second launch still reads).
 fn plan_in_blocks(
     input: DType,
@@ -108,7 +108,9 @@ fn plan_in_blocks(
     layout: Layout,
     limits: &dyn DeviceLimits,
 ) -> Option<OpLaunch> {
-    if layout != Layout::Aligned {
+    // Aligned rows of the row kernel may end in a partial pack, which it reads one element
+    // at a time; the block entries hold whole packs only.
+    if layout != Layout::Aligned || !shape.cols().is_multiple_of(input.vector_pack() as usize) {
         return None;
     }
     let direction = Direction::CrossEntropy;
@@ -467,6 +469,8 @@ mod tests {
         };
         assert!(row_kernel(false, Layout::Aligned, 4096, 32000));
         assert!(row_kernel(true, Layout::Elements, 4096, 32001));
+        // Aligned rows that end in part of a pack (a padded vocabulary's pitch).
+        assert!(row_kernel(true, Layout::Aligned, 4096, 32001));
         assert!(row_kernel(true, Layout::Aligned, 32, 1 << 20));
     }
 
@@ -477,13 +481,15 @@ mod tests {
         #[test]
         fn block_entries_plans_keep_the_contract(
             rows in 1usize..20_000,
-            packs in 1usize..300_000,
+            cols in 1usize..2_400_000,
             input in proptest::sample::select(vec![DType::F32, DType::Bf16]),
         ) {
-            let cols = packs * (16 / input.bytes() as usize);
+            let pack = 16 / input.bytes() as usize;
+            let packs = cols / pack;
             let launches = plan(input, (false, false), true, shape(rows, cols), Layout::Aligned, &FakeH200).unwrap();
             let launch = launches[0];
             if let Entry::Operation(k) = launch.entry {
+                proptest::prop_assert_eq!(cols % pack, 0);
                 let (threads, per_thread, slices, slice_packs, scheduling) = block_slicing(&launch);
                 proptest::prop_assert!(slices as usize * slice_packs as usize >= packs);
                 proptest::prop_assert!(threads * per_thread >= slice_packs);

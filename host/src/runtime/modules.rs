@@ -325,6 +325,7 @@ impl LoadedModule {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kernels_gpu::launch::ops::Direction;
 
     /// Whether a line of an entry's body may come before its `griddepcontrol.wait`: the
     /// parameter list, declarations, braces, comments, parameter loads and register arithmetic
@@ -594,7 +595,7 @@ mod tests {
     /// field of `SoftmaxParams` as a parameter of the field's size, in field order.
     #[test]
     fn every_entry_takes_the_parameters_the_launch_passes() {
-        use kernels_gpu::launch::ops::{Direction, RowOpParams};
+        use kernels_gpu::launch::ops::RowOpParams;
         use kernels_gpu::launch::softmax::SoftmaxParams;
         let probe = SoftmaxParams::default();
         let field_bytes = {
@@ -676,6 +677,10 @@ mod tests {
             Entry::RowSlices(_) => ("row slices", "production/row_slices.rs"),
             Entry::RowCluster { .. } => ("row cluster", "production/row_cluster.rs"),
             Entry::Operation(instance) => match instance.shape {
+                _ if instance.direction == Direction::CrossEntropy => (
+                    "cross-entropy, block per row or slice",
+                    "ops/cross_entropy_block.rs",
+                ),
                 OpKernelShape::Rows { .. } => ("operation, group per row", "ops/rows.rs"),
                 OpKernelShape::Block { .. } => {
                     ("operation, block per row or slice", "ops/block.rs")

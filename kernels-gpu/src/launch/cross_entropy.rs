@@ -51,7 +51,8 @@ unsafe impl cust_core::DeviceCopy for CrossEntropyState {}
 ///   (`upstream_per_row` 0) or one per row.
 /// - `states` (modes `STATES` and `FROM_STATES`) holds `slots · rows` [`CrossEntropyState`]s,
 ///   run `s` for shard `s` (`STATES` writes one run: `slots` is 1).
-/// - The launch is `rows · slices` blocks of [`CROSS_ENTROPY_THREADS`] threads, in clusters
+/// - The row kernel's launch (`cross_entropy_<type>`) is `rows · slices` blocks of
+///   [`CROSS_ENTROPY_THREADS`] threads, in clusters
 ///   of `slices` blocks where `slices` is more than 1 (at most
 ///   [`MAX_CLUSTER_BLOCKS`](super::MAX_CLUSTER_BLOCKS), only where `aligned`, never in the
 ///   sm_80 build), with `(REDUCTION_SCRATCH_FLOATS + CLUSTER_STATS_FLOATS) · 4` bytes of
@@ -59,6 +60,8 @@ unsafe impl cust_core::DeviceCopy for CrossEntropyState {}
 ///   PACK + cols − packs · PACK` elements of the module's type, where `PACK` is 16 bytes of
 ///   them and `packs` is `cols / PACK` where `aligned`, else 0.
 /// - `aligned` is 0 where [`CrossEntropyParams::elementwise_math`].
+/// - The block entries (`op_block_xent_*`) have their own launch contract
+///   (`ops::cross_entropy_block`), for calls that [`CrossEntropyParams::takes_block_entries`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct CrossEntropyParams {
@@ -102,7 +105,8 @@ pub struct CrossEntropyParams {
     pub slots: u32,
     /// Whether each block keeps its packs in shared memory between the two passes.
     pub cached: u32,
-    /// Blocks per row (a thread-block cluster when more than 1).
+    /// Blocks per row (above 1, a thread-block cluster, or for the block entries the slices
+    /// of one cooperative launch).
     pub slices: u32,
     /// Packs of a row each slice holds (the block entries, `op_block_xent_*`; the others
     /// share a row's packs evenly among its slices).

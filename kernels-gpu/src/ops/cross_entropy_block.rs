@@ -230,8 +230,9 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for CrossEntropyRow<In> {
 /// of `threads = block_dim` threads with up to `PACKS` packs each.
 ///
 /// # Safety
-/// The contract of [`CrossEntropyParams`] with `aligned`, in mode `FULL`, without label
-/// smoothing and over the whole vocabulary (`column_offset` 0, `vocab` = `cols`), for a
+/// The contract of [`CrossEntropyParams`] with `aligned` and `cols` a multiple of `PACK`, in
+/// mode `FULL`, without label smoothing or a softcap and over the whole vocabulary
+/// (`column_offset` 0, `vocab` = `cols`), for a
 /// launch of `rows · slices` blocks of whole warps, at most 1024 threads: `slices ·
 /// slice_packs ≥ cols / PACK` and `threads · PACKS ≥ slice_packs`, with
 /// `REDUCTION_SCRATCH_FLOATS · 4` bytes of dynamic shared memory. Where `slices` is more than
