@@ -381,8 +381,9 @@ fn every_option_and_type(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
 }
 
 /// The calls the block entries take (aligned rows, no label smoothing), over each way their
-/// planner cuts rows: whole rows, clusters in waves of 256- and 512-thread blocks, clusters of
-/// few rows and one cooperative launch, against the reference.
+/// planner cuts rows: whole rows, clusters in waves, clusters of few rows and one cooperative
+/// launch (and f32 rows wider than its clusters take, on the row kernel), against the
+/// reference.
 fn block_entries_every_slicing(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     let p = Case::PLAIN;
     let cases = [

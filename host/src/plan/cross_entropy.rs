@@ -15,8 +15,8 @@ use kernels_gpu::launch::ops::{DType, Direction};
 
 use super::operations::{self, OpLaunch};
 use super::{
-    CLUSTER_SHARED_BYTES, DeviceLimits, Entry, Launch, Layout, Params, Scheduling,
-    WAVE_CLUSTER_THREADS, not_resident, rows_and_cols, too_large,
+    CLUSTER_SHARED_BYTES, DeviceLimits, Entry, Launch, Layout, Params, Scheduling, not_resident,
+    rows_and_cols, too_large,
 };
 use crate::error::Result;
 use crate::shape::Shape;
@@ -92,16 +92,19 @@ pub(crate) fn plan(
     Ok(launches)
 }
 
-/// Block sizes of the block entries' clusters in waves, the smallest first that cuts a row
-/// into a cluster: the forward's 256 threads, then larger blocks for rows that 256 threads
-/// would cut into more blocks than a cluster holds (f32 rows wider than 131072 columns).
-const IN_WAVES_THREADS: [u32; 3] = [WAVE_CLUSTER_THREADS, 512, 1024];
+/// Most blocks of an f32 row's cluster that the block entries take. f32 rows of
+/// 128256–262144 columns in clusters of 10 and 16 blocks read 1 to 7 points less of the copy
+/// than the row kernel's clusters keeping their slices in shared memory; 16-bit rows gained at
+/// every cluster size measured, 8 to 16 blocks (performance log: "Cross-entropy in the block
+/// family's registers").
+const F32_CLUSTER_BLOCKS: u32 = 8;
 
 /// The block entries' launch for the rows, as the operation kernels would plan a forward
-/// call: clusters in waves (of larger blocks too), whole rows, or the slices of one launch
-/// whose blocks exchange their statistics. `None` where the rows are not whole 16-byte packs aligned for them,
-/// or are too many and too wide for one launch to reduce (the two launches over slices that such operation
-/// calls take would write the gradient over logits the second launch still reads).
+/// call: clusters in waves (for f32, of at most [`F32_CLUSTER_BLOCKS`]), whole rows, or the
+/// slices of one launch whose blocks exchange their statistics. `None` where the rows are not
+/// whole 16-byte packs aligned for them, or are too many and too wide for one launch to reduce
+/// (the two launches over slices that such operation calls take would write the gradient over
+/// logits the second launch still reads).
 fn plan_in_blocks(
     input: DType,
     shape: Shape,
@@ -114,13 +117,13 @@ fn plan_in_blocks(
         return None;
     }
     let direction = Direction::CrossEntropy;
-    let in_waves =
-        |threads| operations::plan_in_waves_of(threads, direction, input, shape, layout, limits);
-    IN_WAVES_THREADS
-        .into_iter()
-        .find_map(in_waves)
+    let most_clustered = match input {
+        DType::F32 => F32_CLUSTER_BLOCKS,
+        DType::Bf16 | DType::F16 => MAX_CLUSTER_BLOCKS,
+    };
+    operations::plan_in_waves(direction, input, shape, layout, limits)
         .or_else(|| operations::plan(direction, input, shape, layout, limits))
-        .filter(|launch| !launch.split)
+        .filter(|launch| !launch.split && !(launch.clustered && launch.slices > most_clustered))
 }
 
 /// The row kernel's launch: each row one block, or a cluster of blocks, its packs kept in
@@ -433,12 +436,28 @@ mod tests {
             block_slicing(&waves),
             (256, 8, 8, 2004, Scheduling::Clusters(8))
         );
-        // f32 rows that 256 threads would cut into more than 16 blocks: 512-thread blocks.
-        let wide = block_entries_launch(DType::F32, 2048, 262144);
+        // f32 in clusters of at most 8 blocks: 8192×32000 in 4; wider rows keep the row
+        // kernel.
+        let f32_waves = block_entries_launch(DType::F32, 8192, 32000);
         assert_eq!(
-            block_slicing(&wide),
-            (512, 8, 16, 4096, Scheduling::Clusters(16))
+            block_slicing(&f32_waves),
+            (256, 8, 4, 2000, Scheduling::Clusters(4))
         );
+        for (rows, cols) in [(4096, 128256), (2048, 262144), (16384, 151936)] {
+            let wide = plan(
+                DType::F32,
+                (false, false),
+                true,
+                shape(rows, cols),
+                Layout::Aligned,
+                &FakeH200,
+            )
+            .unwrap();
+            assert!(
+                matches!(wide[0].entry, Entry::CrossEntropy(_)),
+                "{rows}×{cols}"
+            );
+        }
         // A few rows: the slices of one cooperative launch, which exchange through the
         // workspace.
         let few = block_entries_launch(DType::F32, 1, 128256);

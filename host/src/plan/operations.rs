@@ -301,30 +301,10 @@ fn whole_rows(blocks: &[(OpInstance, u32)], row_packs: u32) -> Option<(OpInstanc
         .copied()
 }
 
-/// A forward call in clusters in waves ([`clusters_in_waves`]): rows that no whole-row block
-/// keeps two to a multiprocessor, cut into blocks of 256 threads of 8 packs (16-byte packs
-/// only), one thread-block cluster per row. `None` where the rule does not take them.
+/// A forward or cross-entropy call in clusters in waves ([`clusters_in_waves`]): rows that no
+/// whole-row block keeps two to a multiprocessor, cut into blocks of 256 threads of 8 packs
+/// (16-byte packs only), one thread-block cluster per row. `None` where the rule does not take them.
 pub(crate) fn plan_in_waves(
-    direction: Direction,
-    input: DType,
-    shape: Shape,
-    layout: PackLayout,
-    device: &dyn DeviceLimits,
-) -> Option<OpLaunch> {
-    plan_in_waves_of(
-        WAVE_CLUSTER_THREADS,
-        direction,
-        input,
-        shape,
-        layout,
-        device,
-    )
-}
-
-/// [`plan_in_waves`] with blocks of `threads` threads (8 packs each), for the forward and the
-/// cross-entropy directions.
-pub(crate) fn plan_in_waves_of(
-    threads: u32,
     direction: Direction,
     input: DType,
     shape: Shape,
@@ -341,9 +321,9 @@ pub(crate) fn plan_in_waves_of(
     );
     let blocks = block_instances(OpInstance::instances(direction, input, layout), device);
     let whole_resident = whole_rows(&blocks, row_packs).map_or(0, |(_, resident)| resident);
-    let (kernel, _) = blocks
-        .into_iter()
-        .find(|(k, _)| k.threads_per_row() == threads && k.packs == WAVE_CLUSTER_PACKS)?;
+    let (kernel, _) = blocks.into_iter().find(|(k, _)| {
+        k.threads_per_row() == WAVE_CLUSTER_THREADS && k.packs == WAVE_CLUSTER_PACKS
+    })?;
     let slices = row_packs.div_ceil(kernel.slots());
     let entry = Entry::Operation(kernel);
     let threads = kernel.threads_per_row();
