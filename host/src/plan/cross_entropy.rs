@@ -502,10 +502,14 @@ mod tests {
             rows in 1usize..20_000,
             cols in 1usize..2_400_000,
             input in proptest::sample::select(vec![DType::F32, DType::Bf16]),
+            sm80 in proptest::bool::ANY,
         ) {
             let pack = 16 / input.bytes() as usize;
             let packs = cols / pack;
-            let launches = plan(input, (false, false), true, shape(rows, cols), Layout::Aligned, &FakeH200).unwrap();
+            // The sm_80 build has no clusters: its sliced rows are cooperative.
+            let without_clusters = FakeH200WithoutClusters { sm90_build: false };
+            let device: &dyn DeviceLimits = if sm80 { &without_clusters } else { &FakeH200 };
+            let launches = plan(input, (false, false), true, shape(rows, cols), Layout::Aligned, device).unwrap();
             let launch = launches[0];
             if let Entry::Operation(k) = launch.entry {
                 proptest::prop_assert_eq!(cols % pack, 0);
@@ -515,6 +519,7 @@ mod tests {
                 proptest::prop_assert_eq!(launch.grid as usize, rows * slices as usize);
                 match scheduling {
                     Scheduling::Clusters(blocks) => {
+                        proptest::prop_assert!(!sm80);
                         proptest::prop_assert!(blocks == slices && slices <= MAX_CLUSTER_BLOCKS);
                         proptest::prop_assert!(FakeH200.active_clusters(launch.entry, threads, launch.shared_bytes, slices) > 0);
                     }
