@@ -21,6 +21,13 @@ def rows(path):
         return list(csv.DictReader(f))
 
 
+def card(stem):
+    """The card a results stem names (`…/nvidia-h100-cross-entropy` → `H100`)."""
+    name = stem.rsplit("/", 1)[-1]
+    parts = name.split("-")
+    return parts[1].upper() if len(parts) > 1 and parts[0] == "nvidia" else name
+
+
 def main():
     ours, peers, stem = sys.argv[1], sys.argv[2], sys.argv[3]
     data = [r for r in rows(ours) + rows(peers) if r["contender"] != "copy"]
@@ -45,7 +52,7 @@ def main():
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(cases))])
     ax.set_xticklabels([f"{d} {r}×{c}" for r, c, d in cases], rotation=20, ha="right")
     ax.set_ylabel("speed-up over torch (×)")
-    ax.set_title("Cross-entropy forward + backward, H200, isolated (higher is better)")
+    ax.set_title(f"Cross-entropy forward + backward, {card(stem)}, isolated (higher is better)")
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     fig.savefig(stem + ".png", dpi=110)
