@@ -15,8 +15,8 @@ use kernels_gpu::launch::ops::{DType, Direction};
 
 use super::operations::{self, OpLaunch};
 use super::{
-    CLUSTER_SHARED_BYTES, DeviceLimits, Entry, Launch, Layout, Params, Scheduling, not_resident,
-    rows_and_cols, too_large,
+    CLUSTER_SHARED_BYTES, DeviceLimits, Entry, Launch, Layout, OperationMode, Params, Scheduling,
+    not_resident, rows_and_cols, too_large,
 };
 use crate::error::Result;
 use crate::shape::Shape;
@@ -40,29 +40,27 @@ pub(crate) fn plan(
     layout: Layout,
     limits: &dyn DeviceLimits,
 ) -> Result<Vec<Launch>> {
-    let (rows, _) = rows_and_cols(shape)?;
+    let (rows, cols) = rows_and_cols(shape)?;
     let workspace = totals || reduce;
+    let params = |slices, slice_packs, cached, aligned| Params::CrossEntropy {
+        rows,
+        slices,
+        slice_packs,
+        cached,
+        aligned,
+        workspace,
+        totals,
+    };
     let in_blocks = block_entries
         .then(|| plan_in_blocks(input, shape, layout, limits))
         .flatten();
     let rows_launch = match in_blocks {
-        Some(launch) => Launch {
-            entry: Entry::Operation(launch.kernel),
-            grid: launch.grid,
-            block: launch.block(),
-            shared_bytes: launch.shared_bytes(),
-            scheduling: Scheduling::exchanging(launch.slices, launch.clustered),
-            params: Params::CrossEntropy {
-                rows,
-                slices: launch.slices,
-                slice_packs: launch.slice_packs,
-                cached: false,
-                aligned: true,
-                workspace,
-                totals,
-            },
+        // The operation kernels' launch, with the cross-entropy's parameters.
+        Some((launch, op)) => Launch {
+            params: params(op.slices, op.slice_packs, false, true),
+            ..launch
         },
-        None => rows_kernel_launch(input, totals, workspace, shape, layout, limits)?,
+        None => rows_kernel_launch(input, (rows, cols), shape, layout, limits, params)?,
     };
     let scratch = REDUCTION_SCRATCH_FLOATS * 4;
     let one_block = |kind| Launch {
@@ -99,8 +97,8 @@ pub(crate) fn plan(
 /// family's registers").
 const F32_CLUSTER_BLOCKS: u32 = 8;
 
-/// The block entries' launch for the rows, as the operation kernels would plan a forward
-/// call: clusters in waves (for f32, of at most [`F32_CLUSTER_BLOCKS`]), whole rows, or the
+/// The block entries' launch for the rows (with the operation plan it comes from), as the
+/// operation kernels would plan a forward call: clusters in waves (for f32, of at most [`F32_CLUSTER_BLOCKS`]), whole rows, or the
 /// slices of one launch whose blocks exchange their statistics. `None` where the rows are not
 /// whole 16-byte packs aligned for them, or are too many and too wide for one launch to reduce
 /// (the two launches over slices that such operation calls take would write the gradient over
@@ -110,7 +108,7 @@ fn plan_in_blocks(
     shape: Shape,
     layout: Layout,
     limits: &dyn DeviceLimits,
-) -> Option<OpLaunch> {
+) -> Option<(Launch, OpLaunch)> {
     // Aligned rows of the row kernel may end in a partial pack, which it reads one element
     // at a time; the block entries hold whole packs only.
     if layout != Layout::Aligned || !shape.cols().is_multiple_of(input.vector_pack() as usize) {
@@ -121,22 +119,26 @@ fn plan_in_blocks(
         DType::F32 => F32_CLUSTER_BLOCKS,
         DType::Bf16 | DType::F16 => MAX_CLUSTER_BLOCKS,
     };
-    operations::plan_in_waves(direction, input, shape, layout, limits)
+    let op = operations::plan_in_waves(direction, input, shape, layout, limits)
         .or_else(|| operations::plan(direction, input, shape, layout, limits))
-        .filter(|launch| !launch.split && !(launch.clustered && launch.slices > most_clustered))
+        .filter(|launch| !launch.split && !(launch.clustered && launch.slices > most_clustered))?;
+    match operations::launches(op, OperationMode::Full)?.as_slice() {
+        &[launch] => Some((launch, op)),
+        _ => None,
+    }
 }
 
 /// The row kernel's launch: each row one block, or a cluster of blocks, its packs kept in
-/// shared memory where they fit ([`slicing`]).
+/// shared memory where they fit ([`slicing`]); `params` its parameters from its slices, each
+/// slice's packs, whether it keeps them and whether the rows are aligned.
 fn rows_kernel_launch(
     input: DType,
-    totals: bool,
-    workspace: bool,
+    (rows, cols): (u32, u32),
     shape: Shape,
     layout: Layout,
     limits: &dyn DeviceLimits,
+    params: impl Fn(u32, u32, bool, bool) -> Params,
 ) -> Result<Launch> {
-    let (rows, cols) = rows_and_cols(shape)?;
     let aligned = layout == Layout::Aligned;
     let entry = Entry::CrossEntropy(CrossEntropyEntry {
         dtype: input,
@@ -154,20 +156,9 @@ fn rows_kernel_launch(
         grid,
         block: CROSS_ENTROPY_THREADS,
         shared_bytes: slicing.shared_bytes,
-        scheduling: if slicing.slices > 1 {
-            Scheduling::Clusters(slicing.slices)
-        } else {
-            Scheduling::Ordinary
-        },
-        params: Params::CrossEntropy {
-            rows,
-            slices: slicing.slices,
-            slice_packs: 0,
-            cached: slicing.cached,
-            aligned,
-            workspace,
-            totals,
-        },
+        // A row of several blocks is one cluster of them.
+        scheduling: Scheduling::exchanging(slicing.slices, true),
+        params: params(slicing.slices, 0, slicing.cached, aligned),
     })
 }
 
@@ -242,18 +233,29 @@ mod tests {
     use super::*;
     use crate::plan::tests::{FakeH200, FakeH200WithoutClusters, shape};
 
-    fn rows_launch(input: DType, rows: usize, cols: usize, limits: &dyn DeviceLimits) -> Launch {
+    /// The one launch of a call without prologue or epilogue: the rows'.
+    fn only_launch(
+        input: DType,
+        block_entries: bool,
+        layout: Layout,
+        (rows, cols): (usize, usize),
+        limits: &dyn DeviceLimits,
+    ) -> Launch {
         let launches = plan(
             input,
             (false, false),
-            false,
+            block_entries,
             shape(rows, cols),
-            Layout::Aligned,
+            layout,
             limits,
         )
         .unwrap();
         assert_eq!(launches.len(), 1);
         launches[0]
+    }
+
+    fn rows_launch(input: DType, rows: usize, cols: usize, limits: &dyn DeviceLimits) -> Launch {
+        only_launch(input, false, Layout::Aligned, (rows, cols), limits)
     }
 
     fn slicing_of(launch: &Launch) -> (u32, bool) {
@@ -388,17 +390,7 @@ mod tests {
 
     /// The rows launch of a call that can take the block entries.
     fn block_entries_launch(input: DType, rows: usize, cols: usize) -> Launch {
-        let launches = plan(
-            input,
-            (false, false),
-            true,
-            shape(rows, cols),
-            Layout::Aligned,
-            &FakeH200,
-        )
-        .unwrap();
-        assert_eq!(launches.len(), 1);
-        launches[0]
+        only_launch(input, true, Layout::Aligned, (rows, cols), &FakeH200)
     }
 
     /// `(threads, packs per thread, slices, slice_packs, scheduling)` of a block-entries launch.
@@ -444,17 +436,9 @@ mod tests {
             (256, 8, 4, 2000, Scheduling::Clusters(4))
         );
         for (rows, cols) in [(4096, 128256), (2048, 262144), (16384, 151936)] {
-            let wide = plan(
-                DType::F32,
-                (false, false),
-                true,
-                shape(rows, cols),
-                Layout::Aligned,
-                &FakeH200,
-            )
-            .unwrap();
+            let wide = block_entries_launch(DType::F32, rows, cols);
             assert!(
-                matches!(wide[0].entry, Entry::CrossEntropy(_)),
+                matches!(wide.entry, Entry::CrossEntropy(_)),
                 "{rows}×{cols}"
             );
         }
@@ -475,16 +459,8 @@ mod tests {
         // Not asked (label smoothing, a softcap, a shard), rows not aligned for packs, or rows
         // only two launches over slices could reduce.
         let row_kernel = |block_entries, layout, rows, cols| {
-            let launches = plan(
-                DType::F32,
-                (false, false),
-                block_entries,
-                shape(rows, cols),
-                layout,
-                &FakeH200,
-            )
-            .unwrap();
-            matches!(launches[0].entry, Entry::CrossEntropy(_))
+            let launch = only_launch(DType::F32, block_entries, layout, (rows, cols), &FakeH200);
+            matches!(launch.entry, Entry::CrossEntropy(_))
         };
         assert!(row_kernel(false, Layout::Aligned, 4096, 32000));
         assert!(row_kernel(true, Layout::Elements, 4096, 32001));
@@ -509,8 +485,7 @@ mod tests {
             // The sm_80 build has no clusters: its sliced rows are cooperative.
             let without_clusters = FakeH200WithoutClusters { sm90_build: false };
             let device: &dyn DeviceLimits = if sm80 { &without_clusters } else { &FakeH200 };
-            let launches = plan(input, (false, false), true, shape(rows, cols), Layout::Aligned, device).unwrap();
-            let launch = launches[0];
+            let launch = only_launch(input, true, Layout::Aligned, (rows, cols), device);
             if let Entry::Operation(k) = launch.entry {
                 proptest::prop_assert_eq!(cols % pack, 0);
                 let (threads, per_thread, slices, slice_packs, scheduling) = block_slicing(&launch);
