@@ -79,7 +79,7 @@ pub struct LaunchBounds {
 /// Every entry with launch bounds. A host test checks them against the block size and the
 /// blocks per multiprocessor its planner uses; [`build_all_ptx`] fails where a listed entry is
 /// not found to take its bounds.
-pub const LAUNCH_BOUNDS: [LaunchBounds; 2] = [
+pub const LAUNCH_BOUNDS: [LaunchBounds; 3] = [
     LaunchBounds {
         // The cross-entropy row kernels, two of whose blocks share a multiprocessor's shared
         // memory when they keep their slices there.
@@ -96,6 +96,13 @@ pub const LAUNCH_BOUNDS: [LaunchBounds; 2] = [
         entries: &["sample_f32", "sample_bf16", "sample_f16"],
         threads: 512,
         blocks_per_sm: 1,
+    },
+    LaunchBounds {
+        // Their draw-only forms, two blocks to a multiprocessor: the draw waits on Philox's
+        // rounds and the logarithms, which one block's 16 warps leave exposed.
+        entries: &["sample_draw_f32", "sample_draw_bf16", "sample_draw_f16"],
+        threads: 512,
+        blocks_per_sm: 2,
     },
 ];
 

@@ -5,7 +5,7 @@ use kernels_gpu::launch::ops::{DType, Direction};
 
 use super::Softmax;
 use crate::error::Result;
-use crate::plan::{Layout, OperationMode, Request, WorkspaceNeeds};
+use crate::plan::{Layout, OperationMode, Request, SamplingWork, WorkspaceNeeds};
 use crate::shape::Shape;
 use crate::variant::Variant;
 
@@ -96,15 +96,16 @@ impl CallKind {
                     )
                 })
                 .collect(),
-            CallKind::Sampling { input } => {
-                [(false, false), (true, false), (false, true), (true, true)]
-                    .map(|(advance, sliceable)| Request::Sampling {
+            CallKind::Sampling { input } => [false, true]
+                .into_iter()
+                .flat_map(|advance| {
+                    SamplingWork::ALL.map(|work| Request::Sampling {
                         input,
                         advance,
-                        sliceable,
+                        work,
                     })
-                    .to_vec()
-            }
+                })
+                .collect(),
         };
         requests
             .into_iter()

@@ -11,7 +11,7 @@ use super::call::{Frame, Span, check_per_row, check_shapes};
 use super::options::Options;
 use super::views::{DType, Rows, RowsMut, Value, Values, ValuesMut, merge_row_states};
 use crate::error::{Error, Result};
-use crate::plan::{Layout, Request};
+use crate::plan::{Layout, Request, SamplingWork};
 use crate::runtime::CallBuffers;
 
 /// A parameter of every row (`All`) or one per row in device memory (`Each`).
@@ -408,14 +408,21 @@ impl Softmax {
         params.cols = u32::try_from(shape.cols()).unwrap_or(u32::MAX);
         let stream = frame.stream;
         let advance = sampling.advance;
-        // Temperature alone, nothing written per column: the rows may be drawn in slices.
-        let sliceable = params.mode == sampling_mode::FULL
-            && params.probabilities == 0
-            && sampling.top_k.is_none()
-            && sampling.top_p.is_none()
-            && sampling.min_p.is_none();
+        // Greedy or temperature alone, nothing written per column: the draw kernel, whose
+        // rows may be drawn in slices where they are the whole vocabulary.
+        let work = if params.probabilities != 0
+            || sampling.top_k.is_some()
+            || sampling.top_p.is_some()
+            || sampling.min_p.is_some()
+        {
+            SamplingWork::Filtered
+        } else if params.mode == sampling_mode::FULL {
+            SamplingWork::Sliceable
+        } else {
+            SamplingWork::Drawn
+        };
         let done = self.with_stream(stream, |softmax| {
-            softmax.enqueue_sampling(params, &x, &writes, &reads, (advance, sliceable))
+            softmax.enqueue_sampling(params, &x, &writes, &reads, (advance, work))
         });
         done.and(frame.finish())
     }
@@ -428,7 +435,7 @@ impl Softmax {
         x: &Span,
         writes: &[Span],
         reads: &[Span],
-        (advance, sliceable): (bool, bool),
+        (advance, work): (bool, SamplingWork),
     ) -> Result<()> {
         self.check_call_buffers(reads, writes, None)?;
         let shape = x.shape;
@@ -443,7 +450,7 @@ impl Softmax {
         let request = Request::Sampling {
             input: x.dtype,
             advance,
-            sliceable,
+            work,
         };
         let prepared = self.prepared(request, shape, layout)?;
         let buffers = CallBuffers {

@@ -70,13 +70,30 @@ pub(crate) enum Request {
         block_entries: bool,
     },
     /// Sampling from logits of `input`, with the epilogue that advances the random offset
-    /// where `advance`; `sliceable`: a temperature-only call (no top-k, top-p or min-p, no
-    /// distribution written), whose rows may be cut into slices that draw apart.
+    /// where `advance`; `work`: what its rows need of the kernels.
     Sampling {
         input: DType,
         advance: bool,
-        sliceable: bool,
+        work: SamplingWork,
     },
+}
+
+/// What a sampling call's rows need of the kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum SamplingWork {
+    /// Top-k, top-p or min-p, or the filtered distribution written: the row kernel with every
+    /// filter, a block a row.
+    Filtered,
+    /// Greedy or temperature alone, a vocabulary shard's draw: the draw kernel, a block a row.
+    Drawn,
+    /// Greedy or temperature alone over the whole vocabulary: the draw kernel, the rows cut
+    /// into slices that draw apart where they are too few to fill the device.
+    Sliceable,
+}
+
+impl SamplingWork {
+    /// Every kind, each list of requests written once.
+    pub(crate) const ALL: [SamplingWork; 3] = [Self::Filtered, Self::Drawn, Self::Sliceable];
 }
 
 /// What an operation call stores: the outputs, only the rows' states, or the outputs
@@ -623,8 +640,8 @@ pub(crate) fn plan(
         Request::Sampling {
             input,
             advance,
-            sliceable,
-        } => sampling::plan(input, advance, sliceable, shape, layout, device),
+            work,
+        } => sampling::plan(input, advance, work, shape, layout, device),
     }
 }
 

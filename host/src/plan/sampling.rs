@@ -1,6 +1,7 @@
 //! Planning a sampling call: a block per row, its row kept in shared memory where it fits
-//! beside the histogram and the candidates; or, for temperature alone on rows too few to fill
-//! the device, a block per slice of a row and a merge of the slices' draws; then the
+//! beside the histogram and the candidates (with filters), or drawn in one pass by the draw
+//! entry (greedy or temperature alone); for greedy and temperature alone on rows too few to
+//! fill the device, a block per slice of a row and a merge of the slices' draws; then the
 //! one-thread launch that advances the random offset where the call advances it.
 
 use kernels_gpu::launch::ops::DType;
@@ -9,7 +10,8 @@ use kernels_gpu::launch::sampling::{
 };
 
 use super::{
-    DeviceLimits, Entry, Launch, Layout, Params, Scheduling, not_resident, rows_and_cols, too_large,
+    DeviceLimits, Entry, Launch, Layout, Params, SamplingWork, Scheduling, not_resident,
+    rows_and_cols, too_large,
 };
 use crate::error::Result;
 use crate::shape::Shape;
@@ -17,7 +19,8 @@ use crate::shape::Shape;
 /// Threads per block of the merge launch.
 const MERGE_THREADS: u32 = 256;
 
-/// Blocks a sliced call aims for per multiprocessor.
+/// Blocks of the draw entry a multiprocessor holds at once (its launch bounds): a sliced call
+/// aims for one wave of them.
 const BLOCKS_PER_SM: u32 = 2;
 
 /// What a sampling call launches: the rows (or their slices, then the merge), then the
@@ -25,7 +28,7 @@ const BLOCKS_PER_SM: u32 = 2;
 pub(crate) fn plan(
     input: DType,
     advance: bool,
-    sliceable: bool,
+    work: SamplingWork,
     shape: Shape,
     layout: Layout,
     limits: &dyn DeviceLimits,
@@ -39,11 +42,18 @@ pub(crate) fn plan(
         ));
     }
     let entry = |kind| Entry::Sampling(SamplingEntry { dtype: input, kind });
-    let rows_entry = entry(SamplingKind::Rows);
+    let filtered = work == SamplingWork::Filtered;
+    let rows_entry = entry(if filtered {
+        SamplingKind::Rows
+    } else {
+        SamplingKind::Draws
+    });
     let row_bytes = u64::from(cols) * u64::from(input.bytes());
+    // The draw entry reads its row once: nothing to keep.
     let cached_bytes = u32::try_from(row_bytes).ok().filter(|&bytes| {
-        u64::from(sampling_shared_bytes(0)) + u64::from(bytes)
-            <= u64::from(limits.max_shared_per_block())
+        filtered
+            && u64::from(sampling_shared_bytes(0)) + u64::from(bytes)
+                <= u64::from(limits.max_shared_per_block())
     });
     let fits = |bytes: u32| {
         limits.blocks_per_sm(rows_entry, SAMPLING_THREADS, sampling_shared_bytes(bytes)) > 0
@@ -53,7 +63,7 @@ pub(crate) fn plan(
         return Err(not_resident("sampling", shape));
     }
     let aligned = layout == Layout::Aligned;
-    let (slices, slice_cols) = if sliceable {
+    let (slices, slice_cols) = if work == SamplingWork::Sliceable {
         slicing(input, rows, cols, limits)
     } else {
         (1, cols)
@@ -127,7 +137,7 @@ mod tests {
             plan(
                 dtype,
                 true,
-                false,
+                SamplingWork::Filtered,
                 Shape::new(4, cols).unwrap(),
                 Layout::Aligned,
                 &FakeH200,
@@ -152,13 +162,48 @@ mod tests {
 
     #[test]
     fn the_row_kernels_launch_bounds_are_the_plans() {
-        let rows = [DType::F32, DType::Bf16, DType::F16].map(|dtype| {
-            Entry::Sampling(SamplingEntry {
-                dtype,
-                kind: SamplingKind::Rows,
-            })
-        });
-        crate::plan::tests::assert_launch_bounds(rows, SAMPLING_THREADS, 1);
+        let of = |kind| {
+            [DType::F32, DType::Bf16, DType::F16]
+                .map(|dtype| Entry::Sampling(SamplingEntry { dtype, kind }))
+        };
+        crate::plan::tests::assert_launch_bounds(of(SamplingKind::Rows), SAMPLING_THREADS, 1);
+        crate::plan::tests::assert_launch_bounds(
+            of(SamplingKind::Draws),
+            SAMPLING_THREADS,
+            BLOCKS_PER_SM,
+        );
+    }
+
+    #[test]
+    fn greedy_and_temperature_alone_take_the_draw_entry_without_a_cache() {
+        for work in [SamplingWork::Drawn, SamplingWork::Sliceable] {
+            let launches = plan(
+                DType::Bf16,
+                false,
+                work,
+                Shape::new(512, 32_000).unwrap(),
+                Layout::Aligned,
+                &FakeH200,
+            )
+            .unwrap();
+            assert_eq!(launches.len(), 1);
+            assert_eq!(
+                launches[0].entry,
+                Entry::Sampling(SamplingEntry {
+                    dtype: DType::Bf16,
+                    kind: SamplingKind::Draws
+                })
+            );
+            assert!(matches!(
+                launches[0].params,
+                Params::Sampling {
+                    cached: false,
+                    slices: 1,
+                    ..
+                }
+            ));
+            assert_eq!(launches[0].shared_bytes, sampling_shared_bytes(0));
+        }
     }
 
     #[test]
@@ -166,7 +211,7 @@ mod tests {
         let launches = plan(
             DType::F32,
             false,
-            false,
+            SamplingWork::Filtered,
             Shape::new(2, 100).unwrap(),
             Layout::Elements,
             &FakeH200,
@@ -180,7 +225,7 @@ mod tests {
         let launches = plan(
             DType::Bf16,
             true,
-            true,
+            SamplingWork::Sliceable,
             Shape::new(1, 262_144).unwrap(),
             Layout::Aligned,
             &FakeH200,
@@ -200,7 +245,7 @@ mod tests {
         let launches = plan(
             DType::F32,
             true,
-            true,
+            SamplingWork::Sliceable,
             Shape::new(512, 32_000).unwrap(),
             Layout::Aligned,
             &FakeH200,

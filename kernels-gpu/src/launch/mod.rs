@@ -61,6 +61,9 @@ macro_rules! entry_name_pieces {
     ($to:tt; sample $input:tt) => {
         $crate::launch::entry_name_pieces!(@emit $to "sample_", $input)
     };
+    ($to:tt; sample_draw $input:tt) => {
+        $crate::launch::entry_name_pieces!(@emit $to "sample_draw_", $input)
+    };
     ($to:tt; sample_merge $input:tt) => {
         $crate::launch::entry_name_pieces!(@emit $to "sample_merge_", $input)
     };

@@ -79,6 +79,9 @@ unsafe impl cust_core::DeviceCopy for ShardDraw {}
 ///   the element's bytes when `cached` is 1, else 0, in `slices` blocks per row, each slice a
 ///   temperature-only draw (mode `SHARD`). The merge entry is any grid of any blocks; the
 ///   advance entry one thread.
+/// - The draw entries ([`SamplingKind::Draws`]) serve only greedy and temperature-only calls:
+///   `top_ks`, `top_ps`, `min_ps` and `probabilities` are 0, `top_k` 0, `top_p` 1, `min_p` 0
+///   and `cached` 0.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct SamplingParams {
@@ -126,18 +129,20 @@ pub struct SamplingParams {
     pub slice_cols: u32,
 }
 
-/// What a sampling entry does: the rows, a block each or a block per slice (`Rows`), the
-/// merge of each row's slices into its outputs (`Merge`), or the one-thread epilogue that
-/// advances the random offset (`Advance`).
+/// What a sampling entry does: the rows with every filter, a block each (`Rows`); greedy
+/// and temperature-only rows, a block each or a block per slice (`Draws`); the merge of each
+/// row's slices into its outputs (`Merge`); or the one-thread epilogue that advances the
+/// random offset (`Advance`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum SamplingKind {
     Rows,
+    Draws,
     Merge,
     Advance,
 }
 
 /// A sampling entry of the operation module of `dtype`. Its `Display` is the PTX entry
-/// name: `sample_bf16`, `sample_merge_bf16`, `sample_advance_bf16`.
+/// name: `sample_bf16`, `sample_draw_bf16`, `sample_merge_bf16`, `sample_advance_bf16`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SamplingEntry {
     pub dtype: DType,
@@ -146,9 +151,10 @@ pub struct SamplingEntry {
 
 impl SamplingEntry {
     /// Every sampling entry of `dtype`'s module.
-    pub fn all(dtype: DType) -> [Self; 3] {
+    pub fn all(dtype: DType) -> [Self; 4] {
         [
             SamplingKind::Rows,
+            SamplingKind::Draws,
             SamplingKind::Merge,
             SamplingKind::Advance,
         ]
@@ -161,6 +167,7 @@ impl core::fmt::Display for SamplingEntry {
         let input = self.dtype.name();
         match self.kind {
             SamplingKind::Rows => write_entry_name!(f, sample(input)),
+            SamplingKind::Draws => write_entry_name!(f, sample_draw(input)),
             SamplingKind::Merge => write_entry_name!(f, sample_merge(input)),
             SamplingKind::Advance => write_entry_name!(f, sample_advance(input)),
         }

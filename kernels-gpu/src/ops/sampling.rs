@@ -368,7 +368,7 @@ impl Noise {
             2 => self.words[2],
             _ => self.words[3],
         };
-        -log2_approx(exponential_of(bits)) * LN_2
+        gumbel_of(bits)
     }
 
     /// Offers column `col`, whose logit over the temperature is `z`, to the draw.
@@ -380,6 +380,44 @@ impl Noise {
             best.offer(score, col as u32);
         }
     }
+
+    /// Offers the columns `first..first + PACK` (every one a column of the row; `PACK` a
+    /// multiple of 4 and the first's global index too), whose logits over the temperature are
+    /// `zs` and at most `pack_max`, as [`Noise::offer`] offers each: the same scores, with the
+    /// pack's Philox calls made together and unconditionally, so that their rounds overlap
+    /// (one at a time, each behind a test of the last call's group, they run one after the
+    /// other).
+    #[inline(always)]
+    fn offer_pack<const PACK: usize>(
+        &self,
+        best: &mut Best,
+        zs: &[f32; PACK],
+        pack_max: f32,
+        first: usize,
+    ) {
+        if pack_max + GUMBEL_NOISE_BOUND <= best.value {
+            return;
+        }
+        let group = (self.column_offset + first as u64) / 4;
+        let mut bits = [0u32; PACK];
+        for g in 0..PACK / 4 {
+            let words = draw_words(self.seed, self.offset, self.row, (group + g as u64) as u32);
+            for (k, &word) in words.iter().enumerate() {
+                bits[4 * g + k] = word;
+            }
+        }
+        for i in 0..PACK {
+            if zs[i] + GUMBEL_NOISE_BOUND > best.value {
+                best.offer(zs[i] + gumbel_of(bits[i]), (first + i) as u32);
+            }
+        }
+    }
+}
+
+/// A column's Gumbel noise from its 32 random bits.
+#[inline(always)]
+fn gumbel_of(bits: u32) -> f32 {
+    -log2_approx(exponential_of(bits)) * LN_2
 }
 
 /// The row's weight function: `e^(z − max)` for `z = value / temperature`.
@@ -517,12 +555,16 @@ impl Shared {
 
 /// Samples row `block_idx` (see the module's documentation) and writes its outputs: the
 /// token, its log-probabilities, the filtered distribution where asked (mode `FULL`), or
-/// the row's [`ShardDraw`] (mode `SHARD`).
+/// the row's [`ShardDraw`] (mode `SHARD`). Without `FILTERS` (the draw entries) only
+/// greedy and temperature-only rows are drawn: the code of the filters is not compiled, so
+/// the entry needs fewer registers.
 ///
 /// # Safety
-/// The contract of [`SamplingParams`].
+/// The contract of [`SamplingParams`]; without `FILTERS`, that of its draw entries.
 #[inline(always)]
-pub(crate) unsafe fn sample_row<E: Element, const PACK: usize>(p: &SamplingParams) {
+pub(crate) unsafe fn sample_row<E: Element, const PACK: usize, const FILTERS: bool>(
+    p: &SamplingParams,
+) {
     let slices = p.slices.max(1) as usize;
     let (row, slice) = (block_idx() as usize / slices, block_idx() as usize % slices);
     // This block's columns: the row, or its slice (whose first column keeps 16-byte packs
@@ -549,7 +591,7 @@ pub(crate) unsafe fn sample_row<E: Element, const PACK: usize>(p: &SamplingParam
             unsafe { (p.bias as *const f32).add(row * p.bias_stride as usize + start) }
         },
         first_column: p.column_offset + start as u64,
-        cache: if p.cached != 0 {
+        cache: if FILTERS && p.cached != 0 {
             cache.cast::<E>()
         } else {
             core::ptr::null_mut()
@@ -574,7 +616,7 @@ pub(crate) unsafe fn sample_row<E: Element, const PACK: usize>(p: &SamplingParam
     };
     let inv_t = filters.inv_temperature;
     // Temperature alone: the draw happens in the first pass.
-    let draws_at_once = !filters.greedy && !filters.cuts() && filters.min_p == 0.0;
+    let draws_at_once = !filters.greedy && (!FILTERS || (!filters.cuts() && filters.min_p == 0.0));
 
     // Pass 1: the statistics, the largest logit, the smallest finite one, the bad values.
     let mut stats = OnlineStats::EMPTY;
@@ -602,11 +644,17 @@ pub(crate) unsafe fn sample_row<E: Element, const PACK: usize>(p: &SamplingParam
             }
             stats.push_batch::<DeviceExp2>(pack_max, PACK, |i| zs[i]);
             if draws_at_once {
-                for (i, &z) in zs.iter().enumerate() {
-                    if i >= count {
-                        continue;
+                if count == PACK && PACK % 4 == 0 && noise.column_offset % 4 == 0 {
+                    // A whole pack, whose first column starts a group of four: `first` is a
+                    // multiple of `PACK` after the slice's start, a multiple of 8.
+                    noise.offer_pack(&mut best, &zs, pack_max, first);
+                } else {
+                    for (i, &z) in zs.iter().enumerate() {
+                        if i >= count {
+                            continue;
+                        }
+                        noise.offer(&mut best, z, first + i);
                     }
-                    noise.offer(&mut best, z, first + i);
                 }
             }
         })
@@ -696,7 +744,7 @@ pub(crate) unsafe fn sample_row<E: Element, const PACK: usize>(p: &SamplingParam
         inv_temperature: inv_t,
         max: z_max,
     };
-    if draws_at_once {
+    if draws_at_once || !FILTERS {
         // SAFETY: every thread, uniform control flow.
         let best = unsafe { block_reduce(best, shared.scratch) };
         // SAFETY: the outputs of row `row`; `best.col` is a column of the row.
@@ -1372,13 +1420,18 @@ pub(crate) unsafe fn sample_advance(p: &SamplingParams) {
 }
 
 /// The sampling entries of one element type: the row kernel (16-byte packs where the rows
-/// are aligned for them), the merge of sliced rows, and the advance.
+/// are aligned for them), its draw-only form, the merge of sliced rows, and the advance.
 macro_rules! sampling_entries {
     ($($module:literal: $element:ty, $name:literal, $pack:literal;)+) => {$(
         $crate::primitives::entry::kernel_entry!(
             #[cfg(kernels_module = $module)]
             export $crate::launch::entry_name!(sample $name),
-            (params: SamplingParams) => sample_row::<$element, $pack>(&params)
+            (params: SamplingParams) => sample_row::<$element, $pack, true>(&params)
+        );
+        $crate::primitives::entry::kernel_entry!(
+            #[cfg(kernels_module = $module)]
+            export $crate::launch::entry_name!(sample_draw $name),
+            (params: SamplingParams) => sample_row::<$element, $pack, false>(&params)
         );
         $crate::primitives::entry::kernel_entry!(
             #[cfg(kernels_module = $module)]
