@@ -3,7 +3,8 @@
 //! and with ties at the cuts), the log-probabilities, the written distribution, greedy rows,
 //! rows without a token, reproducibility and independence from the batch, wide rows (kept in
 //! shared memory and not), the bisection of rows whose cut bins hold too many columns, a
-//! captured graph replayed 100 times, vocabulary shards against the whole row, and bad input.
+//! captured graph replayed 100 times, vocabulary shards against the whole row, the candidate
+//! path of a small top-k against the row kernel, and bad input.
 //! Without a CUDA device each test is reported as skipped.
 //!
 //! The chi-square tests reject at significance 10⁻⁴ per case (Wilson–Hilferty's approximation
@@ -41,6 +42,10 @@ const TESTS: &[common::Test] = &[
     ("sampling_is_reproducible_and_row_independent", reproducible),
     ("sampling_captured_in_a_graph", captured),
     ("sampling_shards_match_the_whole", shards),
+    (
+        "sampling_small_top_k_candidates_match_the_row_kernel",
+        candidates,
+    ),
     ("sampling_bad_input_is_refused", bad_input),
 ];
 
@@ -784,6 +789,147 @@ fn shards(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     }
     Ok(format!(
         "1, 2, 3 and 8 shards of {rows}×{cols} draw the whole row's tokens"
+    ))
+}
+
+/// A call's tokens, log-probabilities and raw log-probabilities.
+type Drawn = (Vec<u32>, Vec<f32>, Vec<f32>);
+
+/// One call's tokens, log-probabilities and raw log-probabilities of `logits` (`T`) with
+/// `options` at seed 11, offset 4.
+fn tokens_and_logprobs<T: Element>(
+    softmax: &mut Softmax,
+    logits: &[f32],
+    s: Shape,
+    options: &SamplingOptions<'_>,
+) -> Result<Drawn, String> {
+    let x = upload::<T>(logits)?;
+    let rows = s.rows();
+    let mut random = DeviceBuffer::from_slice(&[11u64, 4]).map_err(text)?;
+    let mut tokens = DeviceBuffer::from_slice(&vec![0u32; rows]).map_err(text)?;
+    let mut logprobs = common::poisoned(rows)?;
+    let mut raw = common::poisoned(rows)?;
+    softmax
+        .sample(
+            Rows::new(&x, s).map_err(text)?,
+            &mut random,
+            SamplingOutputs::new()
+                .tokens(&mut tokens)
+                .logprobs(&mut logprobs)
+                .raw_logprobs(&mut raw),
+            options,
+            &Options::new(),
+        )
+        .map_err(text)?;
+    let mut host = vec![0u32; rows];
+    tokens.copy_to(&mut host[..]).map_err(text)?;
+    Ok((host, common::download(&logprobs)?, common::download(&raw)?))
+}
+
+/// A top-k of at most 128 for every row takes the candidate path (slices of 8192 columns, their
+/// best `k` merged); the same top-k given per row takes the row kernel. Both keep the same
+/// columns and draw them with the same noise: the same tokens, and log-probabilities within
+/// the sums' rounding. Rows with ties across the cut, rows with fewer finite columns than
+/// `k`, a NaN row, greedy, top-p and min-p after the top-k; one slice, several, a partial
+/// last slice, unaligned rows; f32 and bf16.
+fn candidates(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
+    let mut calls = 0;
+    let mut worst: f64 = 0.0;
+    for (rows, cols) in [(5, 100), (3, 8192), (4, 8193), (3, 50_257), (2, 262_144)] {
+        let s = shape(rows, cols);
+        let mut logits = common::random_matrix(rng, s, 4.0);
+        // Row 1: coarse values, many ties at any cut.
+        for v in &mut logits[cols..2 * cols] {
+            *v = (*v * 2.0).round() * 0.5;
+        }
+        // Row 2 (where there is one after): 10 finite columns, fewer than most top-k.
+        if rows > 2 {
+            for (c, v) in logits[2 * cols..3 * cols].iter_mut().enumerate() {
+                if c % (cols / 10).max(1) != 3 {
+                    *v = f32::NEG_INFINITY;
+                }
+            }
+        }
+        // The last row of the three-row shapes: a NaN, which leaves no token.
+        if rows == 3 {
+            logits[2 * cols + cols / 2] = f32::NAN;
+        }
+        let per_row = |k: u32| DeviceBuffer::from_slice(&vec![k; rows]).map_err(text);
+        for (k, top_p, min_p, temperature) in [
+            (1, None, None, 1.0),
+            (50, None, None, 0.7),
+            (50, Some(0.9), None, 1.0),
+            (128, Some(0.8), Some(0.02), 1.3),
+            (20, Some(0.5), None, 0.0),
+        ] {
+            let ks = per_row(k)?;
+            fn with(
+                o: SamplingOptions<'_>,
+                (temperature, top_p, min_p): (f32, Option<f32>, Option<f32>),
+            ) -> SamplingOptions<'_> {
+                let mut o = o.temperature(temperature).advance(false);
+                if let Some(p) = top_p {
+                    o = o.top_p(p);
+                }
+                if let Some(p) = min_p {
+                    o = o.min_p(p);
+                }
+                o
+            }
+            let rest = (temperature, top_p, min_p);
+            let fast = with(SamplingOptions::new().top_k(k), rest);
+            let rows_kernel = with(
+                SamplingOptions::new().top_k(PerRow::Each(Values::new(&ks))),
+                rest,
+            );
+            for dtype in [DType::F32, DType::Bf16] {
+                let (a, b) = match dtype {
+                    DType::Bf16 => (
+                        tokens_and_logprobs::<bf16>(softmax, &logits, s, &fast)?,
+                        tokens_and_logprobs::<bf16>(softmax, &logits, s, &rows_kernel)?,
+                    ),
+                    _ => (
+                        tokens_and_logprobs::<f32>(softmax, &logits, s, &fast)?,
+                        tokens_and_logprobs::<f32>(softmax, &logits, s, &rows_kernel)?,
+                    ),
+                };
+                let what = format!(
+                    "{dtype:?} {rows}×{cols} k {k} top-p {top_p:?} min-p {min_p:?} t {temperature}"
+                );
+                if a.0 != b.0 {
+                    return Err(format!(
+                        "{what}: tokens {:?}, the row kernel's {:?}",
+                        a.0, b.0
+                    ));
+                }
+                for r in 0..rows {
+                    for (x, y) in [(a.1[r], b.1[r]), (a.2[r], b.2[r])] {
+                        if x.is_nan() != y.is_nan() {
+                            return Err(format!(
+                                "{what}, row {r}: log-probability {x}, the row kernel's {y}"
+                            ));
+                        }
+                        if !x.is_nan() {
+                            let gap = f64::from((x - y).abs()) / f64::from(y.abs()).max(1.0);
+                            if gap > 2e-5 {
+                                return Err(format!(
+                                    "{what}, row {r}: log-probability {x}, the row kernel's {y}"
+                                ));
+                            }
+                            worst = worst.max(gap);
+                        }
+                    }
+                }
+                if rows == 3 && a.0[2] != NO_TOKEN {
+                    return Err(format!("{what}: the NaN row drew {}", a.0[2]));
+                }
+                calls += 1;
+            }
+        }
+    }
+    Ok(format!(
+        "{calls} calls: the candidate path drew the row kernel's tokens; log-probabilities \
+         within {worst:.1e} (relative, at least 1)"
     ))
 }
 

@@ -79,7 +79,7 @@ pub struct LaunchBounds {
 /// Every entry with launch bounds. A host test checks them against the block size and the
 /// blocks per multiprocessor its planner uses; [`build_all_ptx`] fails where a listed entry is
 /// not found to take its bounds.
-pub const LAUNCH_BOUNDS: [LaunchBounds; 3] = [
+pub const LAUNCH_BOUNDS: [LaunchBounds; 4] = [
     LaunchBounds {
         // The cross-entropy row kernels, two of whose blocks share a multiprocessor's shared
         // memory when they keep their slices there.
@@ -101,6 +101,19 @@ pub const LAUNCH_BOUNDS: [LaunchBounds; 3] = [
         // Their draw-only forms, two blocks to a multiprocessor: the draw waits on Philox's
         // rounds and the logarithms, which one block's 16 warps leave exposed.
         entries: &["sample_draw_f32", "sample_draw_bf16", "sample_draw_f16"],
+        threads: 512,
+        blocks_per_sm: 2,
+    },
+    LaunchBounds {
+        // The candidate path's two launches (a small top-k), two blocks to a multiprocessor.
+        entries: &[
+            "sample_top_f32",
+            "sample_top_bf16",
+            "sample_top_f16",
+            "sample_top_merge_f32",
+            "sample_top_merge_bf16",
+            "sample_top_merge_f16",
+        ],
         threads: 512,
         blocks_per_sm: 2,
     },

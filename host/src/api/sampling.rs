@@ -4,7 +4,7 @@
 //! log-probabilities, and vocabulary shards for temperature sampling.
 
 pub use kernels_gpu::launch::sampling::{NO_TOKEN, ShardDraw};
-use kernels_gpu::launch::sampling::{SamplingParams, sampling_mode};
+use kernels_gpu::launch::sampling::{SamplingParams, TOP_K_CANDIDATES, sampling_mode};
 
 use super::Softmax;
 use super::call::{Frame, Span, check_per_row, check_shapes};
@@ -408,9 +408,14 @@ impl Softmax {
         params.cols = u32::try_from(shape.cols()).unwrap_or(u32::MAX);
         let stream = frame.stream;
         let advance = sampling.advance;
-        // Greedy or temperature alone, nothing written per column: the draw kernel, whose
-        // rows may be drawn in slices where they are the whole vocabulary.
-        let work = if params.probabilities != 0
+        // One small top-k for every row, nothing written per column: the candidate path.
+        // Greedy or temperature alone: the draw kernel, whose rows may be drawn in slices
+        // where they are the whole vocabulary.
+        let small_top_k = matches!(sampling.top_k, Some(PerRow::All(k)) if k <= TOP_K_CANDIDATES);
+        let work = if params.probabilities == 0 && params.mode == sampling_mode::FULL && small_top_k
+        {
+            SamplingWork::TopK
+        } else if params.probabilities != 0
             || sampling.top_k.is_some()
             || sampling.top_p.is_some()
             || sampling.min_p.is_some()

@@ -13,7 +13,7 @@ pub(crate) mod variants;
 
 use kernels_gpu::launch::cross_entropy::CrossEntropyEntry;
 use kernels_gpu::launch::ops::{DType, Direction, OpInstance, OpKernelShape};
-use kernels_gpu::launch::sampling::{SamplingEntry, ShardDraw};
+use kernels_gpu::launch::sampling::{SLICE_TOP_WORDS, SamplingEntry, ShardDraw};
 
 /// Floats of a [`ShardDraw`] in the workspace.
 const SHARD_DRAW_FLOATS: usize = size_of::<ShardDraw>() / 4;
@@ -89,11 +89,16 @@ pub(crate) enum SamplingWork {
     /// Greedy or temperature alone over the whole vocabulary: the draw kernel, the rows cut
     /// into slices that draw apart where they are too few to fill the device.
     Sliceable,
+    /// One top-k of at most `TOP_K_CANDIDATES` for every row, over the whole vocabulary,
+    /// nothing written per column (top-p and min-p may follow): the candidate path where the
+    /// rows are narrow enough, else as `Filtered`.
+    TopK,
 }
 
 impl SamplingWork {
     /// Every kind, each list of requests written once.
-    pub(crate) const ALL: [SamplingWork; 3] = [Self::Filtered, Self::Drawn, Self::Sliceable];
+    pub(crate) const ALL: [SamplingWork; 4] =
+        [Self::Filtered, Self::Drawn, Self::Sliceable, Self::TopK];
 }
 
 /// What an operation call stores: the outputs, only the rows' states, or the outputs
@@ -222,6 +227,8 @@ pub(crate) enum Params {
         slices: u32,
         slice_cols: u32,
         rows: u32,
+        /// The candidate path (a small top-k): its slices' states and ranks in the workspace.
+        candidates: bool,
     },
 }
 
@@ -449,7 +456,7 @@ impl Launch {
     }
 
     /// What this launch uses of the workspace.
-    fn needs(&self) -> WorkspaceNeeds {
+    pub(crate) fn needs(&self) -> WorkspaceNeeds {
         let grid = self.grid as usize;
         let exchanging = WorkspaceNeeds {
             partials: 2 * grid,
@@ -476,6 +483,16 @@ impl Launch {
                     ..exchange
                 }
             }
+            // The candidate path's slices' states and ranks.
+            Params::Sampling {
+                candidates: true,
+                slices,
+                rows,
+                ..
+            } => WorkspaceNeeds {
+                row_stats: rows as usize * slices as usize * SLICE_TOP_WORDS as usize,
+                ..WorkspaceNeeds::default()
+            },
             // The slices' draws.
             Params::Sampling { slices, rows, .. } if slices > 1 => WorkspaceNeeds {
                 row_stats: rows as usize * slices as usize * SHARD_DRAW_FLOATS,

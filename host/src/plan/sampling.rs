@@ -6,7 +6,8 @@
 
 use kernels_gpu::launch::ops::DType;
 use kernels_gpu::launch::sampling::{
-    SAMPLING_THREADS, SamplingEntry, SamplingKind, sampling_shared_bytes,
+    SAMPLING_THREADS, SamplingEntry, SamplingKind, TOP_K_MAX_SLICES, TOP_K_SLICE_COLS,
+    sampling_shared_bytes,
 };
 
 use super::{
@@ -23,8 +24,8 @@ const MERGE_THREADS: u32 = 256;
 /// aims for one wave of them.
 const BLOCKS_PER_SM: u32 = 2;
 
-/// What a sampling call launches: the rows (or their slices, then the merge), then the
-/// advance where `advance`.
+/// What a sampling call launches: the rows (or their slices, then the merge; or the
+/// candidate path's slices, then its merge), then the advance where `advance`.
 pub(crate) fn plan(
     input: DType,
     advance: bool,
@@ -42,7 +43,64 @@ pub(crate) fn plan(
         ));
     }
     let entry = |kind| Entry::Sampling(SamplingEntry { dtype: input, kind });
-    let filtered = work == SamplingWork::Filtered;
+    let aligned = layout == Layout::Aligned;
+    let candidate_slices = cols.div_ceil(TOP_K_SLICE_COLS);
+    let mut launches = if work == SamplingWork::TopK && candidate_slices <= TOP_K_MAX_SLICES {
+        let slices_entry = entry(SamplingKind::TopSlices);
+        let shared_bytes = sampling_shared_bytes(0);
+        if limits.blocks_per_sm(slices_entry, SAMPLING_THREADS, shared_bytes) == 0 {
+            return Err(not_resident("sampling", shape));
+        }
+        let params = Params::Sampling {
+            cached: false,
+            aligned,
+            slices: candidate_slices,
+            slice_cols: TOP_K_SLICE_COLS,
+            rows,
+            candidates: true,
+        };
+        let grid = rows
+            .checked_mul(candidate_slices)
+            .ok_or_else(|| too_large(shape, "more blocks than a grid holds"))?;
+        [(slices_entry, grid), (entry(SamplingKind::TopMerge), rows)]
+            .map(|(entry, grid)| Launch {
+                entry,
+                grid,
+                block: SAMPLING_THREADS,
+                shared_bytes,
+                scheduling: Scheduling::Ordinary,
+                params,
+            })
+            .to_vec()
+    } else {
+        rows_launches(input, work, shape, aligned, limits)?
+    };
+    if advance {
+        launches.push(Launch {
+            entry: entry(SamplingKind::Advance),
+            grid: 1,
+            block: 1,
+            shared_bytes: 0,
+            scheduling: Scheduling::Ordinary,
+            params: launches[0].params,
+        });
+    }
+    Ok(launches)
+}
+
+/// The launches of a call that the candidate path does not take: a block per row (the row
+/// kernel with filters, else the draw kernel), or for greedy and temperature alone on few
+/// rows, a block per slice and the merge.
+fn rows_launches(
+    input: DType,
+    work: SamplingWork,
+    shape: Shape,
+    aligned: bool,
+    limits: &dyn DeviceLimits,
+) -> Result<Vec<Launch>> {
+    let (rows, cols) = rows_and_cols(shape)?;
+    let entry = |kind| Entry::Sampling(SamplingEntry { dtype: input, kind });
+    let filtered = matches!(work, SamplingWork::Filtered | SamplingWork::TopK);
     let rows_entry = entry(if filtered {
         SamplingKind::Rows
     } else {
@@ -62,7 +120,6 @@ pub(crate) fn plan(
     if cached.is_none() && !fits(0) {
         return Err(not_resident("sampling", shape));
     }
-    let aligned = layout == Layout::Aligned;
     let (slices, slice_cols) = if work == SamplingWork::Sliceable {
         slicing(input, rows, cols, limits)
     } else {
@@ -74,6 +131,7 @@ pub(crate) fn plan(
         slices,
         slice_cols,
         rows,
+        candidates: false,
     };
     let grid = rows
         .checked_mul(slices)
@@ -92,16 +150,6 @@ pub(crate) fn plan(
             entry: entry(SamplingKind::Merge),
             grid: rows.div_ceil(MERGE_THREADS),
             block: MERGE_THREADS,
-            shared_bytes: 0,
-            scheduling: Scheduling::Ordinary,
-            params: params(false),
-        });
-    }
-    if advance {
-        launches.push(Launch {
-            entry: entry(SamplingKind::Advance),
-            grid: 1,
-            block: 1,
             shared_bytes: 0,
             scheduling: Scheduling::Ordinary,
             params: params(false),
@@ -130,6 +178,7 @@ fn slicing(input: DType, rows: u32, cols: u32, limits: &dyn DeviceLimits) -> (u3
 mod tests {
     use super::*;
     use crate::plan::tests::FakeH200;
+    use kernels_gpu::launch::sampling::SLICE_TOP_WORDS;
 
     #[test]
     fn rows_that_fit_beside_the_histogram_are_kept_in_shared_memory() {
@@ -172,6 +221,45 @@ mod tests {
             SAMPLING_THREADS,
             BLOCKS_PER_SM,
         );
+    }
+
+    #[test]
+    fn a_small_top_k_takes_the_candidate_path_where_its_slices_fit() {
+        let plan = |cols: usize| {
+            plan(
+                DType::Bf16,
+                true,
+                SamplingWork::TopK,
+                Shape::new(3, cols).unwrap(),
+                Layout::Aligned,
+                &FakeH200,
+            )
+            .unwrap()
+        };
+        let kind = |launch: &Launch| match launch.entry {
+            Entry::Sampling(SamplingEntry { kind, .. }) => kind,
+            other => panic!("{other:?}"),
+        };
+        let launches = plan(50_257);
+        let kinds: Vec<_> = launches.iter().map(kind).collect();
+        assert_eq!(
+            kinds,
+            [
+                SamplingKind::TopSlices,
+                SamplingKind::TopMerge,
+                SamplingKind::Advance
+            ]
+        );
+        assert_eq!((launches[0].grid, launches[1].grid), (3 * 7, 3));
+        assert_eq!(
+            launches[0].needs().row_stats,
+            3 * 7 * SLICE_TOP_WORDS as usize
+        );
+        // 32 slices at most; wider rows take the row kernel with its filters.
+        assert_eq!(plan(262_144)[0].grid, 3 * 32);
+        let wide = plan(262_145);
+        assert_eq!(kind(&wide[0]), SamplingKind::Rows);
+        assert_eq!(wide.len(), 2);
     }
 
     #[test]

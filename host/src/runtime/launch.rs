@@ -195,18 +195,24 @@ impl KernelParams {
                 aligned,
                 slices,
                 slice_cols,
+                candidates,
                 ..
             } => {
                 let mut params = *b.sampling;
                 params.cached = cached.into();
                 params.aligned = aligned.into();
-                if slices > 1 {
+                if candidates {
+                    // The slices' candidates and states go through the workspace.
+                    params.slices = slices;
+                    params.slice_cols = slice_cols;
+                    params.slice_tops = w.row_stats;
+                } else if slices > 1 {
                     // The slices draw into the workspace; the merge writes the outputs.
                     params.slices = slices;
                     params.slice_cols = slice_cols;
                     params.draws = w.row_stats;
                     if let Entry::Sampling(SamplingEntry {
-                        kind: SamplingKind::Rows,
+                        kind: SamplingKind::Rows | SamplingKind::Draws,
                         ..
                     }) = launch.entry
                     {

@@ -64,6 +64,12 @@ macro_rules! entry_name_pieces {
     ($to:tt; sample_draw $input:tt) => {
         $crate::launch::entry_name_pieces!(@emit $to "sample_draw_", $input)
     };
+    ($to:tt; sample_top $input:tt) => {
+        $crate::launch::entry_name_pieces!(@emit $to "sample_top_", $input)
+    };
+    ($to:tt; sample_top_merge $input:tt) => {
+        $crate::launch::entry_name_pieces!(@emit $to "sample_top_merge_", $input)
+    };
     ($to:tt; sample_merge $input:tt) => {
         $crate::launch::entry_name_pieces!(@emit $to "sample_merge_", $input)
     };

@@ -18,6 +18,39 @@ pub const SAMPLING_CANDIDATES: u32 = 4096;
 /// Words of the block's control area in shared memory (the cuts and counters it shares).
 pub const SAMPLING_CONTROL_WORDS: u32 = 64;
 
+/// The largest top-k the candidate path serves: each slice of a row keeps its best `k`
+/// columns, and the row's cut is placed among those (top-p after top-k, and min-p, keep a
+/// prefix of the top-k).
+pub const TOP_K_CANDIDATES: u32 = 128;
+
+/// Columns per slice of the candidate path, each held in shared memory as 32-bit keys (in the
+/// space of the row kernel's candidates).
+pub const TOP_K_SLICE_COLS: u32 = 2 * SAMPLING_CANDIDATES;
+
+/// Slices a row of the candidate path may have: their candidates, `k` each, are sorted
+/// together in shared memory ([`SAMPLING_CANDIDATES`] at most).
+pub const TOP_K_MAX_SLICES: u32 = SAMPLING_CANDIDATES / TOP_K_CANDIDATES;
+
+/// What one slice of the candidate path leaves for the row's merge: its row state (after the
+/// temperature), its count of NaN and `+inf` values, how many candidates it kept, and the
+/// order key of the last of them where it kept `k` (0 where it kept every column it has): no
+/// column of the row's top-k has a smaller key.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SliceTop {
+    pub row: RowState,
+    pub bad: f32,
+    pub kept: u32,
+    pub threshold: u32,
+}
+
+/// Words of workspace before a slice's ranks: its [`SliceTop`], padded to 8 bytes.
+pub const SLICE_TOP_HEADER_WORDS: u32 = 6;
+
+/// Words of workspace one slice of the candidate path uses: its [`SliceTop`], then
+/// [`TOP_K_CANDIDATES`] ranks of two words.
+pub const SLICE_TOP_WORDS: u32 = SLICE_TOP_HEADER_WORDS + 2 * TOP_K_CANDIDATES;
+
 /// The token written for a row that has no token: a NaN or `+inf` value of the logit plus bias
 /// over the temperature, no finite one, or a per-row parameter out of range (its
 /// log-probabilities are NaN).
@@ -82,6 +115,13 @@ unsafe impl cust_core::DeviceCopy for ShardDraw {}
 /// - The draw entries ([`SamplingKind::Draws`]) serve only greedy and temperature-only calls:
 ///   `top_ks`, `top_ps`, `min_ps` and `probabilities` are 0, `top_k` 0, `top_p` 1, `min_p` 0
 ///   and `cached` 0.
+/// - The candidate path ([`SamplingKind::TopSlices`], then [`SamplingKind::TopMerge`]) serves
+///   calls with one top-k for every row, `1 ≤ top_k ≤` [`TOP_K_CANDIDATES`], in mode `FULL`
+///   with `top_ks` and `probabilities` 0; `slices = ⌈cols /` [`TOP_K_SLICE_COLS`]`⌉ ≤`
+///   [`TOP_K_MAX_SLICES`] and `slice_cols =` [`TOP_K_SLICE_COLS`]; `slice_tops` holds
+///   [`SLICE_TOP_WORDS`] words per slice of every row, 8-byte aligned. The slices' launch is
+///   `rows · slices` blocks, the merge's `rows`, both of [`SAMPLING_THREADS`] threads with
+///   [`sampling_shared_bytes`]`(0)` bytes.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct SamplingParams {
@@ -127,22 +167,28 @@ pub struct SamplingParams {
     pub slices: u32,
     /// Columns per slice where `slices` is above 1 (a multiple of 8).
     pub slice_cols: u32,
+    /// The candidate path's workspace: [`SLICE_TOP_WORDS`] words per slice of each row.
+    pub slice_tops: u64,
 }
 
 /// What a sampling entry does: the rows with every filter, a block each (`Rows`); greedy
 /// and temperature-only rows, a block each or a block per slice (`Draws`); the merge of each
-/// row's slices into its outputs (`Merge`); or the one-thread epilogue that advances the
-/// random offset (`Advance`).
+/// row's slices into its outputs (`Merge`); a small top-k's candidates, a block per slice of a
+/// row (`TopSlices`), and the row's cut and draw among them (`TopMerge`); or the one-thread
+/// epilogue that advances the random offset (`Advance`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum SamplingKind {
     Rows,
     Draws,
     Merge,
+    TopSlices,
+    TopMerge,
     Advance,
 }
 
 /// A sampling entry of the operation module of `dtype`. Its `Display` is the PTX entry
-/// name: `sample_bf16`, `sample_draw_bf16`, `sample_merge_bf16`, `sample_advance_bf16`.
+/// name: `sample_bf16`, `sample_draw_bf16`, `sample_merge_bf16`, `sample_top_bf16`,
+/// `sample_top_merge_bf16`, `sample_advance_bf16`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SamplingEntry {
     pub dtype: DType,
@@ -151,11 +197,13 @@ pub struct SamplingEntry {
 
 impl SamplingEntry {
     /// Every sampling entry of `dtype`'s module.
-    pub fn all(dtype: DType) -> [Self; 4] {
+    pub fn all(dtype: DType) -> [Self; 6] {
         [
             SamplingKind::Rows,
             SamplingKind::Draws,
             SamplingKind::Merge,
+            SamplingKind::TopSlices,
+            SamplingKind::TopMerge,
             SamplingKind::Advance,
         ]
         .map(|kind| SamplingEntry { dtype, kind })
@@ -169,6 +217,8 @@ impl core::fmt::Display for SamplingEntry {
             SamplingKind::Rows => write_entry_name!(f, sample(input)),
             SamplingKind::Draws => write_entry_name!(f, sample_draw(input)),
             SamplingKind::Merge => write_entry_name!(f, sample_merge(input)),
+            SamplingKind::TopSlices => write_entry_name!(f, sample_top(input)),
+            SamplingKind::TopMerge => write_entry_name!(f, sample_top_merge(input)),
             SamplingKind::Advance => write_entry_name!(f, sample_advance(input)),
         }
     }

@@ -15,6 +15,7 @@ mod forward;
 mod row_kernel;
 mod rows;
 mod sampling;
+mod sampling_top_k;
 mod slots;
 mod states;
 

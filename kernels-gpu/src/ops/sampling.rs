@@ -50,7 +50,7 @@ const WEIGHT_RANGE: f32 = 104.0;
 const PER_THREAD: usize = (SAMPLING_CANDIDATES / SAMPLING_THREADS) as usize;
 
 /// The words of the block's control area.
-mod control {
+pub(super) mod control {
     /// The top-k cut's bin, and the columns before it, in it, and their weight before it.
     pub const TOP_K_BIN: usize = 0;
     pub const TOP_K_BEFORE: usize = 1;
@@ -72,20 +72,20 @@ mod control {
 
 /// One row's filters, from the call's values or its per-row arrays.
 #[derive(Clone, Copy)]
-struct Filters {
-    inv_temperature: f32,
-    greedy: bool,
-    top_k: u32,
-    top_p: f32,
-    min_p: f32,
-    valid: bool,
+pub(super) struct Filters {
+    pub(super) inv_temperature: f32,
+    pub(super) greedy: bool,
+    pub(super) top_k: u32,
+    pub(super) top_p: f32,
+    pub(super) min_p: f32,
+    pub(super) valid: bool,
 }
 
 impl Filters {
     /// # Safety
     /// `row < rows`; the per-row arrays as the contract gives them.
     #[inline(always)]
-    unsafe fn of(p: &SamplingParams, row: usize) -> Self {
+    pub(super) unsafe fn of(p: &SamplingParams, row: usize) -> Self {
         // SAFETY: one value per row where the array is given (contract).
         let (temperature, top_k, top_p, min_p) = unsafe {
             (
@@ -136,15 +136,15 @@ unsafe fn per_row(values: u64, row: usize, all: f32) -> f32 {
 
 /// Where a block reads its row: global memory (with the bias added), and the row kept in
 /// shared memory when the launch caches it.
-struct RowSource<E> {
-    x: *const E,
+pub(super) struct RowSource<E> {
+    pub(super) x: *const E,
     /// The global column of the first column (a shard's or a slice's offset): the noise's key
     /// and the token's number.
-    first_column: u64,
-    bias: *const f32,
-    cache: *mut E,
-    cols: usize,
-    packs: usize,
+    pub(super) first_column: u64,
+    pub(super) bias: *const f32,
+    pub(super) cache: *mut E,
+    pub(super) cols: usize,
+    pub(super) packs: usize,
 }
 
 impl<E: Element> RowSource<E> {
@@ -156,7 +156,7 @@ impl<E: Element> RowSource<E> {
     /// # Safety
     /// The row as the contract gives it; after a filling pass, a barrier before the next.
     #[inline(always)]
-    unsafe fn visit<const PACK: usize>(
+    pub(super) unsafe fn visit<const PACK: usize>(
         &self,
         fill: bool,
         mut visit: impl FnMut(usize, &[f32; PACK], usize),
@@ -262,14 +262,14 @@ impl<E: Element> RowSource<E> {
 /// The best of a set of (value, column) pairs: the largest value, the lower column among
 /// equals.
 #[derive(Clone, Copy)]
-struct Best {
-    value: f32,
-    col: u32,
+pub(super) struct Best {
+    pub(super) value: f32,
+    pub(super) col: u32,
 }
 
 impl Best {
     #[inline(always)]
-    fn offer(&mut self, value: f32, col: u32) {
+    pub(super) fn offer(&mut self, value: f32, col: u32) {
         if value > self.value || (value == self.value && col < self.col) {
             *self = Best { value, col };
         }
@@ -306,9 +306,9 @@ impl Partial for Best {
 /// What makes a row unusable (a count of NaN and `+inf` values after the temperature), and
 /// its smallest finite value, negated (so that both merge by a plain operation).
 #[derive(Clone, Copy)]
-struct Extremes {
-    bad: f32,
-    negated_low: f32,
+pub(super) struct Extremes {
+    pub(super) bad: f32,
+    pub(super) negated_low: f32,
 }
 
 impl Partial for Extremes {
@@ -416,32 +416,32 @@ impl Noise {
 
 /// A column's Gumbel noise from its 32 random bits.
 #[inline(always)]
-fn gumbel_of(bits: u32) -> f32 {
+pub(super) fn gumbel_of(bits: u32) -> f32 {
     -log2_approx(exponential_of(bits)) * LN_2
 }
 
 /// The row's weight function: `e^(z − max)` for `z = value / temperature`.
 #[derive(Clone, Copy)]
-struct Weights {
-    inv_temperature: f32,
-    max: f32,
+pub(super) struct Weights {
+    pub(super) inv_temperature: f32,
+    pub(super) max: f32,
 }
 
 impl Weights {
     #[inline(always)]
-    fn z(&self, value: f32) -> f32 {
+    pub(super) fn z(&self, value: f32) -> f32 {
         value * self.inv_temperature
     }
 
     #[inline(always)]
-    fn of(&self, value: f32) -> f32 {
+    pub(super) fn of(&self, value: f32) -> f32 {
         exp2_approx((self.z(value) - self.max) * LOG2_E)
     }
 }
 
 /// `ln(x)` to the accuracy the log-probabilities need.
 #[inline(always)]
-fn ln(x: f32) -> f32 {
+pub(super) fn ln(x: f32) -> f32 {
     log2_approx(x) * LN_2
 }
 
@@ -451,7 +451,11 @@ fn ln(x: f32) -> f32 {
 /// # Safety
 /// As [`block_reduce`], with the same scratch.
 #[inline(always)]
-unsafe fn block_exclusive_scan(count: u32, mass: f32, scratch: *mut f32) -> (u32, f32, u32, f32) {
+pub(super) unsafe fn block_exclusive_scan(
+    count: u32,
+    mass: f32,
+    scratch: *mut f32,
+) -> (u32, f32, u32, f32) {
     let lane = thread_idx() % WARP_SIZE;
     let warp = (thread_idx() / WARP_SIZE) as usize;
     let warps = (block_dim() / WARP_SIZE) as usize;
@@ -503,17 +507,17 @@ unsafe fn block_exclusive_scan(count: u32, mass: f32, scratch: *mut f32) -> (u32
 
 /// The shared memory of a sampling block: the scratch, the control words, the histogram, the
 /// candidates, the cache.
-struct Shared {
-    scratch: *mut f32,
+pub(super) struct Shared {
+    pub(super) scratch: *mut f32,
     control: *mut u32,
-    counts: *mut u32,
+    pub(super) counts: *mut u32,
     masses: *mut f32,
-    candidates: *mut u64,
+    pub(super) candidates: *mut u64,
 }
 
 impl Shared {
     #[inline(always)]
-    fn new() -> (Self, *mut u8) {
+    pub(super) fn new() -> (Self, *mut u8) {
         let scratch = dynamic_shared_f32();
         // SAFETY: offsets inside the launch's dynamic shared memory (contract).
         unsafe {
@@ -536,19 +540,19 @@ impl Shared {
     }
 
     #[inline(always)]
-    unsafe fn word(&self, index: usize) -> u32 {
+    pub(super) unsafe fn word(&self, index: usize) -> u32 {
         // SAFETY: a control word.
         unsafe { self.control.add(index).read_volatile() }
     }
 
     #[inline(always)]
-    unsafe fn set(&self, index: usize, value: u32) {
+    pub(super) unsafe fn set(&self, index: usize, value: u32) {
         // SAFETY: a control word.
         unsafe { self.control.add(index).write_volatile(value) }
     }
 
     #[inline(always)]
-    fn at(&self, index: usize) -> *mut u32 {
+    pub(super) fn at(&self, index: usize) -> *mut u32 {
         self.control.wrapping_add(index)
     }
 }
@@ -1232,7 +1236,7 @@ unsafe fn place_cut<E: Element, const PACK: usize>(
 /// Every thread of the block, uniform control flow; `keys` holds `len` words of shared
 /// memory that nothing else touches meanwhile.
 #[inline(always)]
-unsafe fn bitonic_sort_descending(keys: *mut u64, len: usize) {
+pub(super) unsafe fn bitonic_sort_descending(keys: *mut u64, len: usize) {
     let threads = block_dim() as usize;
     let mut size = 2;
     while size <= len {
@@ -1420,7 +1424,8 @@ pub(crate) unsafe fn sample_advance(p: &SamplingParams) {
 }
 
 /// The sampling entries of one element type: the row kernel (16-byte packs where the rows
-/// are aligned for them), its draw-only form, the merge of sliced rows, and the advance.
+/// are aligned for them), its draw-only form, the merge of sliced rows, the candidate path's
+/// two launches, and the advance.
 macro_rules! sampling_entries {
     ($($module:literal: $element:ty, $name:literal, $pack:literal;)+) => {$(
         $crate::primitives::entry::kernel_entry!(
@@ -1432,6 +1437,17 @@ macro_rules! sampling_entries {
             #[cfg(kernels_module = $module)]
             export $crate::launch::entry_name!(sample_draw $name),
             (params: SamplingParams) => sample_row::<$element, $pack, false>(&params)
+        );
+        $crate::primitives::entry::kernel_entry!(
+            #[cfg(kernels_module = $module)]
+            export $crate::launch::entry_name!(sample_top $name),
+            (params: SamplingParams) =>
+                super::sampling_top_k::sample_top_slice::<$element, $pack>(&params)
+        );
+        $crate::primitives::entry::kernel_entry!(
+            #[cfg(kernels_module = $module)]
+            export $crate::launch::entry_name!(sample_top_merge $name),
+            (params: SamplingParams) => super::sampling_top_k::sample_top_merge(&params)
         );
         $crate::primitives::entry::kernel_entry!(
             #[cfg(kernels_module = $module)]

@@ -1,0 +1,438 @@
+//! Sampling with one small top-k for every row (at most [`TOP_K_CANDIDATES`]), in two
+//! launches that read the row once:
+//! 1. a block per slice of [`TOP_K_SLICE_COLS`] columns keeps its slice's keys (the order
+//!    keys of the logits, [`order_key`]) in shared memory, selects its best `k` columns by a
+//!    radix select over those keys (the sampler's order: larger logits first, the lower column
+//!    among equals), and leaves their ranks and its row state in the workspace;
+//! 2. a block per row sorts its slices' candidates, which hold the row's top-k, and places
+//!    top-p (over the top-k's mass) and min-p among them, draws with the Gumbel noise of the
+//!    row kernel (keyed by the column), and writes the token and its log-probabilities.
+//!
+//! Both filters keep a prefix of the top-k in the sampler's order, so the kept columns, their
+//! noise and the token are the row kernel's; only the order of the sums that place the top-p
+//! cut differs (docs/numerics.md).
+
+use super::sampling::{
+    Best, Extremes, Filters, RowSource, Shared, Weights, bitonic_sort_descending,
+    block_exclusive_scan, control, gumbel_of, ln,
+};
+use crate::launch::WARP_SIZE;
+use crate::launch::ops::RowState;
+use crate::launch::sampling::{
+    NO_TOKEN, SLICE_TOP_HEADER_WORDS, SLICE_TOP_WORDS, SamplingParams, SliceTop,
+};
+use crate::primitives::device::{
+    DeviceExp2, block_dim, block_idx, match_any_u32, shared_fetch_add_u32, shared_max_u32,
+    shared_min_u32, sync_threads, thread_idx,
+};
+use crate::primitives::draw::{order_key, value_of_rank};
+use crate::primitives::element::Element;
+use crate::primitives::online::OnlineStats;
+use crate::primitives::philox::draw_words;
+use crate::primitives::reduce::{Partial, Sum, block_reduce};
+
+/// Bins of one digit of the radix select (eight bits of a key).
+const DIGIT_BINS: usize = 256;
+
+/// The bin of a key outside the select (0, or another prefix).
+const NO_BIN: u32 = u32::MAX;
+
+/// The slice `(row, first column)` of block `block_idx`, and its columns.
+#[inline(always)]
+fn slice_of(p: &SamplingParams) -> (usize, usize, usize) {
+    let slices = p.slices.max(1) as usize;
+    let (row, slice) = (block_idx() as usize / slices, block_idx() as usize % slices);
+    let start = slice * p.slice_cols as usize;
+    let cols = (p.cols as usize)
+        .saturating_sub(start)
+        .min(p.slice_cols as usize);
+    (row, start, cols)
+}
+
+/// Launch 1: the best `top_k` columns of this block's slice, and its row state.
+///
+/// # Safety
+/// The contract of [`SamplingParams`] for the candidate path.
+#[inline(always)]
+pub(crate) unsafe fn sample_top_slice<E: Element, const PACK: usize>(p: &SamplingParams) {
+    let (row, start, cols) = slice_of(p);
+    let (shared, _) = Shared::new();
+    // The slice's keys, in the row kernel's candidate space (`TOP_K_SLICE_COLS` words).
+    let keys = shared.candidates.cast::<u32>();
+    let src = RowSource::<E> {
+        // SAFETY: row `row` of the logits from column `start` (contract).
+        x: unsafe { (p.logits as *const E).add(row * p.logits_stride as usize + start) },
+        bias: if p.bias == 0 {
+            core::ptr::null()
+        } else {
+            // SAFETY: the bias's row (contract).
+            unsafe { (p.bias as *const f32).add(row * p.bias_stride as usize + start) }
+        },
+        first_column: start as u64,
+        cache: core::ptr::null_mut(),
+        cols,
+        packs: if p.aligned != 0 { cols / PACK } else { 0 },
+    };
+    // SAFETY: `row < rows`.
+    let inv_t = unsafe { Filters::of(p, row) }.inv_temperature;
+    let mut stats = OnlineStats::EMPTY;
+    let mut extremes = Extremes::EMPTY;
+    // SAFETY: the row (contract); each key slot written by the thread of its column.
+    unsafe {
+        src.visit::<PACK>(false, |first, values, count| {
+            let mut zs = [f32::NEG_INFINITY; PACK];
+            let mut pack_max = f32::NEG_INFINITY;
+            for i in 0..PACK {
+                if i >= count {
+                    continue;
+                }
+                let value = values[i];
+                let z = value * inv_t;
+                zs[i] = z;
+                pack_max = pack_max.max(z);
+                if z.is_nan() || z == f32::INFINITY {
+                    extremes.bad += 1.0;
+                }
+                // 0 is below every logit's key: a `-inf` logit is never a candidate.
+                let key = if value > f32::NEG_INFINITY {
+                    order_key(value + 0.0)
+                } else {
+                    0
+                };
+                keys.add(first + i).write(key);
+            }
+            stats.push_batch::<DeviceExp2>(pack_max, PACK, |i| zs[i]);
+        })
+    };
+    // SAFETY: every thread, uniform control flow (the reductions' barriers also order the
+    // keys' writes before their reads).
+    let (stats, extremes) = unsafe {
+        (
+            block_reduce(stats, shared.scratch),
+            block_reduce(extremes, shared.scratch),
+        )
+    };
+    // SAFETY: every thread, uniform control flow; the keys written.
+    let (threshold, ties_wanted, all) = unsafe { select(&shared, keys, cols, p.top_k) };
+    // Emit: every key above the threshold, and the first `ties_wanted` keys equal to it in
+    // column order (a thread's columns are a run, the runs in thread order).
+    let t = thread_idx() as usize;
+    let per = cols.div_ceil(block_dim() as usize);
+    let (low, high) = ((t * per).min(cols), ((t + 1) * per).min(cols));
+    let mut ties = 0;
+    if !all {
+        for c in low..high {
+            // SAFETY: a key of the slice.
+            ties += u32::from(unsafe { keys.add(c).read() } == threshold);
+        }
+    }
+    // SAFETY: every thread, uniform control flow.
+    let (mut tie, _, _, _) = unsafe { block_exclusive_scan(ties, 0.0, shared.scratch) };
+    if t == 0 {
+        // SAFETY: a control word, read (atomically) after the barrier.
+        unsafe { shared.set(control::GATHERED, 0) };
+    }
+    sync_threads();
+    let slice_top =
+        (p.slice_tops as *mut u32).wrapping_add(block_idx() as usize * SLICE_TOP_WORDS as usize);
+    let ranks = slice_top
+        .wrapping_add(SLICE_TOP_HEADER_WORDS as usize)
+        .cast::<u64>();
+    for c in low..high {
+        // SAFETY: a key of the slice.
+        let key = unsafe { keys.add(c).read() };
+        let take = if all {
+            key != 0
+        } else if key == threshold {
+            tie += 1;
+            tie <= ties_wanted
+        } else {
+            key > threshold
+        };
+        if take {
+            // SAFETY: the slot counter; at most `top_k` columns are taken, and the slice's
+            // candidates hold `TOP_K_CANDIDATES ≥ top_k` ranks (contract).
+            unsafe {
+                let slot = shared_fetch_add_u32(shared.at(control::GATHERED), 1);
+                let col = src.first_column as u32 + c as u32;
+                ranks
+                    .add(slot as usize)
+                    .write((u64::from(key) << 32) | u64::from(!col));
+            }
+        }
+    }
+    sync_threads();
+    if t == 0 {
+        let top = SliceTop {
+            row: RowState {
+                max: stats.max,
+                sum: stats.sum(),
+            },
+            bad: extremes.bad,
+            // SAFETY: written before the barrier.
+            kept: unsafe { shared.word(control::GATHERED) },
+            threshold,
+        };
+        // SAFETY: this slice's state (contract).
+        unsafe { slice_top.cast::<SliceTop>().write(top) };
+    }
+}
+
+/// The `k`-th largest of the first `n` keys at `keys` (0 keys excluded), by a radix select
+/// over their four bytes, highest first: `(threshold, ties wanted, all)`, where the best `k`
+/// are the keys above `threshold` and the first `ties wanted` equal to it; `all` where at
+/// most `k` keys are not 0 (then every one of them).
+///
+/// # Safety
+/// Every thread of the block, uniform control flow; the keys written before a barrier; the
+/// shared histogram and control words free.
+#[inline(always)]
+unsafe fn select(shared: &Shared, keys: *const u32, n: usize, k: u32) -> (u32, u32, bool) {
+    let t = thread_idx() as usize;
+    let lane = thread_idx() % WARP_SIZE;
+    let threads = block_dim() as usize;
+    let (mut prefix, mut mask, mut want) = (0u32, 0u32, k);
+    // The digits from the highest (a loop over a counter: an array of them would be kept in
+    // local memory).
+    let mut digit = 32u32;
+    while digit > 0 {
+        digit -= 8;
+        if t < DIGIT_BINS {
+            // SAFETY: bin `t` of the histogram.
+            unsafe { shared.counts.add(t).write(0) };
+        }
+        sync_threads();
+        let mut c = t;
+        while c < n {
+            // SAFETY: a key.
+            let key = unsafe { keys.add(c).read() };
+            // Logits of a row share their high bytes: the lanes with a bin add to it once,
+            // not one after the other on one word.
+            let bin = if key != 0 && key & mask == prefix {
+                (key >> digit) & (DIGIT_BINS as u32 - 1)
+            } else {
+                NO_BIN
+            };
+            let peers = match_any_u32(bin);
+            if bin != NO_BIN && peers.trailing_zeros() == lane {
+                // SAFETY: a bin, added to atomically until the barrier.
+                unsafe {
+                    shared_fetch_add_u32(shared.counts.add(bin as usize), peers.count_ones())
+                };
+            }
+            c += threads;
+        }
+        sync_threads();
+        // Thread `t` holds bin `255 − t`: the scan counts the keys in the bins above.
+        let count = if t < DIGIT_BINS {
+            // SAFETY: a bin, written before the barrier.
+            unsafe { shared.counts.add(DIGIT_BINS - 1 - t).read() }
+        } else {
+            0
+        };
+        // SAFETY: every thread, uniform control flow.
+        let (above, _, total, _) = unsafe { block_exclusive_scan(count, 0.0, shared.scratch) };
+        if digit == 24 && total <= want {
+            return (0, 0, true);
+        }
+        if t < DIGIT_BINS && above < want && want <= above + count {
+            // SAFETY: control words, written by the one thread whose bin holds the k-th key.
+            unsafe {
+                shared.set(control::TOP_K_BIN, (DIGIT_BINS - 1 - t) as u32);
+                shared.set(control::TOP_K_BEFORE, above);
+            }
+        }
+        sync_threads();
+        // SAFETY: written before the barrier; rewritten only after two more.
+        let (bin, above) = unsafe {
+            (
+                shared.word(control::TOP_K_BIN),
+                shared.word(control::TOP_K_BEFORE),
+            )
+        };
+        prefix |= bin << digit;
+        mask |= 0xFF << digit;
+        want -= above;
+    }
+    (prefix, want, false)
+}
+
+/// Launch 2: row `block_idx`'s cut, draw and outputs from its slices' candidates.
+///
+/// # Safety
+/// The contract of [`SamplingParams`] for the candidate path, after launch 1.
+#[inline(always)]
+pub(crate) unsafe fn sample_top_merge(p: &SamplingParams) {
+    let row = block_idx() as usize;
+    let slices = p.slices.max(1) as usize;
+    let t = thread_idx() as usize;
+    let threads = block_dim() as usize;
+    let (shared, _) = Shared::new();
+    let words = SLICE_TOP_WORDS as usize;
+    let tops = (p.slice_tops as *const u32).wrapping_add(row * slices * words);
+    // The row's state and bad values, merged over its slices.
+    let (mut stats, mut bad) = (OnlineStats::EMPTY, Sum::EMPTY);
+    if t < slices {
+        // SAFETY: slice `t`'s state (contract).
+        let top = unsafe { tops.add(t * words).cast::<SliceTop>().read() };
+        stats = OnlineStats::new(top.row.max, top.row.sum);
+        bad = Sum(top.bad);
+    }
+    // SAFETY: every thread, uniform control flow.
+    let (stats, bad) = unsafe {
+        (
+            block_reduce(stats, shared.scratch),
+            block_reduce(bad, shared.scratch),
+        )
+    };
+    // No column of the top-k has a key below the largest of the slices' thresholds: the
+    // candidates at or above it, gathered in any order, padded to a power of two.
+    if t == 0 {
+        // SAFETY: control words, changed atomically after the barrier.
+        unsafe {
+            shared.set(control::TOP_K_BIN, 0);
+            shared.set(control::GATHERED, 0);
+        }
+    }
+    sync_threads();
+    if t < slices {
+        // SAFETY: slice `t`'s state (contract); a control word, raised atomically.
+        unsafe {
+            let threshold = tops.add(t * words).cast::<SliceTop>().read().threshold;
+            shared_max_u32(shared.at(control::TOP_K_BIN), threshold);
+        }
+    }
+    sync_threads();
+    // SAFETY: written before the barrier.
+    let lowest = u64::from(unsafe { shared.word(control::TOP_K_BIN) }) << 32;
+    let candidates = shared.candidates;
+    for s in 0..slices {
+        // SAFETY: slice `s`'s state and ranks (contract); at most `TOP_K_MAX_SLICES ·
+        // top_k ≤ SAMPLING_CANDIDATES` in all.
+        unsafe {
+            let top = tops.add(s * words);
+            let kept = top.cast::<SliceTop>().read().kept as usize;
+            let ranks = top.add(SLICE_TOP_HEADER_WORDS as usize).cast::<u64>();
+            let mut j = t;
+            while j < kept {
+                let rank = ranks.add(j).read();
+                if rank >= lowest {
+                    let slot = shared_fetch_add_u32(shared.at(control::GATHERED), 1);
+                    candidates.add(slot as usize).write(rank);
+                }
+                j += threads;
+            }
+        }
+    }
+    sync_threads();
+    // SAFETY: written before the barrier.
+    let n = unsafe { shared.word(control::GATHERED) } as usize;
+    let sorted = n.next_power_of_two().max(1);
+    let mut j = n + t;
+    while j < sorted {
+        // SAFETY: a candidate slot; padding ranks below every column's.
+        unsafe { candidates.add(j).write(0) };
+        j += threads;
+    }
+    sync_threads();
+    // SAFETY: the candidates, `sorted` of them, every thread.
+    unsafe { bitonic_sort_descending(candidates, sorted) };
+    // SAFETY: `row < rows`.
+    let filters = unsafe { Filters::of(p, row) };
+    let weights = Weights {
+        inv_temperature: filters.inv_temperature,
+        max: stats.max,
+    };
+    let sum = stats.sum();
+    if !filters.valid || bad.0 > 0.0 || stats.max == f32::NEG_INFINITY {
+        if t == 0 {
+            // SAFETY: the outputs of row `row`.
+            unsafe { write_outputs(p, row, NO_TOKEN, f32::NAN, f32::NAN) };
+        }
+        return;
+    }
+    if filters.greedy {
+        if t == 0 {
+            // SAFETY: the first candidate is the row's largest logit, lowest column first.
+            let token = !(unsafe { candidates.read() } as u32);
+            // SAFETY: the outputs of row `row`.
+            unsafe { write_outputs(p, row, token, 0.0, -ln(sum)) };
+        }
+        return;
+    }
+    // The top-k: the first `m` candidates, a thread each (`top_k ≤ TOP_K_CANDIDATES ≤`
+    // the block's threads).
+    let m = n.min(p.top_k as usize);
+    let (value, col) = if t < m {
+        // SAFETY: a sorted candidate.
+        let rank = unsafe { candidates.add(t).read() };
+        (value_of_rank(rank), !(rank as u32))
+    } else {
+        (f32::NEG_INFINITY, u32::MAX)
+    };
+    let w = if t < m { weights.of(value) } else { 0.0 };
+    // SAFETY: every thread, uniform control flow.
+    let (_, before, _, top_k_mass) = unsafe { block_exclusive_scan(0, w, shared.scratch) };
+    if t == 0 {
+        // SAFETY: a control word, lowered atomically after the barrier.
+        unsafe { shared.set(control::TOP_P_PLACE, m as u32) };
+    }
+    sync_threads();
+    if filters.top_p < 1.0 && t < m && before + w >= filters.top_p * top_k_mass {
+        // SAFETY: a control word, lowered atomically.
+        unsafe { shared_min_u32(shared.at(control::TOP_P_PLACE), t as u32 + 1) };
+    }
+    sync_threads();
+    // SAFETY: written before the barrier.
+    let place = unsafe { shared.word(control::TOP_P_PLACE) } as usize;
+    let kept = t < place && w >= filters.min_p;
+    let mut best = Best::EMPTY;
+    if kept {
+        // SAFETY: the random state's two words (contract).
+        let (seed, offset) = unsafe {
+            let random = p.random as *const u64;
+            (random.read(), random.add(1).read())
+        };
+        let words = draw_words(seed, offset, row as u32, col / 4);
+        // A match, not an index: an indexed array would be kept in local memory.
+        let bits = match col % 4 {
+            0 => words[0],
+            1 => words[1],
+            2 => words[2],
+            _ => words[3],
+        };
+        best.offer(weights.z(value) + gumbel_of(bits), col);
+    }
+    // SAFETY: every thread, uniform control flow.
+    let (kept_mass, best) = unsafe {
+        (
+            block_reduce(Sum(if kept { w } else { 0.0 }), shared.scratch),
+            block_reduce(best, shared.scratch),
+        )
+    };
+    if kept && col == best.col {
+        let z = weights.z(value) - weights.max;
+        // SAFETY: the outputs of row `row`, written by the one thread holding the token.
+        unsafe { write_outputs(p, row, col, z - ln(kept_mass.0), z - ln(sum)) };
+    }
+}
+
+/// Writes row `row`'s token and log-probabilities, where the call asks for them.
+///
+/// # Safety
+/// The outputs of row `row` (contract).
+#[inline(always)]
+unsafe fn write_outputs(p: &SamplingParams, row: usize, token: u32, logprob: f32, raw: f32) {
+    // SAFETY: one value per row in each output that is given.
+    unsafe {
+        if p.tokens != 0 {
+            (p.tokens as *mut u32).add(row).write(token);
+        }
+        if p.logprobs != 0 {
+            (p.logprobs as *mut f32).add(row).write(logprob);
+        }
+        if p.raw_logprobs != 0 {
+            (p.raw_logprobs as *mut f32).add(row).write(raw);
+        }
+    }
+}
