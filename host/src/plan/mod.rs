@@ -91,7 +91,7 @@ pub(crate) enum SamplingWork {
     Sliceable,
     /// One top-k of at most `TOP_K_CANDIDATES` for every row, over the whole vocabulary,
     /// nothing written per column (top-p and min-p may follow): the candidate path where the
-    /// rows are narrow enough, else as `Filtered`.
+    /// rows are narrow enough and at most one a multiprocessor, else as `Filtered`.
     TopK,
 }
 

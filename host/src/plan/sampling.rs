@@ -45,7 +45,13 @@ pub(crate) fn plan(
     let entry = |kind| Entry::Sampling(SamplingEntry { dtype: input, kind });
     let aligned = layout == Layout::Aligned;
     let candidate_slices = cols.div_ceil(TOP_K_SLICE_COLS);
-    let mut launches = if work == SamplingWork::TopK && candidate_slices <= TOP_K_MAX_SLICES {
+    // The candidate path where the row kernel, a block a row, leaves multiprocessors idle;
+    // from a block on every multiprocessor on, the row kernel took less time (performance
+    // log, "A candidate path for a small top-k").
+    let candidates = work == SamplingWork::TopK
+        && candidate_slices <= TOP_K_MAX_SLICES
+        && rows <= limits.multiprocessors();
+    let mut launches = if candidates {
         let slices_entry = entry(SamplingKind::TopSlices);
         let shared_bytes = sampling_shared_bytes(0);
         if limits.blocks_per_sm(slices_entry, SAMPLING_THREADS, shared_bytes) == 0 {
@@ -255,11 +261,22 @@ mod tests {
             launches[0].needs().row_stats,
             3 * 7 * SLICE_TOP_WORDS as usize
         );
-        // 32 slices at most; wider rows take the row kernel with its filters.
+        // 32 slices at most; wider rows take the row kernel with its filters, and so do rows
+        // enough for a block on every multiprocessor.
         assert_eq!(plan(262_144)[0].grid, 3 * 32);
         let wide = plan(262_145);
         assert_eq!(kind(&wide[0]), SamplingKind::Rows);
         assert_eq!(wide.len(), 2);
+        let many = super::plan(
+            DType::F32,
+            false,
+            SamplingWork::TopK,
+            Shape::new(133, 32_000).unwrap(),
+            Layout::Aligned,
+            &FakeH200,
+        )
+        .unwrap();
+        assert_eq!(kind(&many[0]), SamplingKind::Rows);
     }
 
     #[test]

@@ -16,14 +16,13 @@ use super::sampling::{
     Best, Extremes, Filters, RowSource, Shared, Weights, bitonic_sort_descending,
     block_exclusive_scan, control, gumbel_of, ln,
 };
-use crate::launch::WARP_SIZE;
 use crate::launch::ops::RowState;
 use crate::launch::sampling::{
     NO_TOKEN, SLICE_TOP_HEADER_WORDS, SLICE_TOP_WORDS, SamplingParams, SliceTop,
 };
 use crate::primitives::device::{
-    DeviceExp2, block_dim, block_idx, match_any_u32, shared_fetch_add_u32, shared_max_u32,
-    shared_min_u32, sync_threads, thread_idx,
+    DeviceExp2, block_dim, block_idx, shared_fetch_add_u32, shared_max_u32, shared_min_u32,
+    sync_threads, thread_idx,
 };
 use crate::primitives::draw::{order_key, value_of_rank};
 use crate::primitives::element::Element;
@@ -33,9 +32,6 @@ use crate::primitives::reduce::{Partial, Sum, block_reduce};
 
 /// Bins of one digit of the radix select (eight bits of a key).
 const DIGIT_BINS: usize = 256;
-
-/// The bin of a key outside the select (0, or another prefix).
-const NO_BIN: u32 = u32::MAX;
 
 /// The slice `(row, first column)` of block `block_idx`, and its columns.
 #[inline(always)]
@@ -113,21 +109,29 @@ pub(crate) unsafe fn sample_top_slice<E: Element, const PACK: usize>(p: &Samplin
         )
     };
     // SAFETY: every thread, uniform control flow; the keys written.
-    let (threshold, ties_wanted, all) = unsafe { select(&shared, keys, cols, p.top_k) };
+    let (threshold, ties_wanted, ties, all) = unsafe { select(&shared, keys, cols, p.top_k) };
     // Emit: every key above the threshold, and the first `ties_wanted` keys equal to it in
-    // column order (a thread's columns are a run, the runs in thread order).
+    // column order. Where every tie is wanted the order does not matter: a thread takes
+    // every `threads`-th column (no bank conflicts); else each thread a run of columns, the
+    // runs in thread order, and a scan places each thread's ties.
     let t = thread_idx() as usize;
-    let per = cols.div_ceil(block_dim() as usize);
-    let (low, high) = ((t * per).min(cols), ((t + 1) * per).min(cols));
-    let mut ties = 0;
-    if !all {
+    let threads = block_dim() as usize;
+    let in_order = !all && ties_wanted < ties;
+    let (low, high, step) = if in_order {
+        let per = cols.div_ceil(threads);
+        ((t * per).min(cols), ((t + 1) * per).min(cols), 1)
+    } else {
+        (t, cols, threads)
+    };
+    let mut mine = 0;
+    if in_order {
         for c in low..high {
             // SAFETY: a key of the slice.
-            ties += u32::from(unsafe { keys.add(c).read() } == threshold);
+            mine += u32::from(unsafe { keys.add(c).read() } == threshold);
         }
     }
     // SAFETY: every thread, uniform control flow.
-    let (mut tie, _, _, _) = unsafe { block_exclusive_scan(ties, 0.0, shared.scratch) };
+    let (mut tie, _, _, _) = unsafe { block_exclusive_scan(mine, 0.0, shared.scratch) };
     if t == 0 {
         // SAFETY: a control word, read (atomically) after the barrier.
         unsafe { shared.set(control::GATHERED, 0) };
@@ -138,7 +142,7 @@ pub(crate) unsafe fn sample_top_slice<E: Element, const PACK: usize>(p: &Samplin
     let ranks = slice_top
         .wrapping_add(SLICE_TOP_HEADER_WORDS as usize)
         .cast::<u64>();
-    for c in low..high {
+    for c in (low..high).step_by(step) {
         // SAFETY: a key of the slice.
         let key = unsafe { keys.add(c).read() };
         let take = if all {
@@ -179,19 +183,18 @@ pub(crate) unsafe fn sample_top_slice<E: Element, const PACK: usize>(p: &Samplin
 }
 
 /// The `k`-th largest of the first `n` keys at `keys` (0 keys excluded), by a radix select
-/// over their four bytes, highest first: `(threshold, ties wanted, all)`, where the best `k`
-/// are the keys above `threshold` and the first `ties wanted` equal to it; `all` where at
-/// most `k` keys are not 0 (then every one of them).
+/// over their four bytes, highest first: `(threshold, ties wanted, ties, all)`, where the
+/// best `k` are the keys above `threshold` and the first `ties wanted` of the `ties` keys
+/// equal to it; `all` where at most `k` keys are not 0 (then every one of them).
 ///
 /// # Safety
 /// Every thread of the block, uniform control flow; the keys written before a barrier; the
 /// shared histogram and control words free.
 #[inline(always)]
-unsafe fn select(shared: &Shared, keys: *const u32, n: usize, k: u32) -> (u32, u32, bool) {
+unsafe fn select(shared: &Shared, keys: *const u32, n: usize, k: u32) -> (u32, u32, u32, bool) {
     let t = thread_idx() as usize;
-    let lane = thread_idx() % WARP_SIZE;
     let threads = block_dim() as usize;
-    let (mut prefix, mut mask, mut want) = (0u32, 0u32, k);
+    let (mut prefix, mut mask, mut want, mut ties) = (0u32, 0u32, k, 0u32);
     // The digits from the highest (a loop over a counter: an array of them would be kept in
     // local memory).
     let mut digit = 32u32;
@@ -204,21 +207,13 @@ unsafe fn select(shared: &Shared, keys: *const u32, n: usize, k: u32) -> (u32, u
         sync_threads();
         let mut c = t;
         while c < n {
-            // SAFETY: a key.
-            let key = unsafe { keys.add(c).read() };
-            // Logits of a row share their high bytes: the lanes with a bin add to it once,
-            // not one after the other on one word.
-            let bin = if key != 0 && key & mask == prefix {
-                (key >> digit) & (DIGIT_BINS as u32 - 1)
-            } else {
-                NO_BIN
-            };
-            let peers = match_any_u32(bin);
-            if bin != NO_BIN && peers.trailing_zeros() == lane {
-                // SAFETY: a bin, added to atomically until the barrier.
-                unsafe {
-                    shared_fetch_add_u32(shared.counts.add(bin as usize), peers.count_ones())
-                };
+            // SAFETY: a key; a bin, added to atomically.
+            unsafe {
+                let key = keys.add(c).read();
+                if key != 0 && key & mask == prefix {
+                    let bin = ((key >> digit) as usize) & (DIGIT_BINS - 1);
+                    shared_fetch_add_u32(shared.counts.add(bin), 1);
+                }
             }
             c += threads;
         }
@@ -233,28 +228,32 @@ unsafe fn select(shared: &Shared, keys: *const u32, n: usize, k: u32) -> (u32, u
         // SAFETY: every thread, uniform control flow.
         let (above, _, total, _) = unsafe { block_exclusive_scan(count, 0.0, shared.scratch) };
         if digit == 24 && total <= want {
-            return (0, 0, true);
+            return (0, 0, 0, true);
         }
         if t < DIGIT_BINS && above < want && want <= above + count {
             // SAFETY: control words, written by the one thread whose bin holds the k-th key.
             unsafe {
                 shared.set(control::TOP_K_BIN, (DIGIT_BINS - 1 - t) as u32);
                 shared.set(control::TOP_K_BEFORE, above);
+                shared.set(control::TOP_K_IN, count);
             }
         }
         sync_threads();
         // SAFETY: written before the barrier; rewritten only after two more.
-        let (bin, above) = unsafe {
+        let (bin, above, inside) = unsafe {
             (
                 shared.word(control::TOP_K_BIN),
                 shared.word(control::TOP_K_BEFORE),
+                shared.word(control::TOP_K_IN),
             )
         };
         prefix |= bin << digit;
         mask |= 0xFF << digit;
         want -= above;
+        // After the last byte the threshold's bin holds exactly the keys equal to it.
+        ties = inside;
     }
-    (prefix, want, false)
+    (prefix, want, ties, false)
 }
 
 /// Launch 2: row `block_idx`'s cut, draw and outputs from its slices' candidates.
