@@ -32,20 +32,17 @@ pub const TOP_K_SLICE_COLS: u32 = 2 * SAMPLING_CANDIDATES;
 pub const TOP_K_MAX_SLICES: u32 = SAMPLING_CANDIDATES / TOP_K_CANDIDATES;
 
 /// What one slice of the candidate path leaves for the row's merge: its row state (after the
-/// temperature), its count of NaN and `+inf` values, how many candidates it kept, and the
-/// order key of the last of them where it kept `k` (0 where it kept every column it has): no
-/// column of the row's top-k has a smaller key.
+/// temperature), its count of NaN and `+inf` values, and how many candidates it kept.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct SliceTop {
     pub row: RowState,
     pub bad: f32,
     pub kept: u32,
-    pub threshold: u32,
 }
 
-/// Words of workspace before a slice's ranks: its [`SliceTop`], padded to 8 bytes.
-pub const SLICE_TOP_HEADER_WORDS: u32 = 6;
+/// Words of workspace before a slice's ranks: its [`SliceTop`] (8-byte aligned).
+pub const SLICE_TOP_HEADER_WORDS: u32 = 4;
 
 /// Words of workspace one slice of the candidate path uses: its [`SliceTop`], then
 /// [`TOP_K_CANDIDATES`] ranks of two words.

@@ -648,8 +648,9 @@ pub(crate) unsafe fn sample_row<E: Element, const PACK: usize, const FILTERS: bo
             }
             stats.push_batch::<DeviceExp2>(pack_max, PACK, |i| zs[i]);
             if draws_at_once {
-                if count == PACK && PACK % 4 == 0 && noise.column_offset % 4 == 0 {
-                    // A whole pack, whose first column starts a group of four: `first` is a
+                if !FILTERS && count == PACK && PACK % 4 == 0 && noise.column_offset % 4 == 0 {
+                    // The draw entry (the row kernel keeps its registers for its filters), a
+                    // whole pack whose first column starts a group of four: `first` is a
                     // multiple of `PACK` after the slice's start, a multiple of 8.
                     noise.offer_pack(&mut best, &zs, pack_max, first);
                 } else {

@@ -21,8 +21,8 @@ use crate::launch::sampling::{
     NO_TOKEN, SLICE_TOP_HEADER_WORDS, SLICE_TOP_WORDS, SamplingParams, SliceTop,
 };
 use crate::primitives::device::{
-    DeviceExp2, block_dim, block_idx, shared_fetch_add_u32, shared_max_u32, shared_min_u32,
-    sync_threads, thread_idx,
+    DeviceExp2, block_dim, block_idx, shared_fetch_add_u32, shared_min_u32, sync_threads,
+    thread_idx,
 };
 use crate::primitives::draw::{order_key, value_of_rank};
 use crate::primitives::element::Element;
@@ -109,29 +109,21 @@ pub(crate) unsafe fn sample_top_slice<E: Element, const PACK: usize>(p: &Samplin
         )
     };
     // SAFETY: every thread, uniform control flow; the keys written.
-    let (threshold, ties_wanted, ties, all) = unsafe { select(&shared, keys, cols, p.top_k) };
+    let (threshold, ties_wanted, all) = unsafe { select(&shared, keys, cols, p.top_k) };
     // Emit: every key above the threshold, and the first `ties_wanted` keys equal to it in
-    // column order. Where every tie is wanted the order does not matter: a thread takes
-    // every `threads`-th column (no bank conflicts); else each thread a run of columns, the
-    // runs in thread order, and a scan places each thread's ties.
+    // column order (a thread's columns are a run, the runs in thread order).
     let t = thread_idx() as usize;
-    let threads = block_dim() as usize;
-    let in_order = !all && ties_wanted < ties;
-    let (low, high, step) = if in_order {
-        let per = cols.div_ceil(threads);
-        ((t * per).min(cols), ((t + 1) * per).min(cols), 1)
-    } else {
-        (t, cols, threads)
-    };
-    let mut mine = 0;
-    if in_order {
+    let per = cols.div_ceil(block_dim() as usize);
+    let (low, high) = ((t * per).min(cols), ((t + 1) * per).min(cols));
+    let mut ties = 0;
+    if !all {
         for c in low..high {
             // SAFETY: a key of the slice.
-            mine += u32::from(unsafe { keys.add(c).read() } == threshold);
+            ties += u32::from(unsafe { keys.add(c).read() } == threshold);
         }
     }
     // SAFETY: every thread, uniform control flow.
-    let (mut tie, _, _, _) = unsafe { block_exclusive_scan(mine, 0.0, shared.scratch) };
+    let (mut tie, _, _, _) = unsafe { block_exclusive_scan(ties, 0.0, shared.scratch) };
     if t == 0 {
         // SAFETY: a control word, read (atomically) after the barrier.
         unsafe { shared.set(control::GATHERED, 0) };
@@ -142,7 +134,7 @@ pub(crate) unsafe fn sample_top_slice<E: Element, const PACK: usize>(p: &Samplin
     let ranks = slice_top
         .wrapping_add(SLICE_TOP_HEADER_WORDS as usize)
         .cast::<u64>();
-    for c in (low..high).step_by(step) {
+    for c in low..high {
         // SAFETY: a key of the slice.
         let key = unsafe { keys.add(c).read() };
         let take = if all {
@@ -175,7 +167,6 @@ pub(crate) unsafe fn sample_top_slice<E: Element, const PACK: usize>(p: &Samplin
             bad: extremes.bad,
             // SAFETY: written before the barrier.
             kept: unsafe { shared.word(control::GATHERED) },
-            threshold,
         };
         // SAFETY: this slice's state (contract).
         unsafe { slice_top.cast::<SliceTop>().write(top) };
@@ -183,18 +174,18 @@ pub(crate) unsafe fn sample_top_slice<E: Element, const PACK: usize>(p: &Samplin
 }
 
 /// The `k`-th largest of the first `n` keys at `keys` (0 keys excluded), by a radix select
-/// over their four bytes, highest first: `(threshold, ties wanted, ties, all)`, where the
-/// best `k` are the keys above `threshold` and the first `ties wanted` of the `ties` keys
-/// equal to it; `all` where at most `k` keys are not 0 (then every one of them).
+/// over their four bytes, highest first: `(threshold, ties wanted, all)`, where the best `k`
+/// are the keys above `threshold` and the first `ties wanted` equal to it; `all` where at
+/// most `k` keys are not 0 (then every one of them).
 ///
 /// # Safety
 /// Every thread of the block, uniform control flow; the keys written before a barrier; the
 /// shared histogram and control words free.
 #[inline(always)]
-unsafe fn select(shared: &Shared, keys: *const u32, n: usize, k: u32) -> (u32, u32, u32, bool) {
+unsafe fn select(shared: &Shared, keys: *const u32, n: usize, k: u32) -> (u32, u32, bool) {
     let t = thread_idx() as usize;
     let threads = block_dim() as usize;
-    let (mut prefix, mut mask, mut want, mut ties) = (0u32, 0u32, k, 0u32);
+    let (mut prefix, mut mask, mut want) = (0u32, 0u32, k);
     // The digits from the highest (a loop over a counter: an array of them would be kept in
     // local memory).
     let mut digit = 32u32;
@@ -228,32 +219,28 @@ unsafe fn select(shared: &Shared, keys: *const u32, n: usize, k: u32) -> (u32, u
         // SAFETY: every thread, uniform control flow.
         let (above, _, total, _) = unsafe { block_exclusive_scan(count, 0.0, shared.scratch) };
         if digit == 24 && total <= want {
-            return (0, 0, 0, true);
+            return (0, 0, true);
         }
         if t < DIGIT_BINS && above < want && want <= above + count {
             // SAFETY: control words, written by the one thread whose bin holds the k-th key.
             unsafe {
                 shared.set(control::TOP_K_BIN, (DIGIT_BINS - 1 - t) as u32);
                 shared.set(control::TOP_K_BEFORE, above);
-                shared.set(control::TOP_K_IN, count);
             }
         }
         sync_threads();
         // SAFETY: written before the barrier; rewritten only after two more.
-        let (bin, above, inside) = unsafe {
+        let (bin, above) = unsafe {
             (
                 shared.word(control::TOP_K_BIN),
                 shared.word(control::TOP_K_BEFORE),
-                shared.word(control::TOP_K_IN),
             )
         };
         prefix |= bin << digit;
         mask |= 0xFF << digit;
         want -= above;
-        // After the last byte the threshold's bin holds exactly the keys equal to it.
-        ties = inside;
     }
-    (prefix, want, ties, false)
+    (prefix, want, false)
 }
 
 /// Launch 2: row `block_idx`'s cut, draw and outputs from its slices' candidates.
@@ -284,27 +271,9 @@ pub(crate) unsafe fn sample_top_merge(p: &SamplingParams) {
             block_reduce(bad, shared.scratch),
         )
     };
-    // No column of the top-k has a key below the largest of the slices' thresholds: the
-    // candidates at or above it, gathered in any order, padded to a power of two.
-    if t == 0 {
-        // SAFETY: control words, changed atomically after the barrier.
-        unsafe {
-            shared.set(control::TOP_K_BIN, 0);
-            shared.set(control::GATHERED, 0);
-        }
-    }
-    sync_threads();
-    if t < slices {
-        // SAFETY: slice `t`'s state (contract); a control word, raised atomically.
-        unsafe {
-            let threshold = tops.add(t * words).cast::<SliceTop>().read().threshold;
-            shared_max_u32(shared.at(control::TOP_K_BIN), threshold);
-        }
-    }
-    sync_threads();
-    // SAFETY: written before the barrier.
-    let lowest = u64::from(unsafe { shared.word(control::TOP_K_BIN) }) << 32;
+    // The candidates, every slice's after the one before, padded to a power of two.
     let candidates = shared.candidates;
+    let mut n = 0;
     for s in 0..slices {
         // SAFETY: slice `s`'s state and ranks (contract); at most `TOP_K_MAX_SLICES ·
         // top_k ≤ SAMPLING_CANDIDATES` in all.
@@ -314,18 +283,12 @@ pub(crate) unsafe fn sample_top_merge(p: &SamplingParams) {
             let ranks = top.add(SLICE_TOP_HEADER_WORDS as usize).cast::<u64>();
             let mut j = t;
             while j < kept {
-                let rank = ranks.add(j).read();
-                if rank >= lowest {
-                    let slot = shared_fetch_add_u32(shared.at(control::GATHERED), 1);
-                    candidates.add(slot as usize).write(rank);
-                }
+                candidates.add(n + j).write(ranks.add(j).read());
                 j += threads;
             }
+            n += kept;
         }
     }
-    sync_threads();
-    // SAFETY: written before the barrier.
-    let n = unsafe { shared.word(control::GATHERED) } as usize;
     let sorted = n.next_power_of_two().max(1);
     let mut j = n + t;
     while j < sorted {
