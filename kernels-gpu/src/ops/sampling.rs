@@ -1425,8 +1425,8 @@ pub(crate) unsafe fn sample_advance(p: &SamplingParams) {
 }
 
 /// The sampling entries of one element type: the row kernel (16-byte packs where the rows
-/// are aligned for them), its draw-only form, the merge of sliced rows, the candidate path's
-/// two launches, and the advance.
+/// are aligned for them), its draw-only form, the merge of sliced rows, and the advance (the
+/// candidate path's are in `sampling_top_k`).
 macro_rules! sampling_entries {
     ($($module:literal: $element:ty, $name:literal, $pack:literal;)+) => {$(
         $crate::primitives::entry::kernel_entry!(
@@ -1438,17 +1438,6 @@ macro_rules! sampling_entries {
             #[cfg(kernels_module = $module)]
             export $crate::launch::entry_name!(sample_draw $name),
             (params: SamplingParams) => sample_row::<$element, $pack, false>(&params)
-        );
-        $crate::primitives::entry::kernel_entry!(
-            #[cfg(kernels_module = $module)]
-            export $crate::launch::entry_name!(sample_top $name),
-            (params: SamplingParams) =>
-                super::sampling_top_k::sample_top_slice::<$element, $pack>(&params)
-        );
-        $crate::primitives::entry::kernel_entry!(
-            #[cfg(kernels_module = $module)]
-            export $crate::launch::entry_name!(sample_top_merge $name),
-            (params: SamplingParams) => super::sampling_top_k::sample_top_merge(&params)
         );
         $crate::primitives::entry::kernel_entry!(
             #[cfg(kernels_module = $module)]

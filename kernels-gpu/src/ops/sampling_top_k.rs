@@ -398,3 +398,26 @@ unsafe fn write_outputs(p: &SamplingParams, row: usize, token: u32, logprob: f32
         }
     }
 }
+
+/// The candidate path's entries of one element type (16-byte packs where the rows are aligned
+/// for them).
+macro_rules! candidate_entries {
+    ($($module:literal: $element:ty, $name:literal, $pack:literal;)+) => {$(
+        $crate::primitives::entry::kernel_entry!(
+            #[cfg(kernels_module = $module)]
+            export $crate::launch::entry_name!(sample_top $name),
+            (params: SamplingParams) => sample_top_slice::<$element, $pack>(&params)
+        );
+        $crate::primitives::entry::kernel_entry!(
+            #[cfg(kernels_module = $module)]
+            export $crate::launch::entry_name!(sample_top_merge $name),
+            (params: SamplingParams) => sample_top_merge(&params)
+        );
+    )+};
+}
+
+candidate_entries! {
+    "ops-f32": f32, "f32", 4;
+    "ops-bf16": crate::primitives::element::Bf16, "bf16", 8;
+    "ops-f16": crate::primitives::element::F16, "f16", 8;
+}

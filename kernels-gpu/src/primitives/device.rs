@@ -321,23 +321,6 @@ pub fn shfl_up_u32(value: u32, delta: u32) -> u32 {
     result
 }
 
-/// The lanes of this warp that run this instruction together and hold the same `value`
-/// (`match.any.sync` over the lanes `activemask` names), as a mask of lane bits.
-#[inline(always)]
-pub fn match_any_u32(value: u32) -> u32 {
-    let peers: u32;
-    // SAFETY: a warp-wide comparison over the lanes that are here (their mask, taken first).
-    unsafe {
-        asm!(
-            "{{ .reg .b32 active; activemask.b32 active; match.any.sync.b32 {p}, {v}, active; }}",
-            p = out(reg32) peers,
-            v = in(reg32) value,
-            options(nomem, nostack)
-        )
-    };
-    peers
-}
-
 /// The shared-memory window address of `local` (`cvta.to.shared`), as the `.shared` atomics
 /// below take it.
 #[inline(always)]
