@@ -1,8 +1,8 @@
 //! GPU tests of sampling against the f64 reference's filtered distribution: chi-square tests
 //! of the draws (about 10⁶ per case, each filter alone and combined, f32 and bf16, with a bias
 //! and with ties at the cuts; with a top-k in a large batch for the row kernel and in a batch
-//! of 128 rows for the candidate path), the log-probabilities, the written distribution, greedy rows,
-//! rows without a token, reproducibility and independence from the batch, wide rows (kept in
+//! of 128 rows for the candidate path), the log-probabilities, the written distribution,
+//! greedy rows, rows without a token, reproducibility and independence from the batch, wide rows (kept in
 //! shared memory and not), the bisection of rows whose cut bins hold too many columns, a
 //! captured graph replayed 100 times, vocabulary shards against the whole row, the candidate
 //! path of a small top-k against the row kernel, and bad input.
@@ -229,8 +229,9 @@ fn chi_square(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
             temperature: 0.8,
         },
     ];
-    // 2^20 draws a case: as many rows as give every multiprocessor a block, and a batch of at
-    // most 128 rows, which a top-k of at most 128 draws through its candidate path.
+    // 2^20 draws a case: as many rows as give every multiprocessor a block, and a batch of
+    // 128 rows, which a top-k of at most 128 draws through its candidate path on a device of
+    // at least 128 multiprocessors (an H100 or H200; elsewhere the row kernel again).
     let batches = [(65536, 16), (128, 8192)];
     let mut worst: f64 = 0.0;
     let mut count = 0;
@@ -902,30 +903,7 @@ fn candidates(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
                 let what = format!(
                     "{dtype:?} {rows}×{cols} k {k} top-p {top_p:?} min-p {min_p:?} t {temperature}"
                 );
-                if a.0 != b.0 {
-                    return Err(format!(
-                        "{what}: tokens {:?}, the row kernel's {:?}",
-                        a.0, b.0
-                    ));
-                }
-                for r in 0..rows {
-                    for (x, y) in [(a.1[r], b.1[r]), (a.2[r], b.2[r])] {
-                        if x.is_nan() != y.is_nan() {
-                            return Err(format!(
-                                "{what}, row {r}: log-probability {x}, the row kernel's {y}"
-                            ));
-                        }
-                        if !x.is_nan() {
-                            let gap = f64::from((x - y).abs()) / f64::from(y.abs()).max(1.0);
-                            if gap > 2e-5 {
-                                return Err(format!(
-                                    "{what}, row {r}: log-probability {x}, the row kernel's {y}"
-                                ));
-                            }
-                            worst = worst.max(gap);
-                        }
-                    }
-                }
+                same_draws(&a, &b, &what, &mut worst)?;
                 if rows == 3 && a.0[2] != NO_TOKEN {
                     return Err(format!("{what}: the NaN row drew {}", a.0[2]));
                 }
@@ -933,10 +911,80 @@ fn candidates(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
             }
         }
     }
+    // Per-row temperatures and top-p with the one top-k, a row whose top-p is out of range
+    // (no token), and a bias across the slices (bans and boosts).
+    let s = shape(4, 50_257);
+    let logits = common::random_matrix(rng, s, 3.0);
+    let temperatures = DeviceBuffer::from_slice(&[0.6f32, 1.0, 1.7, 0.9]).map_err(text)?;
+    let top_ps = DeviceBuffer::from_slice(&[0.9f32, 0.0, 0.5, 1.0]).map_err(text)?;
+    let ks = DeviceBuffer::from_slice(&[40u32; 4]).map_err(text)?;
+    let bias: Vec<f32> = (0..50_257)
+        .map(|c| match c % 997 {
+            0 => f32::NEG_INFINITY,
+            1 => 3.0,
+            _ => 0.0,
+        })
+        .collect();
+    let bias = DeviceBuffer::from_slice(&bias).map_err(text)?;
+    let with = |o: SamplingOptions<'static>| -> Result<SamplingOptions<'_>, String> {
+        Ok(o.temperature(PerRow::Each(Values::new(&temperatures)))
+            .top_p(PerRow::Each(Values::new(&top_ps)))
+            .bias(Rows::new(&bias, shape(1, 50_257)).map_err(text)?)
+            .advance(false))
+    };
+    let fast = with(SamplingOptions::new().top_k(40))?;
+    let rows_kernel = with(SamplingOptions::new())?.top_k(PerRow::Each(Values::new(&ks)));
+    for dtype in [DType::F32, DType::Bf16] {
+        let (a, b) = match dtype {
+            DType::Bf16 => (
+                tokens_and_logprobs::<bf16>(softmax, &logits, s, &fast)?,
+                tokens_and_logprobs::<bf16>(softmax, &logits, s, &rows_kernel)?,
+            ),
+            _ => (
+                tokens_and_logprobs::<f32>(softmax, &logits, s, &fast)?,
+                tokens_and_logprobs::<f32>(softmax, &logits, s, &rows_kernel)?,
+            ),
+        };
+        let what = format!("{dtype:?} 4×50257, per-row temperatures and top-p, a bias");
+        same_draws(&a, &b, &what, &mut worst)?;
+        if a.0[1] != NO_TOKEN || a.0.iter().any(|&t| t != NO_TOKEN && t % 997 == 0) {
+            return Err(format!(
+                "{what}: tokens {:?} (row 1 has top-p 0; columns 997·n are banned)",
+                a.0
+            ));
+        }
+        calls += 1;
+    }
     Ok(format!(
         "{calls} calls: the candidate path drew the row kernel's tokens; log-probabilities \
          within {worst:.1e} (relative, at least 1)"
     ))
+}
+
+/// Whether two calls drew the same tokens, with log-probabilities (filtered and raw) within
+/// `2e-5·max(1, |log p|)` of each other (NaN where the other is); the largest such gap so
+/// far in `worst`.
+fn same_draws(a: &Drawn, b: &Drawn, what: &str, worst: &mut f64) -> Result<(), String> {
+    if a.0 != b.0 {
+        return Err(format!(
+            "{what}: tokens {:?}, the row kernel's {:?}",
+            a.0, b.0
+        ));
+    }
+    for r in 0..a.0.len() {
+        for (x, y) in [(a.1[r], b.1[r]), (a.2[r], b.2[r])] {
+            let gap = f64::from((x - y).abs()) / f64::from(y.abs()).max(1.0);
+            if x.is_nan() != y.is_nan() || (!x.is_nan() && gap > 2e-5) {
+                return Err(format!(
+                    "{what}, row {r}: log-probability {x}, the row kernel's {y}"
+                ));
+            }
+            if !x.is_nan() {
+                *worst = worst.max(gap);
+            }
+        }
+    }
+    Ok(())
 }
 
 fn bad_input(softmax: &mut Softmax, _rng: &mut StdRng) -> Outcome {

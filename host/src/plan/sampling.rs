@@ -1,8 +1,10 @@
 //! Planning a sampling call: a block per row, its row kept in shared memory where it fits
 //! beside the histogram and the candidates (with filters), or drawn in one pass by the draw
 //! entry (greedy or temperature alone); for greedy and temperature alone on rows too few to
-//! fill the device, a block per slice of a row and a merge of the slices' draws; then the
-//! one-thread launch that advances the random offset where the call advances it.
+//! fill the device, a block per slice of a row and a merge of the slices' draws; for one small
+//! top-k on at most a row a multiprocessor, the candidate path (a block per slice of 8192
+//! columns, then a block per row); then the one-thread launch that advances the random offset
+//! where the call advances it.
 
 use kernels_gpu::launch::ops::DType;
 use kernels_gpu::launch::sampling::{
@@ -222,11 +224,13 @@ mod tests {
                 .map(|dtype| Entry::Sampling(SamplingEntry { dtype, kind }))
         };
         crate::plan::tests::assert_launch_bounds(of(SamplingKind::Rows), SAMPLING_THREADS, 1);
-        crate::plan::tests::assert_launch_bounds(
-            of(SamplingKind::Draws),
-            SAMPLING_THREADS,
-            BLOCKS_PER_SM,
-        );
+        for kind in [
+            SamplingKind::Draws,
+            SamplingKind::TopSlices,
+            SamplingKind::TopMerge,
+        ] {
+            crate::plan::tests::assert_launch_bounds(of(kind), SAMPLING_THREADS, BLOCKS_PER_SM);
+        }
     }
 
     #[test]

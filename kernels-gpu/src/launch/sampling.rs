@@ -103,7 +103,7 @@ unsafe impl cust_core::DeviceCopy for ShardDraw {}
 /// - `tokens` (u32), `logprobs` and `raw_logprobs` (f32), when not 0, hold one value per row;
 ///   `probabilities`, when not 0, `rows` rows of `cols` f32 at `probabilities_stride`.
 /// - `draws` (mode `SHARD`, and the merge entry) holds `slices` [`ShardDraw`]s per row.
-/// - Every output is disjoint from every input and from the other outputs.
+/// - Every output (and `slice_tops`) is disjoint from every input and from the other outputs.
 /// - The launch is `rows` blocks of [`SAMPLING_THREADS`] threads with
 ///   [`sampling_shared_bytes`]`(c)` bytes of dynamic shared memory, where `c` is `cols ·`
 ///   the element's bytes when `cached` is 1, else 0, in `slices` blocks per row, each slice a
@@ -114,7 +114,7 @@ unsafe impl cust_core::DeviceCopy for ShardDraw {}
 ///   and `cached` 0.
 /// - The candidate path ([`SamplingKind::TopSlices`], then [`SamplingKind::TopMerge`]) serves
 ///   calls with one top-k for every row, `1 ≤ top_k ≤` [`TOP_K_CANDIDATES`], in mode `FULL`
-///   with `top_ks` and `probabilities` 0; `slices = ⌈cols /` [`TOP_K_SLICE_COLS`]`⌉ ≤`
+///   with `top_ks`, `probabilities` and `column_offset` 0; `slices = ⌈cols /` [`TOP_K_SLICE_COLS`]`⌉ ≤`
 ///   [`TOP_K_MAX_SLICES`] and `slice_cols =` [`TOP_K_SLICE_COLS`]; `slice_tops` holds
 ///   [`SLICE_TOP_WORDS`] words per slice of every row, 8-byte aligned. The slices' launch is
 ///   `rows · slices` blocks, the merge's `rows`, both of [`SAMPLING_THREADS`] threads with
@@ -158,11 +158,13 @@ pub struct SamplingParams {
     /// Whether every row starts on a 16-byte boundary (read in 16-byte packs; else one
     /// element at a time).
     pub aligned: u32,
-    /// Blocks per row (mode `SHARD`): block `b` draws over columns `s·slice_cols..` of row
-    /// `b / slices`, `s = b % slices`, into draw `b`; the merge entry then writes the rows'
-    /// outputs from the `slices` draws of each.
+    /// Blocks per row: in mode `SHARD`, block `b` draws over columns `s·slice_cols..` of row
+    /// `b / slices`, `s = b % slices`, into draw `b`, and the merge entry then writes the
+    /// rows' outputs from the `slices` draws of each; in the candidate path's first launch
+    /// (mode `FULL`, one slice or more), block `b` selects slice `s`'s candidates.
     pub slices: u32,
-    /// Columns per slice where `slices` is above 1 (a multiple of 8).
+    /// Columns per slice where `slices` is above 1, and in the candidate path (a multiple
+    /// of 8).
     pub slice_cols: u32,
     /// The candidate path's workspace: [`SLICE_TOP_WORDS`] words per slice of each row.
     pub slice_tops: u64,
