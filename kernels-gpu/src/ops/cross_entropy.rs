@@ -855,8 +855,7 @@ pub(crate) unsafe fn cross_entropy_row<E: Element, const PACK: usize>(p: &CrossE
     // SAFETY: `row < rows`.
     let gradient = unsafe { finish_row(p, row, &target, terms, row_sums, writer) };
     if p.mode != cross_entropy_mode::STATES && p.gradient != 0 {
-        let y = p.gradient
-            + (row as u64 * p.gradient_stride) * u64::from(dtype_bytes(p.gradient_dtype));
+        let y = gradient_row(p, row);
         // SAFETY: as in the first pass; row `row` of the gradient (contract).
         unsafe {
             gradient_of_packs::<E, PACK>(p, x, &gradient, span, cache, (y, p.gradient_dtype))
@@ -880,6 +879,16 @@ pub(crate) unsafe fn cross_entropy_row<E: Element, const PACK: usize>(p: &CrossE
         }
     }
     leave_row_cluster(clustered);
+}
+
+/// The address of row `row` of the gradient (0 where the call writes none).
+#[inline(always)]
+pub(super) fn gradient_row(p: &CrossEntropyParams, row: usize) -> u64 {
+    if p.gradient == 0 {
+        0
+    } else {
+        p.gradient + (row as u64 * p.gradient_stride) * u64::from(dtype_bytes(p.gradient_dtype))
+    }
 }
 
 /// Bytes of an element of the `DType` numbered `dtype`.

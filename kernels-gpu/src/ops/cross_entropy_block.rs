@@ -33,9 +33,9 @@ use crate::primitives::row_exchange::{
 };
 use crate::primitives::row_part::Share;
 
-use super::cross_entropy::{Target, log_sum_exp};
+use super::cross_entropy::{Target, gradient_row, log_sum_exp};
 use super::forward::{packs_max, sum_of_exponentials};
-use super::row_kernel::{RowKernel, store_outputs};
+use super::row_kernel::{RowKernel, row_start, store_outputs};
 use super::slots::{Aligned, Slots};
 
 /// One row's cross-entropy as a [`RowKernel`] (see the module's documentation).
@@ -97,7 +97,6 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for CrossEntropyRow<In> {
     unsafe fn for_row(p: &CrossEntropyParams, row: usize) -> Self {
         // SAFETY: `row < rows` (contract).
         let target = unsafe { Target::of(p, row) };
-        let bytes = if p.gradient_dtype == 0 { 4 } else { 2 };
         let per_row = |base: u64| {
             if base == 0 {
                 core::ptr::null_mut()
@@ -106,12 +105,8 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for CrossEntropyRow<In> {
             }
         };
         CrossEntropyRow {
-            x: (p.logits as *const In).wrapping_add(row * p.logits_stride as usize),
-            y: if p.gradient == 0 {
-                0
-            } else {
-                p.gradient + row as u64 * p.gradient_stride * bytes
-            },
+            x: row_start(p.logits, row, p.logits_stride, In::DTYPE) as *const In,
+            y: gradient_row(p, row),
             gradient_dtype: p.gradient_dtype,
             target_column: target.local(p).unwrap_or(usize::MAX),
             // SAFETY (both): forwarded.
