@@ -1000,8 +1000,4 @@ macro_rules! cross_entropy_entries {
     )+};
 }
 
-cross_entropy_entries! {
-    "ops-f32": f32, "f32", 4;
-    "ops-bf16": crate::primitives::element::Bf16, "bf16", 8;
-    "ops-f16": crate::primitives::element::F16, "f16", 8;
-}
+super::with_operation_types!(cross_entropy_entries);

@@ -94,3 +94,18 @@ macro_rules! op_entries {
 }
 
 use op_entries;
+
+/// Calls `$callback!` once with every input type of the operation modules, as
+/// `module: element, name, pack;` lines (`pack`: elements of a 16-byte pack); the list is
+/// written once here for the families that make one entry set per type.
+macro_rules! with_operation_types {
+    ($callback:ident) => {
+        $callback! {
+            "ops-f32": f32, "f32", 4;
+            "ops-bf16": crate::primitives::element::Bf16, "bf16", 8;
+            "ops-f16": crate::primitives::element::F16, "f16", 8;
+        }
+    };
+}
+
+use with_operation_types;

@@ -913,16 +913,8 @@ unsafe fn finish<E: Element>(
                     .add(block_idx() as usize)
                     .write(draw);
             }
-            if p.tokens != 0 {
-                let id = token.map_or(NO_TOKEN, |(t, _)| t);
-                (p.tokens as *mut u32).add(row).write(id);
-            }
-            if p.logprobs != 0 {
-                (p.logprobs as *mut f32).add(row).write(logprob);
-            }
-            if p.raw_logprobs != 0 {
-                (p.raw_logprobs as *mut f32).add(row).write(raw_logprob);
-            }
+            let id = token.map_or(NO_TOKEN, |(t, _)| t);
+            write_outputs(p, row, id, logprob, raw_logprob);
         }
     }
     if p.probabilities != 0 {
@@ -945,6 +937,32 @@ unsafe fn finish<E: Element>(
             // SAFETY: a column of the probabilities' row (contract).
             unsafe { out.add(col).write(q) };
             col += threads;
+        }
+    }
+}
+
+/// Writes row `row`'s token and log-probabilities, where the call asks for them.
+///
+/// # Safety
+/// The outputs of row `row` (contract).
+#[inline(always)]
+pub(super) unsafe fn write_outputs(
+    p: &SamplingParams,
+    row: usize,
+    token: u32,
+    logprob: f32,
+    raw: f32,
+) {
+    // SAFETY: one value per row in each output that is given.
+    unsafe {
+        if p.tokens != 0 {
+            (p.tokens as *mut u32).add(row).write(token);
+        }
+        if p.logprobs != 0 {
+            (p.logprobs as *mut f32).add(row).write(logprob);
+        }
+        if p.raw_logprobs != 0 {
+            (p.raw_logprobs as *mut f32).add(row).write(raw);
         }
     }
 }
@@ -1395,18 +1413,8 @@ pub(crate) unsafe fn sample_merge(p: &SamplingParams) {
         } else {
             raw
         };
-        // SAFETY: one value per row in each output that is given (contract).
-        unsafe {
-            if p.tokens != 0 {
-                (p.tokens as *mut u32).add(row).write(token);
-            }
-            if p.logprobs != 0 {
-                (p.logprobs as *mut f32).add(row).write(filtered);
-            }
-            if p.raw_logprobs != 0 {
-                (p.raw_logprobs as *mut f32).add(row).write(raw);
-            }
-        }
+        // SAFETY: the outputs of row `row < rows` (contract).
+        unsafe { write_outputs(p, row, token, filtered, raw) };
         row += (grid_dim() * block_dim()) as usize;
     }
 }
@@ -1452,8 +1460,4 @@ macro_rules! sampling_entries {
     )+};
 }
 
-sampling_entries! {
-    "ops-f32": f32, "f32", 4;
-    "ops-bf16": crate::primitives::element::Bf16, "bf16", 8;
-    "ops-f16": crate::primitives::element::F16, "f16", 8;
-}
+super::with_operation_types!(sampling_entries);

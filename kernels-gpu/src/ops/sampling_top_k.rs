@@ -14,7 +14,7 @@
 
 use super::sampling::{
     Best, Extremes, Filters, RowSource, Shared, Weights, bitonic_sort_descending,
-    block_exclusive_scan, control, gumbel_of, ln,
+    block_exclusive_scan, control, gumbel_of, ln, write_outputs,
 };
 use crate::launch::ops::RowState;
 use crate::launch::sampling::{
@@ -379,26 +379,6 @@ pub(crate) unsafe fn sample_top_merge(p: &SamplingParams) {
     }
 }
 
-/// Writes row `row`'s token and log-probabilities, where the call asks for them.
-///
-/// # Safety
-/// The outputs of row `row` (contract).
-#[inline(always)]
-unsafe fn write_outputs(p: &SamplingParams, row: usize, token: u32, logprob: f32, raw: f32) {
-    // SAFETY: one value per row in each output that is given.
-    unsafe {
-        if p.tokens != 0 {
-            (p.tokens as *mut u32).add(row).write(token);
-        }
-        if p.logprobs != 0 {
-            (p.logprobs as *mut f32).add(row).write(logprob);
-        }
-        if p.raw_logprobs != 0 {
-            (p.raw_logprobs as *mut f32).add(row).write(raw);
-        }
-    }
-}
-
 /// The candidate path's entries of one element type (16-byte packs where the rows are aligned
 /// for them).
 macro_rules! candidate_entries {
@@ -416,8 +396,4 @@ macro_rules! candidate_entries {
     )+};
 }
 
-candidate_entries! {
-    "ops-f32": f32, "f32", 4;
-    "ops-bf16": crate::primitives::element::Bf16, "bf16", 8;
-    "ops-f16": crate::primitives::element::F16, "f16", 8;
-}
+super::with_operation_types!(candidate_entries);
