@@ -890,16 +890,7 @@ fn candidates(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
                 rest,
             );
             for dtype in [DType::F32, DType::Bf16] {
-                let (a, b) = match dtype {
-                    DType::Bf16 => (
-                        tokens_and_logprobs::<bf16>(softmax, &logits, s, &fast)?,
-                        tokens_and_logprobs::<bf16>(softmax, &logits, s, &rows_kernel)?,
-                    ),
-                    _ => (
-                        tokens_and_logprobs::<f32>(softmax, &logits, s, &fast)?,
-                        tokens_and_logprobs::<f32>(softmax, &logits, s, &rows_kernel)?,
-                    ),
-                };
+                let (a, b) = both_paths(softmax, dtype, &logits, s, (&fast, &rows_kernel))?;
                 let what = format!(
                     "{dtype:?} {rows}×{cols} k {k} top-p {top_p:?} min-p {min_p:?} t {temperature}"
                 );
@@ -935,16 +926,7 @@ fn candidates(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     let fast = with(SamplingOptions::new().top_k(40))?;
     let rows_kernel = with(SamplingOptions::new())?.top_k(PerRow::Each(Values::new(&ks)));
     for dtype in [DType::F32, DType::Bf16] {
-        let (a, b) = match dtype {
-            DType::Bf16 => (
-                tokens_and_logprobs::<bf16>(softmax, &logits, s, &fast)?,
-                tokens_and_logprobs::<bf16>(softmax, &logits, s, &rows_kernel)?,
-            ),
-            _ => (
-                tokens_and_logprobs::<f32>(softmax, &logits, s, &fast)?,
-                tokens_and_logprobs::<f32>(softmax, &logits, s, &rows_kernel)?,
-            ),
-        };
+        let (a, b) = both_paths(softmax, dtype, &logits, s, (&fast, &rows_kernel))?;
         let what = format!("{dtype:?} 4×50257, per-row temperatures and top-p, a bias");
         same_draws(&a, &b, &what, &mut worst)?;
         if a.0[1] != NO_TOKEN || a.0.iter().any(|&t| t != NO_TOKEN && t % 997 == 0) {
@@ -959,6 +941,27 @@ fn candidates(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
         "{calls} calls: the candidate path drew the row kernel's tokens; log-probabilities \
          within {worst:.1e} (relative, at least 1)"
     ))
+}
+
+/// The draws of `logits` as `dtype` through the candidate path's options, then the row
+/// kernel's.
+fn both_paths(
+    softmax: &mut Softmax,
+    dtype: DType,
+    logits: &[f32],
+    s: Shape,
+    (fast, rows_kernel): (&SamplingOptions<'_>, &SamplingOptions<'_>),
+) -> Result<(Drawn, Drawn), String> {
+    match dtype {
+        DType::Bf16 => Ok((
+            tokens_and_logprobs::<bf16>(softmax, logits, s, fast)?,
+            tokens_and_logprobs::<bf16>(softmax, logits, s, rows_kernel)?,
+        )),
+        _ => Ok((
+            tokens_and_logprobs::<f32>(softmax, logits, s, fast)?,
+            tokens_and_logprobs::<f32>(softmax, logits, s, rows_kernel)?,
+        )),
+    }
 }
 
 /// Whether two calls drew the same tokens, with log-probabilities (filtered and raw) within
