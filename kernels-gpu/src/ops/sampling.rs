@@ -106,7 +106,7 @@ impl Filters {
             && (0.0..=1.0).contains(&min_p);
         let greedy = temperature == 0.0;
         Filters {
-            inv_temperature: if greedy { 1.0 } else { 1.0 / temperature },
+            inv_temperature: inverse_temperature(temperature),
             greedy,
             top_k,
             top_p,
@@ -115,10 +115,31 @@ impl Filters {
         }
     }
 
+    /// Row `row`'s inverse temperature alone, for kernels that apply no filter.
+    ///
+    /// # Safety
+    /// As [`Filters::of`].
+    #[inline(always)]
+    pub(super) unsafe fn inv_temperature_of(p: &SamplingParams, row: usize) -> f32 {
+        // SAFETY: forwarded from the contract.
+        inverse_temperature(unsafe { per_row(p.temperatures, row, p.temperature) })
+    }
+
     /// Whether a cut by rank is needed (top-k or top-p).
     #[inline(always)]
     fn cuts(&self) -> bool {
         self.top_k != 0 || self.top_p < 1.0
+    }
+}
+
+/// The factor logits are scaled by: 1 / `temperature`, and 1 for greedy rows (temperature 0),
+/// whose draw is the plain argmax.
+#[inline(always)]
+fn inverse_temperature(temperature: f32) -> f32 {
+    if temperature == 0.0 {
+        1.0
+    } else {
+        1.0 / temperature
     }
 }
 

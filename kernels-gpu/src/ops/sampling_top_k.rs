@@ -70,7 +70,7 @@ pub(crate) unsafe fn sample_top_slice<E: Element, const PACK: usize>(p: &Samplin
         packs: if p.aligned != 0 { cols / PACK } else { 0 },
     };
     // SAFETY: `row < rows`.
-    let inv_t = unsafe { Filters::of(p, row) }.inv_temperature;
+    let inv_t = unsafe { Filters::inv_temperature_of(p, row) };
     let mut stats = OnlineStats::EMPTY;
     let mut extremes = Extremes::EMPTY;
     // SAFETY: the row (contract); each key slot written by the thread of its column.
