@@ -16,6 +16,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from ce_chart import card
+
 CONTENDERS = [
     ("softmax-rs-temperature", "ours, temperature"),
     ("flashinfer-temperature", "FlashInfer sampling_from_logits"),
@@ -56,7 +58,7 @@ def main():
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(cases))])
     ax.set_xticklabels([f"{d} {r}×{c}" for d, r, c in cases], rotation=60, ha="right", fontsize=7)
     ax.set_ylabel("time over our softmax of the same logits (×, log)")
-    ax.set_title("Sampling, H200, isolated (lower is better; dashed: 1.5×)")
+    ax.set_title(f"Sampling, {card(stem)}, isolated (lower is better; dashed: 1.5×)")
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     fig.tight_layout()
     fig.savefig(stem + ".png", dpi=110)
