@@ -115,7 +115,7 @@ impl Filters {
         }
     }
 
-    /// Row `row`'s inverse temperature alone, for kernels that apply no filter.
+    /// Row `row`'s inverse temperature alone, for kernels that read no other per-row filter.
     ///
     /// # Safety
     /// As [`Filters::of`].
