@@ -169,6 +169,37 @@ pub(super) struct RowSource<E> {
 }
 
 impl<E: Element> RowSource<E> {
+    /// Row `row` of the call's logits (and bias) from column `start`, `cols` of them, in
+    /// 16-byte packs of `PACK` where the call's rows are aligned for them; `first_column` is
+    /// the global column of `start`.
+    ///
+    /// # Safety
+    /// `row < rows` and `start + cols ≤ cols` of the call (contract).
+    #[inline(always)]
+    pub(super) unsafe fn of<const PACK: usize>(
+        p: &SamplingParams,
+        row: usize,
+        start: usize,
+        cols: usize,
+        first_column: u64,
+        cache: *mut E,
+    ) -> Self {
+        RowSource {
+            // SAFETY: row `row` of the logits from column `start` (contract).
+            x: unsafe { (p.logits as *const E).add(row * p.logits_stride as usize + start) },
+            bias: if p.bias == 0 {
+                core::ptr::null()
+            } else {
+                // SAFETY: the bias's row (contract).
+                unsafe { (p.bias as *const f32).add(row * p.bias_stride as usize + start) }
+            },
+            first_column,
+            cache,
+            cols,
+            packs: if p.aligned != 0 { cols / PACK } else { 0 },
+        }
+    }
+
     /// Calls `visit(first column, values, count)` for this thread's columns (16-byte packs
     /// of `PACK`, every `block_dim`-th, then the columns after the packs one at a time),
     /// columns in increasing order. `fill`: this is the first pass, which keeps what it reads
@@ -383,13 +414,7 @@ impl Noise {
             self.words = draw_words(self.seed, self.offset, self.row, group as u32);
             self.group = group;
         }
-        let bits = match global % 4 {
-            0 => self.words[0],
-            1 => self.words[1],
-            2 => self.words[2],
-            _ => self.words[3],
-        };
-        gumbel_of(bits)
+        gumbel_of(word_of_column(&self.words, global))
     }
 
     /// Offers column `col`, whose logit over the temperature is `z`, to the draw.
@@ -432,6 +457,29 @@ impl Noise {
                 best.offer(zs[i] + gumbel_of(bits[i]), (first + i) as u32);
             }
         }
+    }
+}
+
+/// The call's random state: its seed and offset.
+///
+/// # Safety
+/// `p.random` holds the two words (contract).
+#[inline(always)]
+pub(super) unsafe fn random_state(p: &SamplingParams) -> (u64, u64) {
+    let random = p.random as *const u64;
+    // SAFETY: forwarded from the contract.
+    unsafe { (random.read(), random.add(1).read()) }
+}
+
+/// Global column `global`'s 32 random bits among `words`, its group of four's Philox words.
+#[inline(always)]
+pub(super) fn word_of_column(words: &[u32; 4], global: u64) -> u32 {
+    // A match, not an index: an indexed array would be kept in local memory.
+    match global % 4 {
+        0 => words[0],
+        1 => words[1],
+        2 => words[2],
+        _ => words[3],
     }
 }
 
@@ -606,31 +654,19 @@ pub(crate) unsafe fn sample_row<E: Element, const PACK: usize, const FILTERS: bo
         (0, p.cols as usize)
     };
     let (shared, cache) = Shared::new();
-    let src = RowSource::<E> {
-        // SAFETY: row `row` of the logits from column `start` (contract).
-        x: unsafe { (p.logits as *const E).add(row * p.logits_stride as usize + start) },
-        bias: if p.bias == 0 {
-            core::ptr::null()
-        } else {
-            // SAFETY: the bias's row (contract).
-            unsafe { (p.bias as *const f32).add(row * p.bias_stride as usize + start) }
-        },
-        first_column: p.column_offset + start as u64,
-        cache: if FILTERS && p.cached != 0 {
-            cache.cast::<E>()
-        } else {
-            core::ptr::null_mut()
-        },
-        cols,
-        packs: if p.aligned != 0 { cols / PACK } else { 0 },
+    let cache = if FILTERS && p.cached != 0 {
+        cache.cast::<E>()
+    } else {
+        core::ptr::null_mut()
+    };
+    // SAFETY: `row < rows`; the block's columns.
+    let src = unsafe {
+        RowSource::<E>::of::<PACK>(p, row, start, cols, p.column_offset + start as u64, cache)
     };
     // SAFETY: `row < rows`.
     let filters = unsafe { Filters::of(p, row) };
-    // SAFETY: the random state's two words (contract).
-    let (seed, offset) = unsafe {
-        let random = p.random as *const u64;
-        (random.read(), random.add(1).read())
-    };
+    // SAFETY: the random state (contract).
+    let (seed, offset) = unsafe { random_state(p) };
     let mut noise = Noise {
         seed,
         offset,

@@ -14,7 +14,7 @@
 
 use super::sampling::{
     Best, Extremes, Filters, RowSource, Shared, Weights, bitonic_sort_descending,
-    block_exclusive_scan, control, gumbel_of, ln, write_outputs,
+    block_exclusive_scan, control, gumbel_of, ln, random_state, word_of_column, write_outputs,
 };
 use crate::launch::ops::RowState;
 use crate::launch::sampling::{
@@ -55,19 +55,9 @@ pub(crate) unsafe fn sample_top_slice<E: Element, const PACK: usize>(p: &Samplin
     let (shared, _) = Shared::new();
     // The slice's keys, in the row kernel's candidate space (`TOP_K_SLICE_COLS` words).
     let keys = shared.candidates.cast::<u32>();
-    let src = RowSource::<E> {
-        // SAFETY: row `row` of the logits from column `start` (contract).
-        x: unsafe { (p.logits as *const E).add(row * p.logits_stride as usize + start) },
-        bias: if p.bias == 0 {
-            core::ptr::null()
-        } else {
-            // SAFETY: the bias's row (contract).
-            unsafe { (p.bias as *const f32).add(row * p.bias_stride as usize + start) }
-        },
-        first_column: start as u64,
-        cache: core::ptr::null_mut(),
-        cols,
-        packs: if p.aligned != 0 { cols / PACK } else { 0 },
+    // SAFETY: `row < rows`; the slice's columns (contract).
+    let src = unsafe {
+        RowSource::<E>::of::<PACK>(p, row, start, cols, start as u64, core::ptr::null_mut())
     };
     // SAFETY: `row < rows`.
     let inv_t = unsafe { Filters::inv_temperature_of(p, row) };
@@ -350,19 +340,10 @@ pub(crate) unsafe fn sample_top_merge(p: &SamplingParams) {
     let kept = t < place && w >= filters.min_p;
     let mut best = Best::EMPTY;
     if kept {
-        // SAFETY: the random state's two words (contract).
-        let (seed, offset) = unsafe {
-            let random = p.random as *const u64;
-            (random.read(), random.add(1).read())
-        };
+        // SAFETY: the random state (contract).
+        let (seed, offset) = unsafe { random_state(p) };
         let words = draw_words(seed, offset, row as u32, col / 4);
-        // A match, not an index: an indexed array would be kept in local memory.
-        let bits = match col % 4 {
-            0 => words[0],
-            1 => words[1],
-            2 => words[2],
-            _ => words[3],
-        };
+        let bits = word_of_column(&words, u64::from(col));
         best.offer(weights.z(value) + gumbel_of(bits), col);
     }
     // SAFETY: every thread, uniform control flow.
