@@ -81,7 +81,7 @@ pub(crate) fn plan(
             })
             .to_vec()
     } else {
-        rows_launches(input, work, shape, aligned, limits)?
+        rows_launches(input, work, shape, (rows, cols), aligned, limits)?
     };
     if advance {
         launches.push(Launch {
@@ -98,15 +98,15 @@ pub(crate) fn plan(
 
 /// The launches of a call that the candidate path does not take: a block per row (the row
 /// kernel with filters, else the draw kernel), or for greedy and temperature alone on few
-/// rows, a block per slice and the merge.
+/// rows, a block per slice and the merge. `(rows, cols)`: `shape`'s, as [`plan`] checked them.
 fn rows_launches(
     input: DType,
     work: SamplingWork,
     shape: Shape,
+    (rows, cols): (u32, u32),
     aligned: bool,
     limits: &dyn DeviceLimits,
 ) -> Result<Vec<Launch>> {
-    let (rows, cols) = rows_and_cols(shape)?;
     let entry = |kind| Entry::Sampling(SamplingEntry { dtype: input, kind });
     let filtered = matches!(work, SamplingWork::Filtered | SamplingWork::TopK);
     let rows_entry = entry(if filtered {
