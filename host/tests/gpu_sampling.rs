@@ -20,7 +20,7 @@ use cust::memory::{CopyDestination, DeviceBuffer};
 use rand::Rng;
 use rand::rngs::StdRng;
 use softmax::half::bf16;
-use softmax::reference::{SamplingReference, filtered_distribution_f64};
+use softmax::reference::{SamplingReference, filtered_distribution_f64, gumbel_draw_f64};
 use softmax::{
     CallKind, DType, Element, Error, NO_TOKEN, Options, PerRow, Rows, RowsMut, SamplingOptions,
     SamplingOutputs, Shape, ShardDraw, Softmax, Values, merge_shard_draws, shard_draw_token,
@@ -755,8 +755,35 @@ fn shards(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
             &unsliced[..rows]
         ));
     }
+    // The f64 reference's draw of each whole row gives the same tokens.
+    let reference = SamplingReference {
+        temperature: f64::from(temperature),
+        top_k: None,
+        top_p: None,
+        min_p: None,
+    };
+    for r in 0..rows {
+        let row = &values[r * cols..(r + 1) * cols];
+        let distribution = filtered_distribution_f64(row, &reference);
+        let token = gumbel_draw_f64(&distribution, &reference, 5, 9, r as u32, 0);
+        if token != whole[r] {
+            return Err(format!(
+                "row {r}: the device drew {}, the f64 reference {token}",
+                whole[r]
+            ));
+        }
+    }
     for count in [1usize, 2, 3, 8] {
-        let bounds: Vec<usize> = (0..=count).map(|i| i * cols / count).collect();
+        // Shards start at multiples of 4 columns (3 shards of 50000: 16664, 16668, 16668).
+        let bounds: Vec<usize> = (0..=count)
+            .map(|i| {
+                if i == count {
+                    cols
+                } else {
+                    i * cols / count / 4 * 4
+                }
+            })
+            .collect();
         let mut merged: Vec<Option<ShardDraw>> = vec![None; rows];
         for pair in bounds.windows(2) {
             let (from, to) = (pair[0], pair[1]);
@@ -795,7 +822,8 @@ fn shards(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
         }
     }
     Ok(format!(
-        "1, 2, 3 and 8 shards of {rows}×{cols} draw the whole row's tokens"
+        "1, 2, 3 and 8 shards of {rows}×{cols} draw the whole row's tokens, which are the f64 \
+         reference's"
     ))
 }
 
@@ -1065,6 +1093,17 @@ fn bad_input(softmax: &mut Softmax, _rng: &mut StdRng) -> Outcome {
             &mut random,
             &mut draws,
             &SamplingOptions::new().top_k(3),
+            &o,
+        ),
+    )?;
+    expect(
+        "a shard starting inside a chunk of four columns",
+        softmax.sample_shard(
+            Rows::new(&x, s).map_err(text)?,
+            6,
+            &mut random,
+            &mut draws,
+            &SamplingOptions::new(),
             &o,
         ),
     )?;
