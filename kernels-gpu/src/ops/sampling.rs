@@ -203,15 +203,16 @@ impl<E: Element> RowSource<E> {
     }
 
     /// Calls `visit(first column, values, count)` for this thread's columns (16-byte packs
-    /// of `PACK`, every `block_dim`-th, then the columns after the packs in groups of up to
-    /// `PACK`, also every `block_dim`-th), columns in increasing order; `first` is always a
-    /// multiple of `PACK`. `fill`: this is the first pass, which keeps what it reads
-    /// in the cache (if any); later passes read the cache.
+    /// of `PACK`, every `block_dim`-th, then the columns after the packs in runs of up to
+    /// `TAIL` (at most `PACK`), also every `block_dim`-th), columns in increasing order;
+    /// `first` is a multiple of `TAIL`. `fill`: this is the first pass, which keeps what it
+    /// reads in the cache (if any); later passes read the cache. A run of one column gives
+    /// the visit a known `count` of 1 there; a longer one, a `count` known only at run time.
     ///
     /// # Safety
     /// The row as the contract gives it; after a filling pass, a barrier before the next.
     #[inline(always)]
-    pub(super) unsafe fn visit<const PACK: usize>(
+    pub(super) unsafe fn visit<const PACK: usize, const TAIL: usize>(
         &self,
         fill: bool,
         mut visit: impl FnMut(usize, &[f32; PACK], usize),
@@ -256,34 +257,38 @@ impl<E: Element> RowSource<E> {
             }
             pack += 2 * threads;
         }
-        // The columns after the packs, `PACK` consecutive ones a thread, read one at a time:
-        // every group starts a multiple of `PACK` columns into the row, as a pack does.
-        let mut at = (self.packs + thread_idx() as usize) * PACK;
+        // The columns after the packs, `TAIL` consecutive ones a thread, read one at a time.
+        let mut at = self.packs * PACK + thread_idx() as usize * TAIL;
         while at < self.cols {
-            let count = (self.cols - at).min(PACK);
-            let mut values = [f32::NEG_INFINITY; PACK];
-            for (i, value) in values.iter_mut().enumerate() {
-                if i >= count {
-                    continue;
-                }
-                let col = at + i;
-                // SAFETY: one column of the row.
-                *value = unsafe {
-                    let words = if cached && !fill {
-                        cached_words::<E, 1>(self.cache.add(col))
-                    } else {
-                        E::load_packed::<1>(self.x.add(col))
-                    };
-                    if cached && fill {
-                        copy_words::<E, 1>(self.cache.add(col), &words);
-                    }
-                    E::widen_all(&words)[0]
+            let count = if TAIL == 1 {
+                1
+            } else {
+                (self.cols - at).min(TAIL)
+            };
+            // SAFETY: one column of the row.
+            let read_one = |col: usize| unsafe {
+                let words = if cached && !fill {
+                    cached_words::<E, 1>(self.cache.add(col))
+                } else {
+                    E::load_packed::<1>(self.x.add(col))
                 };
+                if cached && fill {
+                    copy_words::<E, 1>(self.cache.add(col), &words);
+                }
+                E::widen_all(&words)[0]
+            };
+            let mut values = [f32::NEG_INFINITY; PACK];
+            // Indices, not an iterator: the loop unrolls, and the values stay in registers.
+            #[allow(clippy::needless_range_loop)]
+            for i in 0..TAIL {
+                if i < count {
+                    values[i] = read_one(at + i);
+                }
             }
             // SAFETY: as above.
             unsafe { self.add_bias(at, &mut values, count) };
             visit(at, &values, count);
-            at += threads * PACK;
+            at += threads * TAIL;
         }
     }
 
@@ -755,7 +760,7 @@ pub(crate) unsafe fn sample_row<E: Element, const PACK: usize, const FILTERS: bo
     let mut best = Best::EMPTY;
     // SAFETY: the row (contract); the first pass fills the cache.
     unsafe {
-        src.visit::<PACK>(true, |first, values, count| {
+        src.visit::<PACK, 4>(true, |first, values, count| {
             let mut zs = [f32::NEG_INFINITY; PACK];
             for i in 0..PACK {
                 if i >= count {
@@ -913,7 +918,7 @@ pub(crate) unsafe fn sample_row<E: Element, const PACK: usize, const FILTERS: bo
     let mut kept = Sum::EMPTY;
     // SAFETY: the row; the cache was filled before the barriers of the reductions above.
     unsafe {
-        src.visit::<PACK>(false, |first, values, count| {
+        src.visit::<PACK, 1>(false, |first, values, count| {
             for (i, &value) in values.iter().enumerate() {
                 if i >= count {
                     continue;
@@ -1140,7 +1145,7 @@ unsafe fn place_cut<E: Element, const PACK: usize>(
     // Step 1: the histogram.
     // SAFETY: the row; the histogram's words, only atomically until the barrier.
     unsafe {
-        src.visit::<PACK>(false, |_, values, count| {
+        src.visit::<PACK, 1>(false, |_, values, count| {
             for (i, &value) in values.iter().enumerate() {
                 if i >= count {
                     continue;
@@ -1264,7 +1269,7 @@ unsafe fn place_cut<E: Element, const PACK: usize>(
     // SAFETY: the row; the gathered count and the candidates, written atomically (slots
     // below the count the histogram gave).
     unsafe {
-        src.visit::<PACK>(false, |first, values, count| {
+        src.visit::<PACK, 1>(false, |first, values, count| {
             for (i, &value) in values.iter().enumerate() {
                 if i >= count {
                     continue;
@@ -1432,7 +1437,7 @@ unsafe fn tally_from<E: Element, const PACK: usize>(
     let mut tally = Tally::EMPTY;
     // SAFETY: forwarded.
     unsafe {
-        src.visit::<PACK>(false, |first, values, count| {
+        src.visit::<PACK, 1>(false, |first, values, count| {
             for (i, &value) in values.iter().enumerate() {
                 if i >= count {
                     continue;
