@@ -512,6 +512,10 @@ impl SamplingReference {
 ///   whose running probability passes `u` times the chunk's.
 /// - Otherwise Gumbel-max over the kept columns, column `g` taking word `g % 4` of Philox
 ///   call `g / 4`.
+///
+/// # Panics
+/// Where the row draws in chunks and `column_offset` is not a multiple of 4 (the sampler
+/// refuses such shards).
 pub fn gumbel_draw_f64(
     distribution: &[f64],
     filters: &SamplingReference,

@@ -217,6 +217,7 @@ impl<E: Element> RowSource<E> {
         fill: bool,
         mut visit: impl FnMut(usize, &[f32; PACK], usize),
     ) {
+        const { assert!(TAIL >= 1 && TAIL <= PACK) };
         let threads = block_dim() as usize;
         let cached = !self.cache.is_null();
         // SAFETY (both closures): `at` starts a pack of the row, 16-byte aligned (contract);
@@ -444,7 +445,7 @@ impl Noise {
         }
     }
 
-    /// Offers global chunk `chunk` (see [`Chunk`]), whose first column is `first`, to the
+    /// Offers global chunk `global_chunk` (see [`Chunk`]), whose first column is `first`, to the
     /// draw of a temperature-only row. The chunk takes its words from Philox call
     /// `chunk / 2` (the first two words for an even chunk, the last two for an odd one),
     /// kept in `words` for the next chunk: the first's Gumbel noise `G` gives the chunk's
@@ -490,8 +491,9 @@ const CHUNK_NOISE_BOUND: f32 = GUMBEL_NOISE_BOUND + 1.4;
 /// row's draw, whose weight is the sum of theirs. Gumbel-max over the chunks draws a chunk
 /// with its share of the row's weight, and a uniform number then picks a column within it in
 /// proportion to its weight: together they draw each column with its probability, for one
-/// Philox call per two chunks and three logarithms per chunk, where noise per column takes a
-/// call per four columns and two logarithms per column. Everything depends on the chunk's
+/// Philox call per two chunks (a 16-bit pack's two; an f32 pack holds one chunk, which takes
+/// a call of its own) and three logarithms per chunk, where noise per column takes a call per
+/// four columns and two logarithms per column. Everything depends on the chunk's
 /// own values alone, so the draw is the same however a row is split between threads, blocks
 /// and shards.
 pub(super) struct Chunk {
@@ -712,6 +714,8 @@ impl Shared {
 pub(crate) unsafe fn sample_row<E: Element, const PACK: usize, const FILTERS: bool>(
     p: &SamplingParams,
 ) {
+    // Whole chunks of four columns in every pack.
+    const { assert!(PACK % 4 == 0) };
     let slices = p.slices.max(1) as usize;
     let (row, slice) = (block_idx() as usize / slices, block_idx() as usize % slices);
     // This block's columns: the row, or its slice (whose first column keeps 16-byte packs
