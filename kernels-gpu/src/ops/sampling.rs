@@ -170,8 +170,8 @@ pub(super) struct RowSource<E> {
 
 impl<E: Element> RowSource<E> {
     /// Row `row` of the call's logits (and bias) from column `start`, `cols` of them, in
-    /// 16-byte packs of `PACK` where the call's rows are aligned for them; `first_column` is
-    /// the global column of `start`.
+    /// 16-byte packs of `PACK` where the call's rows are aligned for them; column `start` is
+    /// global column `column_offset + start`.
     ///
     /// # Safety
     /// `row < rows` and `start + cols ≤ cols` of the call (contract).
@@ -181,7 +181,6 @@ impl<E: Element> RowSource<E> {
         row: usize,
         start: usize,
         cols: usize,
-        first_column: u64,
         cache: *mut E,
     ) -> Self {
         RowSource {
@@ -193,7 +192,7 @@ impl<E: Element> RowSource<E> {
                 // SAFETY: the bias's row (contract).
                 unsafe { (p.bias as *const f32).add(row * p.bias_stride as usize + start) }
             },
-            first_column,
+            first_column: p.column_offset + start as u64,
             cache,
             cols,
             packs: if p.aligned != 0 { cols / PACK } else { 0 },
@@ -660,9 +659,7 @@ pub(crate) unsafe fn sample_row<E: Element, const PACK: usize, const FILTERS: bo
         core::ptr::null_mut()
     };
     // SAFETY: `row < rows`; the block's columns.
-    let src = unsafe {
-        RowSource::<E>::of::<PACK>(p, row, start, cols, p.column_offset + start as u64, cache)
-    };
+    let src = unsafe { RowSource::<E>::of::<PACK>(p, row, start, cols, cache) };
     // SAFETY: `row < rows`.
     let filters = unsafe { Filters::of(p, row) };
     // SAFETY: the random state (contract).

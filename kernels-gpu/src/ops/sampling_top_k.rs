@@ -56,9 +56,7 @@ pub(crate) unsafe fn sample_top_slice<E: Element, const PACK: usize>(p: &Samplin
     // The slice's keys, in the row kernel's candidate space (`TOP_K_SLICE_COLS` words).
     let keys = shared.candidates.cast::<u32>();
     // SAFETY: `row < rows`; the slice's columns (contract).
-    let src = unsafe {
-        RowSource::<E>::of::<PACK>(p, row, start, cols, start as u64, core::ptr::null_mut())
-    };
+    let src = unsafe { RowSource::<E>::of::<PACK>(p, row, start, cols, core::ptr::null_mut()) };
     // SAFETY: `row < rows`.
     let inv_t = unsafe { Filters::inv_temperature_of(p, row) };
     let mut stats = OnlineStats::EMPTY;
