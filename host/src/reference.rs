@@ -490,31 +490,93 @@ pub fn filtered_distribution_f64(logits: &[f32], filters: &SamplingReference) ->
     probabilities
 }
 
+impl SamplingReference {
+    /// Whether the sampler draws this row's token over chunks of four columns
+    /// ([`gumbel_draw_f64`]): a temperature above 0 and no filter that drops a column.
+    pub fn draws_in_chunks(&self) -> bool {
+        self.temperature > 0.0
+            && self.top_k.is_none()
+            && self.top_p.is_none_or(|p| p >= 1.0)
+            && self.min_p.is_none_or(|m| m == 0.0)
+    }
+}
+
 /// The token the sampler's noise draws from `distribution` (a row's filtered distribution,
-/// as [`filtered_distribution_f64`] gives it) at `seed`, `offset` and `row`: Gumbel-max over
-/// the kept columns, in f64, with the device's exponential variates (Philox keyed by the
-/// global column `column_offset + c`). `NO_TOKEN` (`u32::MAX`) for an empty distribution.
+/// as [`filtered_distribution_f64`] gives it, under `filters`) at `seed`, `offset` and `row`,
+/// in f64 with the device's random words (Philox, keyed by global columns from
+/// `column_offset`). `NO_TOKEN` (`u32::MAX`) for an empty distribution.
+/// - Where [`SamplingReference::draws_in_chunks`]: Gumbel-max over chunks of four global
+///   columns `4c..4c + 4`, each scored `ln` of its probability plus the Gumbel noise of the
+///   first word it takes from Philox call `c / 2` (words 0 and 1 for an even chunk, 2 and 3
+///   for an odd one); the best chunk's second word, as a uniform `u`, picks its first column
+///   whose running probability passes `u` times the chunk's.
+/// - Otherwise Gumbel-max over the kept columns, column `g` taking word `g % 4` of Philox
+///   call `g / 4`.
+///
+/// # Panics
+/// Where the row draws in chunks and `column_offset` is not a multiple of 4 (the sampler
+/// refuses such shards).
 pub fn gumbel_draw_f64(
     distribution: &[f64],
+    filters: &SamplingReference,
     seed: u64,
     offset: u64,
     row: u32,
     column_offset: u64,
 ) -> u32 {
     use kernels_gpu::primitives::draw::exponential_of;
-    use kernels_gpu::primitives::philox::draw_words;
+    use kernels_gpu::primitives::philox::{draw_words, uniform_open};
+    let noise = |bits: u32| -f64::from(exponential_of(bits)).ln();
     let mut best = (f64::NEG_INFINITY, u32::MAX);
-    for (c, &q) in distribution.iter().enumerate() {
-        if q > 0.0 {
-            let global = column_offset + c as u64;
-            let bits = draw_words(seed, offset, row, (global / 4) as u32)[(global % 4) as usize];
-            let score = q.ln() - f64::from(exponential_of(bits)).ln();
+    if !filters.draws_in_chunks() {
+        for (c, &q) in distribution.iter().enumerate() {
+            if q > 0.0 {
+                let global = column_offset + c as u64;
+                let bits =
+                    draw_words(seed, offset, row, (global / 4) as u32)[(global % 4) as usize];
+                let score = q.ln() + noise(bits);
+                if score > best.0 {
+                    best = (score, c as u32);
+                }
+            }
+        }
+        return best.1;
+    }
+    assert!(
+        column_offset % 4 == 0,
+        "chunks start at multiples of 4 columns"
+    );
+    let mut best_chunk = None;
+    for (k, chunk) in distribution.chunks(4).enumerate() {
+        let mass: f64 = chunk.iter().sum();
+        if mass > 0.0 {
+            let global_chunk = column_offset / 4 + k as u64;
+            let words = draw_words(seed, offset, row, (global_chunk / 2) as u32);
+            let half = 2 * (global_chunk % 2) as usize;
+            let score = mass.ln() + noise(words[half]);
             if score > best.0 {
-                best = (score, c as u32);
+                best = (score, u32::MAX);
+                best_chunk = Some((k, mass, words[half + 1]));
             }
         }
     }
-    best.1
+    let Some((k, mass, pick)) = best_chunk else {
+        return u32::MAX;
+    };
+    let target = f64::from(uniform_open(pick)) * mass;
+    let chunk = &distribution[4 * k..(4 * k + 4).min(distribution.len())];
+    let mut running = 0.0;
+    let mut last = 0;
+    for (i, &q) in chunk.iter().enumerate() {
+        running += q;
+        if q > 0.0 {
+            last = i;
+            if target < running {
+                return (4 * k + i) as u32;
+            }
+        }
+    }
+    (4 * k + last) as u32
 }
 
 #[cfg(test)]

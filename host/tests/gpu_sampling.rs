@@ -20,7 +20,7 @@ use cust::memory::{CopyDestination, DeviceBuffer};
 use rand::Rng;
 use rand::rngs::StdRng;
 use softmax::half::bf16;
-use softmax::reference::{SamplingReference, filtered_distribution_f64};
+use softmax::reference::{SamplingReference, filtered_distribution_f64, gumbel_draw_f64};
 use softmax::{
     CallKind, DType, Element, Error, NO_TOKEN, Options, PerRow, Rows, RowsMut, SamplingOptions,
     SamplingOutputs, Shape, ShardDraw, Softmax, Values, merge_shard_draws, shard_draw_token,
@@ -488,8 +488,45 @@ fn greedy(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
             }
         }
     }
+    // Tokens alone take the draw entry: its rows sliced (4 rows) and whole (300), bf16 of an
+    // odd width, so the rows after the first are read through the runs after the packs.
+    for draw_rows in [4usize, 300] {
+        let cols = 5001;
+        let s = shape(draw_rows, cols);
+        let mut values = common::random_matrix(rng, s, 4.0);
+        for r in 0..draw_rows {
+            let first = rng.random_range(0..cols - 10);
+            let top = 9.0 + (r % 50) as f32;
+            values[r * cols + first] = top;
+            values[r * cols + first + 1 + r % 7] = top;
+            values[r * cols + cols - 1] = top;
+        }
+        let values = rounded::<bf16>(&values);
+        let x = upload::<bf16>(&values)?;
+        let mut random = DeviceBuffer::from_slice(&[3u64, 0]).map_err(text)?;
+        let mut tokens = DeviceBuffer::from_slice(&vec![0u32; draw_rows]).map_err(text)?;
+        let drawn = draw_tokens(
+            softmax,
+            Rows::new(&x, s).map_err(text)?,
+            &mut random,
+            &mut tokens,
+            &SamplingOptions::new().temperature(0.0),
+        )?;
+        for (r, &token) in drawn.iter().enumerate() {
+            let row = &values[r * cols..(r + 1) * cols];
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let first = row.iter().position(|&v| v == max).unwrap();
+            if token as usize != first {
+                return Err(format!(
+                    "draw entry, {draw_rows}×{cols} bf16 row {r}: token {token}, the first \
+                     maximum is {first}"
+                ));
+            }
+        }
+    }
     Ok(format!(
-        "greedy is the first maximum on {rows} rows with ties, f32 and bf16"
+        "greedy is the first maximum on {rows} rows with ties, f32 and bf16, and through the \
+         draw entry on 4 and 300 bf16 rows of 5001 columns"
     ))
 }
 
@@ -706,15 +743,27 @@ fn captured(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
 }
 
 fn shards(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
-    let (rows, cols) = (6, 50_000);
+    // f32 rows of 16-byte packs; bf16 rows of an odd width, so no row but the first is
+    // aligned for packs and the whole row goes through the runs after the packs, with a
+    // shard starting at 4 mod 8 columns (a pack's chunks then take two Philox calls).
+    let aligned = shards_of::<f32>(softmax, rng, 50_000)?;
+    let odd = shards_of::<bf16>(softmax, rng, 50_001)?;
+    Ok(format!("{aligned}; {odd}"))
+}
+
+/// Temperature-only draws of 6 rows of `cols` columns (`T`): the whole rows (sliced), the
+/// same rows in a batch of 300 (unsliced), the f64 reference's draws, and 1, 2, 3 and 8
+/// shards merged, all the same tokens.
+fn shards_of<T: Element>(softmax: &mut Softmax, rng: &mut StdRng, cols: usize) -> Outcome {
+    let rows = 6;
     let s = shape(rows, cols);
-    let values = common::random_matrix(rng, s, 3.0);
+    let values = rounded::<T>(&common::random_matrix(rng, s, 3.0));
     let temperature = 0.9;
     let options = SamplingOptions::new()
         .temperature(temperature)
         .advance(false);
     // The whole row, through the full call.
-    let x = upload::<f32>(&values)?;
+    let x = upload::<T>(&values)?;
     let mut random = DeviceBuffer::from_slice(&[5u64, 9]).map_err(text)?;
     let mut tokens = DeviceBuffer::from_slice(&vec![0u32; rows]).map_err(text)?;
     let mut logprobs = common::poisoned(rows)?;
@@ -732,15 +781,16 @@ fn shards(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     let mut whole = vec![0u32; rows];
     tokens.copy_to(&mut whole[..]).map_err(text)?;
     let whole_logprobs = common::download(&logprobs)?;
+    let dtype = T::DTYPE;
     // The same rows at the top of a batch of 300 (enough rows that they are not sliced).
     let batch_rows = 300;
     let mut batch = values.clone();
-    batch.extend(common::random_matrix(
+    batch.extend(rounded::<T>(&common::random_matrix(
         rng,
         shape(batch_rows - rows, cols),
         3.0,
-    ));
-    let xb = upload::<f32>(&batch)?;
+    )));
+    let xb = upload::<T>(&batch)?;
     let mut batch_tokens = DeviceBuffer::from_slice(&vec![0u32; batch_rows]).map_err(text)?;
     let unsliced = draw_tokens(
         softmax,
@@ -751,12 +801,41 @@ fn shards(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     )?;
     if unsliced[..rows] != whole[..] {
         return Err(format!(
-            "rows drawn in slices {whole:?}, in a batch of {batch_rows} {:?}",
+            "{dtype:?}: rows drawn in slices {whole:?}, in a batch of {batch_rows} {:?}",
             &unsliced[..rows]
         ));
     }
+    // The f64 reference's draw of each whole row gives the same tokens.
+    let reference = SamplingReference {
+        temperature: f64::from(temperature),
+        top_k: None,
+        top_p: None,
+        min_p: None,
+    };
+    for r in 0..rows {
+        let row = &values[r * cols..(r + 1) * cols];
+        let distribution = filtered_distribution_f64(row, &reference);
+        let token = gumbel_draw_f64(&distribution, &reference, 5, 9, r as u32, 0);
+        if token != whole[r] {
+            return Err(format!(
+                "{dtype:?} row {r}: the device drew {}, the f64 reference {token}",
+                whole[r]
+            ));
+        }
+    }
+    let mut offsets = Vec::new();
     for count in [1usize, 2, 3, 8] {
-        let bounds: Vec<usize> = (0..=count).map(|i| i * cols / count).collect();
+        // Shards start at multiples of 4 columns (3 shards of 50000: 16664, 16668, 16668).
+        let bounds: Vec<usize> = (0..=count)
+            .map(|i| {
+                if i == count {
+                    cols
+                } else {
+                    i * cols / count / 4 * 4
+                }
+            })
+            .collect();
+        offsets.extend(bounds[1..count].iter().copied());
         let mut merged: Vec<Option<ShardDraw>> = vec![None; rows];
         for pair in bounds.windows(2) {
             let (from, to) = (pair[0], pair[1]);
@@ -764,7 +843,7 @@ fn shards(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
             let part: Vec<f32> = (0..rows)
                 .flat_map(|r| values[r * cols + from..r * cols + to].iter().copied())
                 .collect();
-            let shard = upload::<f32>(&part)?;
+            let shard = upload::<T>(&part)?;
             let mut draws =
                 DeviceBuffer::from_slice(&vec![ShardDraw::default(); rows]).map_err(text)?;
             softmax
@@ -787,15 +866,21 @@ fn shards(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
             let (token, logprob) = shard_draw_token(merged[r].unwrap());
             if token != whole[r] || (logprob - whole_logprobs[r]).abs() > 1e-4 {
                 return Err(format!(
-                    "{count} shards, row {r}: token {token} (log-probability {logprob}), the \
-                     whole row's {} ({})",
+                    "{dtype:?}, {count} shards, row {r}: token {token} (log-probability \
+                     {logprob}), the whole row's {} ({})",
                     whole[r], whole_logprobs[r]
                 ));
             }
         }
     }
+    if !offsets.iter().any(|o| o % 8 == 4) {
+        return Err(format!(
+            "{dtype:?}: no shard starts at 4 mod 8 columns: {offsets:?}"
+        ));
+    }
     Ok(format!(
-        "1, 2, 3 and 8 shards of {rows}×{cols} draw the whole row's tokens"
+        "{dtype:?}: 1, 2, 3 and 8 shards of {rows}×{cols} draw the whole row's tokens, which \
+         are the f64 reference's"
     ))
 }
 
@@ -1065,6 +1150,17 @@ fn bad_input(softmax: &mut Softmax, _rng: &mut StdRng) -> Outcome {
             &mut random,
             &mut draws,
             &SamplingOptions::new().top_k(3),
+            &o,
+        ),
+    )?;
+    expect(
+        "a shard starting inside a chunk of four columns",
+        softmax.sample_shard(
+            Rows::new(&x, s).map_err(text)?,
+            6,
+            &mut random,
+            &mut draws,
+            &SamplingOptions::new(),
             &o,
         ),
     )?;

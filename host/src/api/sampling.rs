@@ -242,12 +242,14 @@ impl Softmax {
     }
 
     /// A vocabulary shard's part of a temperature-only draw (no top-k, top-p or min-p; a
-    /// temperature above 0): for each row, its best perturbed logit, that column's global
-    /// index and its row statistics, into `draws` (one [`ShardDraw`] per row). Columns are
-    /// numbered from `column_offset`, their noise keyed by that global index, so the draws
+    /// temperature above 0): for each row, its best score (over chunks of four columns), the
+    /// global index of the column it picks and its row statistics, into `draws` (one
+    /// [`ShardDraw`] per row). Columns are numbered from `column_offset`, their noise keyed by
+    /// their global chunks, so the draws
     /// merged over every shard ([`merge_shard_draws`], on the host or after an all-gather)
-    /// give the token the unsharded call draws with the same seed and offset. Advance the
-    /// offset with the last shard only.
+    /// give the token the unsharded call draws with the same seed and offset. A shard starts
+    /// at a multiple of 4 columns (the draw's chunks of four columns are not split); the last
+    /// may have any width. Advance the offset with the last shard only.
     pub fn sample_shard<'r>(
         &mut self,
         shard: Rows<'_>,
@@ -271,6 +273,14 @@ impl Softmax {
                 why: "a shard draws with a temperature above 0 (greedy shards merge by their \
                       largest logit: use row states or log-sum-exp)"
                     .into(),
+            });
+        }
+        if column_offset % 4 != 0 {
+            return Err(Error::SamplingOption {
+                why: format!(
+                    "a shard starts at a multiple of 4 columns (a temperature-only draw picks \
+                     among chunks of four global columns), got column {column_offset}"
+                ),
             });
         }
         let column_offset = u64::try_from(column_offset)

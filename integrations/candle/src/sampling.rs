@@ -168,7 +168,7 @@ impl CustomOp2 for Sample {
             .enumerate()
             .map(|(r, row)| {
                 let distribution = filtered_distribution_f64(row, &reference);
-                gumbel_draw_f64(&distribution, seed, offset, r as u32, 0)
+                gumbel_draw_f64(&distribution, &reference, seed, offset, r as u32, 0)
             })
             .collect();
         Ok((CpuStorage::U32(tokens), token_shape(l1)))

@@ -594,6 +594,26 @@ fn sampling(_: &mut softmax::Softmax, rng: &mut StdRng) -> Outcome {
         if g != c {
             return Err(format!("{dtype:?}: the GPU drew {g:?}, the CPU {c:?}"));
         }
+        // A temperature alone draws over chunks of four columns, on both.
+        let plain = SamplingParams {
+            top_k: None,
+            top_p: None,
+            ..params
+        };
+        let tokens = |logits: &Tensor| {
+            softmax_candle::sample(logits, &plain)
+                .and_then(|t| t.flatten_all()?.to_vec1::<u32>())
+                .map_err(text)
+        };
+        let (g_plain, c_plain) = (
+            tokens(&logits)?,
+            tokens(&logits.to_device(&Device::Cpu).map_err(text)?)?,
+        );
+        if g_plain != c_plain {
+            return Err(format!(
+                "{dtype:?}, a temperature alone: the GPU drew {g_plain:?}, the CPU {c_plain:?}"
+            ));
+        }
         // A sampler from the same offset draws the same first, then moves on.
         let mut sampler = Sampler::new(params, &device).map_err(text)?;
         let first = sampler
@@ -638,6 +658,6 @@ fn sampling(_: &mut softmax::Softmax, rng: &mut StdRng) -> Outcome {
         checked += 1;
     }
     Ok(format!(
-        "{checked} types: the GPU's tokens are the CPU reference draw's, a sampler advances, greedy is the first argmax"
+        "{checked} types: the GPU's tokens are the CPU reference draw's (with top-k and top-p, and with a temperature alone), a sampler advances, greedy is the first argmax"
     ))
 }

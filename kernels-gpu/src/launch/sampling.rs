@@ -66,14 +66,16 @@ pub const fn sampling_shared_bytes(cached_bytes: u32) -> u32 {
 pub mod sampling_mode {
     /// The whole row is here: filters, draw, token and log-probabilities.
     pub const FULL: u32 = 0;
-    /// A shard of the vocabulary, temperature only: its best perturbed logit and its row
-    /// statistics into a [`super::ShardDraw`] per row.
+    /// A shard of the vocabulary, temperature only: its best score and its row statistics
+    /// into a [`super::ShardDraw`] per row.
     pub const SHARD: u32 = 1;
 }
 
-/// What one vocabulary shard knows of a row's draw: the best Gumbel-perturbed logit among
-/// its columns (`score`), that column's global index (`token`) and logit after temperature
-/// (`logit`), and the softmax statistics of its logits after temperature (`row`). The
+/// What one vocabulary shard knows of a row's draw: the best score among its chunks of four
+/// columns (`score`: the chunk's largest logit after temperature, plus the log of its
+/// weights' sum, plus its Gumbel noise; greedy shards, the largest logit), the global index of
+/// the column picked in that chunk (`token`) and its logit after temperature (`logit`), and
+/// the softmax statistics of its logits after temperature (`row`). The
 /// shards' draws merge by the largest score (the lower token among equals), and by the row
 /// states' merge.
 #[repr(C)]
@@ -103,6 +105,9 @@ unsafe impl cust_core::DeviceCopy for ShardDraw {}
 /// - `tokens` (u32), `logprobs` and `raw_logprobs` (f32), when not 0, hold one value per row;
 ///   `probabilities`, when not 0, `rows` rows of `cols` f32 at `probabilities_stride`.
 /// - `draws` (mode `SHARD`, and the merge entry) holds `slices` [`ShardDraw`]s per row.
+/// - `column_offset` and, with `slices` above 1, `slice_cols` are multiples of 4: a
+///   temperature-only draw's chunks of four global columns are never split between shards or
+///   slices (split, two parts would share a chunk's noise and the draw would not be exact).
 /// - Every output (and `slice_tops`) is disjoint from every input and from the other outputs.
 /// - The launch is `rows` blocks of [`SAMPLING_THREADS`] threads with
 ///   [`sampling_shared_bytes`]`(c)` bytes of dynamic shared memory, where `c` is `cols ·`
@@ -137,8 +142,8 @@ pub struct SamplingParams {
     pub probabilities: u64,
     pub probabilities_stride: u64,
     pub draws: u64,
-    /// The global column of this shard's first column (0 unsharded): the noise of a column
-    /// is keyed by its global index.
+    /// The global column of this shard's first column (0 unsharded, a multiple of 4): the
+    /// noise is keyed by global indices (chunks of four columns for a temperature alone).
     pub column_offset: u64,
     pub rows: u32,
     pub cols: u32,

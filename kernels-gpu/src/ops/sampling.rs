@@ -6,7 +6,9 @@
 //! plus its Gumbel noise (`−ln E`, `E` an exponential variate from Philox keyed by the seed,
 //! the offset, the row and the global column) is largest, which draws each kept column with
 //! its filtered probability. A column whose logit is more than the noise's bound below the
-//! best score drawn so far cannot win, so it draws no noise.
+//! best score drawn so far cannot win, so it draws no noise. Rows with a temperature alone
+//! draw over chunks of four columns instead ([`Chunk`]): Gumbel-max picks a chunk with its
+//! weight, then a uniform number a column within it, for a quarter of the noise.
 //!
 //! The filters keep a prefix of the row in the sampler's order (larger logits first, the
 //! lower column first among equals: [`rank`]), so they come down to one cut, a rank: a
@@ -37,7 +39,7 @@ use crate::primitives::device::{
 use crate::primitives::draw::{GUMBEL_NOISE_BOUND, exponential_of, rank, value_of_rank};
 use crate::primitives::element::{Element, cached_words, copy_words};
 use crate::primitives::online::{LOG2_E, OnlineStats};
-use crate::primitives::philox::draw_words;
+use crate::primitives::philox::{draw_words, uniform_open};
 use crate::primitives::reduce::{Partial, Sum, block_reduce, two_sums};
 
 const LN_2: f32 = core::f32::consts::LN_2;
@@ -200,18 +202,21 @@ impl<E: Element> RowSource<E> {
     }
 
     /// Calls `visit(first column, values, count)` for this thread's columns (16-byte packs
-    /// of `PACK`, every `block_dim`-th, then the columns after the packs one at a time),
-    /// columns in increasing order. `fill`: this is the first pass, which keeps what it reads
-    /// in the cache (if any); later passes read the cache.
+    /// of `PACK`, every `block_dim`-th, then the columns after the packs in runs of up to
+    /// `TAIL` (at most `PACK`), also every `block_dim`-th), columns in increasing order;
+    /// `first` is a multiple of `TAIL`. `fill`: this is the first pass, which keeps what it
+    /// reads in the cache (if any); later passes read the cache. A run of one column gives
+    /// the visit a known `count` of 1 there; a longer one, a `count` known only at run time.
     ///
     /// # Safety
     /// The row as the contract gives it; after a filling pass, a barrier before the next.
     #[inline(always)]
-    pub(super) unsafe fn visit<const PACK: usize>(
+    pub(super) unsafe fn visit<const PACK: usize, const TAIL: usize>(
         &self,
         fill: bool,
         mut visit: impl FnMut(usize, &[f32; PACK], usize),
     ) {
+        const { assert!(TAIL >= 1 && TAIL <= PACK) };
         let threads = block_dim() as usize;
         let cached = !self.cache.is_null();
         // SAFETY (both closures): `at` starts a pack of the row, 16-byte aligned (contract);
@@ -252,11 +257,16 @@ impl<E: Element> RowSource<E> {
             }
             pack += 2 * threads;
         }
-        let mut col = self.packs * PACK + thread_idx() as usize;
-        while col < self.cols {
-            let mut values = [f32::NEG_INFINITY; PACK];
+        // The columns after the packs, `TAIL` consecutive ones a thread, read one at a time.
+        let mut at = self.packs * PACK + thread_idx() as usize * TAIL;
+        while at < self.cols {
+            let count = if TAIL == 1 {
+                1
+            } else {
+                (self.cols - at).min(TAIL)
+            };
             // SAFETY: one column of the row.
-            values[0] = unsafe {
+            let read_one = |col: usize| unsafe {
                 let words = if cached && !fill {
                     cached_words::<E, 1>(self.cache.add(col))
                 } else {
@@ -267,10 +277,18 @@ impl<E: Element> RowSource<E> {
                 }
                 E::widen_all(&words)[0]
             };
+            let mut values = [f32::NEG_INFINITY; PACK];
+            // Indices, not an iterator: the loop unrolls, and the values stay in registers.
+            #[allow(clippy::needless_range_loop)]
+            for i in 0..TAIL {
+                if i < count {
+                    values[i] = read_one(at + i);
+                }
+            }
             // SAFETY: as above.
-            unsafe { self.add_bias(col, &mut values, 1) };
-            visit(col, &values, 1);
-            col += threads;
+            unsafe { self.add_bias(at, &mut values, count) };
+            visit(at, &values, count);
+            at += threads * TAIL;
         }
     }
 
@@ -426,36 +444,94 @@ impl Noise {
         }
     }
 
-    /// Offers the columns `first..first + PACK` (every one a column of the row; `PACK` a
-    /// multiple of 4 and the first's global index too), whose logits over the temperature are
-    /// `zs` and at most `pack_max`, as [`Noise::offer`] offers each: the same scores, with the
-    /// pack's Philox calls made together and unconditionally, so that their rounds overlap
-    /// (one at a time, each behind a test of the last call's group, they run one after the
-    /// other).
+    /// Offers global chunk `global_chunk` (see [`Chunk`]), whose first column is `first`, to the
+    /// draw of a temperature-only row. The chunk takes its words from Philox call
+    /// `chunk / 2` (the first two words for an even chunk, the last two for an odd one),
+    /// kept in `words` for the next chunk: the first's Gumbel noise `G` gives the chunk's
+    /// score `max + ln(sum) + G`, and where that is the best so far, the second picks its
+    /// column. A chunk whose largest `z` is too far below the best to win draws nothing.
     #[inline(always)]
-    fn offer_pack<const PACK: usize>(
+    fn offer_chunk(
         &self,
         best: &mut Best,
-        zs: &[f32; PACK],
-        pack_max: f32,
+        chunk: &Chunk,
+        global_chunk: u64,
         first: usize,
+        words: &mut ([u32; 4], u64),
     ) {
-        if pack_max + GUMBEL_NOISE_BOUND <= best.value {
+        if chunk.max + CHUNK_NOISE_BOUND <= best.value {
             return;
         }
-        let group = (self.column_offset + first as u64) / 4;
-        let mut bits = [0u32; PACK];
-        for g in 0..PACK / 4 {
-            let words = draw_words(self.seed, self.offset, self.row, (group + g as u64) as u32);
-            for (k, &word) in words.iter().enumerate() {
-                bits[4 * g + k] = word;
+        let pair = global_chunk / 2;
+        if words.1 != pair {
+            *words = (
+                draw_words(self.seed, self.offset, self.row, pair as u32),
+                pair,
+            );
+        }
+        let (noise_word, pick_word) = if global_chunk % 2 == 0 {
+            (words.0[0], words.0[1])
+        } else {
+            (words.0[2], words.0[3])
+        };
+        let score = chunk.max + ln(chunk.sum) + gumbel_of(noise_word);
+        if score >= best.value {
+            let col = first + chunk.pick(uniform_open(pick_word));
+            best.offer(score, col as u32);
+        }
+    }
+}
+
+/// How far above its largest `z` a chunk's score can reach: the noise's bound and the log of
+/// four columns' weights (at most 4 relative to the largest), rounded up.
+const CHUNK_NOISE_BOUND: f32 = GUMBEL_NOISE_BOUND + 1.4;
+
+/// Four consecutive columns from a multiple of 4 globally, the unit of a temperature-only
+/// row's draw, whose weight is the sum of theirs. Gumbel-max over the chunks draws a chunk
+/// with its share of the row's weight, and a uniform number then picks a column within it in
+/// proportion to its weight: together they draw each column with its probability, for one
+/// Philox call per two chunks (a 16-bit pack's two; an f32 pack holds one chunk, which takes
+/// a call of its own) and three logarithms per chunk, where noise per column takes a call per
+/// four columns and two logarithms per column. Everything depends on the chunk's
+/// own values alone, so the draw is the same however a row is split between threads, blocks
+/// and shards.
+pub(super) struct Chunk {
+    /// Each column's `e^(z − max)` (0 for a `-inf`).
+    weights: [f32; 4],
+    /// The largest `z` (`-inf` for a chunk of `-inf`s) and the sum of the weights.
+    max: f32,
+    sum: f32,
+}
+
+impl Chunk {
+    /// The chunk of columns `4j..4j + 4` of a pack's `z`s (`-inf` past the row's end).
+    #[inline(always)]
+    pub(super) fn of<const PACK: usize>(zs: &[f32; PACK], j: usize) -> Self {
+        let z = [zs[4 * j], zs[4 * j + 1], zs[4 * j + 2], zs[4 * j + 3]];
+        let max = z[0].max(z[1]).max(z[2].max(z[3]));
+        let weights = z.map(|z| OnlineStats::exp_relative::<DeviceExp2>(z, max));
+        let sum = weights[0] + weights[1] + weights[2] + weights[3];
+        Chunk { weights, max, sum }
+    }
+
+    /// The column (0 to 3) that `u`, uniform in (0, 1), picks in proportion to the weights:
+    /// the first whose running weight passes `u` times the chunk's, summed in the order of
+    /// [`Chunk::of`]; where rounding leaves none, the last column of positive weight.
+    #[inline(always)]
+    fn pick(&self, u: f32) -> usize {
+        let target = u * self.sum;
+        let mut running = 0.0;
+        let (mut picked, mut last) = (4, 0);
+        for (i, &weight) in self.weights.iter().enumerate() {
+            running += weight;
+            if weight > 0.0 {
+                last = i;
+                if picked == 4 && target < running {
+                    picked = i;
+                }
             }
         }
-        for i in 0..PACK {
-            if zs[i] + GUMBEL_NOISE_BOUND > best.value {
-                best.offer(zs[i] + gumbel_of(bits[i]), (first + i) as u32);
-            }
-        }
+        if picked == 4 { last } else { picked }
     }
 }
 
@@ -637,6 +713,8 @@ impl Shared {
 pub(crate) unsafe fn sample_row<E: Element, const PACK: usize, const FILTERS: bool>(
     p: &SamplingParams,
 ) {
+    // Whole chunks of four columns in every pack.
+    const { assert!(PACK % 4 == 0) };
     let slices = p.slices.max(1) as usize;
     let (row, slice) = (block_idx() as usize / slices, block_idx() as usize % slices);
     // This block's columns: the row, or its slice (whose first column keeps 16-byte packs
@@ -683,38 +761,47 @@ pub(crate) unsafe fn sample_row<E: Element, const PACK: usize, const FILTERS: bo
     let mut best = Best::EMPTY;
     // SAFETY: the row (contract); the first pass fills the cache.
     unsafe {
-        src.visit::<PACK>(true, |first, values, count| {
+        src.visit::<PACK, 4>(true, |first, values, count| {
             let mut zs = [f32::NEG_INFINITY; PACK];
-            let mut pack_max = f32::NEG_INFINITY;
             for i in 0..PACK {
                 if i >= count {
                     continue;
                 }
                 let z = values[i] * inv_t;
                 zs[i] = z;
-                pack_max = pack_max.max(z);
-                if z.is_nan() || z == f32::INFINITY {
-                    extremes.bad += 1.0;
-                } else if z > f32::NEG_INFINITY {
-                    extremes.negated_low = extremes.negated_low.max(-z);
+                // Selections, not branches: NaN and `+inf` (the only values not below
+                // `+inf`) are counted, and every value above `-inf` lowers the floor that
+                // only the filters' histogram reads.
+                extremes.bad += if z < f32::INFINITY { 0.0 } else { 1.0 };
+                if FILTERS {
+                    let negated = if z > f32::NEG_INFINITY {
+                        -z
+                    } else {
+                        f32::NEG_INFINITY
+                    };
+                    extremes.negated_low = extremes.negated_low.max(negated);
                 }
-                top.offer(z, (first + i) as u32);
             }
-            stats.push_batch::<DeviceExp2>(pack_max, PACK, |i| zs[i]);
-            if draws_at_once {
-                if !FILTERS && count == PACK && PACK % 4 == 0 && noise.column_offset % 4 == 0 {
-                    // The draw entry (the row kernel keeps its registers for its filters), a
-                    // whole pack whose first column starts a group of four: `first` is a
-                    // multiple of `PACK` after the slice's start, a multiple of 8.
-                    noise.offer_pack(&mut best, &zs, pack_max, first);
-                } else {
-                    for (i, &z) in zs.iter().enumerate() {
-                        if i >= count {
-                            continue;
-                        }
-                        noise.offer(&mut best, z, first + i);
-                    }
+            let mut pack_max = f32::NEG_INFINITY;
+            let mut words = ([0u32; 4], u64::MAX);
+            for j in 0..PACK / 4 {
+                let chunk = Chunk::of(&zs, j);
+                stats.push_part::<DeviceExp2>(chunk.max, chunk.sum);
+                pack_max = pack_max.max(chunk.max);
+                if draws_at_once && chunk.max > f32::NEG_INFINITY {
+                    // `first` is a multiple of 4 columns from a multiple of 4 globally.
+                    let global_chunk = (noise.column_offset + first as u64) / 4 + j as u64;
+                    noise.offer_chunk(&mut best, &chunk, global_chunk, first + 4 * j, &mut words);
                 }
+            }
+            // The largest `z` with its lowest column: a thread's packs come in increasing
+            // columns, so only a strictly larger maximum moves it.
+            if pack_max > top.value {
+                let i = zs.iter().position(|&z| z == pack_max).unwrap_or(0);
+                top = Best {
+                    value: pack_max,
+                    col: (first + i) as u32,
+                };
             }
         })
     };
@@ -832,7 +919,7 @@ pub(crate) unsafe fn sample_row<E: Element, const PACK: usize, const FILTERS: bo
     let mut kept = Sum::EMPTY;
     // SAFETY: the row; the cache was filled before the barriers of the reductions above.
     unsafe {
-        src.visit::<PACK>(false, |first, values, count| {
+        src.visit::<PACK, 1>(false, |first, values, count| {
             for (i, &value) in values.iter().enumerate() {
                 if i >= count {
                     continue;
@@ -1059,7 +1146,7 @@ unsafe fn place_cut<E: Element, const PACK: usize>(
     // Step 1: the histogram.
     // SAFETY: the row; the histogram's words, only atomically until the barrier.
     unsafe {
-        src.visit::<PACK>(false, |_, values, count| {
+        src.visit::<PACK, 1>(false, |_, values, count| {
             for (i, &value) in values.iter().enumerate() {
                 if i >= count {
                     continue;
@@ -1183,7 +1270,7 @@ unsafe fn place_cut<E: Element, const PACK: usize>(
     // SAFETY: the row; the gathered count and the candidates, written atomically (slots
     // below the count the histogram gave).
     unsafe {
-        src.visit::<PACK>(false, |first, values, count| {
+        src.visit::<PACK, 1>(false, |first, values, count| {
             for (i, &value) in values.iter().enumerate() {
                 if i >= count {
                     continue;
@@ -1351,7 +1438,7 @@ unsafe fn tally_from<E: Element, const PACK: usize>(
     let mut tally = Tally::EMPTY;
     // SAFETY: forwarded.
     unsafe {
-        src.visit::<PACK>(false, |first, values, count| {
+        src.visit::<PACK, 1>(false, |first, values, count| {
             for (i, &value) in values.iter().enumerate() {
                 if i >= count {
                     continue;

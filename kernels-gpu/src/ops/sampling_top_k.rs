@@ -63,7 +63,7 @@ pub(crate) unsafe fn sample_top_slice<E: Element, const PACK: usize>(p: &Samplin
     let mut extremes = Extremes::EMPTY;
     // SAFETY: the row (contract); each key slot written by the thread of its column.
     unsafe {
-        src.visit::<PACK>(false, |first, values, count| {
+        src.visit::<PACK, 1>(false, |first, values, count| {
             let mut zs = [f32::NEG_INFINITY; PACK];
             let mut pack_max = f32::NEG_INFINITY;
             for i in 0..PACK {

@@ -137,6 +137,19 @@ impl OnlineStats {
         self.sum.add(batch_sum);
     }
 
+    /// Adds a part of the row the caller has summed: its largest element `part_max` (`-inf`
+    /// for a part of `-inf`s) and its sum of `e^(x − part_max)`. One rescale at most, and one
+    /// exponential, whatever the part's size.
+    #[inline(always)]
+    pub fn push_part<E: Exp2>(&mut self, part_max: f32, part_sum: f32) {
+        if part_max > self.max {
+            self.sum.scale(Self::exp_relative::<E>(self.max, part_max));
+            self.max = part_max;
+        }
+        self.sum
+            .add(part_sum * Self::exp_relative::<E>(part_max, self.max));
+    }
+
     /// Combines the statistics of two disjoint parts of a row. Commutative and associative up
     /// to rounding; [`OnlineStats::EMPTY`] is its identity. Merges happen in trees of small
     /// depth, so the result carries no compensation.
