@@ -34,7 +34,7 @@ use crate::launch::{REDUCTION_SCRATCH_FLOATS, WARP_SIZE};
 use crate::primitives::device::{
     DeviceExp2, block_dim, block_idx, dynamic_shared_f32, exp2_approx, grid_dim, log2_approx,
     shared_add_f32, shared_fetch_add_u32, shared_max_u32, shared_min_u32, shfl_up_u32,
-    sync_threads, thread_idx,
+    sync_threads, sync_warp, thread_idx,
 };
 use crate::primitives::draw::{GUMBEL_NOISE_BOUND, exponential_of, rank, value_of_rank};
 use crate::primitives::element::{Element, cached_words, copy_words};
@@ -1390,14 +1390,19 @@ unsafe fn place_cut<E: Element, const PACK: usize>(
     cut
 }
 
-/// Sorts `len` (a power of two) ranks at `keys` in shared memory, largest first.
+/// Sorts `len` (a power of two) ranks at `keys` in shared memory, largest first: a bitonic
+/// network, where thread `i` of a step compares pairs `i`, `i + threads`, …. In a step of
+/// stride at most a warp's width, a warp's pairs lie in runs of `2 · WARP_SIZE` keys that only
+/// it touches, in every such step alike, so two such steps in a row need only the warp's
+/// barrier.
 ///
 /// # Safety
-/// Every thread of the block, uniform control flow; `keys` holds `len` words of shared
-/// memory that nothing else touches meanwhile.
+/// Every thread of the block, uniform control flow, a multiple of `WARP_SIZE` threads; `keys`
+/// holds `len` words of shared memory that nothing else touches meanwhile.
 #[inline(always)]
 pub(super) unsafe fn bitonic_sort_descending(keys: *mut u64, len: usize) {
     let threads = block_dim() as usize;
+    let warp_local = |stride: usize| stride <= WARP_SIZE as usize;
     let mut size = 2;
     while size <= len {
         let mut stride = size / 2;
@@ -1417,7 +1422,14 @@ pub(super) unsafe fn bitonic_sort_descending(keys: *mut u64, len: usize) {
                 }
                 i += threads;
             }
-            sync_threads();
+            // The next step's stride: half this one, or the next size's first.
+            let next = if stride > 1 { stride / 2 } else { size };
+            let last = stride == 1 && size == len;
+            if !last && warp_local(stride) && warp_local(next) {
+                sync_warp();
+            } else {
+                sync_threads();
+            }
             stride /= 2;
         }
         size *= 2;

@@ -16,6 +16,7 @@ use super::sampling::{
     Best, Extremes, Filters, RowSource, Shared, Weights, bitonic_sort_descending,
     block_exclusive_scan, control, gumbel_of, ln, random_state, word_of_column, write_outputs,
 };
+use crate::launch::WARP_SIZE;
 use crate::launch::ops::RowState;
 use crate::launch::sampling::{
     NO_TOKEN, SLICE_TOP_HEADER_WORDS, SLICE_TOP_WORDS, SamplingParams, SliceTop,
@@ -240,49 +241,62 @@ pub(crate) unsafe fn sample_top_merge(p: &SamplingParams) {
     let row = block_idx() as usize;
     let slices = p.slices.max(1) as usize;
     let t = thread_idx() as usize;
-    let threads = block_dim() as usize;
     let (shared, _) = Shared::new();
     let words = SLICE_TOP_WORDS as usize;
     let tops = (p.slice_tops as *const u32).wrapping_add(row * slices * words);
-    // The row's state and bad values, merged over its slices.
-    let (mut stats, mut bad) = (OnlineStats::EMPTY, Sum::EMPTY);
+    // Each slice's state, read at once (a thread a slice).
+    let (mut stats, mut kept, mut bad) = (OnlineStats::EMPTY, 0, 0.0);
     if t < slices {
         // SAFETY: slice `t`'s state (contract).
         let top = unsafe { tops.add(t * words).cast::<SliceTop>().read() };
         stats = OnlineStats::new(top.row.max, top.row.sum);
-        bad = Sum(top.bad);
+        (kept, bad) = (top.kept, top.bad);
     }
+    // Where each slice's candidates go among the row's (every slice's after the one before).
     // SAFETY: every thread, uniform control flow.
-    let (stats, bad) = unsafe {
-        (
-            block_reduce(stats, shared.scratch),
-            block_reduce(bad, shared.scratch),
-        )
-    };
-    // The candidates, every slice's after the one before, padded to a power of two.
-    let candidates = shared.candidates;
-    let mut n = 0;
-    for s in 0..slices {
-        // SAFETY: slice `s`'s state and ranks (contract); at most `TOP_K_MAX_SLICES ·
-        // top_k ≤ SAMPLING_CANDIDATES` in all.
+    let (first, _, n, bad) = unsafe { block_exclusive_scan(kept, bad, shared.scratch) };
+    // SAFETY: every thread, uniform control flow.
+    let stats = unsafe { block_reduce(stats, shared.scratch) };
+    if t < slices {
+        // SAFETY: the histogram's words, free here; read after the barrier.
         unsafe {
-            let top = tops.add(s * words);
-            let kept = top.cast::<SliceTop>().read().kept as usize;
-            let ranks = top.add(SLICE_TOP_HEADER_WORDS as usize).cast::<u64>();
-            let mut j = t;
-            while j < kept {
-                candidates.add(n + j).write(ranks.add(j).read());
-                j += threads;
-            }
-            n += kept;
+            shared.counts.add(2 * t).write(first);
+            shared.counts.add(2 * t + 1).write(kept);
         }
     }
+    sync_threads();
+    // A warp a slice copies its candidates, padded to a power of two.
+    let candidates = shared.candidates;
+    let (lane, warp) = (t % WARP_SIZE as usize, t / WARP_SIZE as usize);
+    let warps = block_dim() as usize / WARP_SIZE as usize;
+    let mut s = warp;
+    while s < slices {
+        // SAFETY: written before the barrier.
+        let (first, kept) = unsafe {
+            (
+                shared.counts.add(2 * s).read() as usize,
+                shared.counts.add(2 * s + 1).read() as usize,
+            )
+        };
+        let ranks = tops
+            .wrapping_add(s * words + SLICE_TOP_HEADER_WORDS as usize)
+            .cast::<u64>();
+        let mut j = lane;
+        while j < kept {
+            // SAFETY: slice `s`'s ranks (contract); the row's candidates, at most
+            // `TOP_K_MAX_SLICES · top_k ≤ SAMPLING_CANDIDATES`.
+            unsafe { candidates.add(first + j).write(ranks.add(j).read()) };
+            j += WARP_SIZE as usize;
+        }
+        s += warps;
+    }
+    let n = n as usize;
     let sorted = n.next_power_of_two().max(1);
     let mut j = n + t;
     while j < sorted {
         // SAFETY: a candidate slot; padding ranks below every column's.
         unsafe { candidates.add(j).write(0) };
-        j += threads;
+        j += block_dim() as usize;
     }
     sync_threads();
     // SAFETY: the candidates, `sorted` of them, every thread.
@@ -294,7 +308,7 @@ pub(crate) unsafe fn sample_top_merge(p: &SamplingParams) {
         max: stats.max,
     };
     let sum = stats.sum();
-    if !filters.valid || bad.0 > 0.0 || stats.max == f32::NEG_INFINITY {
+    if !filters.valid || bad > 0.0 || stats.max == f32::NEG_INFINITY {
         if t == 0 {
             // SAFETY: the outputs of row `row`.
             unsafe { write_outputs(p, row, NO_TOKEN, f32::NAN, f32::NAN) };

@@ -33,6 +33,14 @@ pub fn sync_threads() {
     unsafe { nvptx::_syncthreads() }
 }
 
+/// `bar.warp.sync` over the whole warp: every thread of the warp must reach it; it orders the
+/// warp's shared memory accesses before it against those after it.
+#[inline(always)]
+pub fn sync_warp() {
+    // SAFETY: the kernels call this from warp-uniform control flow only.
+    unsafe { asm!("bar.warp.sync 0xffffffff;", options(nostack)) }
+}
+
 /// A one-operand `f32` instruction of the special-function unit, as a function.
 macro_rules! special_function {
     ($(#[$doc:meta])* $name:ident, $instruction:literal) => {
