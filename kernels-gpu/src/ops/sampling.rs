@@ -1309,7 +1309,8 @@ unsafe fn place_cut<E: Element, const PACK: usize>(
         i += threads;
     }
     sync_threads();
-    // SAFETY: the candidates, `sorted` of them, every thread.
+    // SAFETY: the candidates, `sorted` of them, every thread of the block (`SAMPLING_THREADS`,
+    // a multiple of `WARP_SIZE`).
     unsafe { bitonic_sort_descending(shared.candidates, sorted) };
     // The running weight of the sorted candidates: this thread's run of `per` of them.
     let per = sorted.div_ceil(threads);
@@ -1398,7 +1399,7 @@ unsafe fn place_cut<E: Element, const PACK: usize>(
 ///
 /// # Safety
 /// Every thread of the block, uniform control flow, a multiple of `WARP_SIZE` threads; `keys`
-/// holds `len` words of shared memory that nothing else touches meanwhile.
+/// holds `len` ranks in shared memory that nothing else touches meanwhile.
 #[inline(always)]
 pub(super) unsafe fn bitonic_sort_descending(keys: *mut u64, len: usize) {
     let threads = block_dim() as usize;

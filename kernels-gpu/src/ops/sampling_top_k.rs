@@ -299,7 +299,8 @@ pub(crate) unsafe fn sample_top_merge(p: &SamplingParams) {
         j += block_dim() as usize;
     }
     sync_threads();
-    // SAFETY: the candidates, `sorted` of them, every thread.
+    // SAFETY: the candidates, `sorted` of them, every thread of the block (`SAMPLING_THREADS`,
+    // a multiple of `WARP_SIZE`).
     unsafe { bitonic_sort_descending(candidates, sorted) };
     // SAFETY: `row < rows`.
     let filters = unsafe { Filters::of(p, row) };
