@@ -329,6 +329,24 @@ pub fn shfl_up_u32(value: u32, delta: u32) -> u32 {
     result
 }
 
+/// `shfl.sync.idx`: the value of lane `source` (below 32). Every lane of the warp must
+/// execute it.
+#[inline(always)]
+pub fn shfl_idx_u32(value: u32, source: u32) -> u32 {
+    let result: u32;
+    // SAFETY: a warp-wide register exchange; the contract asks every lane to be there.
+    unsafe {
+        asm!(
+            "shfl.sync.idx.b32 {r}, {v}, {s}, 0x1f, 0xffffffff;",
+            r = out(reg32) result,
+            v = in(reg32) value,
+            s = in(reg32) source,
+            options(nomem, nostack)
+        )
+    };
+    result
+}
+
 /// The shared-memory window address of `local` (`cvta.to.shared`), as the `.shared` atomics
 /// below take it.
 #[inline(always)]
