@@ -262,6 +262,10 @@ mod tests {
         );
         assert_eq!((launches[0].grid, launches[1].grid), (3 * 7, 3));
         assert_eq!(
+            (launches[0].shared_bytes, launches[1].shared_bytes),
+            (TOP_K_SHARED_BYTES, TOP_K_SHARED_BYTES)
+        );
+        assert_eq!(
             launches[0].needs().row_stats,
             3 * 7 * SLICE_TOP_WORDS as usize
         );

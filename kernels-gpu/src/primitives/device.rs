@@ -342,7 +342,7 @@ warp_shuffle!(
     "0"
 );
 warp_shuffle!(
-    /// `shfl.sync.idx`: the value of lane `source` (below 32).
+    /// `shfl.sync.idx`: the value of lane `lane` (below 32).
     shfl_idx_u32,
     "shfl.sync.idx.b32",
     "0x1f"
