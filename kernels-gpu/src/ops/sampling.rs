@@ -446,7 +446,7 @@ impl Noise {
 
     /// Offers global chunk `global_chunk` (see [`Chunk`]), whose first column is `first`, to the
     /// draw of a temperature-only row. The chunk takes its words from Philox call
-    /// `chunk / 2` (the first two words for an even chunk, the last two for an odd one),
+    /// `global_chunk / 2` (the first two words for an even chunk, the last two for an odd one),
     /// kept in `words` for the next chunk: the first's Gumbel noise `G` gives the chunk's
     /// score `max + ln(sum) + G`, and where that is the best so far, the second picks its
     /// column. A chunk whose largest `z` is too far below the best to win draws nothing.
