@@ -8,8 +8,8 @@
 
 use kernels_gpu::launch::ops::DType;
 use kernels_gpu::launch::sampling::{
-    SAMPLING_THREADS, SamplingEntry, SamplingKind, TOP_K_MAX_SLICES, TOP_K_SLICE_COLS,
-    sampling_shared_bytes,
+    SAMPLING_THREADS, SamplingEntry, SamplingKind, TOP_K_MAX_SLICES, TOP_K_SHARED_BYTES,
+    TOP_K_SLICE_COLS, sampling_shared_bytes,
 };
 
 use super::{
@@ -55,7 +55,7 @@ pub(crate) fn plan(
         && rows <= limits.multiprocessors();
     let mut launches = if candidates {
         let slices_entry = entry(SamplingKind::TopSlices);
-        let shared_bytes = sampling_shared_bytes(0);
+        let shared_bytes = TOP_K_SHARED_BYTES;
         if limits.blocks_per_sm(slices_entry, SAMPLING_THREADS, shared_bytes) == 0 {
             return Err(not_resident("sampling", shape));
         }
@@ -261,6 +261,10 @@ mod tests {
             ]
         );
         assert_eq!((launches[0].grid, launches[1].grid), (3 * 7, 3));
+        assert_eq!(
+            (launches[0].shared_bytes, launches[1].shared_bytes),
+            (TOP_K_SHARED_BYTES, TOP_K_SHARED_BYTES)
+        );
         assert_eq!(
             launches[0].needs().row_stats,
             3 * 7 * SLICE_TOP_WORDS as usize

@@ -27,6 +27,15 @@ pub const TOP_K_CANDIDATES: u32 = 128;
 /// space of the row kernel's candidates).
 pub const TOP_K_SLICE_COLS: u32 = 2 * SAMPLING_CANDIDATES;
 
+/// Keys of the first radix digit's chosen bin the candidate path's slices gather for the
+/// later digits (a quarter of a slice), in shared memory after the candidates: a slice whose
+/// bin holds more reads all its keys in every pass.
+pub const TOP_K_GATHERED_KEYS: u32 = TOP_K_SLICE_COLS / 4;
+
+/// Bytes of dynamic shared memory each block of the candidate path gets: the sampling
+/// blocks', then the gathered keys.
+pub const TOP_K_SHARED_BYTES: u32 = sampling_shared_bytes(4 * TOP_K_GATHERED_KEYS);
+
 /// Slices a row of the candidate path may have: their candidates, `k` each, are sorted
 /// together in shared memory ([`SAMPLING_CANDIDATES`] at most).
 pub const TOP_K_MAX_SLICES: u32 = SAMPLING_CANDIDATES / TOP_K_CANDIDATES;
@@ -123,7 +132,7 @@ unsafe impl cust_core::DeviceCopy for ShardDraw {}
 ///   [`TOP_K_MAX_SLICES`] and `slice_cols =` [`TOP_K_SLICE_COLS`]; `slice_tops` holds
 ///   [`SLICE_TOP_WORDS`] words per slice of every row, 8-byte aligned. The slices' launch is
 ///   `rows · slices` blocks, the merge's `rows`, both of [`SAMPLING_THREADS`] threads with
-///   [`sampling_shared_bytes`]`(0)` bytes.
+///   [`TOP_K_SHARED_BYTES`] bytes.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct SamplingParams {

@@ -33,8 +33,8 @@ use crate::launch::sampling::{
 use crate::launch::{REDUCTION_SCRATCH_FLOATS, WARP_SIZE};
 use crate::primitives::device::{
     DeviceExp2, block_dim, block_idx, dynamic_shared_f32, exp2_approx, grid_dim, log2_approx,
-    shared_add_f32, shared_fetch_add_u32, shared_max_u32, shared_min_u32, shfl_up_u32,
-    sync_threads, sync_warp, thread_idx,
+    shared_add_f32, shared_fetch_add_u32, shared_max_u32, shared_min_u32, shfl_idx_u32,
+    shfl_up_u32, sync_threads, sync_warp, thread_idx,
 };
 use crate::primitives::draw::{GUMBEL_NOISE_BOUND, exponential_of, rank, value_of_rank};
 use crate::primitives::element::{Element, cached_words, copy_words};
@@ -590,7 +590,9 @@ pub(super) fn ln(x: f32) -> f32 {
 }
 
 /// Exclusive prefix sums across the block, in thread order, of `count` and `mass`, and the
-/// block's totals: `(count before, mass before, count total, mass total)`.
+/// block's totals: `(count before, mass before, count total, mass total)`. Each warp scans
+/// its lanes, then every warp scans the warps' totals (a lane a warp), so no thread walks
+/// them one by one; the masses are added in the order of those two scans.
 ///
 /// # Safety
 /// As [`block_reduce`], with the same scratch.
@@ -601,8 +603,57 @@ pub(super) unsafe fn block_exclusive_scan(
     scratch: *mut f32,
 ) -> (u32, f32, u32, f32) {
     let lane = thread_idx() % WARP_SIZE;
-    let warp = (thread_idx() / WARP_SIZE) as usize;
-    let warps = (block_dim() / WARP_SIZE) as usize;
+    let warp = thread_idx() / WARP_SIZE;
+    let warps = block_dim() / WARP_SIZE;
+    let (c, m) = warp_inclusive_scan(count, mass);
+    // Exclusive within the warp: the inclusive sum of the lane below.
+    let mut before_c = shfl_up_u32(c, 1);
+    let mut before_m = f32::from_bits(shfl_up_u32(m.to_bits(), 1));
+    if lane == 0 {
+        before_c = 0;
+        before_m = 0.0;
+    }
+    if lane == WARP_SIZE - 1 {
+        // SAFETY: `warp < 32`; the scratch holds 32 floats then 32 more.
+        unsafe {
+            scratch.add(warp as usize).write(f32::from_bits(c));
+            scratch.add((WARP_SIZE + warp) as usize).write(m);
+        }
+    }
+    sync_threads();
+    let (warp_c, warp_m) = if lane < warps {
+        // SAFETY: written before the barrier.
+        unsafe {
+            (
+                scratch.add(lane as usize).read().to_bits(),
+                scratch.add((WARP_SIZE + lane) as usize).read(),
+            )
+        }
+    } else {
+        (0, 0.0)
+    };
+    let (through_c, through_m) = warp_inclusive_scan(warp_c, warp_m);
+    // The warps before this one: the inclusive sum at lane `warp − 1`; the block's: at the
+    // last warp's lane.
+    let below = warp.max(1) - 1;
+    let (below_c, below_m) = (
+        shfl_idx_u32(through_c, below),
+        f32::from_bits(shfl_idx_u32(through_m.to_bits(), below)),
+    );
+    if warp > 0 {
+        before_c += below_c;
+        before_m += below_m;
+    }
+    let total_c = shfl_idx_u32(through_c, warps - 1);
+    let total_m = f32::from_bits(shfl_idx_u32(through_m.to_bits(), warps - 1));
+    sync_threads();
+    (before_c, before_m, total_c, total_m)
+}
+
+/// Inclusive prefix sums across the warp, in lane order, of `count` and `mass`.
+#[inline(always)]
+fn warp_inclusive_scan(count: u32, mass: f32) -> (u32, f32) {
+    let lane = thread_idx() % WARP_SIZE;
     let (mut c, mut m) = (count, mass);
     let mut delta = 1;
     while delta < WARP_SIZE {
@@ -614,39 +665,7 @@ pub(super) unsafe fn block_exclusive_scan(
         }
         delta *= 2;
     }
-    // Exclusive within the warp: the inclusive sum of the lane below.
-    let mut before_c = shfl_up_u32(c, 1);
-    let mut before_m = f32::from_bits(shfl_up_u32(m.to_bits(), 1));
-    if lane == 0 {
-        before_c = 0;
-        before_m = 0.0;
-    }
-    if lane == WARP_SIZE - 1 {
-        // SAFETY: `warp < 32`; the scratch holds 32 floats then 32 more.
-        unsafe {
-            scratch.add(warp).write(f32::from_bits(c));
-            scratch.add(WARP_SIZE as usize + warp).write(m);
-        }
-    }
-    sync_threads();
-    let (mut total_c, mut total_m) = (0u32, 0.0f32);
-    for w in 0..warps {
-        // SAFETY: written before the barrier.
-        let (wc, wm) = unsafe {
-            (
-                scratch.add(w).read().to_bits(),
-                scratch.add(WARP_SIZE as usize + w).read(),
-            )
-        };
-        if w < warp {
-            before_c += wc;
-            before_m += wm;
-        }
-        total_c += wc;
-        total_m += wm;
-    }
-    sync_threads();
-    (before_c, before_m, total_c, total_m)
+    (c, m)
 }
 
 /// The shared memory of a sampling block: the scratch, the control words, the histogram, the

@@ -20,6 +20,7 @@ use crate::launch::WARP_SIZE;
 use crate::launch::ops::RowState;
 use crate::launch::sampling::{
     NO_TOKEN, SLICE_TOP_HEADER_WORDS, SLICE_TOP_WORDS, SamplingParams, SliceTop,
+    TOP_K_GATHERED_KEYS,
 };
 use crate::primitives::device::{
     DeviceExp2, block_dim, block_idx, shared_fetch_add_u32, shared_min_u32, sync_threads,
@@ -53,9 +54,11 @@ fn slice_of(p: &SamplingParams) -> (usize, usize, usize) {
 #[inline(always)]
 pub(crate) unsafe fn sample_top_slice<E: Element, const PACK: usize>(p: &SamplingParams) {
     let (row, start, cols) = slice_of(p);
-    let (shared, _) = Shared::new();
-    // The slice's keys, in the row kernel's candidate space (`TOP_K_SLICE_COLS` words).
+    let (shared, after) = Shared::new();
+    // The slice's keys, in the row kernel's candidate space (`TOP_K_SLICE_COLS` words), and
+    // the radix select's gathered keys after them (`TOP_K_GATHERED_KEYS` words).
     let keys = shared.candidates.cast::<u32>();
+    let gathered = after.cast::<u32>();
     // SAFETY: `row < rows`; the slice's columns (contract).
     let src = unsafe { RowSource::<E>::of::<PACK>(p, row, start, cols, core::ptr::null_mut()) };
     // SAFETY: `row < rows`.
@@ -98,7 +101,7 @@ pub(crate) unsafe fn sample_top_slice<E: Element, const PACK: usize>(p: &Samplin
         )
     };
     // SAFETY: every thread, uniform control flow; the keys written.
-    let (threshold, ties_wanted, all) = unsafe { select(&shared, keys, cols, p.top_k) };
+    let (threshold, ties_wanted, all) = unsafe { select(&shared, keys, gathered, cols, p.top_k) };
     // Emit: every key above the threshold, and the first `ties_wanted` keys equal to it in
     // column order (a thread's columns are a run, the runs in thread order).
     let t = thread_idx() as usize;
@@ -165,16 +168,30 @@ pub(crate) unsafe fn sample_top_slice<E: Element, const PACK: usize>(p: &Samplin
 /// The `k`-th largest of the first `n` keys at `keys` (0 keys excluded), by a radix select
 /// over their four bytes, highest first: `(threshold, ties wanted, all)`, where the best `k`
 /// are the keys above `threshold` and the first `ties wanted` equal to it; `all` where at
-/// most `k` keys are not 0 (then every one of them).
+/// most `k` keys are not 0 (then every one of them). After the first byte, the keys of its
+/// chosen bin are gathered at `gathered` where they fit ([`TOP_K_GATHERED_KEYS`]), and the
+/// later passes read only them.
 ///
 /// # Safety
 /// Every thread of the block, uniform control flow; the keys written before a barrier; the
-/// shared histogram and control words free.
+/// shared histogram, the control words and `gathered` free.
 #[inline(always)]
-unsafe fn select(shared: &Shared, keys: *const u32, n: usize, k: u32) -> (u32, u32, bool) {
+unsafe fn select(
+    shared: &Shared,
+    keys: *const u32,
+    gathered: *mut u32,
+    n: usize,
+    k: u32,
+) -> (u32, u32, bool) {
     let t = thread_idx() as usize;
     let threads = block_dim() as usize;
     let (mut prefix, mut mask, mut want) = (0u32, 0u32, k);
+    // The keys a pass reads: the slice's, then the first byte's bin where it fits.
+    let (mut source, mut len) = (keys, n);
+    if t == 0 {
+        // SAFETY: a control word, added to atomically after the barriers below.
+        unsafe { shared.set(control::GATHERED, 0) };
+    }
     // The digits from the highest (a loop over a counter: an array of them would be kept in
     // local memory).
     let mut digit = 32u32;
@@ -186,10 +203,10 @@ unsafe fn select(shared: &Shared, keys: *const u32, n: usize, k: u32) -> (u32, u
         }
         sync_threads();
         let mut c = t;
-        while c < n {
+        while c < len {
             // SAFETY: a key; a bin, added to atomically.
             unsafe {
-                let key = keys.add(c).read();
+                let key = source.add(c).read();
                 if key != 0 && key & mask == prefix {
                     let bin = ((key >> digit) as usize) & (DIGIT_BINS - 1);
                     shared_fetch_add_u32(shared.counts.add(bin), 1);
@@ -215,19 +232,38 @@ unsafe fn select(shared: &Shared, keys: *const u32, n: usize, k: u32) -> (u32, u
             unsafe {
                 shared.set(control::TOP_K_BIN, (DIGIT_BINS - 1 - t) as u32);
                 shared.set(control::TOP_K_BEFORE, above);
+                shared.set(control::TOP_K_IN, count);
             }
         }
         sync_threads();
         // SAFETY: written before the barrier; rewritten only after two more.
-        let (bin, above) = unsafe {
+        let (bin, above, in_bin) = unsafe {
             (
                 shared.word(control::TOP_K_BIN),
                 shared.word(control::TOP_K_BEFORE),
+                shared.word(control::TOP_K_IN) as usize,
             )
         };
         prefix |= bin << digit;
         mask |= 0xFF << digit;
         want -= above;
+        if digit == 24 && in_bin <= TOP_K_GATHERED_KEYS as usize {
+            // Gather the chosen bin's keys (the next pass's barrier orders them before it).
+            let mut c = t;
+            while c < n {
+                // SAFETY: a key; a gathered slot: `in_bin` keys match, at most
+                // `TOP_K_GATHERED_KEYS`, and the counter counts them from 0.
+                unsafe {
+                    let key = keys.add(c).read();
+                    if key != 0 && key & mask == prefix {
+                        let slot = shared_fetch_add_u32(shared.at(control::GATHERED), 1);
+                        gathered.add(slot as usize).write(key);
+                    }
+                }
+                c += threads;
+            }
+            (source, len) = (gathered.cast_const(), in_bin);
+        }
     }
     (prefix, want, false)
 }

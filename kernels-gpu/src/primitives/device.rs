@@ -311,23 +311,42 @@ pub fn await_previous_grid() {
     };
 }
 
-/// `shfl.sync.up`: the value of lane `lane − delta` (a lane below `delta` keeps its own).
-/// Every lane of the warp must execute it.
-#[inline(always)]
-pub fn shfl_up_u32(value: u32, delta: u32) -> u32 {
-    let result: u32;
-    // SAFETY: a warp-wide register exchange; the contract asks every lane to be there.
-    unsafe {
-        asm!(
-            "shfl.sync.up.b32 {r}, {v}, {d}, 0, 0xffffffff;",
-            r = out(reg32) result,
-            v = in(reg32) value,
-            d = in(reg32) delta,
-            options(nomem, nostack)
-        )
+/// A warp shuffle of one 32-bit register (`$clamp`: the instruction's clamp operand), as a
+/// function `(value, lane operand) -> value`.
+macro_rules! warp_shuffle {
+    ($(#[$doc:meta])* $name:ident, $instruction:literal, $clamp:literal) => {
+        $(#[$doc])*
+        /// Every lane of the warp must execute it.
+        #[inline(always)]
+        pub fn $name(value: u32, lane: u32) -> u32 {
+            let result: u32;
+            // SAFETY: a warp-wide register exchange; the contract asks every lane to be there.
+            unsafe {
+                asm!(
+                    concat!($instruction, " {r}, {v}, {l}, ", $clamp, ", 0xffffffff;"),
+                    r = out(reg32) result,
+                    v = in(reg32) value,
+                    l = in(reg32) lane,
+                    options(nomem, nostack)
+                )
+            };
+            result
+        }
     };
-    result
 }
+
+warp_shuffle!(
+    /// `shfl.sync.up`: the value of lane `lane − delta` (a lane below `delta` keeps its own).
+    shfl_up_u32,
+    "shfl.sync.up.b32",
+    "0"
+);
+warp_shuffle!(
+    /// `shfl.sync.idx`: the value of lane `lane` (below 32).
+    shfl_idx_u32,
+    "shfl.sync.idx.b32",
+    "0x1f"
+);
 
 /// The shared-memory window address of `local` (`cvta.to.shared`), as the `.shared` atomics
 /// below take it.
