@@ -18,6 +18,12 @@
 #   `sliced_rows_are_exact` (blocks leaving their slices).
 # - `gpu_integration`: `callers_stream` (calls and raw calls on the caller's stream),
 #   `overlapping`, `tuned_choice`, `cudarc`.
+# - `gpu_sampling`: `small_top_k` (the candidate path against the row kernel), `shards`,
+#   `reproducible`, `captured`, `greedy`, `without_a_token`, `log_probabilities`,
+#   `bad_input` (not the chi-square cases, which draw 2^20 tokens 32 times).
+# - `gpu_cross_entropy`: `ce_every_option`, `ce_block_entries`, `ce_in_place`, `ce_ignored`,
+#   `ce_strided`, `ce_targets`, `ce_upstream`, `ce_vocabulary`, `ce_captured`, `ce_bad`,
+#   `ce_special`.
 # - `gpu_streams` (one instance on many streams; not in the default binaries, name it in
 #   SANITIZE_BINARY): `two_streams`, `growth`, `graph_replays`, `context`, `cudarc`.
 # (gpu_fault faults on purpose, so it is not run under the tools.)
@@ -31,10 +37,13 @@
 # Every run has a timeout. racecheck and initcheck are much slower than the uninstrumented
 # run (racecheck most), so racecheck gets its own, longer one. gpu and gpu_ops take about six
 # minutes on an H200. Environment:
-#   SANITIZE_BINARY             test binaries (default "gpu gpu_ops gpu_stress gpu_integration";
-#                               fewer to split the work over shorter runs)
+#   SANITIZE_BINARY             test binaries (default "gpu gpu_ops gpu_stress gpu_integration
+#                               gpu_sampling gpu_cross_entropy"; fewer to split the work over
+#                               shorter runs)
 #   SANITIZE_TOOLS              tools to run (default "memcheck racecheck initcheck synccheck")
-#   SANITIZE_FILTERS            every binary's default filters replaced (space-separated)
+#   SANITIZE_FILTERS            the default filters replaced (space-separated); a filter
+#                               `BINARY:FILTER` is run only over BINARY, one without a prefix
+#                               over every binary named
 #   SANITIZE_TIMEOUT            seconds per run for memcheck, initcheck, synccheck (default 600)
 #   SANITIZE_RACECHECK_TIMEOUT  seconds per racecheck run (default 1800)
 #   SOFTMAX_TEST_SEED           passed through to the tests (replays their random inputs)
@@ -48,7 +57,7 @@ log="$out/sanitizer.txt"
 summary="$out/sanitizer-summary.txt"
 
 read -ra tools <<< "${SANITIZE_TOOLS:-memcheck racecheck initcheck synccheck}"
-read -ra binaries <<< "${SANITIZE_BINARY:-gpu gpu_ops gpu_stress gpu_integration}"
+read -ra binaries <<< "${SANITIZE_BINARY:-gpu gpu_ops gpu_stress gpu_integration gpu_sampling gpu_cross_entropy}"
 timeout_default=${SANITIZE_TIMEOUT:-600}
 timeout_racecheck=${SANITIZE_RACECHECK_TIMEOUT:-1800}
 
@@ -60,8 +69,29 @@ default_filters() {
         gpu_stress) echo "launches_wait sliced_rows_are_exact" ;;
         gpu_integration) echo "callers_stream overlapping tuned_choice cudarc" ;;
         gpu_streams) echo "two_streams growth graph_replays context cudarc" ;;
+        gpu_sampling) echo "small_top_k shards reproducible captured greedy without_a_token log_probabilities bad_input" ;;
+        gpu_cross_entropy) echo "ce_every_option ce_block_entries ce_in_place ce_ignored ce_strided ce_targets ce_upstream ce_vocabulary ce_captured ce_bad ce_special" ;;
         *) echo "" ;;
     esac
+}
+
+# The filters to run over binary $1: SANITIZE_FILTERS's (those for it, or for every binary)
+# if set, else its defaults; then the arguments after it.
+filters_of() {
+    local binary=$1 filter
+    shift
+    if [ -n "${SANITIZE_FILTERS:-}" ]; then
+        for filter in $SANITIZE_FILTERS; do
+            case $filter in
+                "$binary":*) echo "${filter#*:}" ;;
+                *:*) ;;
+                *) echo "$filter" ;;
+            esac
+        done
+    else
+        default_filters "$binary" | tr ' ' '\n'
+    fi
+    for filter in "$@"; do echo "$filter"; done
 }
 
 bash bench/unpack-bundle.sh || exit 2
@@ -80,10 +110,21 @@ for binary in "${binaries[@]}"; do
         echo "sanitize: no .gpu/tests/$binary-* test binary (run \`cargo xtask device-bundle\` and bring .gpu/ along)" >&2
         exit 2
     fi
-    if [ -z "${SANITIZE_FILTERS:-$(default_filters "$binary")}$*" ]; then
+    if [ -z "$(filters_of "$binary" "$@")" ]; then
         echo "sanitize: no filters for $binary (set SANITIZE_FILTERS or give some)" >&2
         exit 2
     fi
+done
+# A filter for a binary not named would silently run nowhere.
+for filter in ${SANITIZE_FILTERS:-}; do
+    case $filter in
+        *:*)
+            if [ -z "${executables[${filter%%:*}]:-}" ]; then
+                echo "sanitize: filter $filter names a binary not in SANITIZE_BINARY" >&2
+                exit 2
+            fi
+            ;;
+    esac
 done
 
 {
@@ -113,7 +154,7 @@ run_log=$(mktemp)
 trap 'rm -f "$run_log"' EXIT
 for binary in "${binaries[@]}"; do
     gpu_tests=${executables[$binary]}
-    filters=(${SANITIZE_FILTERS:-$(default_filters "$binary")} "$@")
+    mapfile -t filters < <(filters_of "$binary" "$@")
     echo "# $binary: $gpu_tests" | tee -a "$summary" >> "$log"
     for tool in "${tools[@]}"; do
         limit=$timeout_default
