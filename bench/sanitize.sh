@@ -18,9 +18,10 @@
 #   `sliced_rows_are_exact` (blocks leaving their slices).
 # - `gpu_integration`: `callers_stream` (calls and raw calls on the caller's stream),
 #   `overlapping`, `tuned_choice`, `cudarc`.
-# - `gpu_sampling`: `small_top_k` (the candidate path against the row kernel), `shards`,
-#   `reproducible`, `captured`, `greedy`, `without_a_token`, `log_probabilities`,
-#   `bad_input` (not the chi-square cases, which draw 2^20 tokens 32 times).
+# - `gpu_sampling`: `small_top_k` (the candidate path against the row kernel), `bisects`,
+#   `shards`, `reproducible`, `captured`, `greedy`, `without_a_token`, `log_probabilities`,
+#   `bad_input` (not `draws_follow_the_filtered_distribution`, the chi-square cases, which
+#   draw 2^20 tokens 32 times).
 # - `gpu_cross_entropy`: `ce_every_option`, `ce_block_entries`, `ce_in_place`, `ce_ignored`,
 #   `ce_strided`, `ce_targets`, `ce_upstream`, `ce_vocabulary`, `ce_captured`, `ce_bad`,
 #   `ce_special`.
@@ -43,7 +44,7 @@
 #   SANITIZE_TOOLS              tools to run (default "memcheck racecheck initcheck synccheck")
 #   SANITIZE_FILTERS            the default filters replaced (space-separated); a filter
 #                               `BINARY:FILTER` is run only over BINARY, one without a prefix
-#                               over every binary named
+#                               over every binary named (the arguments likewise)
 #   SANITIZE_TIMEOUT            seconds per run for memcheck, initcheck, synccheck (default 600)
 #   SANITIZE_RACECHECK_TIMEOUT  seconds per racecheck run (default 1800)
 #   SOFTMAX_TEST_SEED           passed through to the tests (replays their random inputs)
@@ -69,29 +70,34 @@ default_filters() {
         gpu_stress) echo "launches_wait sliced_rows_are_exact" ;;
         gpu_integration) echo "callers_stream overlapping tuned_choice cudarc" ;;
         gpu_streams) echo "two_streams growth graph_replays context cudarc" ;;
-        gpu_sampling) echo "small_top_k shards reproducible captured greedy without_a_token log_probabilities bad_input" ;;
+        gpu_sampling) echo "small_top_k bisects shards reproducible captured greedy without_a_token log_probabilities bad_input" ;;
         gpu_cross_entropy) echo "ce_every_option ce_block_entries ce_in_place ce_ignored ce_strided ce_targets ce_upstream ce_vocabulary ce_captured ce_bad ce_special" ;;
         *) echo "" ;;
     esac
 }
 
+# SANITIZE_FILTERS and the arguments, as words (read, not expanded: a `*` stays a `*`).
+read -ra requested_filters <<< "${SANITIZE_FILTERS:-}"
+extra_filters=("$@")
+
 # The filters to run over binary $1: SANITIZE_FILTERS's (those for it, or for every binary)
-# if set, else its defaults; then the arguments after it.
+# if set, else its defaults; then the arguments' (as SANITIZE_FILTERS's). One a line, none
+# empty.
 filters_of() {
     local binary=$1 filter
-    shift
-    if [ -n "${SANITIZE_FILTERS:-}" ]; then
-        for filter in $SANITIZE_FILTERS; do
-            case $filter in
-                "$binary":*) echo "${filter#*:}" ;;
-                *:*) ;;
-                *) echo "$filter" ;;
-            esac
-        done
+    local -a chosen=()
+    if [ "${#requested_filters[@]}" -gt 0 ]; then
+        chosen=("${requested_filters[@]}")
     else
-        default_filters "$binary" | tr ' ' '\n'
+        read -ra chosen <<< "$(default_filters "$binary")"
     fi
-    for filter in "$@"; do echo "$filter"; done
+    for filter in "${chosen[@]}" "${extra_filters[@]}"; do
+        case $filter in
+            "$binary":?*) echo "${filter#*:}" ;;
+            *:*) ;;
+            ?*) echo "$filter" ;;
+        esac
+    done
 }
 
 bash bench/unpack-bundle.sh || exit 2
@@ -99,6 +105,25 @@ if ! command -v compute-sanitizer > /dev/null; then
     echo "sanitize: compute-sanitizer is not on PATH (nor in /usr/local/cuda/bin)" >&2
     exit 2
 fi
+# A filter for a binary not named would run nowhere; one with an empty side, over a whole
+# binary or nothing.
+for filter in "${requested_filters[@]}" "${extra_filters[@]}"; do
+    case $filter in
+        *:*)
+            named=false
+            for binary in "${binaries[@]}"; do
+                [ "${filter%%:*}" = "$binary" ] && named=true
+            done
+            if [ -z "${filter%%:*}" ] || [ -z "${filter#*:}" ]; then
+                echo "sanitize: filter \"$filter\" needs BINARY:FILTER, both named" >&2
+                exit 2
+            elif [ "$named" = false ]; then
+                echo "sanitize: filter $filter names a binary not in SANITIZE_BINARY (${binaries[*]})" >&2
+                exit 2
+            fi
+            ;;
+    esac
+done
 # The test binaries (`gpu-<hash>`, `gpu_ops-<hash>`; the glob's `-` keeps `gpu` from matching
 # gpu_stress or gpu_fault), each found before anything runs.
 declare -A executables
@@ -110,21 +135,10 @@ for binary in "${binaries[@]}"; do
         echo "sanitize: no .gpu/tests/$binary-* test binary (run \`cargo xtask device-bundle\` and bring .gpu/ along)" >&2
         exit 2
     fi
-    if [ -z "$(filters_of "$binary" "$@")" ]; then
-        echo "sanitize: no filters for $binary (set SANITIZE_FILTERS or give some)" >&2
+    if [ -z "$(filters_of "$binary")" ]; then
+        echo "sanitize: no filters for $binary (give it some, or leave it out of SANITIZE_BINARY)" >&2
         exit 2
     fi
-done
-# A filter for a binary not named would silently run nowhere.
-for filter in ${SANITIZE_FILTERS:-}; do
-    case $filter in
-        *:*)
-            if [ -z "${executables[${filter%%:*}]:-}" ]; then
-                echo "sanitize: filter $filter names a binary not in SANITIZE_BINARY" >&2
-                exit 2
-            fi
-            ;;
-    esac
 done
 
 {
@@ -154,7 +168,7 @@ run_log=$(mktemp)
 trap 'rm -f "$run_log"' EXIT
 for binary in "${binaries[@]}"; do
     gpu_tests=${executables[$binary]}
-    mapfile -t filters < <(filters_of "$binary" "$@")
+    mapfile -t filters < <(filters_of "$binary")
     echo "# $binary: $gpu_tests" | tee -a "$summary" >> "$log"
     for tool in "${tools[@]}"; do
         limit=$timeout_default
@@ -201,7 +215,7 @@ for binary in "${binaries[@]}"; do
             fi
             [ "$verdict" = ok ] || failures=$((failures + 1))
             runs=$((runs + 1))
-            printf '%-8s %-9s %-14s errors %-15s exit %-3s %4s s  %-38s %s\n' \
+            printf '%-17s %-9s %-20s errors %-15s exit %-3s %4s s  %-38s %s\n' \
                 "$binary" "$tool" "$filter" "${errors:-?}$warnings" "$code" "$seconds" \
                 "${result:-(no test result line)}" "$verdict" | tee -a "$summary"
         done
