@@ -607,8 +607,7 @@ pub(super) unsafe fn block_exclusive_scan(
     let warps = block_dim() / WARP_SIZE;
     let (c, m) = warp_inclusive_scan(count, mass);
     // Exclusive within the warp: the inclusive sum of the lane below.
-    let mut before_c = shfl_up_u32(c, 1);
-    let mut before_m = f32::from_bits(shfl_up_u32(m.to_bits(), 1));
+    let (mut before_c, mut before_m) = shuffled((c, m), |v| shfl_up_u32(v, 1));
     if lane == 0 {
         before_c = 0;
         before_m = 0.0;
@@ -636,16 +635,12 @@ pub(super) unsafe fn block_exclusive_scan(
     // The warps before this one: the inclusive sum at lane `warp − 1`; the block's: at the
     // last warp's lane.
     let below = warp.max(1) - 1;
-    let (below_c, below_m) = (
-        shfl_idx_u32(through_c, below),
-        f32::from_bits(shfl_idx_u32(through_m.to_bits(), below)),
-    );
+    let (below_c, below_m) = shuffled((through_c, through_m), |v| shfl_idx_u32(v, below));
     if warp > 0 {
         before_c += below_c;
         before_m += below_m;
     }
-    let total_c = shfl_idx_u32(through_c, warps - 1);
-    let total_m = f32::from_bits(shfl_idx_u32(through_m.to_bits(), warps - 1));
+    let (total_c, total_m) = shuffled((through_c, through_m), |v| shfl_idx_u32(v, warps - 1));
     sync_threads();
     (before_c, before_m, total_c, total_m)
 }
@@ -657,8 +652,7 @@ fn warp_inclusive_scan(count: u32, mass: f32) -> (u32, f32) {
     let (mut c, mut m) = (count, mass);
     let mut delta = 1;
     while delta < WARP_SIZE {
-        let their_c = shfl_up_u32(c, delta);
-        let their_m = f32::from_bits(shfl_up_u32(m.to_bits(), delta));
+        let (their_c, their_m) = shuffled((c, m), |v| shfl_up_u32(v, delta));
         if lane >= delta {
             c += their_c;
             m += their_m;
@@ -666,6 +660,12 @@ fn warp_inclusive_scan(count: u32, mass: f32) -> (u32, f32) {
         delta *= 2;
     }
     (c, m)
+}
+
+/// A count and a mass, each through the same warp shuffle `shuffle` (the mass as its bits).
+#[inline(always)]
+fn shuffled((count, mass): (u32, f32), shuffle: impl Fn(u32) -> u32) -> (u32, f32) {
+    (shuffle(count), f32::from_bits(shuffle(mass.to_bits())))
 }
 
 /// The shared memory of a sampling block: the scratch, the control words, the histogram, the

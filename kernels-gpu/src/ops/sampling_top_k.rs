@@ -207,7 +207,7 @@ unsafe fn select(
             // SAFETY: a key; a bin, added to atomically.
             unsafe {
                 let key = source.add(c).read();
-                if key != 0 && key & mask == prefix {
+                if in_prefix(key, mask, prefix) {
                     let bin = ((key >> digit) as usize) & (DIGIT_BINS - 1);
                     shared_fetch_add_u32(shared.counts.add(bin), 1);
                 }
@@ -255,7 +255,7 @@ unsafe fn select(
                 // `TOP_K_GATHERED_KEYS`, and the counter counts them from 0.
                 unsafe {
                     let key = keys.add(c).read();
-                    if key != 0 && key & mask == prefix {
+                    if in_prefix(key, mask, prefix) {
                         let slot = shared_fetch_add_u32(shared.at(control::GATHERED), 1);
                         gathered.add(slot as usize).write(key);
                     }
@@ -266,6 +266,13 @@ unsafe fn select(
         }
     }
     (prefix, want, false)
+}
+
+/// Whether `key` counts in a pass of [`select`] whose chosen bins so far are `prefix` under
+/// `mask`: a key not 0 (no `-inf` logit) that begins with them.
+#[inline(always)]
+fn in_prefix(key: u32, mask: u32, prefix: u32) -> bool {
+    key != 0 && key & mask == prefix
 }
 
 /// Launch 2: row `block_idx`'s cut, draw and outputs from its slices' candidates.
