@@ -921,8 +921,8 @@ fn tokens_and_logprobs<T: Element>(
 /// A top-k of at most 128 for every row takes the candidate path (slices of 8192 columns, their
 /// best `k` merged); the same top-k given per row takes the row kernel. Both keep the same
 /// columns and draw them with the same noise: the same tokens, and log-probabilities within
-/// the sums' rounding. Rows with ties across the cut, rows with fewer finite columns than
-/// `k`, a NaN row, greedy, top-p and min-p after the top-k; one slice, several, a partial
+/// the sums' rounding. Rows with ties across the cut, a row of equal values, rows with fewer
+/// finite columns than `k`, a NaN row, greedy, top-p and min-p after the top-k; one slice, several, a partial
 /// last slice, unaligned rows; f32 and bf16.
 fn candidates(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     let mut calls = 0;
@@ -945,6 +945,11 @@ fn candidates(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
         // The last row of the three-row shapes: a NaN, which leaves no token.
         if rows == 3 {
             logits[2 * cols + cols / 2] = f32::NAN;
+        }
+        // The last row of the four-row shape: every value equal, so that a slice has more keys
+        // at its bound than it gathers (the radix select over the slice's keys places the cut).
+        if rows == 4 {
+            logits[3 * cols..].fill(0.25);
         }
         let per_row = |k: u32| DeviceBuffer::from_slice(&vec![k; rows]).map_err(text);
         for (k, top_p, min_p, temperature) in [

@@ -27,9 +27,10 @@ pub const TOP_K_CANDIDATES: u32 = 128;
 /// space of the row kernel's candidates).
 pub const TOP_K_SLICE_COLS: u32 = 2 * SAMPLING_CANDIDATES;
 
-/// Keys of the first radix digit's chosen bin the candidate path's slices gather for the
-/// later digits (a quarter of a slice), in shared memory after the candidates: a slice whose
-/// bin holds more reads all its keys in every pass.
+/// Words the candidate path's slices gather into, in shared memory after the candidates (a
+/// quarter of a slice): the ranks of the keys at least the slice's bound (two words each), or
+/// where those are more, the first radix digit's chosen bin for the later digits (a slice whose
+/// bin holds more reads all its keys in every pass).
 pub const TOP_K_GATHERED_KEYS: u32 = TOP_K_SLICE_COLS / 4;
 
 /// Bytes of dynamic shared memory each block of the candidate path gets: the sampling

@@ -70,6 +70,8 @@ pub(super) mod control {
     /// The top-k kept weight, and the top-p cut's place among the sorted candidates.
     pub const TOP_K_MASS: usize = 11;
     pub const TOP_P_PLACE: usize = 12;
+    /// Keys of a candidate-path slice at least its bound.
+    pub const PASSED: usize = 13;
 }
 
 /// One row's filters, from the call's values or its per-row arrays.
@@ -674,7 +676,7 @@ pub(super) struct Shared {
     pub(super) scratch: *mut f32,
     control: *mut u32,
     pub(super) counts: *mut u32,
-    masses: *mut f32,
+    pub(super) masses: *mut f32,
     pub(super) candidates: *mut u64,
 }
 

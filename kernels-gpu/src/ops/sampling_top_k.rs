@@ -1,12 +1,14 @@
 //! Sampling with one small top-k for every row (at most [`TOP_K_CANDIDATES`]), in two
 //! launches that read the row once:
 //! 1. a block per slice of [`TOP_K_SLICE_COLS`] columns keeps its slice's keys (the order
-//!    keys of the logits, [`order_key`]) in shared memory, selects its best `k` columns by a
-//!    radix select over those keys (the sampler's order: larger logits first, the lower column
-//!    among equals), and leaves their ranks and its row state in the workspace;
-//! 2. a block per row sorts its slices' candidates, which hold the row's top-k, and places
-//!    top-p (over the top-k's mass) and min-p among them, draws with the Gumbel noise of the
-//!    row kernel (keyed by the column), and writes the token and its log-probabilities.
+//!    keys of the logits, [`order_key`]) in shared memory, bounds its `k`-th best key from
+//!    below by the `k`-th best of its threads' largest keys, sorts the keys at least the bound
+//!    (the sampler's order: larger logits first, the lower column among equals; a radix select
+//!    over every key places the cut where equal keys make them too many), and leaves its best
+//!    `k` ranks, sorted, and its row state in the workspace;
+//! 2. a block per row merges its slices' sorted candidates, which hold the row's top-k, and
+//!    places top-p (over the top-k's mass) and min-p among them, draws with the Gumbel noise of
+//!    the row kernel (keyed by the column), and writes the token and its log-probabilities.
 //!
 //! Both filters keep a prefix of the top-k in the sampler's order, so the kept columns, their
 //! noise and the token are the row kernel's; only the order of the sums that place the top-p
@@ -19,8 +21,8 @@ use super::sampling::{
 use crate::launch::WARP_SIZE;
 use crate::launch::ops::RowState;
 use crate::launch::sampling::{
-    NO_TOKEN, SLICE_TOP_HEADER_WORDS, SLICE_TOP_WORDS, SamplingParams, SliceTop,
-    TOP_K_GATHERED_KEYS,
+    NO_TOKEN, SAMPLING_CANDIDATES, SAMPLING_THREADS, SLICE_TOP_HEADER_WORDS, SLICE_TOP_WORDS,
+    SamplingParams, SliceTop, TOP_K_GATHERED_KEYS,
 };
 use crate::primitives::device::{
     DeviceExp2, block_dim, block_idx, shared_fetch_add_u32, shared_min_u32, sync_threads,
@@ -47,7 +49,15 @@ fn slice_of(p: &SamplingParams) -> (usize, usize, usize) {
     (row, start, cols)
 }
 
-/// Launch 1: the best `top_k` columns of this block's slice, and its row state.
+/// Launch 1: the best `top_k` columns of this block's slice, sorted (the sampler's order), and
+/// its row state.
+///
+/// The select runs over few keys: every thread notes the largest key it read, and the
+/// `top_k`-th largest of those notes bounds the slice's `top_k`-th largest key from below
+/// (that many keys are at least it), so the slice's best `top_k` are among the keys at least
+/// the bound, which are few unless many keys are equal. Those are gathered and sorted; where
+/// they are too many for the gathered space, the radix select over every key of the slice
+/// places the cut instead.
 ///
 /// # Safety
 /// The contract of [`SamplingParams`] for the candidate path.
@@ -55,16 +65,25 @@ fn slice_of(p: &SamplingParams) -> (usize, usize, usize) {
 pub(crate) unsafe fn sample_top_slice<E: Element, const PACK: usize>(p: &SamplingParams) {
     let (row, start, cols) = slice_of(p);
     let (shared, after) = Shared::new();
-    // The slice's keys, in the row kernel's candidate space (`TOP_K_SLICE_COLS` words), and
-    // the radix select's gathered keys after them (`TOP_K_GATHERED_KEYS` words).
+    // The slice's keys, in the row kernel's candidate space (`TOP_K_SLICE_COLS` words) at
+    // `key_slot`, and the gathered keys or ranks after them (`TOP_K_GATHERED_KEYS` words).
     let keys = shared.candidates.cast::<u32>();
     let gathered = after.cast::<u32>();
+    // Every thread's largest key, in the histogram's masses (free in this launch).
+    let notes = shared.masses.cast::<u32>();
+    let t = thread_idx() as usize;
+    let threads = block_dim() as usize;
+    if t == 0 {
+        // SAFETY: a control word, added to atomically after the barriers below.
+        unsafe { shared.set(control::PASSED, 0) };
+    }
     // SAFETY: `row < rows`; the slice's columns (contract).
     let src = unsafe { RowSource::<E>::of::<PACK>(p, row, start, cols, core::ptr::null_mut()) };
     // SAFETY: `row < rows`.
     let inv_t = unsafe { Filters::inv_temperature_of(p, row) };
     let mut stats = OnlineStats::EMPTY;
     let mut extremes = Extremes::EMPTY;
+    let mut note = 0u32;
     // SAFETY: the row (contract); each key slot written by the thread of its column.
     unsafe {
         src.visit::<PACK, 1>(false, |first, values, count| {
@@ -87,31 +106,146 @@ pub(crate) unsafe fn sample_top_slice<E: Element, const PACK: usize>(p: &Samplin
                 } else {
                     0
                 };
-                keys.add(first + i).write(key);
+                note = note.max(key);
+                keys.add(key_slot::<PACK>(first + i)).write(key);
             }
             stats.push_batch::<DeviceExp2>(pack_max, PACK, |i| zs[i]);
         })
     };
+    // The slots of the last pack's columns past the slice hold no key.
+    let padded = cols.next_multiple_of(PACK);
+    if t < padded - cols {
+        // SAFETY: a key slot of the last pack, which no column's thread writes.
+        unsafe { keys.add(key_slot::<PACK>(cols + t)).write(0) };
+    }
+    // SAFETY: thread `t`'s note.
+    unsafe { notes.add(t).write(note) };
     // SAFETY: every thread, uniform control flow (the reductions' barriers also order the
-    // keys' writes before their reads).
+    // keys' and notes' writes before their reads).
     let (stats, extremes) = unsafe {
         (
             block_reduce(stats, shared.scratch),
             block_reduce(extremes, shared.scratch),
         )
     };
+    // The bound: the `top_k`-th largest note (with fewer notes not 0, every key not 0).
+    // SAFETY: every thread, uniform control flow; the notes written.
+    let (bound, _, every) = unsafe { select(&shared, notes, gathered, threads, p.top_k) };
+    let bound = if every { 1 } else { bound };
+    let ranks = gathered.cast::<u64>();
+    let capacity = TOP_K_GATHERED_KEYS as usize / 2;
+    // The select's last reads of `gathered` are behind its last barrier.
+    let mut a = t;
+    while a < padded {
+        // SAFETY: a key slot of the slice (read by consecutive threads: no bank conflicts);
+        // the counter; a gathered rank's slot below `capacity`.
+        unsafe {
+            let key = keys.add(a).read();
+            if key >= bound {
+                let slot = shared_fetch_add_u32(shared.at(control::PASSED), 1) as usize;
+                if slot < capacity {
+                    let col = src.first_column as u32 + key_slot::<PACK>(a) as u32;
+                    ranks.add(slot).write(rank_of(key, col));
+                }
+            }
+        }
+        a += threads;
+    }
+    sync_threads();
+    // SAFETY: written before the barrier.
+    let passed = unsafe { shared.word(control::PASSED) } as usize;
+    let found = if passed <= capacity {
+        passed
+    } else {
+        // Too many keys equal the bound: the radix select over the slice's keys, and its best
+        // `top_k` gathered into the same space.
+        // SAFETY: every thread, uniform control flow; the keys written.
+        unsafe { gather_best::<E, PACK>(&shared, keys, gathered, padded, &src, p.top_k) }
+    };
+    let sorted = found.next_power_of_two().max(1);
+    let mut j = found + t;
+    while j < sorted {
+        // SAFETY: a gathered slot (`sorted ≤ capacity`); padding below every column's rank.
+        unsafe { ranks.add(j).write(0) };
+        j += threads;
+    }
+    sync_threads();
+    // SAFETY: `sorted` ranks in shared memory; every thread (`SAMPLING_THREADS`, a multiple
+    // of `WARP_SIZE`).
+    unsafe { bitonic_sort_descending(ranks, sorted) };
+    let kept = found.min(p.top_k as usize);
+    let slice_top =
+        (p.slice_tops as *mut u32).wrapping_add(block_idx() as usize * SLICE_TOP_WORDS as usize);
+    if t < kept {
+        // SAFETY: a sorted rank; the slice's ranks hold `TOP_K_CANDIDATES ≥ top_k` (contract).
+        unsafe {
+            let rank = ranks.add(t).read();
+            slice_top
+                .wrapping_add(SLICE_TOP_HEADER_WORDS as usize)
+                .cast::<u64>()
+                .add(t)
+                .write(rank);
+        }
+    }
+    if t == 0 {
+        let top = SliceTop {
+            row: RowState {
+                max: stats.max,
+                sum: stats.sum(),
+            },
+            bad: extremes.bad,
+            kept: kept as u32,
+        };
+        // SAFETY: this slice's state (contract).
+        unsafe { slice_top.cast::<SliceTop>().write(top) };
+    }
+}
+
+/// Where a slice keeps column `c`'s key: in its pack's words, the columns within the pack
+/// permuted by the pack's place, so that a warp's stores of the same column of consecutive
+/// packs fall in distinct banks (as do its reads of consecutive slots). The permutation is
+/// its own inverse: `key_slot` of a slot is its column.
+#[inline(always)]
+fn key_slot<const PACK: usize>(c: usize) -> usize {
+    const { assert!(PACK.is_power_of_two() && PACK <= WARP_SIZE as usize) };
+    let pack = c / PACK;
+    let turn = (pack / (WARP_SIZE as usize / PACK)) % PACK;
+    pack * PACK + ((c % PACK) ^ turn)
+}
+
+/// A column's rank in the sampler's order: its key, then the lower column first.
+#[inline(always)]
+fn rank_of(key: u32, col: u32) -> u64 {
+    (u64::from(key) << 32) | u64::from(!col)
+}
+
+/// Gathers the best `k` of the slice's `n` key slots (every key above the radix select's
+/// threshold, and the first ties in column order) as ranks at `gathered`: how many.
+///
+/// # Safety
+/// Every thread of the block, uniform control flow; the keys written before a barrier, at
+/// their `key_slot`; the shared histogram, the control words and `gathered` free.
+#[inline(always)]
+unsafe fn gather_best<E: Element, const PACK: usize>(
+    shared: &Shared,
+    keys: *const u32,
+    gathered: *mut u32,
+    n: usize,
+    src: &RowSource<E>,
+    k: u32,
+) -> usize {
     // SAFETY: every thread, uniform control flow; the keys written.
-    let (threshold, ties_wanted, all) = unsafe { select(&shared, keys, gathered, cols, p.top_k) };
-    // Emit: every key above the threshold, and the first `ties_wanted` keys equal to it in
-    // column order (a thread's columns are a run, the runs in thread order).
+    let (threshold, ties_wanted, all) = unsafe { select(shared, keys, gathered, n, k) };
+    // Ties in column order: a thread's columns are a run, the runs in thread order.
     let t = thread_idx() as usize;
-    let per = cols.div_ceil(block_dim() as usize);
-    let (low, high) = ((t * per).min(cols), ((t + 1) * per).min(cols));
+    let per = n.div_ceil(block_dim() as usize);
+    let (low, high) = ((t * per).min(n), ((t + 1) * per).min(n));
+    // SAFETY: a key slot of the slice.
+    let key_at = |c: usize| unsafe { keys.add(key_slot::<PACK>(c)).read() };
     let mut ties = 0;
     if !all {
         for c in low..high {
-            // SAFETY: a key of the slice.
-            ties += u32::from(unsafe { keys.add(c).read() } == threshold);
+            ties += u32::from(key_at(c) == threshold);
         }
     }
     // SAFETY: every thread, uniform control flow.
@@ -121,14 +255,9 @@ pub(crate) unsafe fn sample_top_slice<E: Element, const PACK: usize>(p: &Samplin
         unsafe { shared.set(control::GATHERED, 0) };
     }
     sync_threads();
-    let slice_top =
-        (p.slice_tops as *mut u32).wrapping_add(block_idx() as usize * SLICE_TOP_WORDS as usize);
-    let ranks = slice_top
-        .wrapping_add(SLICE_TOP_HEADER_WORDS as usize)
-        .cast::<u64>();
+    let ranks = gathered.cast::<u64>();
     for c in low..high {
-        // SAFETY: a key of the slice.
-        let key = unsafe { keys.add(c).read() };
+        let key = key_at(c);
         let take = if all {
             key != 0
         } else if key == threshold {
@@ -138,31 +267,19 @@ pub(crate) unsafe fn sample_top_slice<E: Element, const PACK: usize>(p: &Samplin
             key > threshold
         };
         if take {
-            // SAFETY: the slot counter; at most `top_k` columns are taken, and the slice's
-            // candidates hold `TOP_K_CANDIDATES ≥ top_k` ranks (contract).
+            // SAFETY: the slot counter; at most `k ≤ TOP_K_CANDIDATES` columns are taken,
+            // fewer than the gathered space's ranks.
             unsafe {
                 let slot = shared_fetch_add_u32(shared.at(control::GATHERED), 1);
-                let col = src.first_column as u32 + c as u32;
                 ranks
                     .add(slot as usize)
-                    .write((u64::from(key) << 32) | u64::from(!col));
+                    .write(rank_of(key, src.first_column as u32 + c as u32));
             }
         }
     }
     sync_threads();
-    if t == 0 {
-        let top = SliceTop {
-            row: RowState {
-                max: stats.max,
-                sum: stats.sum(),
-            },
-            bad: extremes.bad,
-            // SAFETY: written before the barrier.
-            kept: unsafe { shared.word(control::GATHERED) },
-        };
-        // SAFETY: this slice's state (contract).
-        unsafe { slice_top.cast::<SliceTop>().write(top) };
-    }
+    // SAFETY: written before the barrier.
+    unsafe { shared.word(control::GATHERED) as usize }
 }
 
 /// The `k`-th largest of the first `n` keys at `keys` (0 keys excluded), by a radix select
@@ -295,56 +412,45 @@ pub(crate) unsafe fn sample_top_merge(p: &SamplingParams) {
         stats = OnlineStats::new(top.row.max, top.row.sum);
         (kept, bad) = (top.kept, top.bad);
     }
-    // Where each slice's candidates go among the row's (every slice's after the one before).
+    // The row's candidates and its NaN and `+inf` values.
     // SAFETY: every thread, uniform control flow.
-    let (first, _, n, bad) = unsafe { block_exclusive_scan(kept, bad, shared.scratch) };
+    let (_, _, n, bad) = unsafe { block_exclusive_scan(kept, bad, shared.scratch) };
+    let n = n as usize;
     // SAFETY: every thread, uniform control flow.
     let stats = unsafe { block_reduce(stats, shared.scratch) };
     if t < slices {
         // SAFETY: the histogram's words, free here; read after the barrier.
-        unsafe {
-            shared.counts.add(2 * t).write(first);
-            shared.counts.add(2 * t + 1).write(kept);
-        }
+        unsafe { shared.counts.add(t).write(kept) };
     }
     sync_threads();
-    // A warp a slice copies its candidates, padded to a power of two.
+    // Each slice's ranks, sorted (launch 1), as a list of `list` slots at `s · list`, with
+    // zeros (below every column's rank) after them and in the lists past the slices.
     let candidates = shared.candidates;
-    let (lane, warp) = (t % WARP_SIZE as usize, t / WARP_SIZE as usize);
-    let warps = block_dim() as usize / WARP_SIZE as usize;
-    let mut s = warp;
-    while s < slices {
+    let list = (p.top_k as usize).next_power_of_two();
+    let total = slices.next_power_of_two() * list;
+    let mut q = t;
+    while q < total {
+        let (s, j) = (q / list, q % list);
         // SAFETY: written before the barrier.
-        let (first, kept) = unsafe {
-            (
-                shared.counts.add(2 * s).read() as usize,
-                shared.counts.add(2 * s + 1).read() as usize,
-            )
+        let rank = if s < slices && j < unsafe { shared.counts.add(s).read() } as usize {
+            // SAFETY: slice `s`'s ranks (contract).
+            unsafe {
+                tops.add(s * words + SLICE_TOP_HEADER_WORDS as usize)
+                    .cast::<u64>()
+                    .add(j)
+                    .read()
+            }
+        } else {
+            0
         };
-        let ranks = tops
-            .wrapping_add(s * words + SLICE_TOP_HEADER_WORDS as usize)
-            .cast::<u64>();
-        let mut j = lane;
-        while j < kept {
-            // SAFETY: slice `s`'s ranks (contract); the row's candidates, at most
-            // `TOP_K_MAX_SLICES · top_k ≤ SAMPLING_CANDIDATES`.
-            unsafe { candidates.add(first + j).write(ranks.add(j).read()) };
-            j += WARP_SIZE as usize;
-        }
-        s += warps;
-    }
-    let n = n as usize;
-    let sorted = n.next_power_of_two().max(1);
-    let mut j = n + t;
-    while j < sorted {
-        // SAFETY: a candidate slot; padding ranks below every column's.
-        unsafe { candidates.add(j).write(0) };
-        j += block_dim() as usize;
+        // SAFETY: a candidate slot: `total ≤ TOP_K_MAX_SLICES · TOP_K_CANDIDATES ≤
+        // SAMPLING_CANDIDATES` (contract).
+        unsafe { candidates.add(q).write(rank) };
+        q += block_dim() as usize;
     }
     sync_threads();
-    // SAFETY: the candidates, `sorted` of them, every thread of the block (`SAMPLING_THREADS`,
-    // a multiple of `WARP_SIZE`).
-    unsafe { bitonic_sort_descending(candidates, sorted) };
+    // SAFETY: every thread, uniform control flow; the lists written.
+    unsafe { merge_lists(candidates, list, total) };
     // SAFETY: `row < rows`.
     let filters = unsafe { Filters::of(p, row) };
     let weights = Weights {
@@ -413,6 +519,72 @@ pub(crate) unsafe fn sample_top_merge(p: &SamplingParams) {
         let z = weights.z(value) - weights.max;
         // SAFETY: the outputs of row `row`, written by the one thread holding the token.
         unsafe { write_outputs(p, row, col, z - ln(kept_mass.0), z - ln(sum)) };
+    }
+}
+
+/// Merges the sorted lists at `ranks` (each `list` slots, largest first, padded with zeros, at
+/// `i · list` for `i < total / list`, a power of two of them) into one: the largest `list`
+/// ranks of all, largest first, at `ranks`. Pairs of lists merge in rounds, each keeping the
+/// best `list` of its two: a rank's place in its pair's merge is its place in its own list
+/// plus the ranks of the other list above it (at least it, for the second list's, so that
+/// equal zeros take distinct places), found by bisection.
+///
+/// # Safety
+/// Every thread of the block ([`SAMPLING_THREADS`]), uniform control flow; `ranks` holds
+/// `total ≤` [`SAMPLING_CANDIDATES`] slots in shared memory that nothing else touches
+/// meanwhile; ranks other than zeros are distinct.
+#[inline(always)]
+unsafe fn merge_lists(ranks: *mut u64, list: usize, total: usize) {
+    const PER_THREAD: usize = (SAMPLING_CANDIDATES / SAMPLING_THREADS) as usize;
+    let t = thread_idx() as usize;
+    // Lists `i` of a round start at `i · stride`.
+    let mut stride = list;
+    while stride < total {
+        let elements = total / stride * list;
+        // Each thread's ranks of the round and their places (`u32::MAX`: none), indexed
+        // by a constant so that they stay in registers.
+        let mut moved = [0u64; PER_THREAD];
+        let mut places = [u32::MAX; PER_THREAD];
+        #[allow(clippy::needless_range_loop)]
+        for e in 0..PER_THREAD {
+            let q = t + e * SAMPLING_THREADS as usize;
+            if q >= elements {
+                continue;
+            }
+            let (i, j) = (q / list, q % list);
+            let other = ranks.wrapping_add((i ^ 1) * stride);
+            // SAFETY: rank `j` of list `i`.
+            let rank = unsafe { ranks.add(i * stride + j).read() };
+            let first = i % 2 == 0;
+            // The other list's ranks above `rank` (at least it, for the second list's).
+            let (mut low, mut high) = (0, list);
+            while low < high {
+                let mid = (low + high) / 2;
+                // SAFETY: a rank of the other list.
+                let probe = unsafe { other.add(mid).read() };
+                if probe > rank || (!first && probe == rank) {
+                    low = mid + 1;
+                } else {
+                    high = mid;
+                }
+            }
+            let place = j + low;
+            if place < list {
+                moved[e] = rank;
+                places[e] = ((i & !1) * stride + place) as u32;
+            }
+        }
+        sync_threads();
+        #[allow(clippy::needless_range_loop)]
+        for e in 0..PER_THREAD {
+            if places[e] != u32::MAX {
+                // SAFETY: a slot of the pair's first list, one rank's alone (the places of a
+                // pair's merge are distinct).
+                unsafe { ranks.add(places[e] as usize).write(moved[e]) };
+            }
+        }
+        sync_threads();
+        stride *= 2;
     }
 }
 
