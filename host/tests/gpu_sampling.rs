@@ -1,7 +1,7 @@
 //! GPU tests of sampling against the f64 reference's filtered distribution: chi-square tests
 //! of the draws (about 10⁶ per case, each filter alone and combined, f32 and bf16, with a bias
-//! and with ties at the cuts; with a top-k in a large batch for the row kernel and in a batch
-//! of 128 rows for the candidate path), the log-probabilities, the written distribution,
+//! and with ties at the cuts; with a top-k per row in a large batch for the row kernel and one
+//! top-k in a batch of 128 rows for the candidate path), the log-probabilities, the written distribution,
 //! greedy rows, rows without a token, reproducibility and independence from the batch, wide rows (kept in
 //! shared memory and not), the bisection of rows whose cut bins hold too many columns, a
 //! captured graph replayed 100 times, vocabulary shards against the whole row, the candidate
@@ -161,7 +161,18 @@ fn draw_counts<T: Element>(
     let mut random = DeviceBuffer::from_slice(&[seed, 0u64]).map_err(text)?;
     let mut tokens = DeviceBuffer::from_slice(&vec![0u32; rows]).map_err(text)?;
     let mut counts = vec![0u64; cols];
+    // The large batch gives its top-k per row (the row kernel; one for all rows takes the
+    // candidate path at any batch size).
+    let per_row_k = filters
+        .top_k
+        .filter(|_| rows >= 65536)
+        .map(|k| DeviceBuffer::from_slice(&vec![k; rows]))
+        .transpose()
+        .map_err(text)?;
     let mut options = filters.options();
+    if let Some(ks) = &per_row_k {
+        options = options.top_k(PerRow::Each(Values::new(ks)));
+    }
     if let Some(b) = &bias_buffer {
         options = options.bias(Rows::new(b, shape(1, cols)).map_err(text)?);
     }
@@ -229,9 +240,9 @@ fn chi_square(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
             temperature: 0.8,
         },
     ];
-    // 2^20 draws a case: as many rows as give every multiprocessor a block, and a batch of
-    // 128 rows, which a top-k of at most 128 draws through its candidate path on a device of
-    // at least 128 multiprocessors (an H100 or H200; elsewhere the row kernel again).
+    // 2^20 draws a case: as many rows as give every multiprocessor a block, with a top-k per
+    // row (the row kernel), and a batch of 128 rows, whose one top-k of at most 128 takes the
+    // candidate path.
     let batches = [(65536, 16), (128, 8192)];
     let mut worst: f64 = 0.0;
     let mut count = 0;

@@ -2,14 +2,14 @@
 //! beside the histogram and the candidates (with filters), or drawn in one pass by the draw
 //! entry (greedy or temperature alone); for greedy and temperature alone on rows too few to
 //! fill the device, a block per slice of a row and a merge of the slices' draws; for one small
-//! top-k on at most a row a multiprocessor, the candidate path (a block per slice of 8192
+//! top-k (rows of at most 262,144 columns), the candidate path (a block per slice of 8192
 //! columns, then a block per row); then the one-thread launch that advances the random offset
 //! where the call advances it.
 
 use kernels_gpu::launch::ops::DType;
 use kernels_gpu::launch::sampling::{
-    SAMPLING_THREADS, SamplingEntry, SamplingKind, TOP_K_MAX_SLICES, TOP_K_SHARED_BYTES,
-    TOP_K_SLICE_COLS, sampling_shared_bytes,
+    SAMPLING_THREADS, SamplingEntry, SamplingKind, TOP_K_MAX_SLICES, TOP_K_MERGE_SHARED_BYTES,
+    TOP_K_SHARED_BYTES, TOP_K_SLICE_COLS, sampling_shared_bytes,
 };
 
 use super::{
@@ -47,16 +47,16 @@ pub(crate) fn plan(
     let entry = |kind| Entry::Sampling(SamplingEntry { dtype: input, kind });
     let aligned = layout == Layout::Aligned;
     let candidate_slices = cols.div_ceil(TOP_K_SLICE_COLS);
-    // The candidate path where the row kernel, a block a row, leaves multiprocessors idle;
-    // from a block on every multiprocessor on, the row kernel took less time (performance
-    // log, "A candidate path for a small top-k").
-    let candidates = work == SamplingWork::TopK
-        && candidate_slices <= TOP_K_MAX_SLICES
-        && rows <= limits.multiprocessors();
+    // The candidate path at every batch size: since its slices compare only the keys at least
+    // a bound of their `k`-th, it took less time than the row kernel on 256 rows too
+    // (performance log, "The candidate path's slices compare few keys").
+    let candidates = work == SamplingWork::TopK && candidate_slices <= TOP_K_MAX_SLICES;
     let mut launches = if candidates {
         let slices_entry = entry(SamplingKind::TopSlices);
-        let shared_bytes = TOP_K_SHARED_BYTES;
-        if limits.blocks_per_sm(slices_entry, SAMPLING_THREADS, shared_bytes) == 0 {
+        let merge_entry = entry(SamplingKind::TopMerge);
+        if limits.blocks_per_sm(slices_entry, SAMPLING_THREADS, TOP_K_SHARED_BYTES) == 0
+            || limits.blocks_per_sm(merge_entry, SAMPLING_THREADS, TOP_K_MERGE_SHARED_BYTES) == 0
+        {
             return Err(not_resident("sampling", shape));
         }
         let params = Params::Sampling {
@@ -70,16 +70,19 @@ pub(crate) fn plan(
         let grid = rows
             .checked_mul(candidate_slices)
             .ok_or_else(|| too_large(shape, "more blocks than a grid holds"))?;
-        [(slices_entry, grid), (entry(SamplingKind::TopMerge), rows)]
-            .map(|(entry, grid)| Launch {
-                entry,
-                grid,
-                block: SAMPLING_THREADS,
-                shared_bytes,
-                scheduling: Scheduling::Ordinary,
-                params,
-            })
-            .to_vec()
+        [
+            (slices_entry, grid, TOP_K_SHARED_BYTES),
+            (merge_entry, rows, TOP_K_MERGE_SHARED_BYTES),
+        ]
+        .map(|(entry, grid, shared_bytes)| Launch {
+            entry,
+            grid,
+            block: SAMPLING_THREADS,
+            shared_bytes,
+            scheduling: Scheduling::Ordinary,
+            params,
+        })
+        .to_vec()
     } else {
         rows_launches(input, work, shape, (rows, cols), aligned, limits)?
     };
@@ -263,14 +266,14 @@ mod tests {
         assert_eq!((launches[0].grid, launches[1].grid), (3 * 7, 3));
         assert_eq!(
             (launches[0].shared_bytes, launches[1].shared_bytes),
-            (TOP_K_SHARED_BYTES, TOP_K_SHARED_BYTES)
+            (TOP_K_SHARED_BYTES, TOP_K_MERGE_SHARED_BYTES)
         );
         assert_eq!(
             launches[0].needs().row_stats,
             3 * 7 * SLICE_TOP_WORDS as usize
         );
-        // 32 slices at most; wider rows take the row kernel with its filters, and so do rows
-        // enough for a block on every multiprocessor.
+        // 32 slices at most; wider rows take the row kernel with its filters. Batches larger
+        // than the device take the candidate path too.
         assert_eq!(plan(262_144)[0].grid, 3 * 32);
         let wide = plan(262_145);
         assert_eq!(kind(&wide[0]), SamplingKind::Rows);
@@ -279,12 +282,13 @@ mod tests {
             DType::F32,
             false,
             SamplingWork::TopK,
-            Shape::new(133, 32_000).unwrap(),
+            Shape::new(1000, 32_000).unwrap(),
             Layout::Aligned,
             &FakeH200,
         )
         .unwrap();
-        assert_eq!(kind(&many[0]), SamplingKind::Rows);
+        assert_eq!(kind(&many[0]), SamplingKind::TopSlices);
+        assert_eq!((many[0].grid, many[1].grid), (1000 * 4, 1000));
     }
 
     #[test]

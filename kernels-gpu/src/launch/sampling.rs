@@ -37,6 +37,11 @@ pub const TOP_K_GATHERED_KEYS: u32 = TOP_K_SLICE_COLS / 4;
 /// blocks', then the gathered keys.
 pub const TOP_K_SHARED_BYTES: u32 = sampling_shared_bytes(4 * TOP_K_GATHERED_KEYS);
 
+/// Bytes of dynamic shared memory each block of the candidate path's merge gets: the sampling
+/// blocks', then half as many ranks again as the candidates, which the merge of the slices'
+/// lists alternates with.
+pub const TOP_K_MERGE_SHARED_BYTES: u32 = sampling_shared_bytes(4 * SAMPLING_CANDIDATES);
+
 /// Slices a row of the candidate path may have: their candidates, `k` each, are sorted
 /// together in shared memory ([`SAMPLING_CANDIDATES`] at most).
 pub const TOP_K_MAX_SLICES: u32 = SAMPLING_CANDIDATES / TOP_K_CANDIDATES;
@@ -132,8 +137,9 @@ unsafe impl cust_core::DeviceCopy for ShardDraw {}
 ///   with `top_ks`, `probabilities` and `column_offset` 0; `slices = ⌈cols /` [`TOP_K_SLICE_COLS`]`⌉ ≤`
 ///   [`TOP_K_MAX_SLICES`] and `slice_cols =` [`TOP_K_SLICE_COLS`]; `slice_tops` holds
 ///   [`SLICE_TOP_WORDS`] words per slice of every row, 8-byte aligned. The slices' launch is
-///   `rows · slices` blocks, the merge's `rows`, both of [`SAMPLING_THREADS`] threads with
-///   [`TOP_K_SHARED_BYTES`] bytes.
+///   `rows · slices` blocks of [`SAMPLING_THREADS`] threads with [`TOP_K_SHARED_BYTES`]
+///   bytes, the merge's `rows` blocks of [`SAMPLING_THREADS`] threads with
+///   [`TOP_K_MERGE_SHARED_BYTES`] bytes.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct SamplingParams {

@@ -70,8 +70,9 @@ pub(super) mod control {
     /// The top-k kept weight, and the top-p cut's place among the sorted candidates.
     pub const TOP_K_MASS: usize = 11;
     pub const TOP_P_PLACE: usize = 12;
-    /// Keys of a candidate-path slice at least its bound.
+    /// Keys of a candidate-path slice at least its bound, and the bound.
     pub const PASSED: usize = 13;
+    pub const BOUND: usize = 14;
 }
 
 /// One row's filters, from the call's values or its per-row arrays.
@@ -676,7 +677,7 @@ pub(super) struct Shared {
     pub(super) scratch: *mut f32,
     control: *mut u32,
     pub(super) counts: *mut u32,
-    pub(super) masses: *mut f32,
+    masses: *mut f32,
     pub(super) candidates: *mut u64,
 }
 

@@ -21,12 +21,12 @@ use super::sampling::{
 use crate::launch::WARP_SIZE;
 use crate::launch::ops::RowState;
 use crate::launch::sampling::{
-    NO_TOKEN, SAMPLING_CANDIDATES, SAMPLING_THREADS, SLICE_TOP_HEADER_WORDS, SLICE_TOP_WORDS,
-    SamplingParams, SliceTop, TOP_K_GATHERED_KEYS,
+    NO_TOKEN, SLICE_TOP_HEADER_WORDS, SLICE_TOP_WORDS, SamplingParams, SliceTop,
+    TOP_K_GATHERED_KEYS,
 };
 use crate::primitives::device::{
     DeviceExp2, block_dim, block_idx, shared_fetch_add_u32, shared_min_u32, sync_threads,
-    thread_idx,
+    thread_idx, warp_ballot, warp_max_u32,
 };
 use crate::primitives::draw::{order_key, value_of_rank};
 use crate::primitives::element::Element;
@@ -52,12 +52,11 @@ fn slice_of(p: &SamplingParams) -> (usize, usize, usize) {
 /// Launch 1: the best `top_k` columns of this block's slice, sorted (the sampler's order), and
 /// its row state.
 ///
-/// The select runs over few keys: every thread notes the largest key it read, and the
-/// `top_k`-th largest of those notes bounds the slice's `top_k`-th largest key from below
-/// (that many keys are at least it), so the slice's best `top_k` are among the keys at least
-/// the bound, which are few unless many keys are equal. Those are gathered and sorted; where
-/// they are too many for the gathered space, the radix select over every key of the slice
-/// places the cut instead.
+/// Few keys are compared: every thread notes the largest key it read, and those notes bound
+/// the slice's `top_k`-th largest key from below ([`bound_of_notes`]), so the slice's best
+/// `top_k` are among the keys at least the bound, which are few unless many keys are equal.
+/// Those are gathered and placed in order ([`place_best`]); where they are too many for the
+/// gathered space, the radix select over every key of the slice takes its best instead.
 ///
 /// # Safety
 /// The contract of [`SamplingParams`] for the candidate path.
@@ -69,8 +68,6 @@ pub(crate) unsafe fn sample_top_slice<E: Element, const PACK: usize>(p: &Samplin
     // `key_slot`, and the gathered keys or ranks after them (`TOP_K_GATHERED_KEYS` words).
     let keys = shared.candidates.cast::<u32>();
     let gathered = after.cast::<u32>();
-    // Every thread's largest key, in the histogram's masses (free in this launch).
-    let notes = shared.masses.cast::<u32>();
     let t = thread_idx() as usize;
     let threads = block_dim() as usize;
     if t == 0 {
@@ -118,75 +115,57 @@ pub(crate) unsafe fn sample_top_slice<E: Element, const PACK: usize>(p: &Samplin
         // SAFETY: a key slot of the last pack, which no column's thread writes.
         unsafe { keys.add(key_slot::<PACK>(cols + t)).write(0) };
     }
-    // SAFETY: thread `t`'s note.
-    unsafe { notes.add(t).write(note) };
     // SAFETY: every thread, uniform control flow (the reductions' barriers also order the
-    // keys' and notes' writes before their reads).
+    // keys' writes before their reads).
     let (stats, extremes) = unsafe {
         (
             block_reduce(stats, shared.scratch),
             block_reduce(extremes, shared.scratch),
         )
     };
-    // The bound: the `top_k`-th largest note (with fewer notes not 0, every key not 0).
-    // SAFETY: every thread, uniform control flow; the notes written.
-    let (bound, _, every) = unsafe { select(&shared, notes, gathered, threads, p.top_k) };
-    let bound = if every { 1 } else { bound };
+    // Threads with a column at least (packs, or columns where the row is read one at a time),
+    // in whole warps.
+    let units = if src.packs > 0 { src.packs } else { cols };
+    let full_warps = units.min(threads) / WARP_SIZE as usize;
+    // SAFETY: every thread, uniform control flow.
+    let bound = unsafe { bound_of_notes(&shared, note, p.top_k, full_warps) };
     let ranks = gathered.cast::<u64>();
-    let capacity = TOP_K_GATHERED_KEYS as usize / 2;
-    // The select's last reads of `gathered` are behind its last barrier.
-    let mut a = t;
-    while a < padded {
+    let capacity = TOP_K_GATHERED_KEYS / 2;
+    let mut a = t as u32;
+    while a < padded as u32 {
         // SAFETY: a key slot of the slice (read by consecutive threads: no bank conflicts);
         // the counter; a gathered rank's slot below `capacity`.
         unsafe {
-            let key = keys.add(a).read();
+            let key = keys.add(a as usize).read();
             if key >= bound {
-                let slot = shared_fetch_add_u32(shared.at(control::PASSED), 1) as usize;
+                let slot = shared_fetch_add_u32(shared.at(control::PASSED), 1);
                 if slot < capacity {
-                    let col = src.first_column as u32 + key_slot::<PACK>(a) as u32;
-                    ranks.add(slot).write(rank_of(key, col));
+                    let col = src.first_column as u32 + key_slot::<PACK>(a as usize) as u32;
+                    ranks.add(slot as usize).write(rank_of(key, col));
                 }
             }
         }
-        a += threads;
+        a += threads as u32;
     }
     sync_threads();
     // SAFETY: written before the barrier.
-    let passed = unsafe { shared.word(control::PASSED) } as usize;
+    let passed = unsafe { shared.word(control::PASSED) };
     let found = if passed <= capacity {
-        passed
+        passed as usize
     } else {
         // Too many keys equal the bound: the radix select over the slice's keys, and its best
         // `top_k` gathered into the same space.
         // SAFETY: every thread, uniform control flow; the keys written.
         unsafe { gather_best::<E, PACK>(&shared, keys, gathered, padded, &src, p.top_k) }
     };
-    let sorted = found.next_power_of_two().max(1);
-    let mut j = found + t;
-    while j < sorted {
-        // SAFETY: a gathered slot (`sorted ≤ capacity`); padding below every column's rank.
-        unsafe { ranks.add(j).write(0) };
-        j += threads;
-    }
-    sync_threads();
-    // SAFETY: `sorted` ranks in shared memory; every thread (`SAMPLING_THREADS`, a multiple
-    // of `WARP_SIZE`).
-    unsafe { bitonic_sort_descending(ranks, sorted) };
-    let kept = found.min(p.top_k as usize);
     let slice_top =
         (p.slice_tops as *mut u32).wrapping_add(block_idx() as usize * SLICE_TOP_WORDS as usize);
-    if t < kept {
-        // SAFETY: a sorted rank; the slice's ranks hold `TOP_K_CANDIDATES ≥ top_k` (contract).
-        unsafe {
-            let rank = ranks.add(t).read();
-            slice_top
-                .wrapping_add(SLICE_TOP_HEADER_WORDS as usize)
-                .cast::<u64>()
-                .add(t)
-                .write(rank);
-        }
-    }
+    let best = slice_top
+        .wrapping_add(SLICE_TOP_HEADER_WORDS as usize)
+        .cast::<u64>();
+    // SAFETY: every thread, uniform control flow; `found` ranks gathered before a barrier; the
+    // slice's ranks hold `TOP_K_CANDIDATES ≥ top_k` (contract).
+    unsafe { place_best(ranks, found, p.top_k, best) };
     if t == 0 {
         let top = SliceTop {
             row: RowState {
@@ -194,10 +173,116 @@ pub(crate) unsafe fn sample_top_slice<E: Element, const PACK: usize>(p: &Samplin
                 sum: stats.sum(),
             },
             bad: extremes.bad,
-            kept: kept as u32,
+            kept: found.min(p.top_k as usize) as u32,
         };
         // SAFETY: this slice's state (contract).
         unsafe { slice_top.cast::<SliceTop>().write(top) };
+    }
+}
+
+/// A lower bound of the slice's `k`-th largest key from every thread's largest (`note`),
+/// at least 1: with `c = ⌈k / full_warps⌉`, each of the first `full_warps` warps (whose every
+/// thread read a column) finds its `c`-th largest note, and the bound is the `⌈k / c⌉`-th
+/// largest of those, so that at least `⌈k / c⌉ · c ≥ k` notes, each a key, are at least it.
+/// Where `c` would pass a warp's width, the slice holds fewer than 32 keys a warp of `k`, and
+/// every key not 0 passes.
+///
+/// # Safety
+/// Every thread of the block, uniform control flow, at most `WARP_SIZE` warps; the
+/// histogram's first words free until a barrier after the call.
+#[inline(always)]
+unsafe fn bound_of_notes(shared: &Shared, note: u32, k: u32, full_warps: usize) -> u32 {
+    let per_warp = k.div_ceil(full_warps.max(1) as u32);
+    if full_warps == 0 || per_warp > WARP_SIZE {
+        return 1;
+    }
+    let lane = thread_idx() % WARP_SIZE;
+    let warp = thread_idx() / WARP_SIZE;
+    let warp_best = nth_largest_in_warp(note, per_warp, lane);
+    if lane == 0 {
+        // SAFETY: warp `warp`'s word of the histogram, read after the barrier.
+        unsafe { shared.counts.add(warp as usize).write(warp_best) };
+    }
+    sync_threads();
+    if warp == 0 {
+        let mine = if (lane as usize) < full_warps {
+            // SAFETY: written before the barrier.
+            unsafe { shared.counts.add(lane as usize).read() }
+        } else {
+            0
+        };
+        let bound = nth_largest_in_warp(mine, k.div_ceil(per_warp), lane).max(1);
+        if lane == 0 {
+            // SAFETY: a control word, read after the barrier.
+            unsafe { shared.set(control::BOUND, bound) };
+        }
+    }
+    sync_threads();
+    // SAFETY: written before the barrier.
+    unsafe { shared.word(control::BOUND) }
+}
+
+/// The `n`-th largest of the warp's values (`1 ≤ n ≤ WARP_SIZE`, the same in every lane), in
+/// every lane: the warp's largest, `n` times, each time taken from the first lane holding it
+/// (values are at least 0, which a taken value becomes).
+#[inline(always)]
+fn nth_largest_in_warp(value: u32, n: u32, lane: u32) -> u32 {
+    let mut value = value;
+    let mut largest = 0;
+    for _ in 0..n {
+        largest = warp_max_u32(value);
+        if warp_ballot(value == largest).trailing_zeros() == lane {
+            value = 0;
+        }
+    }
+    largest
+}
+
+/// Writes the best `k` of the `found` distinct ranks at `ranks` (shared memory) to `best`,
+/// largest first: each rank's place is the number of ranks above it (counted by the thread
+/// that holds it; every thread reads the same rank at once), or where there are more ranks
+/// than threads, their order after a sort.
+///
+/// # Safety
+/// Every thread of the block, uniform control flow; `found ≤ TOP_K_GATHERED_KEYS / 2` ranks at
+/// `ranks` written before a barrier, nothing else touching them; `best` holds `k` ranks.
+#[inline(always)]
+unsafe fn place_best(ranks: *mut u64, found: usize, k: u32, best: *mut u64) {
+    let t = thread_idx() as usize;
+    let threads = block_dim() as usize;
+    if found <= threads {
+        if t < found {
+            // SAFETY: a gathered rank.
+            let rank = unsafe { ranks.add(t).read() };
+            let mut above = 0u32;
+            let mut j = 0u32;
+            while j < found as u32 {
+                // SAFETY: a gathered rank.
+                above += u32::from(unsafe { ranks.add(j as usize).read() } > rank);
+                j += 1;
+            }
+            if above < k {
+                // SAFETY: one of the `k` places, this rank's alone (the ranks are distinct).
+                unsafe { best.add(above as usize).write(rank) };
+            }
+        }
+        return;
+    }
+    let sorted = found.next_power_of_two();
+    let mut j = found + t;
+    while j < sorted {
+        // SAFETY: a gathered slot (`sorted ≤ TOP_K_GATHERED_KEYS / 2`); padding below every
+        // column's rank.
+        unsafe { ranks.add(j).write(0) };
+        j += threads;
+    }
+    sync_threads();
+    // SAFETY: `sorted` ranks in shared memory; every thread (`SAMPLING_THREADS`, a multiple
+    // of `WARP_SIZE`).
+    unsafe { bitonic_sort_descending(ranks, sorted) };
+    if t < k as usize {
+        // SAFETY: a sorted rank, and one of the `k` places.
+        unsafe { best.add(t).write(ranks.add(t).read()) };
     }
 }
 
@@ -401,7 +486,7 @@ pub(crate) unsafe fn sample_top_merge(p: &SamplingParams) {
     let row = block_idx() as usize;
     let slices = p.slices.max(1) as usize;
     let t = thread_idx() as usize;
-    let (shared, _) = Shared::new();
+    let (shared, spare) = Shared::new();
     let words = SLICE_TOP_WORDS as usize;
     let tops = (p.slice_tops as *const u32).wrapping_add(row * slices * words);
     // Each slice's state, read at once (a thread a slice).
@@ -449,8 +534,9 @@ pub(crate) unsafe fn sample_top_merge(p: &SamplingParams) {
         q += block_dim() as usize;
     }
     sync_threads();
-    // SAFETY: every thread, uniform control flow; the lists written.
-    unsafe { merge_lists(candidates, list, total) };
+    // SAFETY: every thread, uniform control flow; the lists written; the merge's shared
+    // memory holds `SAMPLING_CANDIDATES / 2` more ranks after the candidates (contract).
+    let candidates = unsafe { merge_lists(candidates, spare.cast::<u64>(), list, total) };
     // SAFETY: `row < rows`.
     let filters = unsafe { Filters::of(p, row) };
     let weights = Weights {
@@ -523,38 +609,28 @@ pub(crate) unsafe fn sample_top_merge(p: &SamplingParams) {
 }
 
 /// Merges the sorted lists at `ranks` (each `list` slots, largest first, padded with zeros, at
-/// `i · list` for `i < total / list`, a power of two of them) into one: the largest `list`
-/// ranks of all, largest first, at `ranks`. Pairs of lists merge in rounds, each keeping the
-/// best `list` of its two: a rank's place in its pair's merge is its place in its own list
-/// plus the ranks of the other list above it (at least it, for the second list's, so that
-/// equal zeros take distinct places), found by bisection.
+/// `i · list` for `i < total / list`, a power of two of them) into one, the largest `list`
+/// ranks of all, largest first, and returns where it is (`ranks` or `spare`). Pairs of lists
+/// merge in rounds, from one buffer into the other, each keeping the best `list` of its two: a
+/// rank's place in its pair's merge is its place in its own list plus the ranks of the other
+/// list above it (at least it, for the second list's, so that equal zeros take distinct
+/// places), found by bisection.
 ///
 /// # Safety
-/// Every thread of the block ([`SAMPLING_THREADS`]), uniform control flow; `ranks` holds
-/// `total ≤` [`SAMPLING_CANDIDATES`] slots in shared memory that nothing else touches
-/// meanwhile; ranks other than zeros are distinct.
+/// Every thread of the block, uniform control flow; `ranks` holds `total` slots and `spare`
+/// `total / 2`, in shared memory that nothing else touches meanwhile; ranks other than zeros
+/// are distinct.
 #[inline(always)]
-unsafe fn merge_lists(ranks: *mut u64, list: usize, total: usize) {
-    const PER_THREAD: usize = (SAMPLING_CANDIDATES / SAMPLING_THREADS) as usize;
-    let t = thread_idx() as usize;
-    // Lists `i` of a round start at `i · stride`.
-    let mut stride = list;
-    while stride < total {
-        let elements = total / stride * list;
-        // Each thread's ranks of the round and their places (`u32::MAX`: none), indexed
-        // by a constant so that they stay in registers.
-        let mut moved = [0u64; PER_THREAD];
-        let mut places = [u32::MAX; PER_THREAD];
-        #[allow(clippy::needless_range_loop)]
-        for e in 0..PER_THREAD {
-            let q = t + e * SAMPLING_THREADS as usize;
-            if q >= elements {
-                continue;
-            }
+unsafe fn merge_lists(ranks: *mut u64, spare: *mut u64, list: usize, total: usize) -> *mut u64 {
+    let (mut from, mut to) = (ranks, spare);
+    let mut total = total;
+    while total > list {
+        let mut q = thread_idx() as usize;
+        while q < total {
             let (i, j) = (q / list, q % list);
-            let other = ranks.wrapping_add((i ^ 1) * stride);
+            let other = from.wrapping_add((i ^ 1) * list);
             // SAFETY: rank `j` of list `i`.
-            let rank = unsafe { ranks.add(i * stride + j).read() };
+            let rank = unsafe { from.add(q).read() };
             let first = i % 2 == 0;
             // The other list's ranks above `rank` (at least it, for the second list's).
             let (mut low, mut high) = (0, list);
@@ -570,22 +646,17 @@ unsafe fn merge_lists(ranks: *mut u64, list: usize, total: usize) {
             }
             let place = j + low;
             if place < list {
-                moved[e] = rank;
-                places[e] = ((i & !1) * stride + place) as u32;
+                // SAFETY: a slot of the pair's merged list, `total / 2` of them, one rank's
+                // alone (the places of a pair's merge are distinct).
+                unsafe { to.add(i / 2 * list + place).write(rank) };
             }
+            q += block_dim() as usize;
         }
         sync_threads();
-        #[allow(clippy::needless_range_loop)]
-        for e in 0..PER_THREAD {
-            if places[e] != u32::MAX {
-                // SAFETY: a slot of the pair's first list, one rank's alone (the places of a
-                // pair's merge are distinct).
-                unsafe { ranks.add(places[e] as usize).write(moved[e]) };
-            }
-        }
-        sync_threads();
-        stride *= 2;
+        (from, to) = (to, from);
+        total /= 2;
     }
+    from
 }
 
 /// The candidate path's entries of one element type (16-byte packs where the rows are aligned

@@ -348,6 +348,40 @@ warp_shuffle!(
     "0x1f"
 );
 
+/// `redux.sync.max.u32`: the largest `value` of the warp's lanes. Every lane of the warp must
+/// execute it (sm_80 and later).
+#[inline(always)]
+pub fn warp_max_u32(value: u32) -> u32 {
+    let result: u32;
+    // SAFETY: a warp-wide reduction of registers; the contract asks every lane to be there.
+    unsafe {
+        asm!(
+            "redux.sync.max.u32 {r}, {v}, 0xffffffff;",
+            r = out(reg32) result,
+            v = in(reg32) value,
+            options(nomem, nostack)
+        )
+    };
+    result
+}
+
+/// `vote.sync.ballot.b32`: bit `i` set where lane `i`'s `predicate` holds. Every lane of the
+/// warp must execute it.
+#[inline(always)]
+pub fn warp_ballot(predicate: bool) -> u32 {
+    let result: u32;
+    // SAFETY: a warp-wide vote over registers; the contract asks every lane to be there.
+    unsafe {
+        asm!(
+            "{{ .reg .pred p; setp.ne.u32 p, {x}, 0; vote.sync.ballot.b32 {r}, p, 0xffffffff; }}",
+            r = out(reg32) result,
+            x = in(reg32) u32::from(predicate),
+            options(nomem, nostack)
+        )
+    };
+    result
+}
+
 /// The shared-memory window address of `local` (`cvta.to.shared`), as the `.shared` atomics
 /// below take it.
 #[inline(always)]
