@@ -229,6 +229,9 @@ pub(crate) enum Params {
         rows: u32,
         /// The candidate path (a small top-k): its slices' states and ranks in the workspace.
         candidates: bool,
+        /// The launch also advances the random offset (the merge of sliced draws, when it is
+        /// the call's last launch).
+        advances: bool,
     },
 }
 

@@ -4,7 +4,7 @@
 //! fill the device, a block per slice of a row and a merge of the slices' draws; for one small
 //! top-k (rows of at most 262,144 columns), the candidate path (a block per slice of 8192
 //! columns, then a block per row); then the one-thread launch that advances the random offset
-//! where the call advances it.
+//! where the call advances it (the merge of sliced draws advances it itself).
 
 use kernels_gpu::launch::ops::DType;
 use kernels_gpu::launch::sampling::{
@@ -66,6 +66,7 @@ pub(crate) fn plan(
             slice_cols: TOP_K_SLICE_COLS,
             rows,
             candidates: true,
+            advances: false,
         };
         let grid = rows
             .checked_mul(candidate_slices)
@@ -86,7 +87,19 @@ pub(crate) fn plan(
     } else {
         rows_launches(input, work, shape, (rows, cols), aligned, limits)?
     };
-    if advance {
+    // The merge of sliced draws reads no random state: it advances the offset itself.
+    let last = launches.last_mut().expect("a call launches its rows");
+    if let (
+        true,
+        Entry::Sampling(SamplingEntry {
+            kind: SamplingKind::Merge,
+            ..
+        }),
+    ) = (advance, last.entry)
+        && let Params::Sampling { advances, .. } = &mut last.params
+    {
+        *advances = true;
+    } else if advance {
         launches.push(Launch {
             entry: entry(SamplingKind::Advance),
             grid: 1,
@@ -143,6 +156,7 @@ fn rows_launches(
         slice_cols,
         rows,
         candidates: false,
+        advances: false,
     };
     let grid = rows
         .checked_mul(slices)
@@ -169,15 +183,16 @@ fn rows_launches(
     Ok(launches)
 }
 
-/// Slices per row and columns per slice: as many slices as bring the blocks to
-/// [`BLOCKS_PER_SM`] per multiprocessor, while every thread of a slice still has a pack; the
-/// columns per slice a multiple of 8 (so every slice starts on a 16-byte boundary when its
-/// row does), the slices trimmed so that none is empty.
+/// Slices per row and columns per slice: as many slices as the blocks of one wave hold
+/// ([`BLOCKS_PER_SM`] per multiprocessor; a second, nearly empty wave took longer than fewer,
+/// larger slices), while every thread of a slice still has a pack; the columns per slice a
+/// multiple of 8 (so every slice starts on a 16-byte boundary when its row does), the slices
+/// trimmed so that none is empty.
 fn slicing(input: DType, rows: u32, cols: u32, limits: &dyn DeviceLimits) -> (u32, u32) {
     let target = BLOCKS_PER_SM * limits.multiprocessors();
     let pack = 16 / input.bytes();
     let most = (cols / (SAMPLING_THREADS * pack)).max(1);
-    let slices = target.div_ceil(rows.max(1)).clamp(1, most);
+    let slices = (target / rows.max(1)).clamp(1, most);
     if slices == 1 {
         return (1, cols);
     }
@@ -348,7 +363,12 @@ mod tests {
             &FakeH200,
         )
         .unwrap();
-        assert_eq!(launches.len(), 3);
+        // The slices, then the merge, which advances the offset: no launch of its own.
+        assert_eq!(launches.len(), 2);
+        assert!(matches!(
+            launches[1].params,
+            Params::Sampling { advances: true, .. }
+        ));
         let Params::Sampling {
             slices, slice_cols, ..
         } = launches[0].params
@@ -370,5 +390,23 @@ mod tests {
         .unwrap();
         assert_eq!(launches.len(), 2);
         assert_eq!(launches[0].grid, 512);
+        // Blocks of one wave at most (two a multiprocessor): 64 rows take 4 slices, not 5.
+        let launches = plan(
+            DType::F32,
+            false,
+            SamplingWork::Sliceable,
+            Shape::new(64, 32_000).unwrap(),
+            Layout::Aligned,
+            &FakeH200,
+        )
+        .unwrap();
+        assert_eq!(launches[0].grid, 64 * 4);
+        assert!(matches!(
+            launches[1].params,
+            Params::Sampling {
+                advances: false,
+                ..
+            }
+        ));
     }
 }

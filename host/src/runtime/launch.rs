@@ -196,11 +196,13 @@ impl KernelParams {
                 slices,
                 slice_cols,
                 candidates,
+                advances,
                 ..
             } => {
                 let mut params = *b.sampling;
                 params.cached = cached.into();
                 params.aligned = aligned.into();
+                params.advance = advances.into();
                 if candidates {
                     // The slices' candidates and states go through the workspace.
                     params.slices = slices;

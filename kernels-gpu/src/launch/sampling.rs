@@ -115,8 +115,9 @@ unsafe impl cust_core::DeviceCopy for ShardDraw {}
 ///   every row adds).
 /// - `temperatures`, `top_ps`, `min_ps` (f32) and `top_ks` (u32), when not 0, hold one value
 ///   per row.
-/// - `random` holds two u64: the seed, then the offset; the advance entry adds 1 to the
-///   offset (its only write), every other entry only reads them.
+/// - `random` holds two u64: the seed, then the offset; the advance entry, and the merge entry
+///   where `advance` is 1, add 1 to the offset (their only write to it; the merge's slices
+///   have finished, and it reads nothing of the state), every other entry only reads them.
 /// - `tokens` (u32), `logprobs` and `raw_logprobs` (f32), when not 0, hold one value per row;
 ///   `probabilities`, when not 0, `rows` rows of `cols` f32 at `probabilities_stride`.
 /// - `draws` (mode `SHARD`, and the merge entry) holds `slices` [`ShardDraw`]s per row.
@@ -189,6 +190,9 @@ pub struct SamplingParams {
     pub slice_cols: u32,
     /// The candidate path's workspace: [`SLICE_TOP_WORDS`] words per slice of each row.
     pub slice_tops: u64,
+    /// Whether the merge entry also adds 1 to the random offset (it is the call's last launch,
+    /// and no block of it reads the random state).
+    pub advance: u32,
 }
 
 /// What a sampling entry does: the rows with every filter, a block each (`Rows`); greedy

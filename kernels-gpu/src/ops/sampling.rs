@@ -1547,13 +1547,18 @@ unsafe fn bisect_cut<E: Element, const PACK: usize>(
 /// Writes each row's outputs from its `slices` draws (each a slice of the row, temperature
 /// alone): the best score's token (the lower token among equals), its log-probability under
 /// the merged statistics (filtered and unfiltered are one; 0 filtered for a greedy row), or
-/// `NO_TOKEN` and NaN where a slice had none. A thread per row, any grid.
+/// `NO_TOKEN` and NaN where a slice had none. A thread per row, any grid. Where `advance`, its
+/// first thread also advances the random offset.
 ///
 /// # Safety
 /// The contract of [`SamplingParams`] for `draws` (read), the per-row arrays, and the
 /// outputs.
 #[inline(always)]
 pub(crate) unsafe fn sample_merge(p: &SamplingParams) {
+    if p.advance != 0 && block_idx() == 0 && thread_idx() == 0 {
+        // SAFETY: the random state (contract); the slices that read it have finished.
+        unsafe { sample_advance(p) };
+    }
     let slices = p.slices.max(1) as usize;
     let mut row = (block_idx() * block_dim() + thread_idx()) as usize;
     while row < p.rows as usize {
