@@ -762,9 +762,10 @@ fn shards(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     Ok(format!("{aligned}; {odd}"))
 }
 
-/// Temperature-only draws of 6 rows of `cols` columns (`T`): the whole rows (sliced), the
-/// same rows in a batch of 300 (unsliced), the f64 reference's draws, and 1, 2, 3 and 8
-/// shards merged, all the same tokens.
+/// Temperature-only draws of 6 rows of `cols` columns (`T`): the whole rows (sliced; once more
+/// advancing the offset, which the merge then advances once), the same rows in a batch of 300
+/// (unsliced), the f64 reference's draws, and 1, 2, 3 and 8 shards merged, all the same
+/// tokens.
 fn shards_of<T: Element>(softmax: &mut Softmax, rng: &mut StdRng, cols: usize) -> Outcome {
     let rows = 6;
     let s = shape(rows, cols);
@@ -793,6 +794,24 @@ fn shards_of<T: Element>(softmax: &mut Softmax, rng: &mut StdRng, cols: usize) -
     tokens.copy_to(&mut whole[..]).map_err(text)?;
     let whole_logprobs = common::download(&logprobs)?;
     let dtype = T::DTYPE;
+    // The same call advancing the offset: the merge of the sliced draws advances it once,
+    // after the slices drew at the offset it had.
+    let mut advancing = DeviceBuffer::from_slice(&[5u64, 9]).map_err(text)?;
+    let again = draw_tokens(
+        softmax,
+        Rows::new(&x, s).map_err(text)?,
+        &mut advancing,
+        &mut tokens,
+        &SamplingOptions::new().temperature(temperature),
+    )?;
+    let mut state = [0u64; 2];
+    advancing.copy_to(&mut state[..]).map_err(text)?;
+    if state != [5, 10] || again != whole {
+        return Err(format!(
+            "{dtype:?}: an advancing call left the state at {state:?} (expected [5, 10]) and \
+             drew {again:?} (expected {whole:?})"
+        ));
+    }
     // The same rows at the top of a batch of 300 (enough rows that they are not sliced).
     let batch_rows = 300;
     let mut batch = values.clone();

@@ -1,15 +1,15 @@
 //! Planning a sampling call: a block per row, its row kept in shared memory where it fits
 //! beside the histogram and the candidates (with filters), or drawn in one pass by the draw
-//! entry (greedy or temperature alone); for greedy and temperature alone on rows too few to
-//! fill the device, a block per slice of a row and a merge of the slices' draws; for one small
+//! entry (greedy or temperature alone); for greedy and temperature alone on at most a row a
+//! multiprocessor, a block per slice of a row and a merge of the slices' draws; for one small
 //! top-k (rows of at most 262,144 columns), the candidate path (a block per slice of 8192
 //! columns, then a block per row); then the one-thread launch that advances the random offset
 //! where the call advances it (the merge of sliced draws advances it itself).
 
 use kernels_gpu::launch::ops::DType;
 use kernels_gpu::launch::sampling::{
-    SAMPLING_THREADS, SamplingEntry, SamplingKind, TOP_K_MAX_SLICES, TOP_K_MERGE_SHARED_BYTES,
-    TOP_K_SHARED_BYTES, TOP_K_SLICE_COLS, sampling_shared_bytes,
+    SAMPLING_THREADS, SLICE_TOP_WORDS, SamplingEntry, SamplingKind, TOP_K_MAX_SLICES,
+    TOP_K_MERGE_SHARED_BYTES, TOP_K_SHARED_BYTES, TOP_K_SLICE_COLS, sampling_shared_bytes,
 };
 
 use super::{
@@ -47,10 +47,16 @@ pub(crate) fn plan(
     let entry = |kind| Entry::Sampling(SamplingEntry { dtype: input, kind });
     let aligned = layout == Layout::Aligned;
     let candidate_slices = cols.div_ceil(TOP_K_SLICE_COLS);
-    // The candidate path at every batch size: since its slices compare only the keys at least
-    // a bound of their `k`-th, it took less time than the row kernel on 256 rows too
-    // (performance log, "The candidate path's slices compare few keys").
-    let candidates = work == SamplingWork::TopK && candidate_slices <= TOP_K_MAX_SLICES;
+    // The candidate path: since its slices compare only the keys at least a bound of their
+    // `k`-th, it took less time than the row kernel on 256 rows too (performance log, "The
+    // candidate path's slices compare few keys"). Its workspace, `SLICE_TOP_WORDS` words a
+    // slice of every row, is kept to a quarter of the logits beyond a row a multiprocessor
+    // (narrow rows in large batches take the row kernel).
+    let workspace_bytes = u64::from(candidate_slices) * u64::from(SLICE_TOP_WORDS) * 4;
+    let row_bytes = u64::from(cols) * u64::from(input.bytes());
+    let candidates = work == SamplingWork::TopK
+        && candidate_slices <= TOP_K_MAX_SLICES
+        && (rows <= limits.multiprocessors() || 4 * workspace_bytes <= row_bytes);
     let mut launches = if candidates {
         let slices_entry = entry(SamplingKind::TopSlices);
         let merge_entry = entry(SamplingKind::TopMerge);
@@ -304,6 +310,20 @@ mod tests {
         .unwrap();
         assert_eq!(kind(&many[0]), SamplingKind::TopSlices);
         assert_eq!((many[0].grid, many[1].grid), (1000 * 4, 1000));
+        // Narrow rows in a large batch: the workspace would pass a quarter of the logits.
+        let narrow = |rows| {
+            super::plan(
+                DType::F32,
+                false,
+                SamplingWork::TopK,
+                Shape::new(rows, 1000).unwrap(),
+                Layout::Aligned,
+                &FakeH200,
+            )
+            .unwrap()
+        };
+        assert_eq!(kind(&narrow(1000)[0]), SamplingKind::Rows);
+        assert_eq!(kind(&narrow(132)[0]), SamplingKind::TopSlices);
     }
 
     #[test]

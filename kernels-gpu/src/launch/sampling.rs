@@ -42,7 +42,7 @@ pub const TOP_K_SHARED_BYTES: u32 = sampling_shared_bytes(4 * TOP_K_GATHERED_KEY
 /// lists alternates with.
 pub const TOP_K_MERGE_SHARED_BYTES: u32 = sampling_shared_bytes(4 * SAMPLING_CANDIDATES);
 
-/// Slices a row of the candidate path may have: their candidates, `k` each, are sorted
+/// Slices a row of the candidate path may have: their candidates, `k` each, are merged
 /// together in shared memory ([`SAMPLING_CANDIDATES`] at most).
 pub const TOP_K_MAX_SLICES: u32 = SAMPLING_CANDIDATES / TOP_K_CANDIDATES;
 

@@ -2,10 +2,10 @@
 //! launches that read the row once:
 //! 1. a block per slice of [`TOP_K_SLICE_COLS`] columns keeps its slice's keys (the order
 //!    keys of the logits, [`order_key`]) in shared memory, bounds its `k`-th best key from
-//!    below by the `k`-th best of its threads' largest keys, sorts the keys at least the bound
-//!    (the sampler's order: larger logits first, the lower column among equals; a radix select
-//!    over every key places the cut where equal keys make them too many), and leaves its best
-//!    `k` ranks, sorted, and its row state in the workspace;
+//!    below by its threads' largest keys ([`bound_of_notes`]), orders the keys at least the
+//!    bound by counting (the sampler's order: larger logits first, the lower column among
+//!    equals; a radix select over every key takes the best where equal keys make them too
+//!    many), and leaves its best `k` ranks, in order, and its row state in the workspace;
 //! 2. a block per row merges its slices' sorted candidates, which hold the row's top-k, and
 //!    places top-p (over the top-k's mass) and min-p among them, draws with the Gumbel noise of
 //!    the row kernel (keyed by the column), and writes the token and its log-probabilities.
