@@ -91,21 +91,12 @@ pub(crate) fn plan(
         })
         .to_vec()
     } else {
-        rows_launches(input, work, shape, (rows, cols), aligned, limits)?
+        rows_launches(input, advance, work, shape, (rows, cols), aligned, limits)?
     };
-    // The merge of sliced draws reads no random state: it advances the offset itself.
-    let last = launches.last_mut().expect("a call launches its rows");
-    if let (
-        true,
-        Entry::Sampling(SamplingEntry {
-            kind: SamplingKind::Merge,
-            ..
-        }),
-    ) = (advance, last.entry)
-        && let Params::Sampling { advances, .. } = &mut last.params
-    {
-        *advances = true;
-    } else if advance {
+    let advanced = launches
+        .iter()
+        .any(|launch| matches!(launch.params, Params::Sampling { advances: true, .. }));
+    if advance && !advanced {
         launches.push(Launch {
             entry: entry(SamplingKind::Advance),
             grid: 1,
@@ -120,9 +111,11 @@ pub(crate) fn plan(
 
 /// The launches of a call that the candidate path does not take: a block per row (the row
 /// kernel with filters, else the draw kernel), or for greedy and temperature alone on few
-/// rows, a block per slice and the merge. `(rows, cols)`: `shape`'s, as [`plan`] checked them.
+/// rows, a block per slice and the merge, which reads no random state and so advances the
+/// offset itself where `advance`. `(rows, cols)`: `shape`'s, as [`plan`] checked them.
 fn rows_launches(
     input: DType,
+    advance: bool,
     work: SamplingWork,
     shape: Shape,
     (rows, cols): (u32, u32),
@@ -155,14 +148,14 @@ fn rows_launches(
     } else {
         (1, cols)
     };
-    let params = |cached| Params::Sampling {
+    let params = |cached, advances| Params::Sampling {
         cached,
         aligned,
         slices,
         slice_cols,
         rows,
         candidates: false,
-        advances: false,
+        advances,
     };
     let grid = rows
         .checked_mul(slices)
@@ -174,7 +167,7 @@ fn rows_launches(
         block: SAMPLING_THREADS,
         shared_bytes: sampling_shared_bytes(if sliced { 0 } else { cached.unwrap_or(0) }),
         scheduling: Scheduling::Ordinary,
-        params: params(!sliced && cached.is_some()),
+        params: params(!sliced && cached.is_some(), false),
     }];
     if sliced {
         launches.push(Launch {
@@ -183,7 +176,7 @@ fn rows_launches(
             block: MERGE_THREADS,
             shared_bytes: 0,
             scheduling: Scheduling::Ordinary,
-            params: params(false),
+            params: params(false, advance),
         });
     }
     Ok(launches)
@@ -299,29 +292,11 @@ mod tests {
         let wide = plan(262_145);
         assert_eq!(kind(&wide[0]), SamplingKind::Rows);
         assert_eq!(wide.len(), 2);
-        let many = super::plan(
-            DType::F32,
-            false,
-            SamplingWork::TopK,
-            Shape::new(1000, 32_000).unwrap(),
-            Layout::Aligned,
-            &FakeH200,
-        )
-        .unwrap();
+        let many = f32_plan(SamplingWork::TopK, false, 1000, 32_000);
         assert_eq!(kind(&many[0]), SamplingKind::TopSlices);
         assert_eq!((many[0].grid, many[1].grid), (1000 * 4, 1000));
         // Narrow rows in a large batch: the workspace would pass a quarter of the logits.
-        let narrow = |rows| {
-            super::plan(
-                DType::F32,
-                false,
-                SamplingWork::TopK,
-                Shape::new(rows, 1000).unwrap(),
-                Layout::Aligned,
-                &FakeH200,
-            )
-            .unwrap()
-        };
+        let narrow = |rows| f32_plan(SamplingWork::TopK, false, rows, 1000);
         assert_eq!(kind(&narrow(1000)[0]), SamplingKind::Rows);
         assert_eq!(kind(&narrow(132)[0]), SamplingKind::TopSlices);
     }
@@ -356,6 +331,19 @@ mod tests {
             ));
             assert_eq!(launches[0].shared_bytes, sampling_shared_bytes(0));
         }
+    }
+
+    /// The plan of an f32 call on aligned rows on the stand-in H200.
+    fn f32_plan(work: SamplingWork, advance: bool, rows: usize, cols: usize) -> Vec<Launch> {
+        plan(
+            DType::F32,
+            advance,
+            work,
+            Shape::new(rows, cols).unwrap(),
+            Layout::Aligned,
+            &FakeH200,
+        )
+        .unwrap()
     }
 
     #[test]
@@ -399,27 +387,11 @@ mod tests {
         assert_eq!(slice_cols % 8, 0);
         assert!(slice_cols * (slices - 1) < 262_144 && slice_cols * slices >= 262_144);
         // Enough rows fill the device: no slices.
-        let launches = plan(
-            DType::F32,
-            true,
-            SamplingWork::Sliceable,
-            Shape::new(512, 32_000).unwrap(),
-            Layout::Aligned,
-            &FakeH200,
-        )
-        .unwrap();
+        let launches = f32_plan(SamplingWork::Sliceable, true, 512, 32_000);
         assert_eq!(launches.len(), 2);
         assert_eq!(launches[0].grid, 512);
         // Blocks of one wave at most (two a multiprocessor): 64 rows take 4 slices, not 5.
-        let launches = plan(
-            DType::F32,
-            false,
-            SamplingWork::Sliceable,
-            Shape::new(64, 32_000).unwrap(),
-            Layout::Aligned,
-            &FakeH200,
-        )
-        .unwrap();
+        let launches = f32_plan(SamplingWork::Sliceable, false, 64, 32_000);
         assert_eq!(launches[0].grid, 64 * 4);
         assert!(matches!(
             launches[1].params,
