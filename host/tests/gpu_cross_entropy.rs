@@ -11,6 +11,9 @@
 
 mod common;
 
+use std::time::Duration;
+
+use common::kernels::Holder;
 use common::{download, rounded, shape, text, upload};
 
 use cust::memory::{CopyDestination, DeviceBuffer};
@@ -30,6 +33,10 @@ const TESTS: &[common::Test] = &[
     (
         "ce_block_entries_every_slicing",
         block_entries_every_slicing,
+    ),
+    (
+        "ce_row_slices_are_exact_when_blocks_leave_their_slices",
+        leaving_blocks,
     ),
     ("ce_in_place_equals_out_of_place", in_place),
     (
@@ -261,6 +268,19 @@ fn run_case<T: Element>(
     cols: usize,
     wide_targets: bool,
 ) -> Result<f64, String> {
+    run_case_beside::<T>(softmax, rng, case, (rows, cols), wide_targets, None)
+}
+
+/// [`run_case`], its fused call launched while `holder` (if given) holds all but a few
+/// multiprocessors: the call's blocks cannot all be resident at once.
+fn run_case_beside<T: Element>(
+    softmax: &mut Softmax,
+    rng: &mut StdRng,
+    case: Case,
+    (rows, cols): (usize, usize),
+    wide_targets: bool,
+    holder: Option<&Holder>,
+) -> Result<f64, String> {
     let s = shape(rows, cols);
     let values = rounded::<T>(&common::random_matrix(rng, s, 6.0));
     let weight_values: Vec<f32> = (0..cols).map(|_| rng.random_range(0.25..2.0)).collect();
@@ -287,6 +307,7 @@ fn run_case<T: Element>(
     let mut lse = common::poisoned(rows)?;
     let mut gradient = upload::<T>(&vec![f32::NAN; rows * cols])?;
     let ce = case.options(&weight);
+    let held = holder.map(|h| h.hold(HOLD)).transpose()?;
     softmax
         .cross_entropy_backward(
             Rows::new(&logits, s).map_err(text)?,
@@ -299,6 +320,10 @@ fn run_case<T: Element>(
         )
         .map_err(text)?;
     softmax.synchronize().map_err(text)?;
+    if let Some(holder) = holder {
+        holder.stream.synchronize().map_err(text)?;
+    }
+    drop(held);
     let what = format!("{case:?} {:?} {rows}×{cols}", T::DTYPE);
     let losses = download(&loss)?;
     let expected_losses = if reduced {
@@ -380,10 +405,10 @@ fn every_option_and_type(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     ))
 }
 
-/// The calls the block entries take (aligned rows, no label smoothing), over each way their
-/// planner cuts rows: whole rows, clusters in waves, clusters of few rows and one cooperative
-/// launch (and f32 rows wider than its clusters take, on the row kernel), against the
-/// reference.
+/// The calls the block entries and the row-slices entries take (aligned rows, no label
+/// smoothing), over each way their planner cuts rows: whole rows, clusters in waves, clusters
+/// of few rows and one cooperative launch, and row slices in waves of rows (the wider rows in
+/// waves: bf16 200×128256, f16 200×65536, f32 160×262144), against the reference.
 fn block_entries_every_slicing(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
     let p = Case::PLAIN;
     let cases = [
@@ -404,7 +429,14 @@ fn block_entries_every_slicing(softmax: &mut Softmax, rng: &mut StdRng) -> Outco
     let mut worst: f64 = 0.0;
     for (i, case) in cases.into_iter().enumerate() {
         let wide = i % 2 == 0;
-        for (rows, cols) in [(1100, 32000), (200, 128256), (1, 32000), (5, 100000)] {
+        let bf16_shapes = [
+            (1100, 32000),
+            (200, 128256),
+            (64, 262144),
+            (1, 32000),
+            (5, 100000),
+        ];
+        for (rows, cols) in bf16_shapes {
             worst = worst.max(run_case::<bf16>(softmax, rng, case, rows, cols, wide)?);
             runs += 1;
         }
@@ -412,18 +444,91 @@ fn block_entries_every_slicing(softmax: &mut Softmax, rng: &mut StdRng) -> Outco
             worst = worst.max(run_case::<f32>(softmax, rng, case, rows, cols, !wide)?);
             runs += 1;
         }
-        worst = worst.max(run_case::<f16>(softmax, rng, case, 40, 151936, wide)?);
-        runs += 1;
+        for (rows, cols) in [(40, 151936), (200, 65536)] {
+            worst = worst.max(run_case::<f16>(softmax, rng, case, rows, cols, wide)?);
+            runs += 1;
+        }
     }
     Ok(format!(
-        "{runs} fused calls and their forward-only twins on rows whole, in clusters in waves, in clusters and in one cooperative launch: worst gradient relative L2 {worst:.2e}"
+        "{runs} fused calls and their forward-only twins on rows whole, in clusters in waves, in clusters, in one cooperative launch and in row slices in waves: worst gradient relative L2 {worst:.2e}"
+    ))
+}
+
+/// How long the holder of [`leaving_blocks`] keeps its multiprocessors.
+const HOLD: Duration = Duration::from_millis(20);
+
+/// The row-slices entries on an instance whose blocks wait no time for their rows, each fused
+/// call launched beside a kernel that holds all but four multiprocessors (on an idle GPU a
+/// row's blocks all arrive within the timer's resolution, and none would leave): blocks leave
+/// their slices to their rows' last blocks, which write them from the logits, never yet
+/// written. The results must be exact as ever, and the device's count of blocks that left
+/// must grow at every call (so the leaving path ran, and the call took the row-slices
+/// entries).
+fn leaving_blocks(_softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
+    let mut impatient = Softmax::new().map_err(text)?;
+    impatient.set_row_barrier_patience(Duration::ZERO);
+    let holder = Holder::new(impatient.device(), 4)?;
+    let p = Case::PLAIN;
+    let cases = [
+        Case {
+            reduction: Reduction::None,
+            z_loss: 1e-3,
+            ..p
+        },
+        Case {
+            weighted: true,
+            ..p
+        },
+    ];
+    let (mut calls, mut blocks_left, mut worst) = (0, 0, 0.0f64);
+    for case in cases {
+        for (dtype, rows, cols) in [
+            (DType::Bf16, 200, 128256),
+            (DType::F32, 160, 262144),
+            (DType::F16, 200, 65536),
+        ] {
+            // A first call loads the module and sizes the workspace: one that waited for the
+            // device would start after the holder let go.
+            let run = |softmax: &mut Softmax, rng: &mut StdRng, holder| match dtype {
+                DType::Bf16 => {
+                    run_case_beside::<bf16>(softmax, rng, case, (rows, cols), true, holder)
+                }
+                DType::F16 => {
+                    run_case_beside::<f16>(softmax, rng, case, (rows, cols), true, holder)
+                }
+                _ => run_case_beside::<f32>(softmax, rng, case, (rows, cols), false, holder),
+            };
+            run(&mut impatient, rng, None)?;
+            let before = impatient.blocks_that_left().map_err(text)?;
+            worst = worst.max(run(&mut impatient, rng, Some(&holder))?);
+            let after = impatient.blocks_that_left().map_err(text)?;
+            if after <= before {
+                return Err(format!(
+                    "{case:?} {dtype:?} {rows}×{cols}: no block left its slice"
+                ));
+            }
+            blocks_left += after - before;
+            calls += 1;
+        }
+    }
+    // In place, the slices left are read again from the logits, which no block has written.
+    in_place_matches_apart(&mut impatient, rng, (200, 128256), 0.0, None)?;
+    let before = impatient.blocks_that_left().map_err(text)?;
+    in_place_matches_apart(&mut impatient, rng, (200, 128256), 0.0, Some(&holder))?;
+    if impatient.blocks_that_left().map_err(text)? <= before {
+        return Err("bf16 200×128256 in place: no block left its slice".into());
+    }
+    Ok(format!(
+        "{calls} fused calls in row slices with zero patience beside {} held multiprocessors \
+         matched the reference (worst gradient relative L2 {worst:.2e}), and in place matched \
+         the gradient written apart; {blocks_left} blocks left their slices, some in every call",
+        holder.blocks
     ))
 }
 
 fn in_place(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
-    let mut checked = 0;
-    // Label smoothing takes the row kernel; without it, the block entries (clusters in waves
-    // at 300×128256).
+    // Label smoothing takes the row kernel; without it, the block entries, and at 300×128256
+    // the row-slices entries in waves.
     let shapes = [
         (16, 32000, 0.1),
         (4, 151936, 0.1),
@@ -433,55 +538,76 @@ fn in_place(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
         (64, 1000, 0.0),
     ];
     for &(rows, cols, smoothing) in &shapes {
-        let s = shape(rows, cols);
-        let values = rounded::<bf16>(&common::random_matrix(rng, s, 6.0));
-        let target_values = targets(rng, rows, cols, Some(-100));
-        let t = DeviceBuffer::from_slice(&target_values).map_err(text)?;
-        let ce = CrossEntropyOptions::new()
-            .label_smoothing(smoothing)
-            .z_loss(1e-4);
-        let logits = upload::<bf16>(&values)?;
-        let mut apart = upload::<bf16>(&vec![f32::NAN; rows * cols])?;
-        let mut loss_apart = common::poisoned(1)?;
-        softmax
-            .cross_entropy_backward(
-                Rows::new(&logits, s).map_err(text)?,
-                &t,
-                CrossEntropyOutputs::new().loss(&mut loss_apart),
-                RowsMut::new(&mut apart, s).map_err(text)?,
-                Upstream::Value(0.5),
-                &ce,
-                &Options::new(),
-            )
-            .map_err(text)?;
-        let mut in_place = upload::<bf16>(&values)?;
-        let mut loss = common::poisoned(1)?;
-        softmax
-            .cross_entropy_backward_in_place(
-                RowsMut::new(&mut in_place, s).map_err(text)?,
-                &t,
-                CrossEntropyOutputs::new().loss(&mut loss),
-                Upstream::Value(0.5),
-                &ce,
-                &Options::new(),
-            )
-            .map_err(text)?;
-        softmax.synchronize().map_err(text)?;
-        let (a, b) = (download(&apart)?, download(&in_place)?);
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        if bits(&a) != bits(&b) {
-            return Err(format!(
-                "{rows}×{cols}: the in-place gradient differs from the one written apart"
-            ));
-        }
-        if download(&loss)?[0].to_bits() != download(&loss_apart)?[0].to_bits() {
-            return Err(format!("{rows}×{cols}: the in-place loss differs"));
-        }
-        checked += 1;
+        in_place_matches_apart(softmax, rng, (rows, cols), smoothing, None)?;
     }
     Ok(format!(
-        "{checked} bf16 calls (the row kernel and the block entries): the gradient written over the logits is bit for bit the one written apart"
+        "{} bf16 calls (the row kernel, the block entries and the row-slices entries): the gradient written over the logits is bit for bit the one written apart",
+        shapes.len()
     ))
+}
+
+/// Whether the bf16 gradient and loss written over the logits are bit for bit those written
+/// apart, each call launched while `holder` (if given) holds all but a few multiprocessors.
+fn in_place_matches_apart(
+    softmax: &mut Softmax,
+    rng: &mut StdRng,
+    (rows, cols): (usize, usize),
+    smoothing: f32,
+    holder: Option<&Holder>,
+) -> Result<(), String> {
+    let s = shape(rows, cols);
+    let values = rounded::<bf16>(&common::random_matrix(rng, s, 6.0));
+    let target_values = targets(rng, rows, cols, Some(-100));
+    let t = DeviceBuffer::from_slice(&target_values).map_err(text)?;
+    let ce = CrossEntropyOptions::new()
+        .label_smoothing(smoothing)
+        .z_loss(1e-4);
+    let logits = upload::<bf16>(&values)?;
+    let mut apart = upload::<bf16>(&vec![f32::NAN; rows * cols])?;
+    let mut loss_apart = common::poisoned(1)?;
+    let mut in_place = upload::<bf16>(&values)?;
+    let mut loss = common::poisoned(1)?;
+    let held = holder.map(|h| h.hold(HOLD)).transpose()?;
+    softmax
+        .cross_entropy_backward(
+            Rows::new(&logits, s).map_err(text)?,
+            &t,
+            CrossEntropyOutputs::new().loss(&mut loss_apart),
+            RowsMut::new(&mut apart, s).map_err(text)?,
+            Upstream::Value(0.5),
+            &ce,
+            &Options::new(),
+        )
+        .map_err(text)?;
+    softmax.synchronize().map_err(text)?;
+    drop(held);
+    let held = holder.map(|h| h.hold(HOLD)).transpose()?;
+    softmax
+        .cross_entropy_backward_in_place(
+            RowsMut::new(&mut in_place, s).map_err(text)?,
+            &t,
+            CrossEntropyOutputs::new().loss(&mut loss),
+            Upstream::Value(0.5),
+            &ce,
+            &Options::new(),
+        )
+        .map_err(text)?;
+    softmax.synchronize().map_err(text)?;
+    if let Some(holder) = holder {
+        holder.stream.synchronize().map_err(text)?;
+    }
+    drop(held);
+    let (a, b) = (download(&apart)?, download(&in_place)?);
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    if bits(&a) != bits(&b) {
+        return Err(format!(
+            "{rows}×{cols}: the in-place gradient differs from the one written apart"
+        ));
+    }
+    if download(&loss)?[0].to_bits() != download(&loss_apart)?[0].to_bits() {
+        return Err(format!("{rows}×{cols}: the in-place loss differs"));
+    }
+    Ok(())
 }
 
 fn ignored_and_out_of_range(softmax: &mut Softmax, _rng: &mut StdRng) -> Outcome {

@@ -129,14 +129,22 @@ pub struct RegisterCap {
 
 /// Every entry family with a register cap. [`build_all_ptx`] fails where a build has no entry
 /// of a listed family.
-pub const REGISTER_CAPS: [RegisterCap; 1] = [RegisterCap {
-    // The cross-entropy block entries: 64 registers let two blocks of 512 threads share a
-    // multiprocessor, and every block size up to 1024 launch. Uncapped, `ptxas` gave the
-    // 8-pack entries 72 to 127 registers as the code around their loads changed, where 64
-    // spill nothing.
-    prefix: "op_block_xent_",
-    registers: 64,
-}];
+pub const REGISTER_CAPS: [RegisterCap; 2] = [
+    RegisterCap {
+        // The cross-entropy block entries: 64 registers let two blocks of 512 threads share a
+        // multiprocessor, and every block size up to 1024 launch. Uncapped, `ptxas` gave the
+        // 8-pack entries 72 to 127 registers as the code around their loads changed, where
+        // 64 spill nothing.
+        prefix: "op_block_xent_",
+        registers: 64,
+    },
+    RegisterCap {
+        // The cross-entropy row-slices entries: four blocks of 256 threads a multiprocessor
+        // (the row-slices plan in waves), and every block size up to 1024 launch.
+        prefix: "cross_entropy_slices_",
+        registers: 64,
+    },
+];
 
 /// `ptx` with each entry of [`LAUNCH_BOUNDS`] given its bounds, and each entry of a family of
 /// [`REGISTER_CAPS`] its cap, after its parameter list; and the entries (the names listed in

@@ -1,7 +1,11 @@
 //! Planning a cross-entropy call: the block entries where the call can take them (rows
 //! aligned for 16-byte packs, no label smoothing, the whole vocabulary), which hold their rows
 //! in registers as the operation kernels plan them: whole rows, clusters in waves, or the
-//! slices of one launch. Else each row one block of the row kernel, or a thread-block cluster
+//! slices of one launch. Such calls on rows that clusters in waves would take, or that the
+//! block entries cannot reduce in one launch, take the row-slices entries instead where those
+//! keep every slice in shared memory in waves of rows, in fewer waves than the clusters (16-bit
+//! rows), or in place of the row kernel (f32 rows wider than the block entries' clusters).
+//! Else each row one block of the row kernel, or a thread-block cluster
 //! of blocks that each hold a slice of it, kept in shared memory where two blocks still fit a
 //! multiprocessor (else one block that reads its row twice). The one-block prologue and
 //! epilogue where the call needs them.
@@ -16,7 +20,7 @@ use kernels_gpu::launch::ops::{DType, Direction};
 use super::operations::{self, OpLaunch};
 use super::{
     CLUSTER_SHARED_BYTES, DeviceLimits, Entry, Launch, Layout, OperationMode, Params, Scheduling,
-    not_resident, rows_and_cols, too_large,
+    Slicing, launch_waves, not_resident, rows_and_cols, too_large, variants,
 };
 use crate::error::Result;
 use crate::shape::Shape;
@@ -54,13 +58,26 @@ pub(crate) fn plan(
     let in_blocks = block_entries
         .then(|| plan_in_blocks(input, shape, layout, limits))
         .flatten();
-    let rows_launch = match in_blocks {
+    let in_slices = block_entries
+        .then(|| plan_in_slices(input, shape, layout, limits))
+        .flatten();
+    let rows_launch = match (in_blocks, in_slices) {
+        (Some((blocks, _)), Some(slices)) if slices_over_blocks(input, &blocks, &slices, limits) => {
+            Launch {
+                params: params(slices.slicing.slices, slices.slicing.slice_packs, true, true),
+                ..slices.launch
+            }
+        }
         // The operation kernels' launch, with the cross-entropy's parameters.
-        Some((launch, op)) => Launch {
+        (Some((launch, op)), _) => Launch {
             params: params(op.slices, op.slice_packs, false, true),
             ..launch
         },
-        None => rows_kernel_launch(input, (rows, cols), shape, layout, limits, params)?,
+        (None, Some(slices)) => Launch {
+            params: params(slices.slicing.slices, slices.slicing.slice_packs, true, true),
+            ..slices.launch
+        },
+        (None, None) => rows_kernel_launch(input, (rows, cols), shape, layout, limits, params)?,
     };
     let scratch = REDUCTION_SCRATCH_FLOATS * 4;
     let one_block = |kind| Launch {
@@ -126,6 +143,55 @@ fn plan_in_blocks(
         &[launch] => Some((launch, op)),
         _ => None,
     }
+}
+
+/// The row-slices entries' launch (its parameters aside), where it applies: rows of whole
+/// 16-byte packs aligned for them, cut into slices kept in shared memory, in waves of rows as
+/// the softmax's row-slices in waves plans them ([`variants::row_slices_in_waves_launch`]).
+struct InSlices {
+    launch: Launch,
+    slicing: Slicing,
+}
+
+fn plan_in_slices(
+    input: DType,
+    shape: Shape,
+    layout: Layout,
+    limits: &dyn DeviceLimits,
+) -> Option<InSlices> {
+    if layout != Layout::Aligned || !shape.cols().is_multiple_of(input.vector_pack() as usize) {
+        return None;
+    }
+    let entry = Entry::CrossEntropy(CrossEntropyEntry {
+        dtype: input,
+        kind: CrossEntropyKind::Slices,
+    });
+    let launch = variants::row_slices_in_waves_launch_of(entry, shape, input, limits)?;
+    match launch.params {
+        Params::RowSlices {
+            slicing,
+            cached: true,
+            ..
+        } => Some(InSlices { launch, slicing }),
+        _ => None,
+    }
+}
+
+/// Whether the row-slices entries take rows the block entries would take in `blocks`: where
+/// those are clusters in waves and row slices run in fewer waves, as the softmax's 16-bit
+/// forward chooses (for f32, where the block entries would make clusters of more than 8
+/// blocks, which they never take: the softmax's f32 clusters of 2 to 8 blocks read more of
+/// the copy than row slices in waves; performance log: "Row-slices in waves over clusters in
+/// waves").
+fn slices_over_blocks(
+    input: DType,
+    blocks: &Launch,
+    slices: &InSlices,
+    limits: &dyn DeviceLimits,
+) -> bool {
+    input.bytes() == 2
+        && matches!(blocks.scheduling, Scheduling::Clusters(size) if size > 1)
+        && launch_waves(&slices.launch, limits) < launch_waves(blocks, limits)
 }
 
 /// The row kernel's launch: each row one block, or a cluster of blocks, its packs kept in
@@ -422,14 +488,15 @@ mod tests {
             block_slicing(&whole),
             (512, 8, 1, 4000, Scheduling::Ordinary)
         );
-        // Clusters in waves of 256-thread blocks.
-        let waves = block_entries_launch(DType::Bf16, 4096, 128256);
+        // Clusters in waves of 256-thread blocks, where row slices would not run in fewer
+        // waves.
+        let waves = block_entries_launch(DType::Bf16, 64, 262144);
         assert_eq!(
             block_slicing(&waves),
-            (256, 8, 8, 2004, Scheduling::Clusters(8))
+            (256, 8, 16, 2048, Scheduling::Clusters(16))
         );
-        // f32 in clusters of at most 8 blocks: 8192×32000 in 4; wider rows keep the row
-        // kernel.
+        // f32 in clusters of at most 8 blocks: 8192×32000 in 4; wider rows take another
+        // cross-entropy entry (row slices in waves).
         let f32_waves = block_entries_launch(DType::F32, 8192, 32000);
         assert_eq!(
             block_slicing(&f32_waves),
@@ -520,5 +587,65 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn rows_in_waves_take_the_row_slices_entries_where_they_run_in_fewer_waves() {
+        let entry = |input, rows, cols, device: &dyn DeviceLimits| {
+            let launch = only_launch(input, true, Layout::Aligned, (rows, cols), device);
+            match launch.entry {
+                Entry::CrossEntropy(CrossEntropyEntry {
+                    kind: CrossEntropyKind::Slices,
+                    ..
+                }) => {
+                    assert_eq!(launch.scheduling, Scheduling::Ordinary, "{launch:?}");
+                    assert!(matches!(launch.params, Params::CrossEntropy { cached: true, .. }));
+                    let needs = crate::plan::workspace_needs(&[launch]);
+                    assert!(needs.partials >= 2 * launch.grid as usize, "{launch:?}");
+                    assert!(needs.barrier_words >= 3 * launch.grid as usize, "{launch:?}");
+                    Some(CrossEntropyKind::Slices)
+                }
+                Entry::CrossEntropy(CrossEntropyEntry { kind, .. }) => Some(kind),
+                _ => None,
+            }
+        };
+        let slices = Some(CrossEntropyKind::Slices);
+        // The training shapes of the performance log, and the GPU tests' (the leaving test's
+        // among them: bf16 200×128256, f32 160×262144, f16 200×65536).
+        for (input, rows, cols) in [
+            (DType::Bf16, 4096, 128256),
+            (DType::Bf16, 16384, 151936),
+            (DType::Bf16, 2048, 262144),
+            (DType::F32, 4096, 128256),
+            (DType::F32, 2048, 262144),
+            (DType::Bf16, 200, 128256),
+            (DType::Bf16, 300, 128256),
+            (DType::F32, 160, 262144),
+            (DType::F16, 200, 65536),
+        ] {
+            assert_eq!(entry(input, rows, cols, &FakeH200), slices, "{input:?} {rows}×{cols}");
+        }
+        // Whole rows, clusters of few rows, f32 clusters in waves and one cooperative launch
+        // keep the block entries.
+        for (input, rows, cols) in [
+            (DType::Bf16, 8192, 32000),
+            (DType::Bf16, 64, 262144),
+            (DType::F32, 8192, 32000),
+            (DType::F32, 2, 128256),
+        ] {
+            assert_eq!(entry(input, rows, cols, &FakeH200), None, "{input:?} {rows}×{cols}");
+        }
+        // Without clusters (the sm_80 build), where row slices in waves were not measured:
+        // the row kernel.
+        let sm80 = FakeH200WithoutClusters { sm90_build: false };
+        assert_eq!(
+            entry(DType::Bf16, 2048, 262144, &sm80),
+            Some(CrossEntropyKind::Rows)
+        );
+        // Rows that end in part of a pack: the row kernel.
+        assert_eq!(
+            entry(DType::Bf16, 2048, 262143, &FakeH200),
+            Some(CrossEntropyKind::Rows)
+        );
     }
 }

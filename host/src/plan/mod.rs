@@ -11,7 +11,7 @@ pub(crate) mod operations;
 pub(crate) mod sampling;
 pub(crate) mod variants;
 
-use kernels_gpu::launch::cross_entropy::CrossEntropyEntry;
+use kernels_gpu::launch::cross_entropy::{CrossEntropyEntry, CrossEntropyKind};
 use kernels_gpu::launch::ops::{DType, Direction, OpInstance, OpKernelShape};
 use kernels_gpu::launch::sampling::{SLICE_TOP_WORDS, SamplingEntry, ShardDraw};
 
@@ -472,11 +472,12 @@ impl Launch {
                 ..WorkspaceNeeds::default()
             },
             // The rows' losses, then the totals; the block entries' slices of one
-            // cooperative launch exchange through global memory.
+            // cooperative launch, and the row-slices entries' slices, exchange through
+            // global memory.
             Params::CrossEntropy {
                 rows, workspace, ..
             } => {
-                let exchange = if self.scheduling == Scheduling::Cooperative {
+                let exchange = if self.exchanges_through_workspace() {
                     exchanging
                 } else {
                     WorkspaceNeeds::default()
@@ -518,6 +519,24 @@ impl Launch {
                 exchanging
             }
             _ => WorkspaceNeeds::default(),
+        }
+    }
+}
+
+impl Launch {
+    /// Whether a cross-entropy launch's blocks exchange their rows' statistics through the
+    /// workspace: the block entries' slices of one cooperative launch, and the row-slices
+    /// entries' slices (clusters exchange through shared memory, whole rows not at all).
+    pub(crate) fn exchanges_through_workspace(&self) -> bool {
+        match (self.entry, self.params) {
+            (
+                Entry::CrossEntropy(CrossEntropyEntry {
+                    kind: CrossEntropyKind::Slices,
+                    ..
+                }),
+                Params::CrossEntropy { slices, .. },
+            ) => slices > 1,
+            _ => self.scheduling == Scheduling::Cooperative,
         }
     }
 }

@@ -598,10 +598,33 @@ pub(crate) fn row_slices_in_waves_launch(
     peelable: bool,
     device: &dyn DeviceLimits,
 ) -> Option<Launch> {
-    if !peelable || !device.thread_block_clusters() || shape.rows() == 0 {
+    if !peelable {
         return None;
     }
     let geometry = RowSlicesGeometry::new(shape, dtype, peelable);
+    row_slices_in_waves_of(geometry, device)
+}
+
+/// [`row_slices_in_waves_launch`] for `entry`, another kernel over the row-slices layout
+/// with 16-byte packs (the cross-entropy's): its launch as row-slices' would be, with the
+/// blocks a multiprocessor holds counted for `entry`.
+pub(crate) fn row_slices_in_waves_launch_of(
+    entry: Entry,
+    shape: Shape,
+    dtype: DType,
+    device: &dyn DeviceLimits,
+) -> Option<Launch> {
+    let geometry = RowSlicesGeometry {
+        entry,
+        ..RowSlicesGeometry::new(shape, dtype, true)
+    };
+    row_slices_in_waves_of(geometry, device)
+}
+
+fn row_slices_in_waves_of(geometry: RowSlicesGeometry, device: &dyn DeviceLimits) -> Option<Launch> {
+    if !device.thread_block_clusters() || geometry.rows == 0 {
+        return None;
+    }
     // The configuration of `slices` if it is cached with `per_sm` blocks a multiprocessor.
     // `per_sm` blocks need at least `per_sm` times their shared memory of a multiprocessor,
     // which holds about one block's most and the 1 KB the system reserves: checked first,

@@ -174,9 +174,10 @@ impl KernelParams {
                 params.slice_packs = slice_packs;
                 params.cached = cached.into();
                 params.aligned = aligned.into();
-                if launch.scheduling == Scheduling::Cooperative {
+                if launch.exchanges_through_workspace() {
                     params.partials = w.partials;
                     params.barriers = w.barriers;
+                    params.patience_ns = b.patience_ns;
                 }
                 // The losses a reduced call does not keep, then the totals, live in the
                 // workspace.

@@ -325,6 +325,7 @@ impl LoadedModule {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kernels_gpu::launch::cross_entropy::CrossEntropyEntry;
     use kernels_gpu::launch::ops::Direction;
 
     /// Whether a line of an entry's body may come before its `griddepcontrol.wait`: the
@@ -686,6 +687,10 @@ mod tests {
                     ("operation, block per row or slice", "ops/block.rs")
                 }
             },
+            Entry::CrossEntropy(CrossEntropyEntry {
+                kind: CrossEntropyKind::Slices,
+                ..
+            }) => ("cross-entropy, row slices", "ops/cross_entropy_slices.rs"),
             Entry::CrossEntropy(_) => ("cross-entropy", "ops/cross_entropy.rs"),
             Entry::Sampling(_) => ("sampling", "ops/sampling.rs"),
         }

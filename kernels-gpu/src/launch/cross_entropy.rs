@@ -60,8 +60,9 @@ unsafe impl cust_core::DeviceCopy for CrossEntropyState {}
 ///   PACK + cols − packs · PACK` elements of the module's type, where `PACK` is 16 bytes of
 ///   them and `packs` is `cols / PACK` where `aligned`, else 0.
 /// - `aligned` is 0 where [`CrossEntropyParams::elementwise_math`].
-/// - The block entries (`op_block_xent_*`) have their own launch contract
-///   (`ops::cross_entropy_block`), for calls that [`CrossEntropyParams::takes_block_entries`].
+/// - The block entries (`op_block_xent_*`) and the row-slices entries
+///   (`cross_entropy_slices_*`) have their own launch contracts (`ops::cross_entropy_block`,
+///   `ops::cross_entropy_slices`), for calls that [`CrossEntropyParams::takes_block_entries`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct CrossEntropyParams {
@@ -80,9 +81,14 @@ pub struct CrossEntropyParams {
     /// The reduced loss (one f32), written by the epilogue launch.
     pub reduced: u64,
     /// Two floats per block and two words per row, zeroed once: the statistics a cooperative
-    /// launch of the block entries exchanges through global memory (`op_block_xent_*`).
+    /// launch of the block entries (`op_block_xent_*`) exchanges through global memory; for
+    /// the row-slices entries also a flag per block, after a header (the row-slices contract,
+    /// `cross_entropy_slices_*`).
     pub partials: u64,
     pub barriers: u64,
+    /// How long a block of the row-slices entries (`cross_entropy_slices_*`) waits for its
+    /// row's other blocks before it leaves its slice to the row's last block.
+    pub patience_ns: u64,
     /// The global column of this shard's first column (0 unsharded).
     pub column_offset: u64,
     /// Columns of the whole vocabulary (`cols` unsharded).
@@ -137,17 +143,20 @@ impl CrossEntropyParams {
     }
 }
 
-/// What a cross-entropy entry does: the rows, a block or a cluster each (`Rows`), the
-/// one-block prologue (`Totals`), the one-block epilogue (`Reduce`).
+/// What a cross-entropy entry does: the rows, a block or a cluster each (`Rows`), the rows
+/// cut into slices kept in shared memory whose blocks exchange through global memory
+/// (`Slices`), the one-block prologue (`Totals`), the one-block epilogue (`Reduce`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum CrossEntropyKind {
     Rows,
+    Slices,
     Totals,
     Reduce,
 }
 
 /// A cross-entropy entry of the operation module of `dtype`. Its `Display` is the PTX entry
-/// name: `cross_entropy_bf16`, `cross_entropy_totals_bf16`, `cross_entropy_reduce_bf16`.
+/// name: `cross_entropy_bf16`, `cross_entropy_slices_bf16`, `cross_entropy_totals_bf16`,
+/// `cross_entropy_reduce_bf16`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CrossEntropyEntry {
     pub dtype: DType,
@@ -156,9 +165,10 @@ pub struct CrossEntropyEntry {
 
 impl CrossEntropyEntry {
     /// Every cross-entropy entry of `dtype`'s module.
-    pub fn all(dtype: DType) -> [Self; 3] {
+    pub fn all(dtype: DType) -> [Self; 4] {
         [
             CrossEntropyKind::Rows,
+            CrossEntropyKind::Slices,
             CrossEntropyKind::Totals,
             CrossEntropyKind::Reduce,
         ]
@@ -171,6 +181,7 @@ impl core::fmt::Display for CrossEntropyEntry {
         let input = self.dtype.name();
         match self.kind {
             CrossEntropyKind::Rows => write_entry_name!(f, cross_entropy(input)),
+            CrossEntropyKind::Slices => write_entry_name!(f, cross_entropy_slices(input)),
             CrossEntropyKind::Totals => write_entry_name!(f, cross_entropy_totals(input)),
             CrossEntropyKind::Reduce => write_entry_name!(f, cross_entropy_reduce(input)),
         }

@@ -52,6 +52,9 @@ macro_rules! entry_name_pieces {
     ($to:tt; cross_entropy $input:tt) => {
         $crate::launch::entry_name_pieces!(@emit $to "cross_entropy_", $input)
     };
+    ($to:tt; cross_entropy_slices $input:tt) => {
+        $crate::launch::entry_name_pieces!(@emit $to "cross_entropy_slices_", $input)
+    };
     ($to:tt; cross_entropy_totals $input:tt) => {
         $crate::launch::entry_name_pieces!(@emit $to "cross_entropy_totals_", $input)
     };

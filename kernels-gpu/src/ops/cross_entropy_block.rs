@@ -70,6 +70,11 @@ pub struct CrossEntropyFinished {
 }
 
 impl<In: Element> CrossEntropyRow<In> {
+    /// The row's logits.
+    pub(super) fn logits(&self) -> *const In {
+        self.x
+    }
+
     /// `e^(x − lse)`, the difference first: exact where `x` and `lse` are close, whatever
     /// their size.
     #[inline(always)]

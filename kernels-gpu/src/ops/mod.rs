@@ -11,6 +11,7 @@ mod backward;
 mod block;
 mod cross_entropy;
 mod cross_entropy_block;
+mod cross_entropy_slices;
 mod forward;
 mod row_kernel;
 mod rows;

@@ -11,7 +11,7 @@ use crate::primitives::device::{cluster_wait, dynamic_shared_f32};
 use crate::primitives::entry::softmax_entry;
 use crate::primitives::reduce::block_reduce;
 use crate::primitives::row_exchange::{exchange_cluster_stats, row_is_cluster};
-use crate::production::row_slices::SliceSoftmax;
+use crate::primitives::slice_share::SliceSoftmax;
 
 /// # Safety
 /// Of `params`: `input` and `output` each point to `rows · cols` floats (distinct buffers), `cols > 0`,
