@@ -62,9 +62,16 @@ pub(crate) fn plan(
         .then(|| plan_in_slices(input, shape, layout, limits))
         .flatten();
     let rows_launch = match (in_blocks, in_slices) {
-        (Some((blocks, _)), Some(slices)) if slices_over_blocks(input, &blocks, &slices, limits) => {
+        (Some((blocks, _)), Some(slices))
+            if slices_over_blocks(input, &blocks, &slices, limits) =>
+        {
             Launch {
-                params: params(slices.slicing.slices, slices.slicing.slice_packs, true, true),
+                params: params(
+                    slices.slicing.slices,
+                    slices.slicing.slice_packs,
+                    true,
+                    true,
+                ),
                 ..slices.launch
             }
         }
@@ -74,7 +81,12 @@ pub(crate) fn plan(
             ..launch
         },
         (None, Some(slices)) => Launch {
-            params: params(slices.slicing.slices, slices.slicing.slice_packs, true, true),
+            params: params(
+                slices.slicing.slices,
+                slices.slicing.slice_packs,
+                true,
+                true,
+            ),
             ..slices.launch
         },
         (None, None) => rows_kernel_launch(input, (rows, cols), shape, layout, limits, params)?,
@@ -599,10 +611,16 @@ mod tests {
                     ..
                 }) => {
                     assert_eq!(launch.scheduling, Scheduling::Ordinary, "{launch:?}");
-                    assert!(matches!(launch.params, Params::CrossEntropy { cached: true, .. }));
+                    assert!(matches!(
+                        launch.params,
+                        Params::CrossEntropy { cached: true, .. }
+                    ));
                     let needs = crate::plan::workspace_needs(&[launch]);
                     assert!(needs.partials >= 2 * launch.grid as usize, "{launch:?}");
-                    assert!(needs.barrier_words >= 3 * launch.grid as usize, "{launch:?}");
+                    assert!(
+                        needs.barrier_words >= 3 * launch.grid as usize,
+                        "{launch:?}"
+                    );
                     Some(CrossEntropyKind::Slices)
                 }
                 Entry::CrossEntropy(CrossEntropyEntry { kind, .. }) => Some(kind),
@@ -623,7 +641,11 @@ mod tests {
             (DType::F32, 160, 262144),
             (DType::F16, 200, 65536),
         ] {
-            assert_eq!(entry(input, rows, cols, &FakeH200), slices, "{input:?} {rows}×{cols}");
+            assert_eq!(
+                entry(input, rows, cols, &FakeH200),
+                slices,
+                "{input:?} {rows}×{cols}"
+            );
         }
         // Whole rows, clusters of few rows, f32 clusters in waves and one cooperative launch
         // keep the block entries.
@@ -633,7 +655,11 @@ mod tests {
             (DType::F32, 8192, 32000),
             (DType::F32, 2, 128256),
         ] {
-            assert_eq!(entry(input, rows, cols, &FakeH200), None, "{input:?} {rows}×{cols}");
+            assert_eq!(
+                entry(input, rows, cols, &FakeH200),
+                None,
+                "{input:?} {rows}×{cols}"
+            );
         }
         // Without clusters (the sm_80 build), where row slices in waves were not measured:
         // the row kernel.

@@ -621,7 +621,10 @@ pub(crate) fn row_slices_in_waves_launch_of(
     row_slices_in_waves_of(geometry, device)
 }
 
-fn row_slices_in_waves_of(geometry: RowSlicesGeometry, device: &dyn DeviceLimits) -> Option<Launch> {
+fn row_slices_in_waves_of(
+    geometry: RowSlicesGeometry,
+    device: &dyn DeviceLimits,
+) -> Option<Launch> {
     if !device.thread_block_clusters() || geometry.rows == 0 {
         return None;
     }

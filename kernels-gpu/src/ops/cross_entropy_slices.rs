@@ -115,7 +115,8 @@ unsafe fn write_slice<In: Element, const PACK: usize>(
     row_stats: OnlineStats,
     first: bool,
 ) {
-    let finished = <CrossEntropyRow<In> as RowKernel<PACK>>::finish::<1>(kernel, row_stats, row_stats);
+    let finished =
+        <CrossEntropyRow<In> as RowKernel<PACK>>::finish::<1>(kernel, row_stats, row_stats);
     // SAFETY: forwarded; each write is to the columns of the pack read.
     unsafe {
         share.visit_packs(cache, |column, words| {

@@ -98,7 +98,6 @@ unsafe fn softmax_row_slices<E: Element, const PACK: usize>(params: &SoftmaxPara
     }
 }
 
-
 /// One entry per element type and pack width, behind the `kernels_module` cfg of the PTX
 /// module that holds it, named by [`entry_name!`] (`softmax_row_slices[_<type>]_p<pack>`) as
 /// [`crate::launch::softmax::RowSlicesKernelName`] writes it.
