@@ -1,11 +1,11 @@
 //! Planning a cross-entropy call: the block entries where the call can take them (rows
 //! aligned for 16-byte packs, no label smoothing, the whole vocabulary), which hold their rows
 //! in registers as the operation kernels plan them: whole rows, clusters in waves, or the
-//! slices of one launch. Such calls on rows that clusters in waves would take, or that the
-//! block entries cannot reduce in one launch, take the row-slices entries instead where those
-//! keep every slice in shared memory in waves of rows, in fewer waves than the clusters (16-bit
-//! rows), or in place of the row kernel (f32 rows wider than the block entries' clusters).
-//! Else each row one block of the row kernel, or a thread-block cluster
+//! slices of one launch. Such calls take the row-slices entries instead, every slice kept in
+//! shared memory, in waves of rows: 16-bit rows that clusters in waves would take, where row
+//! slices run in fewer waves; rows the block entries do not take (f32 rows wider than their
+//! clusters, rows only two launches could reduce), where row slices run in more than one
+//! wave. Else each row one block of the row kernel, or a thread-block cluster
 //! of blocks that each hold a slice of it, kept in shared memory where two blocks still fit a
 //! multiprocessor (else one block that reads its row twice). The one-block prologue and
 //! epilogue where the call needs them.
@@ -61,26 +61,14 @@ pub(crate) fn plan(
     let in_slices = block_entries
         .then(|| plan_in_slices(input, shape, layout, limits))
         .flatten();
+    let take_slices = |slices: &InSlices| match &in_blocks {
+        Some((blocks, _)) => slices_over_blocks(input, blocks, slices, limits),
+        // In place of the row kernel only where the rows run in waves: few rows that one
+        // wave of the row kernel's clusters keeps were not measured against row slices.
+        None => launch_waves(&slices.launch, limits) > 1,
+    };
     let rows_launch = match (in_blocks, in_slices) {
-        (Some((blocks, _)), Some(slices))
-            if slices_over_blocks(input, &blocks, &slices, limits) =>
-        {
-            Launch {
-                params: params(
-                    slices.slicing.slices,
-                    slices.slicing.slice_packs,
-                    true,
-                    true,
-                ),
-                ..slices.launch
-            }
-        }
-        // The operation kernels' launch, with the cross-entropy's parameters.
-        (Some((launch, op)), _) => Launch {
-            params: params(op.slices, op.slice_packs, false, true),
-            ..launch
-        },
-        (None, Some(slices)) => Launch {
+        (_, Some(slices)) if take_slices(&slices) => Launch {
             params: params(
                 slices.slicing.slices,
                 slices.slicing.slice_packs,
@@ -89,7 +77,12 @@ pub(crate) fn plan(
             ),
             ..slices.launch
         },
-        (None, None) => rows_kernel_launch(input, (rows, cols), shape, layout, limits, params)?,
+        // The operation kernels' launch, with the cross-entropy's parameters.
+        (Some((launch, op)), _) => Launch {
+            params: params(op.slices, op.slice_packs, false, true),
+            ..launch
+        },
+        (None, _) => rows_kernel_launch(input, (rows, cols), shape, layout, limits, params)?,
     };
     let scratch = REDUCTION_SCRATCH_FLOATS * 4;
     let one_block = |kind| Launch {
@@ -189,12 +182,12 @@ fn plan_in_slices(
     }
 }
 
-/// Whether the row-slices entries take rows the block entries would take in `blocks`: where
-/// those are clusters in waves and row slices run in fewer waves, as the softmax's 16-bit
-/// forward chooses (for f32, where the block entries would make clusters of more than 8
-/// blocks, which they never take: the softmax's f32 clusters of 2 to 8 blocks read more of
-/// the copy than row slices in waves; performance log: "Row-slices in waves over clusters in
-/// waves").
+/// Whether the row-slices entries take rows the block entries would take in `blocks`: 16-bit
+/// rows in clusters in waves where row slices run in fewer waves, as the softmax's 16-bit
+/// forward chooses. f32 rows keep the block entries' clusters (of at most 8 blocks: the
+/// softmax's f32 clusters of 2 to 8 blocks read more of the copy than row slices in waves;
+/// performance log: "Row-slices in waves over clusters in waves"); wider f32 rows, which the
+/// block entries do not take, take row slices where those run in waves.
 fn slices_over_blocks(
     input: DType,
     blocks: &Launch,
@@ -629,17 +622,18 @@ mod tests {
         };
         let slices = Some(CrossEntropyKind::Slices);
         // The training shapes of the performance log, and the GPU tests' (the leaving test's
-        // among them: bf16 200×128256, f32 160×262144, f16 200×65536).
+        // among them: bf16 200×128256, f32 160×262144, f16 200×128256).
         for (input, rows, cols) in [
             (DType::Bf16, 4096, 128256),
             (DType::Bf16, 16384, 151936),
             (DType::Bf16, 2048, 262144),
             (DType::F32, 4096, 128256),
             (DType::F32, 2048, 262144),
+            (DType::F32, 16384, 151936),
             (DType::Bf16, 200, 128256),
             (DType::Bf16, 300, 128256),
             (DType::F32, 160, 262144),
-            (DType::F16, 200, 65536),
+            (DType::F16, 200, 128256),
         ] {
             assert_eq!(
                 entry(input, rows, cols, &FakeH200),
@@ -648,7 +642,8 @@ mod tests {
             );
         }
         // Whole rows, clusters of few rows, f32 clusters in waves and one cooperative launch
-        // keep the block entries.
+        // keep the block entries; rows they do not take that row slices would run in one
+        // wave keep the row kernel.
         for (input, rows, cols) in [
             (DType::Bf16, 8192, 32000),
             (DType::Bf16, 64, 262144),
@@ -658,6 +653,13 @@ mod tests {
             assert_eq!(
                 entry(input, rows, cols, &FakeH200),
                 None,
+                "{input:?} {rows}×{cols}"
+            );
+        }
+        for (input, rows, cols) in [(DType::F32, 16, 32000), (DType::Bf16, 64, 151936)] {
+            assert_eq!(
+                entry(input, rows, cols, &FakeH200),
+                Some(CrossEntropyKind::Rows),
                 "{input:?} {rows}×{cols}"
             );
         }

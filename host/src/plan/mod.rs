@@ -830,10 +830,15 @@ pub(crate) mod tests {
         fn blocks_per_sm(&self, entry: Entry, threads: u32, shared_bytes: u32) -> u32 {
             // Registers per thread: about 24, plus those holding a thread's packs (a
             // block-registers thread's floats; an operation thread's packs, a 16-byte pack
-            // in four registers: ptxas gives op_block_fwd_bf16_p8_n8 56, p8_n4 40).
+            // in four registers: ptxas gives op_block_fwd_bf16_p8_n8 56, p8_n4 40); the
+            // cross-entropy row slices fill their cap of 64 (ptxas gives them 55 and 63).
             let held = match entry {
                 Entry::BlockRegisters(name) => name.pack * name.packs,
                 Entry::Operation(k) => k.packs * (k.pack() * k.input.bytes() / 4).max(1),
+                Entry::CrossEntropy(CrossEntropyEntry {
+                    kind: CrossEntropyKind::Slices,
+                    ..
+                }) => 40,
                 _ => 8,
             };
             let by_registers = 65536 / (threads * (24 + held));

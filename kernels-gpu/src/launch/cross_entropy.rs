@@ -111,8 +111,9 @@ pub struct CrossEntropyParams {
     pub slots: u32,
     /// Whether each block keeps its packs in shared memory between the two passes.
     pub cached: u32,
-    /// Blocks per row (above 1, a thread-block cluster, or for the block entries the slices
-    /// of one cooperative launch).
+    /// Blocks per row (above 1: for the row kernel a thread-block cluster; for the block
+    /// entries a cluster or the slices of one cooperative launch; for the row-slices entries
+    /// the slices of an ordinary launch).
     pub slices: u32,
     /// Packs of a row each slice holds (the block entries, `op_block_xent_*`; the others
     /// share a row's packs evenly among its slices).

@@ -12,12 +12,9 @@
 
 use crate::launch::softmax::{SoftmaxParams, with_softmax_param_fields};
 use crate::launch::{REDUCTION_SCRATCH_FLOATS, entry_name};
-use crate::primitives::device::{
-    DeviceExp2, Vector4, block_dim, block_idx, dynamic_shared_f32, thread_idx,
-};
+use crate::primitives::device::dynamic_shared_f32;
 use crate::primitives::element::Element;
 use crate::primitives::entry::softmax_entry;
-use crate::primitives::online::OnlineStats;
 use crate::primitives::reduce::block_reduce;
 use crate::primitives::row_exchange::{RowExchange, exchange_row_stats_or_leave, take_left_slice};
 use crate::primitives::slice_share::SliceSoftmax;
