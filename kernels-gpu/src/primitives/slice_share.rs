@@ -15,6 +15,9 @@ use crate::primitives::row_part::EdgePerThreadSlice;
 /// writes, or any other visit of the packs), which row slices, row clusters and the
 /// cross-entropy over row slices share. (The operation kernels' `row_part::Share` only says
 /// which slice of a row a group or block holds.)
+// The f32 operation module builds only the cross-entropy's row slices, which neither write
+// the softmax nor address rows by index (the softmax's row slices are in the other modules).
+#[cfg_attr(kernels_module = "ops-f32", allow(dead_code))]
 pub(crate) struct SliceSoftmax<E, const PACK: usize> {
     x: *const E,
     y: *mut E,
@@ -24,6 +27,7 @@ pub(crate) struct SliceSoftmax<E, const PACK: usize> {
     pub slices: usize,
 }
 
+#[cfg_attr(kernels_module = "ops-f32", allow(dead_code))]
 impl<E: Element, const PACK: usize> SliceSoftmax<E, PACK> {
     /// Bytes of a pack, as read and as cached: 16, or one element of 4 or 2 bytes.
     const PACK_BYTES: usize = {
