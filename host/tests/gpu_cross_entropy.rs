@@ -309,25 +309,17 @@ fn run_case_beside<T: Element>(
     let mut lse = common::poisoned(rows)?;
     let mut gradient = upload::<T>(&vec![f32::NAN; rows * cols])?;
     let ce = case.options(&weight);
-    let before = blocks_that_left(softmax, holder)?;
-    let held = holder.map(|h| h.hold(HOLD)).transpose()?;
-    softmax
-        .cross_entropy_backward(
-            Rows::new(&logits, s).map_err(text)?,
+    let left = beside(softmax, holder, |softmax| {
+        softmax.cross_entropy_backward(
+            Rows::new(&logits, s)?,
             targets,
             CrossEntropyOutputs::new().loss(&mut loss).lse(&mut lse),
-            RowsMut::new(&mut gradient, s).map_err(text)?,
+            RowsMut::new(&mut gradient, s)?,
             Upstream::Value(1.0),
             &ce,
             &Options::new(),
         )
-        .map_err(text)?;
-    softmax.synchronize().map_err(text)?;
-    if let Some(holder) = holder {
-        holder.stream.synchronize().map_err(text)?;
-    }
-    drop(held);
-    let left = blocks_that_left(softmax, holder)?.saturating_sub(before);
+    })?;
     let what = format!("{case:?} {:?} {rows}×{cols}", T::DTYPE);
     let losses = download(&loss)?;
     let expected_losses = if reduced {
@@ -459,13 +451,29 @@ fn block_entries_every_slicing(softmax: &mut Softmax, rng: &mut StdRng) -> Outco
     ))
 }
 
-/// The device's count of blocks that left their slices, where a holder makes them leave (0
-/// otherwise: reading it waits for the device).
-fn blocks_that_left(softmax: &Softmax, holder: Option<&Holder>) -> Result<u64, String> {
-    match holder {
-        Some(_) => softmax.blocks_that_left().map_err(text),
-        None => Ok(0),
-    }
+/// Makes `call` on `softmax` and waits for it, while `holder` (if given) holds all but a few
+/// multiprocessors; returns how many of the call's blocks left their slices (0 without a
+/// holder, which alone makes them leave: the count is not read then).
+fn beside(
+    softmax: &mut Softmax,
+    holder: Option<&Holder>,
+    call: impl FnOnce(&mut Softmax) -> Result<(), Error>,
+) -> Result<u64, String> {
+    let Some(holder) = holder else {
+        call(softmax).map_err(text)?;
+        softmax.synchronize().map_err(text)?;
+        return Ok(0);
+    };
+    let before = softmax.blocks_that_left().map_err(text)?;
+    let held = holder.hold(HOLD)?;
+    call(softmax).map_err(text)?;
+    softmax.synchronize().map_err(text)?;
+    holder.stream.synchronize().map_err(text)?;
+    drop(held);
+    Ok(softmax
+        .blocks_that_left()
+        .map_err(text)?
+        .saturating_sub(before))
 }
 
 /// How long the holder of [`leaving_blocks`] keeps its multiprocessors.
@@ -581,41 +589,27 @@ fn in_place_matches_apart(
     let mut loss_apart = common::poisoned(1)?;
     let mut in_place = upload::<bf16>(&values)?;
     let mut loss = common::poisoned(1)?;
-    let held = holder.map(|h| h.hold(HOLD)).transpose()?;
-    softmax
-        .cross_entropy_backward(
-            Rows::new(&logits, s).map_err(text)?,
+    beside(softmax, holder, |softmax| {
+        softmax.cross_entropy_backward(
+            Rows::new(&logits, s)?,
             &t,
             CrossEntropyOutputs::new().loss(&mut loss_apart),
-            RowsMut::new(&mut apart, s).map_err(text)?,
+            RowsMut::new(&mut apart, s)?,
             Upstream::Value(0.5),
             &ce,
             &Options::new(),
         )
-        .map_err(text)?;
-    softmax.synchronize().map_err(text)?;
-    if let Some(holder) = holder {
-        holder.stream.synchronize().map_err(text)?;
-    }
-    drop(held);
-    let before = blocks_that_left(softmax, holder)?;
-    let held = holder.map(|h| h.hold(HOLD)).transpose()?;
-    softmax
-        .cross_entropy_backward_in_place(
-            RowsMut::new(&mut in_place, s).map_err(text)?,
+    })?;
+    let left = beside(softmax, holder, |softmax| {
+        softmax.cross_entropy_backward_in_place(
+            RowsMut::new(&mut in_place, s)?,
             &t,
             CrossEntropyOutputs::new().loss(&mut loss),
             Upstream::Value(0.5),
             &ce,
             &Options::new(),
         )
-        .map_err(text)?;
-    softmax.synchronize().map_err(text)?;
-    if let Some(holder) = holder {
-        holder.stream.synchronize().map_err(text)?;
-    }
-    drop(held);
-    let left = blocks_that_left(softmax, holder)?.saturating_sub(before);
+    })?;
     let (a, b) = (download(&apart)?, download(&in_place)?);
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     if bits(&a) != bits(&b) {
