@@ -63,8 +63,8 @@ pub(crate) fn plan(
         .flatten();
     let take_slices = |slices: &InSlices| match &in_blocks {
         Some((blocks, _)) => slices_over_blocks(input, blocks, slices, limits),
-        // In place of the row kernel only where the rows run in waves: few rows that one
-        // wave of the row kernel's clusters keeps were not measured against row slices.
+        // In place of the row kernel only where row slices run in more than one wave: rows
+        // few enough for one wave were not measured against the row kernel.
         None => launch_waves(&slices.launch, limits) > 1,
     };
     let rows_launch = match (in_blocks, in_slices) {
@@ -641,9 +641,9 @@ mod tests {
                 "{input:?} {rows}×{cols}"
             );
         }
-        // Whole rows, clusters of few rows, f32 clusters in waves and one cooperative launch
-        // keep the block entries; rows they do not take that row slices would run in one
-        // wave keep the row kernel.
+        // Whole rows, clusters in waves where row slices take no fewer waves (bf16
+        // 64×262144), f32 clusters in waves and one cooperative launch keep the block entries;
+        // rows they do not take that row slices would run in one wave keep the row kernel.
         for (input, rows, cols) in [
             (DType::Bf16, 8192, 32000),
             (DType::Bf16, 64, 262144),
