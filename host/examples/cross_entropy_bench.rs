@@ -4,7 +4,10 @@
 //! logits: the bytes the fused call must move (the logits read once, the gradient written
 //! once) are the copy's, and the softmax of the same logits (`softmax-rs-softmax`) moves the
 //! same bytes. Prints one CSV line per shape, type and contender:
-//! `rows,cols,dtype,contender,median_us,pct_of_copy,extra_bytes`.
+//! `rows,cols,dtype,contender,median_us,pct_of_copy,extra_bytes`, where `extra_bytes` counts
+//! the gradient's buffer (into a buffer) and the reduced loss's workspace (the rows' losses and
+//! two totals), not the 20 bytes a block that plans whose blocks exchange through memory add
+//! (docs/performance-log.md gives those).
 //!
 //! `cargo run --release -p host --example cross_entropy_bench [ROWSxCOLS,...]`
 
