@@ -521,9 +521,7 @@ impl Launch {
             _ => WorkspaceNeeds::default(),
         }
     }
-}
 
-impl Launch {
     /// Whether a cross-entropy launch's blocks exchange their rows' statistics through the
     /// workspace: the block entries' slices of one cooperative launch, and the row-slices
     /// entries' slices (clusters exchange through shared memory, whole rows not at all).
