@@ -46,12 +46,13 @@ pub(crate) fn plan(
 ) -> Result<Vec<Launch>> {
     let (rows, cols) = rows_and_cols(shape)?;
     let workspace = totals || reduce;
-    let params = |slices, slice_packs, cached, aligned| Params::CrossEntropy {
+    let params = |slices, slice_packs, cached, aligned, exchange| Params::CrossEntropy {
         rows,
         slices,
         slice_packs,
         cached,
         aligned,
+        exchange,
         workspace,
         totals,
     };
@@ -74,12 +75,22 @@ pub(crate) fn plan(
                 slices.slicing.slice_packs,
                 true,
                 true,
+                // A row's slices meet through global memory.
+                slices.slicing.slices > 1,
             ),
             ..slices.launch
         },
-        // The operation kernels' launch, with the cross-entropy's parameters.
+        // The operation kernels' launch, with the cross-entropy's parameters: the slices of
+        // one cooperative launch exchange through global memory, clusters through shared
+        // memory.
         (Some((launch, op)), _) => Launch {
-            params: params(op.slices, op.slice_packs, false, true),
+            params: params(
+                op.slices,
+                op.slice_packs,
+                false,
+                true,
+                launch.scheduling == Scheduling::Cooperative,
+            ),
             ..launch
         },
         (None, _) => rows_kernel_launch(input, (rows, cols), shape, layout, limits, params)?,
@@ -97,6 +108,7 @@ pub(crate) fn plan(
             slice_packs: 0,
             cached: false,
             aligned: false,
+            exchange: false,
             workspace: true,
             totals,
         },
@@ -208,7 +220,7 @@ fn rows_kernel_launch(
     shape: Shape,
     layout: Layout,
     limits: &dyn DeviceLimits,
-    params: impl Fn(u32, u32, bool, bool) -> Params,
+    params: impl Fn(u32, u32, bool, bool, bool) -> Params,
 ) -> Result<Launch> {
     let aligned = layout == Layout::Aligned;
     let entry = Entry::CrossEntropy(CrossEntropyEntry {
@@ -229,7 +241,8 @@ fn rows_kernel_launch(
         shared_bytes: slicing.shared_bytes,
         // A row of several blocks is one cluster of them.
         scheduling: Scheduling::exchanging(slicing.slices, true),
-        params: params(slicing.slices, 0, slicing.cached, aligned),
+        // A row of several blocks is one cluster, which exchanges through shared memory.
+        params: params(slicing.slices, 0, slicing.cached, aligned, false),
     })
 }
 

@@ -11,7 +11,7 @@ pub(crate) mod operations;
 pub(crate) mod sampling;
 pub(crate) mod variants;
 
-use kernels_gpu::launch::cross_entropy::{CrossEntropyEntry, CrossEntropyKind};
+use kernels_gpu::launch::cross_entropy::CrossEntropyEntry;
 use kernels_gpu::launch::ops::{DType, Direction, OpInstance, OpKernelShape};
 use kernels_gpu::launch::sampling::{SLICE_TOP_WORDS, SamplingEntry, ShardDraw};
 
@@ -213,6 +213,11 @@ pub(crate) enum Params {
         slice_packs: u32,
         cached: bool,
         aligned: bool,
+        /// A row's blocks exchange their statistics through the workspace (the partials, the
+        /// barrier words and the patience): the row-slices entries' slices and the block
+        /// entries' slices of one cooperative launch; clusters exchange through shared
+        /// memory, whole rows not at all.
+        exchange: bool,
         /// The losses go to the workspace (a reduced loss) and, with `totals`, the totals the
         /// prologue writes follow them.
         workspace: bool,
@@ -471,22 +476,21 @@ impl Launch {
                 row_stats: 2 * rows as usize,
                 ..WorkspaceNeeds::default()
             },
-            // The rows' losses, then the totals; the block entries' slices of one
-            // cooperative launch, and the row-slices entries' slices, exchange through
-            // global memory.
+            // The rows' losses, then the totals, and the exchange where the blocks of a row
+            // meet through global memory.
             Params::CrossEntropy {
-                rows, workspace, ..
-            } => {
-                let exchange = if self.exchanges_through_workspace() {
+                rows,
+                exchange,
+                workspace,
+                ..
+            } => WorkspaceNeeds {
+                row_stats: if workspace { rows as usize + 2 } else { 0 },
+                ..if exchange {
                     exchanging
                 } else {
                     WorkspaceNeeds::default()
-                };
-                WorkspaceNeeds {
-                    row_stats: if workspace { rows as usize + 2 } else { 0 },
-                    ..exchange
                 }
-            }
+            },
             // The candidate path's slices' states and ranks.
             Params::Sampling {
                 candidates: true,
@@ -519,22 +523,6 @@ impl Launch {
                 exchanging
             }
             _ => WorkspaceNeeds::default(),
-        }
-    }
-
-    /// Whether a cross-entropy launch's blocks exchange their rows' statistics through the
-    /// workspace: the block entries' slices of one cooperative launch, and the row-slices
-    /// entries' slices (clusters exchange through shared memory, whole rows not at all).
-    pub(crate) fn exchanges_through_workspace(&self) -> bool {
-        match (self.entry, self.params) {
-            (
-                Entry::CrossEntropy(CrossEntropyEntry {
-                    kind: CrossEntropyKind::Slices,
-                    ..
-                }),
-                Params::CrossEntropy { slices, .. },
-            ) => slices > 1,
-            _ => self.scheduling == Scheduling::Cooperative,
         }
     }
 }
@@ -791,6 +779,7 @@ pub(crate) fn not_resident(variant: &str, shape: Shape) -> Error {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use kernels_gpu::launch::cross_entropy::CrossEntropyKind;
 
     /// Checks that each of `entries` has the launch bounds ptx-builder gives it of
     /// `threads` and `blocks_per_sm` (what its planner launches).

@@ -166,6 +166,7 @@ impl KernelParams {
                 slice_packs,
                 cached,
                 aligned,
+                exchange,
                 workspace,
                 totals,
             } => {
@@ -174,7 +175,7 @@ impl KernelParams {
                 params.slice_packs = slice_packs;
                 params.cached = cached.into();
                 params.aligned = aligned.into();
-                if launch.exchanges_through_workspace() {
+                if exchange {
                     params.partials = w.partials;
                     params.barriers = w.barriers;
                     params.patience_ns = b.patience_ns;

@@ -1,7 +1,7 @@
 //! Cross-entropy over row slices (`cross_entropy_slices_*`): each row is cut into `slices`
 //! slices of 16-byte packs, a block each, which keeps its slice in shared memory between the
 //! statistics pass and the gradient's write, as the softmax's row slices keep theirs
-//! ([`SliceSoftmax`]). The blocks of a row exchange their statistics through global memory in
+//! ([`SliceShare`]). The blocks of a row exchange their statistics through global memory in
 //! an ordinary launch, so rows run in waves as blocks free their places; a block that waits
 //! too long for its row leaves its slice to the row's last block, which writes it from the
 //! logits (never written before that, in place too). The loss, the log-sum-exp and the
@@ -17,7 +17,7 @@ use crate::primitives::element::Element;
 use crate::primitives::online::OnlineStats;
 use crate::primitives::reduce::block_reduce;
 use crate::primitives::row_exchange::{RowExchange, exchange_row_stats_or_leave, take_left_slice};
-use crate::primitives::slice_share::SliceSoftmax;
+use crate::primitives::slice_share::SliceShare;
 
 use super::cross_entropy_block::CrossEntropyRow;
 use super::row_kernel::RowKernel;
@@ -47,16 +47,13 @@ pub unsafe fn cross_entropy_slices<In: Element, const PACK: usize>(p: &CrossEntr
     let kernel = unsafe { <CrossEntropyRow<In> as RowKernel<PACK>>::for_row(p, row) };
     let share = |slice: usize| {
         // SAFETY: the row holds `cols` elements from its start, which is 16-byte aligned with
-        // `cols` a multiple of `PACK`: no element lies outside the packs. Nothing is written
-        // through the share (the gradient goes through `kernel`).
+        // `cols` a multiple of `PACK`: no element lies outside the packs. `slice < slices`.
         unsafe {
-            SliceSoftmax::<In, PACK>::of_row(
+            SliceShare::<In, PACK>::of_row(
                 kernel.logits(),
-                core::ptr::null_mut(),
                 p.cols as usize,
                 slices,
                 p.slice_packs as usize,
-                row,
                 slice,
             )
         }
@@ -88,8 +85,11 @@ pub unsafe fn cross_entropy_slices<In: Element, const PACK: usize>(p: &CrossEntr
             RowExchange::Left => return,
         }
     };
+    // The row's finished constants, the same for every slice this block writes.
+    let finished =
+        <CrossEntropyRow<In> as RowKernel<PACK>>::finish::<1>(&kernel, row_stats, row_stats);
     // SAFETY: the packs this thread read (and cached) in the first pass.
-    unsafe { write_slice(&kernel, &mine, cache, row_stats, slice == 0) };
+    unsafe { write_slice(&kernel, &mine, cache, (row_stats, finished), slice == 0) };
     // The row's last block writes the slices whose blocks left, reading them again.
     for _ in 0..leavers {
         // SAFETY: the last block of its row, with `leavers` flags to take; uniform control
@@ -97,26 +97,34 @@ pub unsafe fn cross_entropy_slices<In: Element, const PACK: usize>(p: &CrossEntr
         // was never written, so its logits are still there in place.
         unsafe {
             let left = take_left_slice(shared, p.barriers as *mut u32, row, slices);
-            write_slice(&kernel, &share(left), None, row_stats, left == 0);
+            write_slice(
+                &kernel,
+                &share(left),
+                None,
+                (row_stats, finished),
+                left == 0,
+            );
         }
     }
 }
 
 /// Writes the gradient (and the loss, where it holds the target's column) of this thread's
-/// packs of `share`, and, where `first` (the row's first slice), what the row has besides.
+/// packs of `share`, and, where `first` (the row's first slice), what the row has besides,
+/// from the row's merged statistics and the constants `finish` derived from them.
 ///
 /// # Safety
-/// As [`SliceSoftmax::visit_packs`], with the row's statistics merged.
+/// As [`SliceShare::visit_packs`], with the row's statistics merged.
 #[inline(always)]
 unsafe fn write_slice<In: Element, const PACK: usize>(
     kernel: &CrossEntropyRow<In>,
-    share: &SliceSoftmax<In, PACK>,
+    share: &SliceShare<In, PACK>,
     cache: Option<*mut u8>,
-    row_stats: OnlineStats,
+    (row_stats, finished): (
+        OnlineStats,
+        <CrossEntropyRow<In> as RowKernel<PACK>>::Finished,
+    ),
     first: bool,
 ) {
-    let finished =
-        <CrossEntropyRow<In> as RowKernel<PACK>>::finish::<1>(kernel, row_stats, row_stats);
     // SAFETY: forwarded; each write is to the columns of the pack read.
     unsafe {
         share.visit_packs(cache, |column, words| {

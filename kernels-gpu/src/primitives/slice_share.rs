@@ -1,34 +1,26 @@
 //! A block's share of a row in the row-slices layout, kept in shared memory between its two
 //! passes or read again: where the share lies, the element outside the aligned body a thread
-//! holds, the statistics pass and the visits of the second. Row slices and row clusters write
-//! its softmax ([`SliceSoftmax::write_normalized`]); the cross-entropy over row slices writes
-//! its gradient through [`SliceSoftmax::visit_packs`].
+//! holds, the statistics pass and the visits of the second. The softmax's row slices and row
+//! clusters write its softmax (`production::slice_softmax`); the cross-entropy over row
+//! slices writes its gradient through [`SliceShare::visit_packs`].
 
 use crate::launch::softmax::LOADS_IN_FLIGHT;
-use crate::primitives::device::{DeviceExp2, Vector4, block_dim, block_idx, thread_idx};
+use crate::primitives::device::{DeviceExp2, Vector4, block_dim, thread_idx};
 use crate::primitives::element::Element;
 use crate::primitives::online::OnlineStats;
 use crate::primitives::row_part::EdgePerThreadSlice;
 
-/// The softmax of one block's share of a row: where the share lies, the element outside the
-/// aligned body this thread holds, and the two passes over it (statistics, normalized
-/// writes, or any other visit of the packs), which row slices, row clusters and the
-/// cross-entropy over row slices share. (The operation kernels' `row_part::Share` only says
-/// which slice of a row a group or block holds.)
-// The f32 operation module builds only the cross-entropy's row slices, which neither write
-// the softmax nor address rows by index (the softmax's row slices are in the other modules).
-#[cfg_attr(kernels_module = "ops-f32", allow(dead_code))]
-pub(crate) struct SliceSoftmax<E, const PACK: usize> {
+/// One block's share of a row: where it lies, the element outside the aligned body this
+/// thread holds, and the two passes over it (statistics, then any visit of the packs). (The
+/// operation kernels' `row_part::Share` only says which slice of a row a group or block
+/// holds.)
+pub(crate) struct SliceShare<E, const PACK: usize> {
     x: *const E,
-    y: *mut E,
     part: EdgePerThreadSlice,
     edge_column: Option<usize>,
-    pub row: usize,
-    pub slices: usize,
 }
 
-#[cfg_attr(kernels_module = "ops-f32", allow(dead_code))]
-impl<E: Element, const PACK: usize> SliceSoftmax<E, PACK> {
+impl<E: Element, const PACK: usize> SliceShare<E, PACK> {
     /// Bytes of a pack, as read and as cached: 16, or one element of 4 or 2 bytes.
     const PACK_BYTES: usize = {
         let bytes = PACK * size_of::<E>();
@@ -39,86 +31,26 @@ impl<E: Element, const PACK: usize> SliceSoftmax<E, PACK> {
         bytes
     };
 
-    /// The share of block `block_idx()`: row `block / slices`, slice `block % slices`.
+    /// Slice `slice` of `slices` (of `slice_packs` packs each) of the row of `cols`
+    /// elements at `x`.
     ///
     /// # Safety
-    /// The row-slices contract: both buffers hold `rows · cols` elements, `rows · slices`
-    /// blocks, `slices · slice_packs · PACK ≥ cols - (PACK - 1)`, equal misalignment when
-    /// `PACK > 1`.
-    #[inline(always)]
-    pub unsafe fn of_block(
-        input: *const E,
-        output: *mut E,
-        cols: u32,
-        slices: u32,
-        slice_packs: u32,
-    ) -> Self {
-        let (slices, slice_packs) = (slices as usize, slice_packs as usize);
-        let block = block_idx() as usize;
-        // SAFETY: forwarded; block < rows · slices.
-        unsafe {
-            Self::of_slice(
-                input,
-                output,
-                cols,
-                slices,
-                slice_packs,
-                block / slices,
-                block % slices,
-            )
-        }
-    }
-
-    /// Slice `slice` of row `row`, as block `row · slices + slice` of the launch holds it.
-    ///
-    /// # Safety
-    /// As for [`SliceSoftmax::of_block`], with `row < rows` and `slice < slices`.
-    #[inline(always)]
-    pub unsafe fn of_slice(
-        input: *const E,
-        output: *mut E,
-        cols: u32,
-        slices: usize,
-        slice_packs: usize,
-        row: usize,
-        slice: usize,
-    ) -> Self {
-        let cols = cols as usize;
-        // SAFETY: row < rows, so the row's `cols` elements lie inside the input. The output
-        // may be null (a pass that only reads): `wrapping_add` keeps that defined, and such a
-        // pass never writes.
-        let (x, y) = (
-            unsafe { input.add(row * cols) },
-            output.wrapping_add(row * cols),
-        );
-        // SAFETY: forwarded.
-        unsafe { Self::of_row(x, y, cols, slices, slice_packs, row, slice) }
-    }
-
-    /// Slice `slice` of the row of `cols` elements at `x` (written at `y`), row `row` of a
-    /// launch whose rows start wherever their callers say (a strided tensor).
-    ///
-    /// # Safety
-    /// As for [`SliceSoftmax::of_slice`], for the one row at `x` (and `y`).
+    /// The row holds `cols > 0` elements from `x`, `slice < slices` and `slices ·
+    /// slice_packs · PACK ≥ cols - (PACK - 1)`.
     #[inline(always)]
     pub unsafe fn of_row(
         x: *const E,
-        y: *mut E,
         cols: usize,
         slices: usize,
         slice_packs: usize,
-        row: usize,
         slice: usize,
     ) -> Self {
         let part = EdgePerThreadSlice::new::<PACK, E>(x, cols, slice, slices, slice_packs);
         let edge_column = part.edge_column::<PACK>(thread_idx() as usize);
-        SliceSoftmax {
+        SliceShare {
             x,
-            y,
             part,
             edge_column,
-            row,
-            slices,
         }
     }
 
@@ -157,7 +89,7 @@ impl<E: Element, const PACK: usize> SliceSoftmax<E, PACK> {
                     let src = self.x.wrapping_add(self.column(pack));
                     // SAFETY: the pack lies in the row's aligned body. A cached share is read
                     // from global memory only here, so for the last time; an uncached one is
-                    // read again by `write_normalized`, which the L2 may still serve.
+                    // read again by the second pass, which the L2 may still serve.
                     *pack_words = unsafe {
                         if cache.is_some() {
                             E::load_packed_last_use::<PACK>(src)
@@ -189,28 +121,20 @@ impl<E: Element, const PACK: usize> SliceSoftmax<E, PACK> {
         stats
     }
 
-    /// Writes the softmax of this thread's packs of the share (and its edge element), reading
-    /// them from `cache` when given, else from the input again.
+    /// Calls `visit` with the column and the value of this thread's element outside the
+    /// aligned body, where it holds one, read from the row again.
     ///
     /// # Safety
-    /// As [`SliceSoftmax::stats`], with the same `cache`, after it.
+    /// As [`SliceShare::of_row`].
+    // Not built in the f32 operation module: its one user, the cross-entropy over row slices,
+    // takes rows of whole packs only, which leave no element outside the body.
+    #[cfg(not(kernels_module = "ops-f32"))]
     #[inline(always)]
-    pub unsafe fn write_normalized(&self, cache: Option<*mut u8>, row_stats: OnlineStats) {
-        let inv_sum = 1.0 / row_stats.sum();
-        let normalize =
-            |v: f32| OnlineStats::exp_relative::<DeviceExp2>(v, row_stats.max) * inv_sum;
-        // SAFETY: forwarded from the contract; each store is to the column of the pack read.
-        unsafe {
-            self.visit_packs(cache, |column, words| {
-                E::store_f32(self.y.add(column), E::widen_all(&words).map(normalize));
-            })
-        };
+    pub unsafe fn visit_edge(&self, visit: impl FnOnce(usize, f32)) {
         if let Some(c) = self.edge_column {
-            // SAFETY: as for the edge load.
-            unsafe {
-                let words = E::load_packed::<1>(self.x.add(c));
-                E::store_f32(self.y.add(c), [normalize(E::widen(&words, 0))]);
-            }
+            // SAFETY: edge columns are inside the row.
+            let words = unsafe { E::load_packed::<1>(self.x.add(c)) };
+            visit(c, E::widen(&words, 0));
         }
     }
 
@@ -219,7 +143,7 @@ impl<E: Element, const PACK: usize> SliceSoftmax<E, PACK> {
     /// from the input again.
     ///
     /// # Safety
-    /// As [`SliceSoftmax::stats`], with the same `cache`, after it.
+    /// As [`SliceShare::stats`], with the same `cache`, after it.
     #[inline(always)]
     pub unsafe fn visit_packs(
         &self,

@@ -13,3 +13,4 @@ mod row_cluster;
 mod row_slices;
 #[cfg(kernels_module = "softmax")]
 mod rows_in_registers;
+mod slice_softmax;

@@ -5,13 +5,13 @@
 //! through distributed shared memory. No global workspace, no atomics, no cooperative launch:
 //! clusters are scheduled independently, so any number of rows works.
 
+use super::slice_softmax::SliceSoftmax;
 use crate::launch::softmax::{SoftmaxParams, with_softmax_param_fields};
 use crate::launch::{CLUSTER_STATS_FLOATS, REDUCTION_SCRATCH_FLOATS, entry_name};
 use crate::primitives::device::{cluster_wait, dynamic_shared_f32};
 use crate::primitives::entry::softmax_entry;
 use crate::primitives::reduce::block_reduce;
 use crate::primitives::row_exchange::{exchange_cluster_stats, row_is_cluster};
-use crate::primitives::slice_share::SliceSoftmax;
 
 /// # Safety
 /// Of `params`: `input` and `output` each point to `rows · cols` floats (distinct buffers), `cols > 0`,

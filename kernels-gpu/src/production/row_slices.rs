@@ -10,6 +10,7 @@
 //! template for every element type (f32 in the softmax module, bf16 and f16 in their operation
 //! modules): math in f32, the cache holds the elements as they were read.
 
+use super::slice_softmax::SliceSoftmax;
 use crate::launch::softmax::{SoftmaxParams, with_softmax_param_fields};
 use crate::launch::{REDUCTION_SCRATCH_FLOATS, entry_name};
 use crate::primitives::device::dynamic_shared_f32;
@@ -17,7 +18,6 @@ use crate::primitives::element::Element;
 use crate::primitives::entry::softmax_entry;
 use crate::primitives::reduce::block_reduce;
 use crate::primitives::row_exchange::{RowExchange, exchange_row_stats_or_leave, take_left_slice};
-use crate::primitives::slice_share::SliceSoftmax;
 
 /// # Safety
 /// Of `params`: `input` and `output` each point to `rows · cols` elements (distinct buffers), `cols > 0`;
