@@ -608,6 +608,50 @@ mod tests {
     }
 
     #[test]
+    fn launches_exchange_through_the_workspace_exactly_where_a_rows_blocks_meet_in_memory() {
+        let sm80 = FakeH200WithoutClusters { sm90_build: false };
+        for device in [&FakeH200 as &dyn DeviceLimits, &sm80] {
+            for input in [DType::F32, DType::Bf16, DType::F16] {
+                for rows in [1, 2, 16, 200, 4096] {
+                    for cols in [1000, 32000, 128256, 262144, 1 << 20] {
+                        for block_entries in [false, true] {
+                            let shape = shape(rows, cols);
+                            let Ok(launches) = plan(
+                                input,
+                                (true, true),
+                                block_entries,
+                                shape,
+                                Layout::Aligned,
+                                device,
+                            ) else {
+                                continue;
+                            };
+                            for launch in launches {
+                                let Params::CrossEntropy {
+                                    exchange, slices, ..
+                                } = launch.params
+                                else {
+                                    panic!("not a cross-entropy launch: {launch:?}");
+                                };
+                                let row_slices = matches!(
+                                    launch.entry,
+                                    Entry::CrossEntropy(CrossEntropyEntry {
+                                        kind: CrossEntropyKind::Slices,
+                                        ..
+                                    })
+                                );
+                                let meets_in_memory = (row_slices && slices > 1)
+                                    || launch.scheduling == Scheduling::Cooperative;
+                                assert_eq!(exchange, meets_in_memory, "{launch:?}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
     fn rows_in_waves_take_the_row_slices_entries_where_they_run_in_fewer_waves() {
         let entry = |input, rows, cols, device: &dyn DeviceLimits| {
             let launch = only_launch(input, true, Layout::Aligned, (rows, cols), device);

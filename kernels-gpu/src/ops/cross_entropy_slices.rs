@@ -47,7 +47,8 @@ pub unsafe fn cross_entropy_slices<In: Element, const PACK: usize>(p: &CrossEntr
     let kernel = unsafe { <CrossEntropyRow<In> as RowKernel<PACK>>::for_row(p, row) };
     let share = |slice: usize| {
         // SAFETY: the row holds `cols` elements from its start, which is 16-byte aligned with
-        // `cols` a multiple of `PACK`: no element lies outside the packs. `slice < slices`.
+        // `cols` a multiple of `PACK`: no element lies outside the packs. `slice < slices`,
+        // and `slices · slice_packs · PACK ≥ cols` (the contract).
         unsafe {
             SliceShare::<In, PACK>::of_row(
                 kernel.logits(),

@@ -126,8 +126,9 @@ impl<E: Element, const PACK: usize> SliceShare<E, PACK> {
     ///
     /// # Safety
     /// As [`SliceShare::of_row`].
-    // Not built in the f32 operation module: its one user, the cross-entropy over row slices,
-    // takes rows of whole packs only, which leave no element outside the body.
+    // Not built in the f32 operation module: its one caller, the softmax's normalized write
+    // (`production::slice_softmax`), is not built there, and the cross-entropy over row
+    // slices takes rows of whole packs only, which leave no element outside the body.
     #[cfg(not(kernels_module = "ops-f32"))]
     #[inline(always)]
     pub unsafe fn visit_edge(&self, visit: impl FnOnce(usize, f32)) {

@@ -19,9 +19,9 @@ impl<E: Element, const PACK: usize> SliceSoftmax<E, PACK> {
     /// The share of block `block_idx()`: row `block / slices`, slice `block % slices`.
     ///
     /// # Safety
-    /// The row-slices contract: both buffers hold `rows · cols` elements, `rows · slices`
-    /// blocks, `slices · slice_packs · PACK ≥ cols - (PACK - 1)`, equal misalignment when
-    /// `PACK > 1`.
+    /// The row-slices contract: `cols > 0`, both buffers hold `rows · cols` elements, `rows ·
+    /// slices` blocks, `slices · slice_packs · PACK ≥ cols - (PACK - 1)`, equal misalignment
+    /// when `PACK > 1`.
     #[inline(always)]
     pub unsafe fn of_block(
         input: *const E,
