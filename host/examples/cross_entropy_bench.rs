@@ -7,7 +7,8 @@
 //! `rows,cols,dtype,contender,median_us,pct_of_copy,extra_bytes`, where `extra_bytes` counts
 //! the gradient's buffer (into a buffer) and the reduced loss's workspace (the rows' losses and
 //! two totals), not the 20 bytes a block that plans whose blocks exchange through memory add
-//! (docs/performance-log.md gives those).
+//! (docs/performance-log.md gives those). Each shape's plan (the kernels the fused calls
+//! launch) goes to standard error.
 //!
 //! `cargo run --release -p host --example cross_entropy_bench [ROWSxCOLS,...]`
 
@@ -107,6 +108,12 @@ fn run<T: Element + DeviceCopy>(
         Ok(())
     })?;
     let dtype = if size_of::<T>() == 2 { "bf16" } else { "f32" };
+    // What the fused calls launched (the in-place call plans as the call into a buffer on
+    // these compact rows), to standard error beside the table.
+    match softmax.cross_entropy_plan::<T>(shape, &ce) {
+        Ok(plan) => eprintln!("{rows}×{cols} {dtype}: {}", plan.join(", then ")),
+        Err(error) => eprintln!("{rows}×{cols} {dtype}: no plan to show ({error})"),
+    }
     let workspace = 4 * (rows + 2);
     for (contender, us, extra) in [
         ("copy", copy, 0),

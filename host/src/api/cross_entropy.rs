@@ -475,9 +475,7 @@ impl Softmax {
             .flatten()
             .collect();
         let writes: Vec<Span> = [loss, lse, gradient].into_iter().flatten().collect();
-        let needs_totals =
-            ce.reduction == Reduction::Mean || (ce.weight.is_some() && ce.label_smoothing > 0.0);
-        let reduce = reduced && loss.is_some();
+        let (needs_totals, reduce) = prologue_and_epilogue(ce, loss.is_some());
         let stream = frame.stream;
         let done = self.with_stream(stream, |softmax| {
             softmax.enqueue_cross_entropy(
@@ -519,14 +517,10 @@ impl Softmax {
             }
             return Ok(());
         }
-        let layout = if x.packs_aligned()
-            && gradient.is_none_or(Span::packs_aligned)
-            && !params.elementwise_math()
-        {
-            Layout::Aligned
-        } else {
-            Layout::Elements
-        };
+        let layout = cross_entropy_layout(
+            x.packs_aligned() && gradient.is_none_or(Span::packs_aligned),
+            &params,
+        );
         let request = Request::CrossEntropy {
             input: x.dtype,
             totals,
@@ -544,6 +538,41 @@ impl Softmax {
         // the gradient exactly the logits where in place; the layout allows 16-byte packs
         // only where every row of the logits and the gradient starts 16-byte aligned.
         unsafe { self.enqueue(&prepared, shape, &buffers) }
+    }
+
+    /// What a fused call (loss and gradient) with `ce` launches on compact `T` logits of
+    /// `shape` (each row starting where the one before ends, the first 16-byte aligned), its
+    /// loss asked for, for the benchmark's report: each launch's entry and slicing.
+    #[cfg(feature = "bench")]
+    #[doc(hidden)]
+    pub fn cross_entropy_plan<T: super::views::Element>(
+        &mut self,
+        shape: Shape,
+        ce: &CrossEntropyOptions<'_>,
+    ) -> Result<Vec<String>> {
+        let _context = self.enter()?;
+        let (offset, vocab) = ce.check(shape, &Options::new())?;
+        let mut params = option_params(ce, shape, offset, vocab);
+        if ce.merged.is_some() {
+            params.mode = cross_entropy_mode::FROM_STATES;
+        }
+        // Whether class weights are given decides the plan, not where they are.
+        params.weight = u64::from(ce.weight.is_some());
+        let rows_aligned = (shape.cols() * size_of::<T>()).is_multiple_of(16);
+        let (totals, reduce) = prologue_and_epilogue(ce, true);
+        let request = Request::CrossEntropy {
+            input: T::DTYPE,
+            totals,
+            reduce,
+            block_entries: params.takes_block_entries(),
+        };
+        let layout = cross_entropy_layout(rows_aligned, &params);
+        let prepared = self.prepared(request, shape, layout)?;
+        Ok(prepared
+            .launches
+            .iter()
+            .map(|l| l.label(&l.scheduling_details()))
+            .collect())
     }
 }
 
@@ -583,17 +612,48 @@ fn base_params(
         logits_stride: x.stride as u64,
         targets: targets.operand.address,
         target_bytes: targets.operand.element_bytes,
+        weight: weight.map_or(0, |w| w.operand.address),
+        ..option_params(ce, x.shape, offset, vocab)
+    }
+}
+
+/// The parameters `ce` sets on rows of `shape` (columns `offset..` of a vocabulary of
+/// `vocab`), before any buffer is named.
+fn option_params(
+    ce: &CrossEntropyOptions<'_>,
+    shape: Shape,
+    offset: u64,
+    vocab: u64,
+) -> CrossEntropyParams {
+    CrossEntropyParams {
         ignore_index: ce.ignore_index.unwrap_or(0),
         has_ignore_index: u32::from(ce.ignore_index.is_some()),
-        weight: weight.map_or(0, |w| w.operand.address),
         column_offset: offset,
         vocab,
-        rows: x.shape.rows() as u32,
-        cols: x.shape.cols() as u32,
+        rows: shape.rows() as u32,
+        cols: shape.cols() as u32,
         label_smoothing: ce.label_smoothing,
         z_loss: ce.z_loss,
         softcap: ce.softcap.unwrap_or(0.0),
         upstream_value: 1.0,
         ..CrossEntropyParams::default()
+    }
+}
+
+/// Whether a call with `ce` launches the one-block prologue (the mean's divisor, the class
+/// weights' sum) and the epilogue (the reduced loss, where `loss` is asked for).
+fn prologue_and_epilogue(ce: &CrossEntropyOptions<'_>, loss: bool) -> (bool, bool) {
+    let totals =
+        ce.reduction == Reduction::Mean || (ce.weight.is_some() && ce.label_smoothing > 0.0);
+    (totals, ce.reduction != Reduction::None && loss)
+}
+
+/// The layout of a call's rows: 16-byte packs where every row of the logits (and of the
+/// gradient) starts 16-byte aligned and the options keep the math per row, else elements.
+fn cross_entropy_layout(rows_aligned: bool, params: &CrossEntropyParams) -> Layout {
+    if rows_aligned && !params.elementwise_math() {
+        Layout::Aligned
+    } else {
+        Layout::Elements
     }
 }
