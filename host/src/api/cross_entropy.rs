@@ -165,7 +165,7 @@ impl<'a> CrossEntropyOptions<'a> {
 
     /// Checks the options (and the call's, of which cross-entropy takes only the stream)
     /// against logits of `shape`; the vocabulary and the shard's offset.
-    fn check(&self, shape: Shape, call: &Options<'_>) -> Result<(u64, u64)> {
+    pub(super) fn check(&self, shape: Shape, call: &Options<'_>) -> Result<(u64, u64)> {
         if !call.is_plain() || call.variant != crate::variant::Variant::Auto {
             return Err(Error::CrossEntropyOption {
                 why: "of the call's options, cross-entropy takes only the stream (scales, masks \
@@ -539,41 +539,6 @@ impl Softmax {
         // only where every row of the logits and the gradient starts 16-byte aligned.
         unsafe { self.enqueue(&prepared, shape, &buffers) }
     }
-
-    /// What a fused call (loss and gradient) with `ce` launches on compact `T` logits of
-    /// `shape` (each row starting where the one before ends, the first 16-byte aligned), its
-    /// loss asked for, for the benchmark's report: each launch's entry and slicing.
-    #[cfg(feature = "bench")]
-    #[doc(hidden)]
-    pub fn cross_entropy_plan<T: super::views::Element>(
-        &mut self,
-        shape: Shape,
-        ce: &CrossEntropyOptions<'_>,
-    ) -> Result<Vec<String>> {
-        let _context = self.enter()?;
-        let (offset, vocab) = ce.check(shape, &Options::new())?;
-        let mut params = option_params(ce, shape, offset, vocab);
-        if ce.merged.is_some() {
-            params.mode = cross_entropy_mode::FROM_STATES;
-        }
-        // Whether class weights are given decides the plan, not where they are.
-        params.weight = u64::from(ce.weight.is_some());
-        let rows_aligned = (shape.cols() * size_of::<T>()).is_multiple_of(16);
-        let (totals, reduce) = prologue_and_epilogue(ce, true);
-        let request = Request::CrossEntropy {
-            input: T::DTYPE,
-            totals,
-            reduce,
-            block_entries: params.takes_block_entries(),
-        };
-        let layout = cross_entropy_layout(rows_aligned, &params);
-        let prepared = self.prepared(request, shape, layout)?;
-        Ok(prepared
-            .launches
-            .iter()
-            .map(|l| l.label(&l.scheduling_details()))
-            .collect())
-    }
 }
 
 /// The logits of a call: read only, or read and overwritten with the gradient.
@@ -619,7 +584,7 @@ fn base_params(
 
 /// The parameters `ce` sets on rows of `shape` (columns `offset..` of a vocabulary of
 /// `vocab`), before any buffer is named.
-fn option_params(
+pub(super) fn option_params(
     ce: &CrossEntropyOptions<'_>,
     shape: Shape,
     offset: u64,
@@ -642,7 +607,7 @@ fn option_params(
 
 /// Whether a call with `ce` launches the one-block prologue (the mean's divisor, the class
 /// weights' sum) and the epilogue (the reduced loss, where `loss` is asked for).
-fn prologue_and_epilogue(ce: &CrossEntropyOptions<'_>, loss: bool) -> (bool, bool) {
+pub(super) fn prologue_and_epilogue(ce: &CrossEntropyOptions<'_>, loss: bool) -> (bool, bool) {
     let totals =
         ce.reduction == Reduction::Mean || (ce.weight.is_some() && ce.label_smoothing > 0.0);
     (totals, ce.reduction != Reduction::None && loss)
@@ -650,7 +615,7 @@ fn prologue_and_epilogue(ce: &CrossEntropyOptions<'_>, loss: bool) -> (bool, boo
 
 /// The layout of a call's rows: 16-byte packs where every row of the logits (and of the
 /// gradient) starts 16-byte aligned and the options keep the math per row, else elements.
-fn cross_entropy_layout(rows_aligned: bool, params: &CrossEntropyParams) -> Layout {
+pub(super) fn cross_entropy_layout(rows_aligned: bool, params: &CrossEntropyParams) -> Layout {
     if rows_aligned && !params.elementwise_math() {
         Layout::Aligned
     } else {

@@ -1,14 +1,23 @@
 //! What the planner would launch, for people and for the benchmark's reports: the kernels of
-//! a variant, the entries a kind of call plans, the label of an operation's plan.
+//! a variant, the entries a kind of call plans, the label of an operation's plan, the
+//! launches of a cross-entropy call.
 
 #[cfg(feature = "bench")]
 use cust::memory::DeviceSlice;
+#[cfg(feature = "bench")]
+use kernels_gpu::launch::cross_entropy::cross_entropy_mode;
 #[cfg(feature = "bench")]
 use kernels_gpu::launch::ops::{DType, Direction};
 
 use super::Softmax;
 #[cfg(feature = "bench")]
 use super::call::Span;
+#[cfg(feature = "bench")]
+use super::cross_entropy::{
+    CrossEntropyOptions, cross_entropy_layout, option_params, prologue_and_epilogue,
+};
+#[cfg(feature = "bench")]
+use super::options::Options;
 #[cfg(feature = "bench")]
 use super::reserve::CallKind;
 #[cfg(feature = "bench")]
@@ -42,11 +51,7 @@ impl Softmax {
         };
         let layout = plan::pair_layout(0, 0, shape.cols());
         let prepared = self.variant_plan(variant, shape, layout)?;
-        Ok(prepared
-            .launches
-            .iter()
-            .map(|l| l.label(&l.scheduling_details()))
-            .collect())
+        Ok(labels(&prepared.launches))
     }
 
     /// The entries the plans of `call` on `shape` launch, with the block size of the entries
@@ -110,4 +115,42 @@ impl Softmax {
         };
         Ok(first.label(&slicing))
     }
+
+    /// What a fused call (loss and gradient) with `ce` launches on compact `T` logits of
+    /// `shape` (each row starting where the one before ends, the first 16-byte aligned), its
+    /// loss asked for, for the benchmark's report: each launch's entry and slicing.
+    #[cfg(feature = "bench")]
+    #[doc(hidden)]
+    pub fn cross_entropy_plan<T: Element>(
+        &mut self,
+        shape: Shape,
+        ce: &CrossEntropyOptions<'_>,
+    ) -> Result<Vec<String>> {
+        let _context = self.enter()?;
+        let (offset, vocab) = ce.check(shape, &Options::new())?;
+        let mut params = option_params(ce, shape, offset, vocab);
+        if ce.merged.is_some() {
+            params.mode = cross_entropy_mode::FROM_STATES;
+        }
+        // Whether class weights are given decides the plan, not where they are.
+        params.weight = u64::from(ce.weight.is_some());
+        let rows_aligned = (shape.cols() * size_of::<T>()).is_multiple_of(16);
+        let (totals, reduce) = prologue_and_epilogue(ce, true);
+        let request = Request::CrossEntropy {
+            input: T::DTYPE,
+            totals,
+            reduce,
+            block_entries: params.takes_block_entries(),
+        };
+        let layout = cross_entropy_layout(rows_aligned, &params);
+        Ok(labels(&self.prepared(request, shape, layout)?.launches))
+    }
+}
+
+/// Each launch's entry, with the slicing and scheduling it was planned with.
+fn labels(launches: &[plan::Launch]) -> Vec<String> {
+    launches
+        .iter()
+        .map(|l| l.label(&l.scheduling_details()))
+        .collect()
 }
