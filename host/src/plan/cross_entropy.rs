@@ -677,46 +677,39 @@ mod tests {
                 _ => None,
             }
         };
-        let slices = Some(CrossEntropyKind::Slices);
-        // The training shapes of the performance log, and the GPU tests' (the leaving test's
-        // among them: bf16 200×128256, f32 160×262144, f16 200×128256).
-        for (input, rows, cols) in [
-            (DType::Bf16, 4096, 128256),
-            (DType::Bf16, 16384, 151936),
-            (DType::Bf16, 2048, 262144),
-            (DType::F32, 4096, 128256),
-            (DType::F32, 2048, 262144),
-            (DType::F32, 16384, 151936),
-            (DType::Bf16, 200, 128256),
-            (DType::Bf16, 300, 128256),
-            (DType::F32, 160, 262144),
-            (DType::F16, 200, 128256),
+        let (slices, blocks, row_kernel) = (
+            Some(CrossEntropyKind::Slices),
+            None,
+            Some(CrossEntropyKind::Rows),
+        );
+        for (input, rows, cols, expected) in [
+            // The training shapes of the performance log, and the GPU tests' (the leaving
+            // test's among them: bf16 200×128256, f32 160×262144, f16 200×128256).
+            (DType::Bf16, 4096, 128256, slices),
+            (DType::Bf16, 16384, 151936, slices),
+            (DType::Bf16, 2048, 262144, slices),
+            (DType::F32, 4096, 128256, slices),
+            (DType::F32, 2048, 262144, slices),
+            (DType::F32, 16384, 151936, slices),
+            (DType::Bf16, 200, 128256, slices),
+            (DType::Bf16, 300, 128256, slices),
+            (DType::F32, 160, 262144, slices),
+            (DType::F16, 200, 128256, slices),
+            // Whole rows, clusters in waves where row slices take no fewer waves (bf16
+            // 64×262144), f32 clusters in waves and one cooperative launch keep the block
+            // entries;
+            (DType::Bf16, 8192, 32000, blocks),
+            (DType::Bf16, 64, 262144, blocks),
+            (DType::F32, 8192, 32000, blocks),
+            (DType::F32, 2, 128256, blocks),
+            // rows they do not take that row slices would run in one wave keep the row
+            // kernel.
+            (DType::F32, 16, 32000, row_kernel),
+            (DType::Bf16, 64, 151936, row_kernel),
         ] {
             assert_eq!(
                 entry(input, rows, cols, &FakeH200),
-                slices,
-                "{input:?} {rows}×{cols}"
-            );
-        }
-        // Whole rows, clusters in waves where row slices take no fewer waves (bf16
-        // 64×262144), f32 clusters in waves and one cooperative launch keep the block entries;
-        // rows they do not take that row slices would run in one wave keep the row kernel.
-        for (input, rows, cols) in [
-            (DType::Bf16, 8192, 32000),
-            (DType::Bf16, 64, 262144),
-            (DType::F32, 8192, 32000),
-            (DType::F32, 2, 128256),
-        ] {
-            assert_eq!(
-                entry(input, rows, cols, &FakeH200),
-                None,
-                "{input:?} {rows}×{cols}"
-            );
-        }
-        for (input, rows, cols) in [(DType::F32, 16, 32000), (DType::Bf16, 64, 151936)] {
-            assert_eq!(
-                entry(input, rows, cols, &FakeH200),
-                Some(CrossEntropyKind::Rows),
+                expected,
                 "{input:?} {rows}×{cols}"
             );
         }
