@@ -200,10 +200,8 @@ pub(crate) fn plan(
     // Forward rows of at most `WHOLE_SMALL_ROW_BYTES` stay whole however few they are.
     let small = direction == Direction::Forward
         && u64::from(cols) * u64::from(input.bytes()) <= WHOLE_SMALL_ROW_BYTES;
-    if fills_gpu || small {
-        if let Some((k, _)) = whole {
-            return Some(launch(k, 1));
-        }
+    if let Some((k, _)) = whole.filter(|_| fills_gpu || small) {
+        return Some(launch(k, 1));
     }
     // Slices go to blocks of at least `MIN_SLICE_THREADS` (the small blocks of the masked and
     // single-element tables serve narrow whole rows; a row cut into 32-thread slices spends
