@@ -338,6 +338,11 @@ pub(crate) fn reads_once_in_one_wave(launch: &Launch, device: &dyn DeviceLimits)
     ) && u64::from(launch.grid) <= launch.resident_blocks(device)
 }
 
+/// Rows of at most this many bytes stay whole, a block each, however few they are: one block
+/// reads such a row in one round of loads, where the exchange between the blocks of a sliced
+/// row costs more than the reads it spreads (performance log: "Small rows whole").
+pub(crate) const WHOLE_SMALL_ROW_BYTES: u64 = 16 << 10;
+
 /// Waves of whole cached rows (a row a block, nothing exchanged) that 16-bit plain softmax
 /// keeps over clusters in waves: they read more of the copy at bf16 256–1024×100003, in two
 /// to eight waves (performance log: "Row-slices in waves over clusters in waves").

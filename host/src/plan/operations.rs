@@ -8,7 +8,8 @@ use kernels_gpu::launch::ops::{
 
 use super::{
     DeviceLimits, Entry, Launch, OperationMode, OperationPass, Params, Scheduling, Slicing,
-    WAVE_CLUSTER_THREADS, block_shared_bytes, clusters_in_waves, slices_form_clusters,
+    WAVE_CLUSTER_THREADS, WHOLE_SMALL_ROW_BYTES, block_shared_bytes, clusters_in_waves,
+    slices_form_clusters,
 };
 use crate::shape::Shape;
 
@@ -196,8 +197,11 @@ pub(crate) fn plan(
     let fills_gpu = whole.is_some_and(|(_, r)| {
         u64::from(rows) >= u64::from(device.multiprocessors()) * u64::from(r)
     });
-    if fills_gpu {
-        return whole.map(|(k, _)| launch(k, 1));
+    // Forward rows of at most `WHOLE_SMALL_ROW_BYTES` stay whole however few they are.
+    let small = direction == Direction::Forward
+        && u64::from(cols) * u64::from(input.bytes()) <= WHOLE_SMALL_ROW_BYTES;
+    if let Some((k, _)) = whole.filter(|_| fills_gpu || small) {
+        return Some(launch(k, 1));
     }
     // Slices go to blocks of at least `MIN_SLICE_THREADS` (the small blocks of the masked and
     // single-element tables serve narrow whole rows; a row cut into 32-thread slices spends
@@ -689,6 +693,24 @@ mod tests {
         )
         .unwrap();
         assert_eq!(narrow.slices, 1);
+    }
+
+    #[test]
+    fn few_small_forward_rows_stay_whole_and_wider_or_backward_ones_are_sliced() {
+        // 16 KB rows (8192 bf16, 4096 f32): a block each, however few.
+        for (input, cols) in [(DType::Bf16, 4096), (DType::Bf16, 8192), (DType::F32, 4096)] {
+            for rows in [1, 16, 256, 1024] {
+                let launch = planned(Direction::Forward, input, rows, cols).unwrap();
+                assert_eq!(
+                    (launch.slices, launch.clustered, launch.grid),
+                    (1, false, rows),
+                    "{input:?} {rows}×{cols}"
+                );
+            }
+        }
+        // Just wider, or the backward pass: sliced as before.
+        assert!(planned(Direction::Forward, DType::Bf16, 16, 8200).unwrap().slices > 1);
+        assert!(planned(Direction::Backward, DType::Bf16, 16, 4096).unwrap().slices > 1);
     }
 
     #[test]

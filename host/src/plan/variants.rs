@@ -16,8 +16,8 @@ use kernels_gpu::primitives::barrier_word;
 
 use super::{
     CLUSTER_SHARED_BYTES, DeviceLimits, Entry, Launch, Layout, Params, Scheduling, Slicing,
-    WAVE_CLUSTER_THREADS, block_shared_bytes, clusters_in_waves, slices_form_clusters,
-    waves_unless_read_once,
+    WAVE_CLUSTER_THREADS, WHOLE_SMALL_ROW_BYTES, block_shared_bytes, clusters_in_waves,
+    slices_form_clusters, waves_unless_read_once,
 };
 use crate::error::{Error, Result};
 use crate::shape::Shape;
@@ -269,7 +269,9 @@ fn block_registers_launch(
     let fills_gpu = whole.is_some_and(|(_, resident)| {
         u64::from(rows) >= u64::from(device.multiprocessors()) * u64::from(resident)
     });
-    let sliced = (!fills_gpu && device.cooperative_launch())
+    // Rows of at most `WHOLE_SMALL_ROW_BYTES` stay whole however few they are.
+    let small = whole.is_some() && shape.cols() as u64 * 4 <= WHOLE_SMALL_ROW_BYTES;
+    let sliced = (!fills_gpu && !small && device.cooperative_launch())
         .then(|| block_register_slicing(rows, row_packs, pack, device))
         .flatten();
     let (instance, slices) = sliced.or(whole.map(|(instance, _)| (instance, 1)))?;
@@ -1182,9 +1184,10 @@ mod tests {
             kernel(3200, 16384, 0),
             "softmax_block_registers_p4_n8 (512 threads)"
         );
+        // Few rows of at most 16 KB stay whole, a block each.
         assert_eq!(
             kernel(10, 4096, 0),
-            "softmax_block_registers_p4_n1 (128 threads)"
+            "softmax_block_registers_p4_n8 (128 threads)"
         );
         assert_eq!(kernel(2000, 1 << 20, 0), "softmax_row_slices_p4");
         // Few rows: sliced block-registers below 1.5 MiB, sliced row-slices from there.
