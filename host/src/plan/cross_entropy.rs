@@ -20,7 +20,7 @@ use kernels_gpu::launch::ops::{DType, Direction};
 use super::operations::{self, OpLaunch};
 use super::{
     CLUSTER_SHARED_BYTES, DeviceLimits, Entry, Launch, Layout, OperationMode, Params, Scheduling,
-    Slicing, launch_waves, not_resident, rows_and_cols, too_large, variants,
+    Slicing, Stagger, launch_waves, not_resident, rows_and_cols, too_large, variants,
 };
 use crate::error::Result;
 use crate::shape::Shape;
@@ -55,6 +55,7 @@ pub(crate) fn plan(
         exchange,
         workspace,
         totals,
+        stagger: Stagger::NONE,
     };
     let in_blocks = block_entries
         .then(|| plan_in_blocks(input, shape, layout, limits))
@@ -69,17 +70,23 @@ pub(crate) fn plan(
         None => launch_waves(&slices.launch, limits) > 1,
     };
     let rows_launch = match (in_blocks, in_slices) {
-        (_, Some(slices)) if take_slices(&slices) => Launch {
-            params: params(
+        (_, Some(slices)) if take_slices(&slices) => {
+            let mut params = params(
                 slices.slicing.slices,
                 slices.slicing.slice_packs,
                 true,
                 true,
                 // A row's slices meet through global memory.
                 slices.slicing.slices > 1,
-            ),
-            ..slices.launch
-        },
+            );
+            if let Params::CrossEntropy { stagger, .. } = &mut params {
+                *stagger = slices.stagger;
+            }
+            Launch {
+                params,
+                ..slices.launch
+            }
+        }
         // The operation kernels' launch, with the cross-entropy's parameters: the slices of
         // one cooperative launch exchange through global memory, clusters through shared
         // memory.
@@ -111,6 +118,7 @@ pub(crate) fn plan(
             exchange: false,
             workspace: true,
             totals,
+            stagger: Stagger::NONE,
         },
     };
     let mut launches = Vec::with_capacity(3);
@@ -168,6 +176,7 @@ fn plan_in_blocks(
 struct InSlices {
     launch: Launch,
     slicing: Slicing,
+    stagger: Stagger,
 }
 
 fn plan_in_slices(
@@ -188,8 +197,13 @@ fn plan_in_slices(
         Params::RowSlices {
             slicing,
             cached: true,
+            stagger,
             ..
-        } => Some(InSlices { launch, slicing }),
+        } => Some(InSlices {
+            launch,
+            slicing,
+            stagger,
+        }),
         _ => None,
     }
 }

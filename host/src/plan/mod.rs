@@ -161,6 +161,20 @@ pub(crate) struct Slicing {
     pub slice_packs: u32,
 }
 
+/// How a launch that runs its rows in waves starts its first wave: row `r < rows` waits
+/// `r · ns` nanoseconds before it reads (`kernels_gpu`'s `stagger_first_wave`), so that the
+/// rows after them, which start as those finish, reach their exchange and their write at
+/// different moments. [`Stagger::NONE`]: every row starts at once.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Stagger {
+    pub rows: u32,
+    pub ns: u32,
+}
+
+impl Stagger {
+    pub const NONE: Self = Stagger { rows: 0, ns: 0 };
+}
+
 /// Which pass of an operation a launch is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum OperationPass {
@@ -191,6 +205,7 @@ pub(crate) enum Params {
         cols: u32,
         slicing: Slicing,
         cached: bool,
+        stagger: Stagger,
     },
     /// Row clusters.
     RowCluster {
@@ -222,6 +237,8 @@ pub(crate) enum Params {
         /// prologue writes follow them.
         workspace: bool,
         totals: bool,
+        /// How the row-slices entries start their first wave.
+        stagger: Stagger,
     },
     /// One `SamplingParams` by value: the call's, its rows kept in shared memory or not, cut
     /// into `slices` of `slice_cols` columns (their draws in the workspace) where `slices` is
@@ -569,6 +586,8 @@ pub(crate) trait DeviceLimits {
     fn cooperative_launch(&self) -> bool;
     /// Whether thread-block clusters are available (compute capability 9.0 and later).
     fn thread_block_clusters(&self) -> bool;
+    /// The memory's peak bandwidth the driver's clock and bus width give, in bytes per µs.
+    fn memory_bytes_per_us(&self) -> u64;
     /// Clusters of `cluster` blocks of `entry` active at once with this block size and
     /// shared memory (0 when one cannot be scheduled at all).
     fn active_clusters(&self, entry: Entry, threads: u32, shared_bytes: u32, cluster: u32) -> u32;
@@ -848,6 +867,10 @@ pub(crate) mod tests {
             true
         }
 
+        fn memory_bytes_per_us(&self) -> u64 {
+            4_915_000
+        }
+
         fn active_clusters(
             &self,
             entry: Entry,
@@ -886,6 +909,10 @@ pub(crate) mod tests {
 
         fn thread_block_clusters(&self) -> bool {
             self.sm90_build
+        }
+
+        fn memory_bytes_per_us(&self) -> u64 {
+            FakeH200.memory_bytes_per_us()
         }
 
         fn active_clusters(

@@ -15,7 +15,7 @@ use kernels_gpu::launch::{
 use kernels_gpu::primitives::barrier_word;
 
 use super::{
-    CLUSTER_SHARED_BYTES, DeviceLimits, Entry, Launch, Layout, Params, Scheduling, Slicing,
+    CLUSTER_SHARED_BYTES, DeviceLimits, Entry, Launch, Layout, Params, Scheduling, Slicing, Stagger,
     WAVE_CLUSTER_THREADS, WHOLE_SMALL_ROW_BYTES, block_shared_bytes, clusters_in_waves,
     slices_form_clusters, waves_unless_read_once,
 };
@@ -564,6 +564,7 @@ impl RowSlicesGeometry {
                 slice_packs,
             },
             cached,
+            stagger: Stagger::NONE,
         };
         ordinary(
             self.entry,
@@ -650,8 +651,35 @@ fn row_slices_in_waves_of(
         let fewest = (2..=most).find(|&slices| keeps(slices, per_sm).is_some())?;
         let waves = geometry.rows.div_ceil(wave / fewest);
         let slices = (wave / geometry.rows.div_ceil(waves)).min(most);
-        Some(geometry.launch(keeps(slices, per_sm)?))
+        let mut launch = geometry.launch(keeps(slices, per_sm)?);
+        let first_wave_rows = launch.resident_blocks(device) / u64::from(slices);
+        if u64::from(geometry.rows) > first_wave_rows
+            && let Params::RowSlices { stagger, .. } = &mut launch.params
+        {
+            *stagger = waves_stagger(&geometry, first_wave_rows as u32, device);
+        }
+        Some(launch)
     })
+}
+
+/// The stagger of a launch of `geometry`'s rows in waves of `first_wave_rows`: each row of the
+/// first wave starts a share of the time the memory takes to read and write one row later
+/// than the row before it.
+fn waves_stagger(
+    geometry: &RowSlicesGeometry,
+    first_wave_rows: u32,
+    device: &dyn DeviceLimits,
+) -> Stagger {
+    let percent: u64 = std::env::var("SOFTMAX_WAVES_STAGGER")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let row_bytes = u64::from(geometry.cols) * geometry.dtype.bytes() as u64;
+    let ns = percent * 2 * row_bytes * 1000 / (100 * device.memory_bytes_per_us().max(1));
+    Stagger {
+        rows: first_wave_rows,
+        ns: ns.min(u64::from(u32::MAX)) as u32,
+    }
 }
 
 /// Wide rows that block registers do not take: row-slices where it caches its slices.

@@ -25,6 +25,9 @@ pub struct DeviceInfo {
     /// Peak clocks the driver reports, in MHz.
     pub sm_clock_mhz: u32,
     pub memory_clock_mhz: u32,
+    /// The memory bus's width in bits (0 in runs saved before it was recorded).
+    #[cfg_attr(feature = "tune-cache", serde(default))]
+    pub memory_bus_bits: u32,
     /// The driver's CUDA version, e.g. 13000 for 13.0.
     pub driver_version: i32,
     pub supports_cooperative_launch: bool,
@@ -97,6 +100,7 @@ fn read_info(ordinal: u32, device: Device) -> Result<DeviceInfo> {
         total_memory_bytes: device.total_memory().during("reading the memory size")?,
         sm_clock_mhz: attribute(DeviceAttribute::ClockRate)? / 1000,
         memory_clock_mhz: attribute(DeviceAttribute::MemoryClockRate)? / 1000,
+        memory_bus_bits: attribute(DeviceAttribute::GlobalMemoryBusWidth)?,
         driver_version,
         supports_cooperative_launch: raw_attribute(
             device,
@@ -185,6 +189,7 @@ pub(crate) mod fixtures {
             total_memory_bytes: 140 << 30,
             sm_clock_mhz: 1980,
             memory_clock_mhz: 3201,
+            memory_bus_bits: 6144,
             driver_version: 13000,
             supports_cooperative_launch: true,
         }

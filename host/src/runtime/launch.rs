@@ -12,7 +12,7 @@ use kernels_gpu::launch::softmax::SoftmaxParams;
 
 use super::driver;
 use crate::error::Result;
-use crate::plan::{Entry, Launch, OperationPass, Params, Scheduling, Slicing};
+use crate::plan::{Entry, Launch, OperationPass, Params, Scheduling, Slicing, Stagger};
 
 /// Device addresses of the workspace a launch may use.
 #[derive(Clone, Copy, Debug)]
@@ -101,7 +101,12 @@ impl KernelParams {
     fn of(launch: &Launch, bindings: &Bindings<'_>) -> Self {
         let b = bindings;
         let w = b.workspace;
-        let softmax = |rows: u32, cols: u32, slicing: Slicing, cached: bool, len: u64| {
+        let softmax_staggered = |rows: u32,
+                                 cols: u32,
+                                 slicing: Slicing,
+                                 cached: bool,
+                                 len: u64,
+                                 stagger: Stagger| {
             KernelParams::Softmax(SoftmaxParams {
                 input: b.input,
                 output: b.output,
@@ -116,7 +121,12 @@ impl KernelParams {
                 slices: slicing.slices,
                 slice_packs: slicing.slice_packs,
                 cached: cached.into(),
+                stagger_rows: stagger.rows,
+                stagger_ns: stagger.ns,
             })
+        };
+        let softmax = |rows: u32, cols: u32, slicing: Slicing, cached: bool, len: u64| {
+            softmax_staggered(rows, cols, slicing, cached, len, Stagger::NONE)
         };
         let whole_rows = Slicing {
             slices: 1,
@@ -131,8 +141,9 @@ impl KernelParams {
                 cols,
                 slicing,
                 cached,
-            }
-            | Params::RowCluster {
+                stagger,
+            } => softmax_staggered(b.rows, cols, slicing, cached, 0, stagger),
+            Params::RowCluster {
                 cols,
                 slicing,
                 cached,
@@ -169,8 +180,11 @@ impl KernelParams {
                 exchange,
                 workspace,
                 totals,
+                stagger,
             } => {
                 let mut params = *b.cross_entropy;
+                params.stagger_rows = stagger.rows;
+                params.stagger_ns = stagger.ns;
                 params.slices = slices;
                 params.slice_packs = slice_packs;
                 params.cached = cached.into();
@@ -265,16 +279,18 @@ mod tests {
             input: 7,
             cols: 3,
             cached: 1,
+            stagger_ns: 11,
             ..SoftmaxParams::default()
         };
         let mut params = KernelParams::Softmax(softmax);
         let pointers = params.argument_pointers();
         // SAFETY: the pointers point into `params`, alive and unmoved, at fields of these
-        // types: `input` first, `cols` tenth, `cached` last.
+        // types: `input` first, `cols` tenth, `cached` third from last, `stagger_ns` last.
         unsafe {
             assert_eq!(*pointers[0].cast::<u64>(), 7);
             assert_eq!(*pointers[9].cast::<u32>(), 3);
-            assert_eq!(*pointers[SoftmaxParams::FIELDS - 1].cast::<u32>(), 1);
+            assert_eq!(*pointers[SoftmaxParams::FIELDS - 3].cast::<u32>(), 1);
+            assert_eq!(*pointers[SoftmaxParams::FIELDS - 1].cast::<u32>(), 11);
         }
     }
 

@@ -183,6 +183,11 @@ impl DeviceLimits for Limits<'_> {
         self.modules.build.hopper_features()
     }
 
+    fn memory_bytes_per_us(&self) -> u64 {
+        // Two transfers a clock (double data rate), the bus's width in bytes each.
+        2 * u64::from(self.info.memory_clock_mhz) * u64::from(self.info.memory_bus_bits / 8)
+    }
+
     fn active_clusters(&self, entry: Entry, threads: u32, shared_bytes: u32, cluster: u32) -> u32 {
         let result = self
             .module(entry)

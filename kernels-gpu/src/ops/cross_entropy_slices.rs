@@ -16,7 +16,9 @@ use crate::primitives::device::{block_idx, dynamic_shared_f32, thread_idx};
 use crate::primitives::element::Element;
 use crate::primitives::online::OnlineStats;
 use crate::primitives::reduce::block_reduce;
-use crate::primitives::row_exchange::{RowExchange, exchange_row_stats_or_leave, take_left_slice};
+use crate::primitives::row_exchange::{
+    RowExchange, exchange_row_stats_or_leave, stagger_first_wave, take_left_slice,
+};
 use crate::primitives::slice_share::SliceShare;
 
 use super::cross_entropy_block::CrossEntropyRow;
@@ -43,6 +45,7 @@ pub unsafe fn cross_entropy_slices<In: Element, const PACK: usize>(p: &CrossEntr
     let slices = p.slices.max(1) as usize;
     let row = block_idx() as usize / slices;
     let slice = block_idx() as usize % slices;
+    stagger_first_wave(row as u32, p.stagger_rows, p.stagger_ns);
     // SAFETY: `row < rows` (`slices` blocks per row).
     let kernel = unsafe { <CrossEntropyRow<In> as RowKernel<PACK>>::for_row(p, row) };
     let share = |slice: usize| {

@@ -17,6 +17,21 @@ use crate::{
     primitives::reduce::group_reduce,
 };
 
+/// Holds back the rows of a launch's first wave in turn, so that the rows after them, which
+/// start as those finish, do not all read, exchange and write at the same moment: row `row`
+/// waits `row · ns_per_row` nanoseconds from its block's start where `row <
+/// first_wave_rows`, and starts at once otherwise (`ns_per_row` 0: never waits). Every thread
+/// of a block calls it with the same arguments; it touches no memory.
+#[inline(always)]
+pub fn stagger_first_wave(row: u32, first_wave_rows: u32, ns_per_row: u32) {
+    if row < first_wave_rows && ns_per_row != 0 {
+        let until = global_timer_ns() + u64::from(row) * u64::from(ns_per_row);
+        while global_timer_ns() < until {
+            sleep_briefly();
+        }
+    }
+}
+
 /// Waits until `participants` blocks have arrived at this row's barrier (the cooperative
 /// protocol of [`barrier_word`]). Called by one thread per block; `leader` is true for
 /// exactly one of the row's blocks.

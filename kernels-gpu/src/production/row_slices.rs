@@ -13,11 +13,13 @@
 use super::slice_softmax::SliceSoftmax;
 use crate::launch::softmax::{SoftmaxParams, with_softmax_param_fields};
 use crate::launch::{REDUCTION_SCRATCH_FLOATS, entry_name};
-use crate::primitives::device::dynamic_shared_f32;
+use crate::primitives::device::{block_idx, dynamic_shared_f32};
 use crate::primitives::element::Element;
 use crate::primitives::entry::softmax_entry;
 use crate::primitives::reduce::block_reduce;
-use crate::primitives::row_exchange::{RowExchange, exchange_row_stats_or_leave, take_left_slice};
+use crate::primitives::row_exchange::{
+    RowExchange, exchange_row_stats_or_leave, stagger_first_wave, take_left_slice,
+};
 
 /// # Safety
 /// Of `params`: `input` and `output` each point to `rows · cols` elements (distinct buffers), `cols > 0`;
@@ -44,6 +46,7 @@ unsafe fn softmax_row_slices<E: Element, const PACK: usize>(params: &SoftmaxPara
         params.barriers.cast::<u32>().cast_mut(),
     );
     let patience_ns = params.patience_ns;
+    stagger_first_wave(block_idx() / slices.max(1), params.stagger_rows, params.stagger_ns);
     let shared = dynamic_shared_f32();
     // SAFETY: the launch provides the scratch followed by the cache when cached.
     let cache = (cached != 0)
