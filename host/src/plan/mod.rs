@@ -199,7 +199,11 @@ pub(crate) enum Params {
     /// The unfused stages (each reads the fields its kernel needs).
     Unfused { rows: u32, cols: u32, len: u64 },
     /// Block registers: the partials and barriers are the workspace's.
-    BlockRegisters { cols: u32, slicing: Slicing },
+    BlockRegisters {
+        cols: u32,
+        slicing: Slicing,
+        stagger: Stagger,
+    },
     /// Row slices: the partials, barriers and patience are the workspace's and the call's.
     RowSlices {
         cols: u32,
@@ -405,6 +409,38 @@ pub(crate) fn waves_unless_read_once(
         }
         (Some(clusters), _) => vec![clusters],
         (None, _) => resident,
+    }
+}
+
+/// The stagger of `launch` over `rows` rows of `row_bytes` bytes each (read, then written),
+/// where they run in more than one wave: each row of the first wave starts a share
+/// (`SOFTMAX_WAVES_STAGGER` percent) of the time the memory takes to read and write one row
+/// after the row before it. [`Stagger::NONE`] in one wave.
+pub(crate) fn waves_stagger(
+    launch: &Launch,
+    rows: u32,
+    row_bytes: u64,
+    device: &dyn DeviceLimits,
+) -> Stagger {
+    let slices = u64::from((launch.grid / rows.max(1)).max(1));
+    let first_wave_rows = match launch.scheduling {
+        Scheduling::Clusters(size) if size > 1 => {
+            u64::from(device.active_clusters(launch.entry, launch.block, launch.shared_bytes, size))
+        }
+        _ => launch.resident_blocks(device) / slices,
+    };
+    let bandwidth = device.memory_bytes_per_us();
+    if u64::from(rows) <= first_wave_rows || first_wave_rows == 0 || bandwidth == 0 {
+        return Stagger::NONE;
+    }
+    let percent: u64 = std::env::var("SOFTMAX_WAVES_STAGGER")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let ns = percent * 2 * row_bytes * 1000 / (100 * bandwidth);
+    Stagger {
+        rows: first_wave_rows as u32,
+        ns: ns.min(u64::from(u32::MAX)) as u32,
     }
 }
 

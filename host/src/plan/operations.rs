@@ -709,8 +709,18 @@ mod tests {
             }
         }
         // Just wider, or the backward pass: sliced as before.
-        assert!(planned(Direction::Forward, DType::Bf16, 16, 8200).unwrap().slices > 1);
-        assert!(planned(Direction::Backward, DType::Bf16, 16, 4096).unwrap().slices > 1);
+        assert!(
+            planned(Direction::Forward, DType::Bf16, 16, 8200)
+                .unwrap()
+                .slices
+                > 1
+        );
+        assert!(
+            planned(Direction::Backward, DType::Bf16, 16, 4096)
+                .unwrap()
+                .slices
+                > 1
+        );
     }
 
     #[test]

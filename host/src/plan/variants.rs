@@ -15,9 +15,9 @@ use kernels_gpu::launch::{
 use kernels_gpu::primitives::barrier_word;
 
 use super::{
-    CLUSTER_SHARED_BYTES, DeviceLimits, Entry, Launch, Layout, Params, Scheduling, Slicing, Stagger,
-    WAVE_CLUSTER_THREADS, WHOLE_SMALL_ROW_BYTES, block_shared_bytes, clusters_in_waves,
-    slices_form_clusters, waves_unless_read_once,
+    CLUSTER_SHARED_BYTES, DeviceLimits, Entry, Launch, Layout, Params, Scheduling, Slicing,
+    Stagger, WAVE_CLUSTER_THREADS, WHOLE_SMALL_ROW_BYTES, block_shared_bytes, clusters_in_waves,
+    slices_form_clusters, waves_stagger, waves_unless_read_once,
 };
 use crate::error::{Error, Result};
 use crate::shape::Shape;
@@ -278,7 +278,9 @@ fn block_registers_launch(
     let entry = Entry::BlockRegisters(instance);
     // On sm_90, as one thread-block cluster per row where the slices are few enough.
     let clustered = slices_form_clusters(device, entry, instance.threads, slices);
-    Some(block_registers_sliced(shape, instance, slices, clustered))
+    Some(block_registers_sliced(
+        shape, instance, slices, clustered, device,
+    ))
 }
 
 /// Blocks of f32 clusters in waves that stay clusters though row-slices in waves of rows would
@@ -317,7 +319,7 @@ fn block_registers_in_waves(
         slices,
         whole_resident,
     )
-    .then(|| block_registers_sliced(shape, instance, slices, true))
+    .then(|| block_registers_sliced(shape, instance, slices, true, device))
 }
 
 /// The block-registers launch of `instance` over rows of `shape` cut into `slices` (one:
@@ -327,22 +329,33 @@ fn block_registers_sliced(
     instance: BlockRegisterInstance,
     slices: u32,
     clustered: bool,
+    device: &dyn DeviceLimits,
 ) -> Launch {
     let row_packs = (shape.cols() as u32).div_ceil(instance.pack);
-    Launch {
+    let rows = shape.rows() as u32;
+    let scheduling = Scheduling::exchanging(slices, clustered);
+    let mut launch = Launch {
         entry: Entry::BlockRegisters(instance),
-        grid: (shape.rows() as u32).saturating_mul(slices),
+        grid: rows.saturating_mul(slices),
         block: instance.threads,
         shared_bytes: block_shared_bytes(clustered),
-        scheduling: Scheduling::exchanging(slices, clustered),
+        scheduling,
         params: Params::BlockRegisters {
             cols: shape.cols() as u32,
             slicing: Slicing {
                 slices,
                 slice_packs: row_packs.div_ceil(slices),
             },
+            stagger: Stagger::NONE,
         },
+    };
+    if scheduling != Scheduling::Cooperative {
+        let planned = waves_stagger(&launch, rows, shape.cols() as u64 * 4, device);
+        if let Params::BlockRegisters { stagger, .. } = &mut launch.params {
+            *stagger = planned;
+        }
     }
+    launch
 }
 
 /// Packs per thread of the block-registers blocks that slice rows into clusters in waves
@@ -652,34 +665,13 @@ fn row_slices_in_waves_of(
         let waves = geometry.rows.div_ceil(wave / fewest);
         let slices = (wave / geometry.rows.div_ceil(waves)).min(most);
         let mut launch = geometry.launch(keeps(slices, per_sm)?);
-        let first_wave_rows = launch.resident_blocks(device) / u64::from(slices);
-        if u64::from(geometry.rows) > first_wave_rows
-            && let Params::RowSlices { stagger, .. } = &mut launch.params
-        {
-            *stagger = waves_stagger(&geometry, first_wave_rows as u32, device);
+        let row_bytes = u64::from(geometry.cols) * geometry.dtype.bytes() as u64;
+        let planned = waves_stagger(&launch, geometry.rows, row_bytes, device);
+        if let Params::RowSlices { stagger, .. } = &mut launch.params {
+            *stagger = planned;
         }
         Some(launch)
     })
-}
-
-/// The stagger of a launch of `geometry`'s rows in waves of `first_wave_rows`: each row of the
-/// first wave starts a share of the time the memory takes to read and write one row later
-/// than the row before it.
-fn waves_stagger(
-    geometry: &RowSlicesGeometry,
-    first_wave_rows: u32,
-    device: &dyn DeviceLimits,
-) -> Stagger {
-    let percent: u64 = std::env::var("SOFTMAX_WAVES_STAGGER")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    let row_bytes = u64::from(geometry.cols) * geometry.dtype.bytes() as u64;
-    let ns = percent * 2 * row_bytes * 1000 / (100 * device.memory_bytes_per_us().max(1));
-    Stagger {
-        rows: first_wave_rows,
-        ns: ns.min(u64::from(u32::MAX)) as u32,
-    }
 }
 
 /// Wide rows that block registers do not take: row-slices where it caches its slices.

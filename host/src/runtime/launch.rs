@@ -101,30 +101,26 @@ impl KernelParams {
     fn of(launch: &Launch, bindings: &Bindings<'_>) -> Self {
         let b = bindings;
         let w = b.workspace;
-        let softmax_staggered = |rows: u32,
-                                 cols: u32,
-                                 slicing: Slicing,
-                                 cached: bool,
-                                 len: u64,
-                                 stagger: Stagger| {
-            KernelParams::Softmax(SoftmaxParams {
-                input: b.input,
-                output: b.output,
-                row_max: w.row_stats,
-                row_sum: w.row_stats + 4 * u64::from(b.rows),
-                partials: w.partials,
-                barriers: w.barriers,
-                patience_ns: b.patience_ns,
-                len,
-                rows,
-                cols,
-                slices: slicing.slices,
-                slice_packs: slicing.slice_packs,
-                cached: cached.into(),
-                stagger_rows: stagger.rows,
-                stagger_ns: stagger.ns,
-            })
-        };
+        let softmax_staggered =
+            |rows: u32, cols: u32, slicing: Slicing, cached: bool, len: u64, stagger: Stagger| {
+                KernelParams::Softmax(SoftmaxParams {
+                    input: b.input,
+                    output: b.output,
+                    row_max: w.row_stats,
+                    row_sum: w.row_stats + 4 * u64::from(b.rows),
+                    partials: w.partials,
+                    barriers: w.barriers,
+                    patience_ns: b.patience_ns,
+                    len,
+                    rows,
+                    cols,
+                    slices: slicing.slices,
+                    slice_packs: slicing.slice_packs,
+                    cached: cached.into(),
+                    stagger_rows: stagger.rows,
+                    stagger_ns: stagger.ns,
+                })
+            };
         let softmax = |rows: u32, cols: u32, slicing: Slicing, cached: bool, len: u64| {
             softmax_staggered(rows, cols, slicing, cached, len, Stagger::NONE)
         };
@@ -136,7 +132,11 @@ impl KernelParams {
             Params::Rows { rows, cols } => softmax(rows, cols, whole_rows, false, 0),
             Params::BlockPerRow { cols } => softmax(b.rows, cols, whole_rows, false, 0),
             Params::Unfused { rows, cols, len } => softmax(rows, cols, whole_rows, false, len),
-            Params::BlockRegisters { cols, slicing } => softmax(b.rows, cols, slicing, false, 0),
+            Params::BlockRegisters {
+                cols,
+                slicing,
+                stagger,
+            } => softmax_staggered(b.rows, cols, slicing, false, 0, stagger),
             Params::RowSlices {
                 cols,
                 slicing,

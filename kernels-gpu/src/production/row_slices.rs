@@ -46,7 +46,11 @@ unsafe fn softmax_row_slices<E: Element, const PACK: usize>(params: &SoftmaxPara
         params.barriers.cast::<u32>().cast_mut(),
     );
     let patience_ns = params.patience_ns;
-    stagger_first_wave(block_idx() / slices.max(1), params.stagger_rows, params.stagger_ns);
+    stagger_first_wave(
+        block_idx() / slices.max(1),
+        params.stagger_rows,
+        params.stagger_ns,
+    );
     let shared = dynamic_shared_f32();
     // SAFETY: the launch provides the scratch followed by the cache when cached.
     let cache = (cached != 0)
