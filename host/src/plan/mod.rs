@@ -359,10 +359,16 @@ pub(crate) fn reads_once_in_one_wave(launch: &Launch, device: &dyn DeviceLimits)
     ) && u64::from(launch.grid) <= launch.resident_blocks(device)
 }
 
-/// Rows of at most this many bytes stay whole, a block each, however few they are: one block
-/// reads such a row in one round of loads, where the exchange between the blocks of a sliced
-/// row costs more than the reads it spreads (performance log: "Small rows whole").
+/// f32 rows of at most this many bytes stay whole in block registers, a block each, however
+/// few they are: one block reads such a row in one round of loads, where the exchange between
+/// the blocks of a sliced row costs more than the reads it spreads (performance log: "Small
+/// rows whole").
 pub(crate) const WHOLE_SMALL_ROW_BYTES: u64 = 16 << 10;
+
+/// The same rule for the operation kernels' forward rows: 8 KB rows (4096 bf16) gained as one
+/// block each, 16 KB rows (8192 bf16) lost on few rows and at 512 (performance log: "Small
+/// rows whole").
+pub(crate) const WHOLE_SMALL_OPERATION_ROW_BYTES: u64 = 8 << 10;
 
 /// Waves of whole cached rows (a row a block, nothing exchanged) that 16-bit plain softmax
 /// keeps over clusters in waves: they read more of the copy at bf16 256–1024×100003, in two
@@ -412,10 +418,16 @@ pub(crate) fn waves_unless_read_once(
     }
 }
 
+/// The share of the time the memory takes to read and write one row (at its peak) by which
+/// each row of a first wave starts after the one before it, in percent: on an H100, 50 took
+/// 0.4–3.9% less time than none on rows in waves, 100 at most 1.6% less (performance log:
+/// "The first wave held back row by row").
+const WAVES_STAGGER_PERCENT: u64 = 50;
+
 /// The stagger of `launch` over `rows` rows of `row_bytes` bytes each (read, then written),
-/// where they run in more than one wave: each row of the first wave starts a share
-/// (`SOFTMAX_WAVES_STAGGER` percent) of the time the memory takes to read and write one row
-/// after the row before it. [`Stagger::NONE`] in one wave.
+/// where they run in more than one wave: each row of the first wave starts
+/// [`WAVES_STAGGER_PERCENT`] of the time the memory takes to read and write one row after the
+/// row before it. [`Stagger::NONE`] in one wave.
 pub(crate) fn waves_stagger(
     launch: &Launch,
     rows: u32,
@@ -433,11 +445,7 @@ pub(crate) fn waves_stagger(
     if u64::from(rows) <= first_wave_rows || first_wave_rows == 0 || bandwidth == 0 {
         return Stagger::NONE;
     }
-    let percent: u64 = std::env::var("SOFTMAX_WAVES_STAGGER")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    let ns = percent * 2 * row_bytes * 1000 / (100 * bandwidth);
+    let ns = WAVES_STAGGER_PERCENT * 2 * row_bytes * 1000 / (100 * bandwidth);
     Stagger {
         rows: first_wave_rows as u32,
         ns: ns.min(u64::from(u32::MAX)) as u32,

@@ -8,7 +8,7 @@ use kernels_gpu::launch::ops::{
 
 use super::{
     DeviceLimits, Entry, Launch, OperationMode, OperationPass, Params, Scheduling, Slicing,
-    WAVE_CLUSTER_THREADS, WHOLE_SMALL_ROW_BYTES, block_shared_bytes, clusters_in_waves,
+    WAVE_CLUSTER_THREADS, WHOLE_SMALL_OPERATION_ROW_BYTES, block_shared_bytes, clusters_in_waves,
     slices_form_clusters,
 };
 use crate::shape::Shape;
@@ -197,9 +197,9 @@ pub(crate) fn plan(
     let fills_gpu = whole.is_some_and(|(_, r)| {
         u64::from(rows) >= u64::from(device.multiprocessors()) * u64::from(r)
     });
-    // Forward rows of at most `WHOLE_SMALL_ROW_BYTES` stay whole however few they are.
+    // Forward rows of at most `WHOLE_SMALL_OPERATION_ROW_BYTES` stay whole however few they are.
     let small = direction == Direction::Forward
-        && u64::from(cols) * u64::from(input.bytes()) <= WHOLE_SMALL_ROW_BYTES;
+        && u64::from(cols) * u64::from(input.bytes()) <= WHOLE_SMALL_OPERATION_ROW_BYTES;
     if let Some((k, _)) = whole.filter(|_| fills_gpu || small) {
         return Some(launch(k, 1));
     }
@@ -697,8 +697,8 @@ mod tests {
 
     #[test]
     fn few_small_forward_rows_stay_whole_and_wider_or_backward_ones_are_sliced() {
-        // 16 KB rows (8192 bf16, 4096 f32): a block each, however few.
-        for (input, cols) in [(DType::Bf16, 4096), (DType::Bf16, 8192), (DType::F32, 4096)] {
+        // 8 KB rows (4096 bf16, 2048 f32): a block each, however few.
+        for (input, cols) in [(DType::Bf16, 4096), (DType::F32, 2048)] {
             for rows in [1, 16, 256, 1024] {
                 let launch = planned(Direction::Forward, input, rows, cols).unwrap();
                 assert_eq!(
@@ -710,7 +710,7 @@ mod tests {
         }
         // Just wider, or the backward pass: sliced as before.
         assert!(
-            planned(Direction::Forward, DType::Bf16, 16, 8200)
+            planned(Direction::Forward, DType::Bf16, 16, 4104)
                 .unwrap()
                 .slices
                 > 1
