@@ -21,7 +21,6 @@ use super::operations::{self, OpLaunch};
 use super::{
     CLUSTER_SHARED_BYTES, DeviceLimits, Entry, Launch, Layout, OperationMode, Params, Scheduling,
     Slicing, Stagger, launch_waves, not_resident, rows_and_cols, too_large, variants,
-    waves_stagger,
 };
 use crate::error::Result;
 use crate::shape::Shape;
@@ -91,19 +90,16 @@ pub(crate) fn plan(
         // The operation kernels' launch, with the cross-entropy's parameters: the slices of
         // one cooperative launch exchange through global memory, clusters through shared
         // memory.
-        (Some((launch, op)), _) => {
-            let cooperative = launch.scheduling == Scheduling::Cooperative;
-            let mut params = params(op.slices, op.slice_packs, false, true, cooperative);
-            if !cooperative && let Params::CrossEntropy { stagger, .. } = &mut params {
-                *stagger = waves_stagger(
-                    &launch,
-                    rows,
-                    u64::from(cols) * input.bytes() as u64,
-                    limits,
-                );
-            }
-            Launch { params, ..launch }
-        }
+        (Some((launch, op)), _) => Launch {
+            params: params(
+                op.slices,
+                op.slice_packs,
+                false,
+                true,
+                launch.scheduling == Scheduling::Cooperative,
+            ),
+            ..launch
+        },
         (None, _) => rows_kernel_launch(input, (rows, cols), shape, layout, limits, params)?,
     };
     let scratch = REDUCTION_SCRATCH_FLOATS * 4;

@@ -163,8 +163,9 @@ pub(crate) struct Slicing {
 
 /// How a launch that runs its rows in waves starts its first wave: row `r < rows` waits
 /// `r · ns` nanoseconds before it reads (`kernels_gpu`'s `stagger_first_wave`), so that the
-/// rows after them, which start as those finish, reach their exchange and their write at
-/// different moments. [`Stagger::NONE`]: every row starts at once.
+/// first wave's rows do not all reach their reads, exchanges and writes at once.
+/// [`Stagger::NONE`]: every row starts at once. Planned for row slices in waves (see
+/// [`waves_stagger`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Stagger {
     pub rows: u32,
@@ -199,11 +200,7 @@ pub(crate) enum Params {
     /// The unfused stages (each reads the fields its kernel needs).
     Unfused { rows: u32, cols: u32, len: u64 },
     /// Block registers: the partials and barriers are the workspace's.
-    BlockRegisters {
-        cols: u32,
-        slicing: Slicing,
-        stagger: Stagger,
-    },
+    BlockRegisters { cols: u32, slicing: Slicing },
     /// Row slices: the partials, barriers and patience are the workspace's and the call's.
     RowSlices {
         cols: u32,
@@ -365,8 +362,8 @@ pub(crate) fn reads_once_in_one_wave(launch: &Launch, device: &dyn DeviceLimits)
 /// rows whole").
 pub(crate) const WHOLE_SMALL_ROW_BYTES: u64 = 16 << 10;
 
-/// The same rule for the operation kernels' forward rows: 8 KB rows (4096 bf16) gained as one
-/// block each, 16 KB rows (8192 bf16) lost on few rows and at 512 (performance log: "Small
+/// The same rule for the operation kernels' forward rows, narrower: 8 KB rows (4096 bf16)
+/// gained as one block each, 16 KB rows (8192 bf16) lost on few rows (performance log: "Small
 /// rows whole").
 pub(crate) const WHOLE_SMALL_OPERATION_ROW_BYTES: u64 = 8 << 10;
 
@@ -419,15 +416,15 @@ pub(crate) fn waves_unless_read_once(
 }
 
 /// The share of the time the memory takes to read and write one row (at its peak) by which
-/// each row of a first wave starts after the one before it, in percent: on an H100, 50 took
-/// 0.4–3.9% less time than none on rows in waves, 100 at most 1.6% less (performance log:
-/// "The first wave held back row by row").
+/// each row of a first wave starts after the one before it, in percent: half gained on every
+/// row-slices shape measured, a whole row's time gained less or lost (performance log: "The
+/// first wave held back row by row").
 const WAVES_STAGGER_PERCENT: u64 = 50;
 
-/// The stagger of `launch` over `rows` rows of `row_bytes` bytes each (read, then written),
-/// where they run in more than one wave: each row of the first wave starts
-/// [`WAVES_STAGGER_PERCENT`] of the time the memory takes to read and write one row after the
-/// row before it. [`Stagger::NONE`] in one wave.
+/// The stagger of `launch`, an ordinary launch of `rows` rows of `row_bytes` bytes each (read,
+/// then written), its blocks a row's slices in turn, where the rows run in more than one wave:
+/// each row of the first wave starts [`WAVES_STAGGER_PERCENT`] of the time the memory takes to
+/// read and write one row after the row before it. [`Stagger::NONE`] in one wave.
 pub(crate) fn waves_stagger(
     launch: &Launch,
     rows: u32,
@@ -435,12 +432,7 @@ pub(crate) fn waves_stagger(
     device: &dyn DeviceLimits,
 ) -> Stagger {
     let slices = u64::from((launch.grid / rows.max(1)).max(1));
-    let first_wave_rows = match launch.scheduling {
-        Scheduling::Clusters(size) if size > 1 => {
-            u64::from(device.active_clusters(launch.entry, launch.block, launch.shared_bytes, size))
-        }
-        _ => launch.resident_blocks(device) / slices,
-    };
+    let first_wave_rows = launch.resident_blocks(device) / slices;
     let bandwidth = device.memory_bytes_per_us();
     if u64::from(rows) <= first_wave_rows || first_wave_rows == 0 || bandwidth == 0 {
         return Stagger::NONE;

@@ -278,9 +278,7 @@ fn block_registers_launch(
     let entry = Entry::BlockRegisters(instance);
     // On sm_90, as one thread-block cluster per row where the slices are few enough.
     let clustered = slices_form_clusters(device, entry, instance.threads, slices);
-    Some(block_registers_sliced(
-        shape, instance, slices, clustered, device,
-    ))
+    Some(block_registers_sliced(shape, instance, slices, clustered))
 }
 
 /// Blocks of f32 clusters in waves that stay clusters though row-slices in waves of rows would
@@ -319,7 +317,7 @@ fn block_registers_in_waves(
         slices,
         whole_resident,
     )
-    .then(|| block_registers_sliced(shape, instance, slices, true, device))
+    .then(|| block_registers_sliced(shape, instance, slices, true))
 }
 
 /// The block-registers launch of `instance` over rows of `shape` cut into `slices` (one:
@@ -329,33 +327,22 @@ fn block_registers_sliced(
     instance: BlockRegisterInstance,
     slices: u32,
     clustered: bool,
-    device: &dyn DeviceLimits,
 ) -> Launch {
     let row_packs = (shape.cols() as u32).div_ceil(instance.pack);
-    let rows = shape.rows() as u32;
-    let scheduling = Scheduling::exchanging(slices, clustered);
-    let mut launch = Launch {
+    Launch {
         entry: Entry::BlockRegisters(instance),
-        grid: rows.saturating_mul(slices),
+        grid: (shape.rows() as u32).saturating_mul(slices),
         block: instance.threads,
         shared_bytes: block_shared_bytes(clustered),
-        scheduling,
+        scheduling: Scheduling::exchanging(slices, clustered),
         params: Params::BlockRegisters {
             cols: shape.cols() as u32,
             slicing: Slicing {
                 slices,
                 slice_packs: row_packs.div_ceil(slices),
             },
-            stagger: Stagger::NONE,
         },
-    };
-    if scheduling != Scheduling::Cooperative {
-        let planned = waves_stagger(&launch, rows, shape.cols() as u64 * 4, device);
-        if let Params::BlockRegisters { stagger, .. } = &mut launch.params {
-            *stagger = planned;
-        }
     }
-    launch
 }
 
 /// Packs per thread of the block-registers blocks that slice rows into clusters in waves
@@ -929,6 +916,39 @@ mod tests {
             );
         }
         (slices, cached)
+    }
+
+    /// Row-slices in waves holds its first wave's rows back in turn, each half a row's memory
+    /// time after the one before: the rows the resident blocks hold, at the H200's peak
+    /// bandwidth; rows in one wave start at once, as every other plan's.
+    #[test]
+    fn rows_in_waves_start_in_turn() {
+        let launch =
+            row_slices_in_waves_launch(shape(4096, 128256), DType::Bf16, true, &FakeH200).unwrap();
+        let Params::RowSlices {
+            slicing, stagger, ..
+        } = launch.params
+        else {
+            panic!("{launch:?}");
+        };
+        let first_wave = launch.resident_blocks(&FakeH200) / u64::from(slicing.slices);
+        // 128256 bf16 elements read and written: 513 KB at 4915 bytes a ns, halved.
+        assert_eq!(
+            stagger,
+            Stagger {
+                rows: first_wave as u32,
+                ns: 52
+            }
+        );
+        assert!(first_wave > 100 && first_wave < 4096);
+        let one_wave = row_slices_launch(shape(32, 151936), DType::F32, true, &FakeH200).0;
+        assert!(matches!(
+            one_wave.params,
+            Params::RowSlices {
+                stagger: Stagger::NONE,
+                ..
+            }
+        ));
     }
 
     /// Row-slices in waves: every slice kept, the slices covering the row, a row's blocks

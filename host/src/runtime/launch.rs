@@ -132,11 +132,7 @@ impl KernelParams {
             Params::Rows { rows, cols } => softmax(rows, cols, whole_rows, false, 0),
             Params::BlockPerRow { cols } => softmax(b.rows, cols, whole_rows, false, 0),
             Params::Unfused { rows, cols, len } => softmax(rows, cols, whole_rows, false, len),
-            Params::BlockRegisters {
-                cols,
-                slicing,
-                stagger,
-            } => softmax_staggered(b.rows, cols, slicing, false, 0, stagger),
+            Params::BlockRegisters { cols, slicing } => softmax(b.rows, cols, slicing, false, 0),
             Params::RowSlices {
                 cols,
                 slicing,
