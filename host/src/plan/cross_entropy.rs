@@ -46,7 +46,7 @@ pub(crate) fn plan(
 ) -> Result<Vec<Launch>> {
     let (rows, cols) = rows_and_cols(shape)?;
     let workspace = totals || reduce;
-    let params = |slices, slice_packs, cached, aligned, exchange| Params::CrossEntropy {
+    let params = |slices, slice_packs, cached, aligned, exchange, stagger| Params::CrossEntropy {
         rows,
         slices,
         slice_packs,
@@ -55,7 +55,7 @@ pub(crate) fn plan(
         exchange,
         workspace,
         totals,
-        stagger: Stagger::NONE,
+        stagger,
     };
     let in_blocks = block_entries
         .then(|| plan_in_blocks(input, shape, layout, limits))
@@ -70,23 +70,18 @@ pub(crate) fn plan(
         None => launch_waves(&slices.launch, limits) > 1,
     };
     let rows_launch = match (in_blocks, in_slices) {
-        (_, Some(slices)) if take_slices(&slices) => {
-            let mut params = params(
+        (_, Some(slices)) if take_slices(&slices) => Launch {
+            params: params(
                 slices.slicing.slices,
                 slices.slicing.slice_packs,
                 true,
                 true,
                 // A row's slices meet through global memory.
                 slices.slicing.slices > 1,
-            );
-            if let Params::CrossEntropy { stagger, .. } = &mut params {
-                *stagger = slices.stagger;
-            }
-            Launch {
-                params,
-                ..slices.launch
-            }
-        }
+                slices.stagger,
+            ),
+            ..slices.launch
+        },
         // The operation kernels' launch, with the cross-entropy's parameters: the slices of
         // one cooperative launch exchange through global memory, clusters through shared
         // memory.
@@ -97,6 +92,7 @@ pub(crate) fn plan(
                 false,
                 true,
                 launch.scheduling == Scheduling::Cooperative,
+                Stagger::NONE,
             ),
             ..launch
         },
@@ -234,7 +230,7 @@ fn rows_kernel_launch(
     shape: Shape,
     layout: Layout,
     limits: &dyn DeviceLimits,
-    params: impl Fn(u32, u32, bool, bool, bool) -> Params,
+    params: impl Fn(u32, u32, bool, bool, bool, Stagger) -> Params,
 ) -> Result<Launch> {
     let aligned = layout == Layout::Aligned;
     let entry = Entry::CrossEntropy(CrossEntropyEntry {
@@ -256,7 +252,14 @@ fn rows_kernel_launch(
         // A row of several blocks is one cluster of them.
         scheduling: Scheduling::exchanging(slicing.slices, true),
         // A row of several blocks is one cluster, which exchanges through shared memory.
-        params: params(slicing.slices, 0, slicing.cached, aligned, false),
+        params: params(
+            slicing.slices,
+            0,
+            slicing.cached,
+            aligned,
+            false,
+            Stagger::NONE,
+        ),
     })
 }
 
@@ -551,6 +554,39 @@ mod tests {
         );
         let needs = crate::plan::workspace_needs(&[few]);
         assert!(needs.partials >= 2 * few.grid as usize && needs.barrier_words > 0);
+    }
+
+    /// The row-slices entries start their first wave as the softmax's row slices in waves
+    /// of the same shape do; the block entries and the row kernel start every row at once.
+    #[test]
+    fn row_slices_in_waves_take_the_softmax_stagger_and_no_other_launch_does() {
+        let stagger = |launch: &Launch| match launch.params {
+            Params::CrossEntropy { stagger, .. } => stagger,
+            _ => panic!("not a cross-entropy launch: {launch:?}"),
+        };
+        for (input, rows, cols) in [(DType::Bf16, 4096, 128256), (DType::F32, 2048, 262144)] {
+            let sliced = block_entries_launch(input, rows, cols);
+            let entry = Entry::CrossEntropy(CrossEntropyEntry {
+                dtype: input,
+                kind: CrossEntropyKind::Slices,
+            });
+            assert_eq!(sliced.entry, entry, "{input:?} {rows}×{cols}");
+            let softmax =
+                variants::row_slices_in_waves_launch_of(entry, shape(rows, cols), input, &FakeH200)
+                    .unwrap();
+            let Params::RowSlices {
+                stagger: planned, ..
+            } = softmax.params
+            else {
+                panic!("{softmax:?}");
+            };
+            assert!(planned.rows > 0 && planned.ns > 0, "{planned:?}");
+            assert_eq!(stagger(&sliced), planned, "{input:?} {rows}×{cols}");
+        }
+        let whole = block_entries_launch(DType::Bf16, 8192, 32000);
+        assert_eq!(stagger(&whole), Stagger::NONE);
+        let row_kernel = rows_launch(DType::Bf16, 4096, 128256, &FakeH200);
+        assert_eq!(stagger(&row_kernel), Stagger::NONE);
     }
 
     #[test]

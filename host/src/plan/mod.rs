@@ -417,22 +417,24 @@ pub(crate) fn waves_unless_read_once(
 
 /// The share of the time the memory takes to read and write one row (at its peak) by which
 /// each row of a first wave starts after the one before it, in percent: half gained on every
-/// row-slices shape measured, a whole row's time gained less or lost (performance log: "The
-/// first wave held back row by row").
+/// shape of the softmax's row slices measured, a whole row's time gained less or lost; the
+/// cross-entropy's row slices take the same share (performance log: "The first wave held
+/// back row by row").
 const WAVES_STAGGER_PERCENT: u64 = 50;
 
-/// The stagger of `launch`, an ordinary launch of `rows` rows of `row_bytes` bytes each (read,
-/// then written), its blocks a row's slices in turn, where the rows run in more than one wave:
-/// each row of the first wave starts [`WAVES_STAGGER_PERCENT`] of the time the memory takes to
-/// read and write one row after the row before it. [`Stagger::NONE`] in one wave.
+/// The stagger of an ordinary launch of `rows` rows of `row_bytes` bytes each (read, then
+/// written), `slices` blocks a row in turn, `resident` blocks at once, where the rows run in
+/// more than one wave: each row of the first wave starts [`WAVES_STAGGER_PERCENT`] of the
+/// time the memory takes to read and write one row after the row before it.
+/// [`Stagger::NONE`] in one wave.
 pub(crate) fn waves_stagger(
-    launch: &Launch,
     rows: u32,
+    slices: u32,
+    resident: u64,
     row_bytes: u64,
     device: &dyn DeviceLimits,
 ) -> Stagger {
-    let slices = u64::from((launch.grid / rows.max(1)).max(1));
-    let first_wave_rows = launch.resident_blocks(device) / slices;
+    let first_wave_rows = resident / u64::from(slices.max(1));
     let bandwidth = device.memory_bytes_per_us();
     if u64::from(rows) <= first_wave_rows || first_wave_rows == 0 || bandwidth == 0 {
         return Stagger::NONE;

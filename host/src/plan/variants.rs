@@ -487,7 +487,7 @@ pub(crate) fn row_slices_launch(
             config = chosen;
         }
     }
-    (geometry.launch(config), config.cached)
+    (geometry.launch(config, Stagger::NONE), config.cached)
 }
 
 /// What row-slices plans a shape with: its entry, rows, packs per row.
@@ -549,7 +549,7 @@ impl RowSlicesGeometry {
         }
     }
 
-    fn launch(&self, config: RowSlicesConfig) -> Launch {
+    fn launch(&self, config: RowSlicesConfig, stagger: Stagger) -> Launch {
         let RowSlicesConfig {
             slices,
             slice_packs,
@@ -564,7 +564,7 @@ impl RowSlicesGeometry {
                 slice_packs,
             },
             cached,
-            stagger: Stagger::NONE,
+            stagger,
         };
         ordinary(
             self.entry,
@@ -651,13 +651,12 @@ fn row_slices_in_waves_of(
         let fewest = (2..=most).find(|&slices| keeps(slices, per_sm).is_some())?;
         let waves = geometry.rows.div_ceil(wave / fewest);
         let slices = (wave / geometry.rows.div_ceil(waves)).min(most);
-        let mut launch = geometry.launch(keeps(slices, per_sm)?);
+        let config = keeps(slices, per_sm)?;
+        let resident = u64::from(device.multiprocessors())
+            * u64::from(device.blocks_per_sm(geometry.entry, config.threads, config.shared_bytes));
         let row_bytes = u64::from(geometry.cols) * geometry.dtype.bytes() as u64;
-        let planned = waves_stagger(&launch, geometry.rows, row_bytes, device);
-        if let Params::RowSlices { stagger, .. } = &mut launch.params {
-            *stagger = planned;
-        }
-        Some(launch)
+        let stagger = waves_stagger(geometry.rows, slices, resident, row_bytes, device);
+        Some(geometry.launch(config, stagger))
     })
 }
 

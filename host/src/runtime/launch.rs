@@ -12,7 +12,7 @@ use kernels_gpu::launch::softmax::SoftmaxParams;
 
 use super::driver;
 use crate::error::Result;
-use crate::plan::{Entry, Launch, OperationPass, Params, Scheduling, Slicing, Stagger};
+use crate::plan::{Entry, Launch, OperationPass, Params, Scheduling, Slicing};
 
 /// Device addresses of the workspace a launch may use.
 #[derive(Clone, Copy, Debug)]
@@ -101,28 +101,26 @@ impl KernelParams {
     fn of(launch: &Launch, bindings: &Bindings<'_>) -> Self {
         let b = bindings;
         let w = b.workspace;
-        let softmax_staggered =
-            |rows: u32, cols: u32, slicing: Slicing, cached: bool, len: u64, stagger: Stagger| {
-                KernelParams::Softmax(SoftmaxParams {
-                    input: b.input,
-                    output: b.output,
-                    row_max: w.row_stats,
-                    row_sum: w.row_stats + 4 * u64::from(b.rows),
-                    partials: w.partials,
-                    barriers: w.barriers,
-                    patience_ns: b.patience_ns,
-                    len,
-                    rows,
-                    cols,
-                    slices: slicing.slices,
-                    slice_packs: slicing.slice_packs,
-                    cached: cached.into(),
-                    stagger_rows: stagger.rows,
-                    stagger_ns: stagger.ns,
-                })
+        let softmax_params =
+            |rows: u32, cols: u32, slicing: Slicing, cached: bool, len: u64| SoftmaxParams {
+                input: b.input,
+                output: b.output,
+                row_max: w.row_stats,
+                row_sum: w.row_stats + 4 * u64::from(b.rows),
+                partials: w.partials,
+                barriers: w.barriers,
+                patience_ns: b.patience_ns,
+                len,
+                rows,
+                cols,
+                slices: slicing.slices,
+                slice_packs: slicing.slice_packs,
+                cached: cached.into(),
+                stagger_rows: 0,
+                stagger_ns: 0,
             };
         let softmax = |rows: u32, cols: u32, slicing: Slicing, cached: bool, len: u64| {
-            softmax_staggered(rows, cols, slicing, cached, len, Stagger::NONE)
+            KernelParams::Softmax(softmax_params(rows, cols, slicing, cached, len))
         };
         let whole_rows = Slicing {
             slices: 1,
@@ -138,7 +136,11 @@ impl KernelParams {
                 slicing,
                 cached,
                 stagger,
-            } => softmax_staggered(b.rows, cols, slicing, cached, 0, stagger),
+            } => KernelParams::Softmax(SoftmaxParams {
+                stagger_rows: stagger.rows,
+                stagger_ns: stagger.ns,
+                ..softmax_params(b.rows, cols, slicing, cached, 0)
+            }),
             Params::RowCluster {
                 cols,
                 slicing,

@@ -121,8 +121,9 @@ pub struct CrossEntropyParams {
     /// Whether every row of the logits and the gradient starts on a 16-byte boundary (read
     /// in 16-byte packs; else one element at a time).
     pub aligned: u32,
-    /// Rows of the first wave the row-slices entries hold back in turn, and for how long
-    /// each (`primitives::row_exchange::stagger_first_wave`); 0: none.
+    /// Rows of the first wave the row-slices entries (`cross_entropy_slices_*`) hold back in
+    /// turn, and for how long each (`primitives::row_exchange::stagger_first_wave`); 0:
+    /// none. The other entries do not read them.
     pub stagger_rows: u32,
     /// Nanoseconds each of those rows waits beyond the row before it.
     pub stagger_ns: u32,

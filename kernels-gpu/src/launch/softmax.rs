@@ -52,7 +52,8 @@ macro_rules! with_softmax_param_fields {
             /// else 0.
             cached: u32,
             /// Rows of the first wave a row-slices launch holds back in turn, and for how
-            /// long each (`primitives::row_exchange::stagger_first_wave`); 0: none.
+            /// long each (`primitives::row_exchange::stagger_first_wave`); 0: none. Only the
+            /// row-slices entries read them.
             stagger_rows: u32,
             /// Nanoseconds each of those rows waits beyond the row before it.
             stagger_ns: u32,

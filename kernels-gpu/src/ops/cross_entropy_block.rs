@@ -29,7 +29,7 @@ use crate::primitives::element::F16;
 use crate::primitives::online::{LOG2_E, OnlineStats};
 use crate::primitives::reduce::{Max, Sum, block_reduce};
 use crate::primitives::row_exchange::{
-    exchange_sliced_row_stats, leave_row_cluster, row_is_cluster, stagger_first_wave,
+    exchange_sliced_row_stats, leave_row_cluster, row_is_cluster,
 };
 use crate::primitives::row_part::Share;
 
@@ -249,7 +249,6 @@ pub unsafe fn cross_entropy_block<In: Element, const PACK: usize, const PACKS: u
     let slices = p.slices.max(1) as usize;
     let row = block_idx() as usize / slices;
     let slice = block_idx() as usize % slices;
-    stagger_first_wave(row as u32, p.stagger_rows, p.stagger_ns);
     let tid = thread_idx() as usize;
     let threads = block_dim() as usize;
     // SAFETY: `row < rows`.

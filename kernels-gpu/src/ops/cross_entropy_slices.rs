@@ -39,7 +39,8 @@ use super::row_kernel::RowKernel;
 /// [`BARRIER_HEADER_WORDS`](crate::launch::BARRIER_HEADER_WORDS) more, and `slices` is at most
 /// [`MAX_PARTICIPANTS`](crate::primitives::barrier_word::MAX_PARTICIPANTS). The blocks need
 /// not be resident together. In place, each thread reads its packs before it writes them,
-/// and no thread reads a pack another writes.
+/// and no thread reads a pack another writes. Rows below `stagger_rows` start `row ·
+/// stagger_ns` ns late ([`stagger_first_wave`]); any values of the two are safe.
 #[inline(always)]
 pub unsafe fn cross_entropy_slices<In: Element, const PACK: usize>(p: &CrossEntropyParams) {
     let slices = p.slices.max(1) as usize;

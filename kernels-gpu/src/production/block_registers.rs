@@ -22,7 +22,7 @@ use crate::primitives::memory::{load_pack_plain, store_pack_plain};
 use crate::primitives::online::OnlineStats;
 use crate::primitives::reduce::block_reduce;
 use crate::primitives::row_exchange::{
-    exchange_sliced_row_stats, leave_row_cluster, row_is_cluster, stagger_first_wave,
+    exchange_sliced_row_stats, leave_row_cluster, row_is_cluster,
 };
 use crate::primitives::row_part::EdgePerThreadSlice;
 
@@ -56,7 +56,6 @@ pub unsafe fn softmax_block_registers<const PACK: usize, const PACKS: usize>(
     let (cols, slices) = (cols as usize, slices as usize);
     let row = block_idx() as usize / slices;
     let slice = block_idx() as usize % slices;
-    stagger_first_wave(row as u32, params.stagger_rows, params.stagger_ns);
     let threads = block_dim() as usize;
     let tid = thread_idx() as usize;
     // SAFETY: row < rows, so the row's `cols` floats lie inside both buffers.

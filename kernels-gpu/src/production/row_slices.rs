@@ -32,7 +32,8 @@ use crate::primitives::row_exchange::{
 /// preceded by `BARRIER_HEADER_WORDS` words whose first counts the blocks that left (kept, not
 /// reset), and `slices` ≤ `barrier_word::MAX_PARTICIPANTS`. The blocks need not be resident together:
 /// a block whose row is still incomplete after `patience_ns` leaves its slice to the row's
-/// last block.
+/// last block. Rows below `stagger_rows` start `row · stagger_ns` ns late
+/// ([`stagger_first_wave`]); any values of the two are safe.
 #[inline(always)]
 unsafe fn softmax_row_slices<E: Element, const PACK: usize>(params: &SoftmaxParams) {
     let (input, output) = (
