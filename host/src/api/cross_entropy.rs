@@ -6,6 +6,7 @@
 use cust::memory::{DeviceBuffer, DeviceSlice};
 pub use kernels_gpu::launch::cross_entropy::CrossEntropyState;
 use kernels_gpu::launch::cross_entropy::{CrossEntropyParams, cross_entropy_mode};
+use kernels_gpu::launch::ops::DType;
 
 use super::Softmax;
 use super::call::{Frame, Span, check_per_row, check_shapes};
@@ -517,16 +518,12 @@ impl Softmax {
             }
             return Ok(());
         }
-        let layout = cross_entropy_layout(
+        let (request, layout) = cross_entropy_request(
+            x.dtype,
             x.packs_aligned() && gradient.is_none_or(Span::packs_aligned),
             &params,
+            (totals, reduce),
         );
-        let request = Request::CrossEntropy {
-            input: x.dtype,
-            totals,
-            reduce,
-            block_entries: params.takes_block_entries(),
-        };
         let prepared = self.prepared(request, shape, layout)?;
         let buffers = CallBuffers {
             cross_entropy: params,
@@ -613,12 +610,26 @@ pub(super) fn prologue_and_epilogue(ce: &CrossEntropyOptions<'_>, loss: bool) ->
     (totals, ce.reduction != Reduction::None && loss)
 }
 
-/// The layout of a call's rows: 16-byte packs where every row of the logits (and of the
-/// gradient) starts 16-byte aligned and the options keep the math per row, else elements.
-pub(super) fn cross_entropy_layout(rows_aligned: bool, params: &CrossEntropyParams) -> Layout {
-    if rows_aligned && !params.elementwise_math() {
+/// What a call on `input` logits with `params` plans under, the prologue and epilogue where
+/// `totals` and `reduce`: its request, and its rows' layout (16-byte packs where every row of
+/// the logits and of the gradient starts 16-byte aligned, `rows_aligned`, and the options
+/// keep the math per row; else elements).
+pub(super) fn cross_entropy_request(
+    input: DType,
+    rows_aligned: bool,
+    params: &CrossEntropyParams,
+    (totals, reduce): (bool, bool),
+) -> (Request, Layout) {
+    let request = Request::CrossEntropy {
+        input,
+        totals,
+        reduce,
+        block_entries: params.takes_block_entries(),
+    };
+    let layout = if rows_aligned && !params.elementwise_math() {
         Layout::Aligned
     } else {
         Layout::Elements
-    }
+    };
+    (request, layout)
 }

@@ -14,7 +14,7 @@ use super::Softmax;
 use super::call::Span;
 #[cfg(feature = "bench")]
 use super::cross_entropy::{
-    CrossEntropyOptions, cross_entropy_layout, option_params, prologue_and_epilogue,
+    CrossEntropyOptions, cross_entropy_request, option_params, prologue_and_epilogue,
 };
 #[cfg(feature = "bench")]
 use super::options::Options;
@@ -135,14 +135,12 @@ impl Softmax {
         // Whether class weights are given decides the plan, not where they are.
         params.weight = u64::from(ce.weight.is_some());
         let rows_aligned = (shape.cols() * size_of::<T>()).is_multiple_of(16);
-        let (totals, reduce) = prologue_and_epilogue(ce, true);
-        let request = Request::CrossEntropy {
-            input: T::DTYPE,
-            totals,
-            reduce,
-            block_entries: params.takes_block_entries(),
-        };
-        let layout = cross_entropy_layout(rows_aligned, &params);
+        let (request, layout) = cross_entropy_request(
+            T::DTYPE,
+            rows_aligned,
+            &params,
+            prologue_and_epilogue(ce, true),
+        );
         Ok(labels(&self.prepared(request, shape, layout)?.launches))
     }
 }
