@@ -13,7 +13,7 @@
 use super::slice_softmax::SliceSoftmax;
 use crate::launch::softmax::{SoftmaxParams, with_softmax_param_fields};
 use crate::launch::{REDUCTION_SCRATCH_FLOATS, entry_name};
-use crate::primitives::device::{block_idx, dynamic_shared_f32};
+use crate::primitives::device::dynamic_shared_f32;
 use crate::primitives::element::Element;
 use crate::primitives::entry::softmax_entry;
 use crate::primitives::reduce::block_reduce;
@@ -47,11 +47,6 @@ unsafe fn softmax_row_slices<E: Element, const PACK: usize>(params: &SoftmaxPara
         params.barriers.cast::<u32>().cast_mut(),
     );
     let patience_ns = params.patience_ns;
-    stagger_first_wave(
-        block_idx() / slices.max(1),
-        params.stagger_rows,
-        params.stagger_ns,
-    );
     let shared = dynamic_shared_f32();
     // SAFETY: the launch provides the scratch followed by the cache when cached.
     let cache = (cached != 0)
@@ -59,6 +54,7 @@ unsafe fn softmax_row_slices<E: Element, const PACK: usize>(params: &SoftmaxPara
     // SAFETY: forwarded from this kernel's contract.
     let share =
         unsafe { SliceSoftmax::<E, PACK>::of_block(input, output, cols, slices, slice_packs) };
+    stagger_first_wave(share.row as u32, params.stagger_rows, params.stagger_ns);
     // SAFETY: as above; uniform control flow.
     let block_stats = unsafe { block_reduce(share.stats(cache), shared) };
     if share.slices == 1 {
