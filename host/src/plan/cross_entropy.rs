@@ -20,7 +20,7 @@ use kernels_gpu::launch::ops::{DType, Direction};
 use super::operations::{self, OpLaunch};
 use super::{
     CLUSTER_SHARED_BYTES, DeviceLimits, Entry, Launch, Layout, OperationMode, Params, Scheduling,
-    Slicing, Stagger, launch_waves, not_resident, rows_and_cols, too_large, variants,
+    Stagger, launch_waves, not_resident, rows_and_cols, too_large, variants,
 };
 use crate::error::Result;
 use crate::shape::Shape;
@@ -46,54 +46,43 @@ pub(crate) fn plan(
 ) -> Result<Vec<Launch>> {
     let (rows, cols) = rows_and_cols(shape)?;
     let workspace = totals || reduce;
-    let params = |slices, slice_packs, cached, aligned, exchange, stagger| Params::CrossEntropy {
+    let params = |rows_launch: RowsLaunch| Params::CrossEntropy {
         rows,
-        slices,
-        slice_packs,
-        cached,
-        aligned,
-        exchange,
+        slices: rows_launch.slices,
+        slice_packs: rows_launch.slice_packs,
+        cached: rows_launch.cached,
+        aligned: rows_launch.aligned,
+        exchange: rows_launch.exchange,
         workspace,
         totals,
-        stagger,
+        stagger: rows_launch.stagger,
     };
     let in_blocks = block_entries
         .then(|| plan_in_blocks(input, shape, layout, limits))
         .flatten();
     let in_slices = block_entries
-        .then(|| plan_in_slices(input, shape, layout, limits))
+        .then(|| plan_in_slices(input, shape, layout, limits, &params))
         .flatten();
-    let take_slices = |slices: &InSlices| match &in_blocks {
+    let take_slices = |slices: &Launch| match &in_blocks {
         Some((blocks, _)) => slices_over_blocks(input, blocks, slices, limits),
         // In place of the row kernel only where row slices run in more than one wave: rows
         // few enough for one wave were not measured against the row kernel.
-        None => launch_waves(&slices.launch, limits) > 1,
+        None => launch_waves(slices, limits) > 1,
     };
     let rows_launch = match (in_blocks, in_slices) {
-        (_, Some(slices)) if take_slices(&slices) => Launch {
-            params: params(
-                slices.slicing.slices,
-                slices.slicing.slice_packs,
-                true,
-                true,
-                // A row's slices meet through global memory.
-                slices.slicing.slices > 1,
-                slices.stagger,
-            ),
-            ..slices.launch
-        },
+        (_, Some(slices)) if take_slices(&slices) => slices,
         // The operation kernels' launch, with the cross-entropy's parameters: the slices of
         // one cooperative launch exchange through global memory, clusters through shared
         // memory.
         (Some((launch, op)), _) => Launch {
-            params: params(
-                op.slices,
-                op.slice_packs,
-                false,
-                true,
-                launch.scheduling == Scheduling::Cooperative,
-                Stagger::NONE,
-            ),
+            params: params(RowsLaunch {
+                slices: op.slices,
+                slice_packs: op.slice_packs,
+                cached: false,
+                aligned: true,
+                exchange: launch.scheduling == Scheduling::Cooperative,
+                stagger: Stagger::NONE,
+            }),
             ..launch
         },
         (None, _) => rows_kernel_launch(input, (rows, cols), shape, layout, limits, params)?,
@@ -126,6 +115,22 @@ pub(crate) fn plan(
         launches.push(one_block(CrossEntropyKind::Reduce));
     }
     Ok(launches)
+}
+
+/// How the launch for the rows cuts them, whichever family takes them: the part of the
+/// cross-entropy's parameters that depends on the launch (the rest is the call's).
+#[derive(Clone, Copy)]
+struct RowsLaunch {
+    slices: u32,
+    /// Packs of each slice (0 where the kernel derives them).
+    slice_packs: u32,
+    /// Whether each block keeps its slice in shared memory.
+    cached: bool,
+    /// Whether every row starts on a 16-byte pack.
+    aligned: bool,
+    /// Whether a row's blocks meet through global memory (the workspace's exchange).
+    exchange: bool,
+    stagger: Stagger,
 }
 
 /// Most blocks of an f32 row's cluster that the block entries take. f32 rows of
@@ -166,21 +171,17 @@ fn plan_in_blocks(
     }
 }
 
-/// The row-slices entries' launch (its parameters aside), where it applies: rows of whole
-/// 16-byte packs aligned for them, cut into slices kept in shared memory, in waves of rows as
-/// the softmax's row-slices in waves plans them ([`variants::row_slices_in_waves_launch`]).
-struct InSlices {
-    launch: Launch,
-    slicing: Slicing,
-    stagger: Stagger,
-}
-
+/// The row-slices entries' launch for the rows, with `params` its parameters, where it
+/// applies: rows of whole 16-byte packs aligned for them, cut into slices kept in shared
+/// memory, in waves of rows as the softmax's row-slices in waves plans them
+/// ([`variants::row_slices_in_waves_launch`]).
 fn plan_in_slices(
     input: DType,
     shape: Shape,
     layout: Layout,
     limits: &dyn DeviceLimits,
-) -> Option<InSlices> {
+    params: &impl Fn(RowsLaunch) -> Params,
+) -> Option<Launch> {
     if layout != Layout::Aligned || !shape.cols().is_multiple_of(input.vector_pack() as usize) {
         return None;
     }
@@ -195,10 +196,17 @@ fn plan_in_slices(
             cached: true,
             stagger,
             ..
-        } => Some(InSlices {
-            launch,
-            slicing,
-            stagger,
+        } => Some(Launch {
+            params: params(RowsLaunch {
+                slices: slicing.slices,
+                slice_packs: slicing.slice_packs,
+                cached: true,
+                aligned: true,
+                // A row's slices meet through global memory.
+                exchange: slicing.slices > 1,
+                stagger,
+            }),
+            ..launch
         }),
         _ => None,
     }
@@ -213,24 +221,24 @@ fn plan_in_slices(
 fn slices_over_blocks(
     input: DType,
     blocks: &Launch,
-    slices: &InSlices,
+    slices: &Launch,
     limits: &dyn DeviceLimits,
 ) -> bool {
     input.bytes() == 2
         && matches!(blocks.scheduling, Scheduling::Clusters(size) if size > 1)
-        && launch_waves(&slices.launch, limits) < launch_waves(blocks, limits)
+        && launch_waves(slices, limits) < launch_waves(blocks, limits)
 }
 
 /// The row kernel's launch: each row one block, or a cluster of blocks, its packs kept in
-/// shared memory where they fit ([`slicing`]); `params` its parameters from its slices, each
-/// slice's packs, whether it keeps them and whether the rows are aligned.
+/// shared memory where they fit ([`slicing`]); `params` its parameters from how it cuts the
+/// rows.
 fn rows_kernel_launch(
     input: DType,
     (rows, cols): (u32, u32),
     shape: Shape,
     layout: Layout,
     limits: &dyn DeviceLimits,
-    params: impl Fn(u32, u32, bool, bool, bool, Stagger) -> Params,
+    params: impl Fn(RowsLaunch) -> Params,
 ) -> Result<Launch> {
     let aligned = layout == Layout::Aligned;
     let entry = Entry::CrossEntropy(CrossEntropyEntry {
@@ -252,14 +260,14 @@ fn rows_kernel_launch(
         // A row of several blocks is one cluster of them.
         scheduling: Scheduling::exchanging(slicing.slices, true),
         // A row of several blocks is one cluster, which exchanges through shared memory.
-        params: params(
-            slicing.slices,
-            0,
-            slicing.cached,
+        params: params(RowsLaunch {
+            slices: slicing.slices,
+            slice_packs: 0,
+            cached: slicing.cached,
             aligned,
-            false,
-            Stagger::NONE,
-        ),
+            exchange: false,
+            stagger: Stagger::NONE,
+        }),
     })
 }
 
