@@ -403,6 +403,22 @@ fn slice_threads(packs: usize, max: u32) -> u32 {
     wanted.clamp(128, max)
 }
 
+/// The threads (whole warps, at most [`MAX_BLOCK_THREADS`]) with which each thread of
+/// `config`'s blocks walks its slice in one round of [`LOADS_IN_FLIGHT`] loads fewer: a block
+/// waits for its slowest thread's last round, however few loads that round holds. `None`
+/// where the slice takes one round, or the fewer rounds would need more threads than a block
+/// has.
+fn fewer_rounds_threads(config: RowSlicesConfig) -> Option<u32> {
+    let rounds = config
+        .slice_packs
+        .div_ceil(config.threads * LOADS_IN_FLIGHT);
+    let threads = config
+        .slice_packs
+        .div_ceil(rounds.saturating_sub(1).max(1) * LOADS_IN_FLIGHT)
+        .next_multiple_of(32);
+    (rounds > 1 && threads <= MAX_BLOCK_THREADS).then_some(threads)
+}
+
 /// Most threads per block with which 16-bit row-slices aims at two blocks per multiprocessor
 /// rather than four (see [`row_slices_launch`]).
 const SIXTEEN_BIT_HALF_SLICING_MAX_THREADS: u32 = 384;
@@ -446,19 +462,10 @@ pub(crate) fn row_slices_launch(
             let resident_blocks = resident(config.threads, config.shared_bytes);
             let blocks = u64::from(rows) * u64::from(candidate);
             if blocks <= resident_blocks {
-                let rounds = config
-                    .slice_packs
-                    .div_ceil(config.threads * LOADS_IN_FLIGHT);
-                if rounds > 1 {
-                    let fewer_rounds_threads = config
-                        .slice_packs
-                        .div_ceil((rounds - 1) * LOADS_IN_FLIGHT)
-                        .next_multiple_of(32);
-                    if fewer_rounds_threads <= MAX_BLOCK_THREADS
-                        && blocks <= resident(fewer_rounds_threads, config.shared_bytes)
-                    {
-                        config.threads = fewer_rounds_threads;
-                    }
+                if let Some(threads) = fewer_rounds_threads(config)
+                    && blocks <= resident(threads, config.shared_bytes)
+                {
+                    config.threads = threads;
                 }
                 return Some(config);
             }
@@ -576,9 +583,9 @@ impl RowSlicesGeometry {
     }
 }
 
-/// Blocks per multiprocessor that row-slices in waves tries, in turn (at most 1024 threads a
-/// multiprocessor between them: 256 threads a block at four): four, then two, then one (the
-/// largest slices). Four measured better than two by 2.4 to 8 points of the copy on seven of
+/// Blocks per multiprocessor that row-slices in waves tries, in turn (1024 threads a
+/// multiprocessor between them before a round of loads is saved: 256 threads a block at
+/// four): four, then two, then one (the largest slices). Four measured better than two by 2.4 to 8 points of the copy on seven of
 /// ten shapes, level on two and 1.2 points below on one (performance log: "Row-slices in
 /// waves of rows").
 const IN_WAVES_BLOCKS_PER_SM: [u32; 3] = [4, 2, 1];
@@ -590,6 +597,8 @@ const IN_WAVES_BLOCKS_PER_SM: [u32; 3] = [4, 2, 1];
 /// blocks per multiprocessor allow; the rows are spread evenly over the fewest waves, and each
 /// row is cut into as many slices as fill a wave (smaller slices may fit more blocks a
 /// multiprocessor than `per_sm`, so the launch may run in fewer, fuller waves than planned).
+/// The blocks then take the threads that walk their slices in one round of loads fewer
+/// ([`fewer_rounds_threads`]) where the multiprocessors hold as many of them.
 /// Blocks start in index order and a row's slices are at most the blocks resident at once, so
 /// a row waits only for blocks that start as earlier rows finish (were the places held
 /// elsewhere, its blocks would leave after their patience, as any row-slices block may).
@@ -651,9 +660,18 @@ fn row_slices_in_waves_of(
         let fewest = (2..=most).find(|&slices| keeps(slices, per_sm).is_some())?;
         let waves = geometry.rows.div_ceil(wave / fewest);
         let slices = (wave / geometry.rows.div_ceil(waves)).min(most);
-        let config = keeps(slices, per_sm)?;
-        let resident = u64::from(device.multiprocessors())
-            * u64::from(device.blocks_per_sm(geometry.entry, config.threads, config.shared_bytes));
+        let mut config = keeps(slices, per_sm)?;
+        let per_sm_at =
+            |threads| device.blocks_per_sm(geometry.entry, threads, config.shared_bytes);
+        // One round of loads fewer, where the multiprocessors hold as many of the larger
+        // blocks (performance log: "Row slices in waves: blocks a multiprocessor, and the last
+        // round of loads").
+        if let Some(threads) = fewer_rounds_threads(config)
+            && per_sm_at(threads) >= per_sm_at(config.threads)
+        {
+            config.threads = threads;
+        }
+        let resident = u64::from(device.multiprocessors()) * u64::from(per_sm_at(config.threads));
         let row_bytes = u64::from(geometry.cols) * geometry.dtype.bytes() as u64;
         let stagger = waves_stagger(geometry.rows, slices, resident, row_bytes, device);
         Some(geometry.launch(config, stagger))
@@ -948,6 +966,44 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    /// Row-slices in waves take one round of loads fewer with more threads where the
+    /// multiprocessors hold as many of the larger blocks: bf16 4096×128256's five slices of
+    /// 3207 packs are four rounds at 256 threads, three at 288.
+    #[test]
+    fn rows_in_waves_take_a_round_fewer_where_the_blocks_stay() {
+        let launch =
+            row_slices_in_waves_launch(shape(4096, 128256), DType::Bf16, true, &FakeH200).unwrap();
+        let Params::RowSlices { slicing, .. } = launch.params else {
+            panic!("{launch:?}");
+        };
+        assert_eq!(
+            (slicing.slices, slicing.slice_packs, launch.block),
+            (5, 3207, 288)
+        );
+        assert_eq!(
+            slicing.slice_packs.div_ceil(launch.block * LOADS_IN_FLIGHT),
+            3
+        );
+        let per_sm = |threads| FakeH200.blocks_per_sm(launch.entry, threads, launch.shared_bytes);
+        assert_eq!(per_sm(288), per_sm(256));
+        // A slice of one round keeps its threads.
+        let one_round = RowSlicesConfig {
+            slices: 8,
+            slice_packs: 1000,
+            threads: 256,
+            cached: true,
+            shared_bytes: 0,
+        };
+        assert_eq!(fewer_rounds_threads(one_round), None);
+        assert_eq!(
+            fewer_rounds_threads(RowSlicesConfig {
+                slice_packs: 1025,
+                ..one_round
+            }),
+            Some(1025usize.div_ceil(4).next_multiple_of(32) as u32)
+        );
     }
 
     /// Row-slices in waves: every slice kept, the slices covering the row, a row's blocks
