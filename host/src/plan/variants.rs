@@ -585,9 +585,9 @@ impl RowSlicesGeometry {
 
 /// Blocks per multiprocessor that row-slices in waves tries, in turn (1024 threads a
 /// multiprocessor between them before a round of loads is saved: 256 threads a block at
-/// four): four, then two, then one (the largest slices). Four measured better than two by 2.4 to 8 points of the copy on seven of
-/// ten shapes, level on two and 1.2 points below on one (performance log: "Row-slices in
-/// waves of rows").
+/// four): four, then two, then one (the largest slices). Four measured better than two by
+/// 2.4 to 8 points of the copy on seven of ten shapes, level on two and 1.2 points below on
+/// one (performance log: "Row-slices in waves of rows").
 const IN_WAVES_BLOCKS_PER_SM: [u32; 3] = [4, 2, 1];
 
 /// Row-slices with every slice kept in shared memory, for rows whose slices the resident
@@ -597,8 +597,8 @@ const IN_WAVES_BLOCKS_PER_SM: [u32; 3] = [4, 2, 1];
 /// blocks per multiprocessor allow; the rows are spread evenly over the fewest waves, and each
 /// row is cut into as many slices as fill a wave (smaller slices may fit more blocks a
 /// multiprocessor than `per_sm`, so the launch may run in fewer, fuller waves than planned).
-/// The blocks then take the threads that walk their slices in one round of loads fewer
-/// ([`fewer_rounds_threads`]) where the multiprocessors hold as many of them.
+/// The softmax's blocks then take the threads that walk their slices in one round of loads
+/// fewer ([`fewer_rounds_threads`]) where the multiprocessors hold as many of them.
 /// Blocks start in index order and a row's slices are at most the blocks resident at once, so
 /// a row waits only for blocks that start as earlier rows finish (were the places held
 /// elsewhere, its blocks would leave after their patience, as any row-slices block may).
@@ -663,10 +663,12 @@ fn row_slices_in_waves_of(
         let mut config = keeps(slices, per_sm)?;
         let per_sm_at =
             |threads| device.blocks_per_sm(geometry.entry, threads, config.shared_bytes);
-        // One round of loads fewer, where the multiprocessors hold as many of the larger
-        // blocks (performance log: "Row slices in waves: blocks a multiprocessor, and the last
-        // round of loads").
-        if let Some(threads) = fewer_rounds_threads(config)
+        // The softmax's blocks take one round of loads fewer, where the multiprocessors hold
+        // as many of the larger blocks (performance log: "Row slices in waves: blocks a
+        // multiprocessor, and the last round of loads"). Other kernels over this layout (the
+        // cross-entropy's) keep their threads: they were not measured with the rule.
+        if matches!(geometry.entry, Entry::RowSlices(_))
+            && let Some(threads) = fewer_rounds_threads(config)
             && per_sm_at(threads) >= per_sm_at(config.threads)
         {
             config.threads = threads;
@@ -829,6 +831,7 @@ fn unfused_launches(shape: Shape, device: &dyn DeviceLimits) -> Vec<Launch> {
 mod tests {
     use super::*;
     use crate::plan::tests::{FakeH200, FakeH200WithoutClusters, shape};
+    use kernels_gpu::launch::cross_entropy::{CrossEntropyEntry, CrossEntropyKind};
     use kernels_gpu::primitives::barrier_word;
 
     /// Few wide rows (LLM vocabularies, odd widths): where slicing matters.
@@ -966,6 +969,104 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    /// The H200 with the row-slices entries, the softmax's and the cross-entropy's, at 40
+    /// registers a thread (ptxas's count for the bf16 softmax entry), so that larger blocks
+    /// can cost a multiprocessor its fifth.
+    struct FortyRegisterSlices;
+
+    impl DeviceLimits for FortyRegisterSlices {
+        fn multiprocessors(&self) -> u32 {
+            FakeH200.multiprocessors()
+        }
+
+        fn max_shared_per_block(&self) -> u32 {
+            FakeH200.max_shared_per_block()
+        }
+
+        fn blocks_per_sm(&self, _entry: Entry, threads: u32, shared_bytes: u32) -> u32 {
+            (2048 / threads)
+                .min(228 * 1024 / (shared_bytes + 1024))
+                .min(65536 / (threads * 40))
+                .min(32)
+        }
+
+        fn cooperative_launch(&self) -> bool {
+            FakeH200.cooperative_launch()
+        }
+
+        fn thread_block_clusters(&self) -> bool {
+            FakeH200.thread_block_clusters()
+        }
+
+        fn memory_bytes_per_us(&self) -> u64 {
+            FakeH200.memory_bytes_per_us()
+        }
+
+        fn active_clusters(&self, entry: Entry, threads: u32, shared: u32, cluster: u32) -> u32 {
+            FakeH200.active_clusters(entry, threads, shared, cluster)
+        }
+    }
+
+    /// Where the larger blocks would cost a multiprocessor a block, and for the
+    /// cross-entropy's row slices (not measured with the rule), row-slices in waves keep their
+    /// threads.
+    #[test]
+    fn rows_in_waves_keep_their_threads_where_a_round_fewer_would_cost_blocks() {
+        let block = |entry: Option<Entry>, rows, cols| {
+            let launch = match entry {
+                None => row_slices_in_waves_launch(
+                    shape(rows, cols),
+                    DType::Bf16,
+                    true,
+                    &FortyRegisterSlices,
+                ),
+                Some(entry) => row_slices_in_waves_launch_of(
+                    entry,
+                    shape(rows, cols),
+                    DType::Bf16,
+                    &FortyRegisterSlices,
+                ),
+            }
+            .unwrap();
+            (launch.block, launch.params)
+        };
+        // Six slices of 2672 packs: three rounds at 256 threads, five blocks a
+        // multiprocessor by shared memory; 352 threads would be two rounds at four blocks.
+        let (threads, params) = block(None, 256, 128256);
+        assert!(
+            matches!(
+                params,
+                Params::RowSlices {
+                    slicing: Slicing {
+                        slices: 6,
+                        slice_packs: 2672
+                    },
+                    ..
+                }
+            ),
+            "{params:?}"
+        );
+        assert_eq!(threads, 256);
+        assert_eq!(
+            FortyRegisterSlices.blocks_per_sm(
+                Entry::RowSlices(RowSlicesKernelName {
+                    dtype: DType::Bf16,
+                    pack: 8
+                }),
+                352,
+                43008
+            ),
+            4
+        );
+        // Four blocks by shared memory at 256 and at 288 threads: the softmax takes 288.
+        assert_eq!(block(None, 4096, 128256).0, 288);
+        let cross_entropy = Entry::CrossEntropy(CrossEntropyEntry {
+            dtype: DType::Bf16,
+            kind: CrossEntropyKind::Slices,
+        });
+        assert_eq!(block(Some(cross_entropy), 4096, 128256).0, 256);
     }
 
     /// Row-slices in waves take one round of loads fewer with more threads where the
