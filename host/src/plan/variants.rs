@@ -412,11 +412,14 @@ fn fewer_rounds_threads(config: RowSlicesConfig) -> Option<u32> {
     let rounds = config
         .slice_packs
         .div_ceil(config.threads * LOADS_IN_FLIGHT);
+    if rounds <= 1 {
+        return None;
+    }
     let threads = config
         .slice_packs
-        .div_ceil(rounds.saturating_sub(1).max(1) * LOADS_IN_FLIGHT)
+        .div_ceil((rounds - 1) * LOADS_IN_FLIGHT)
         .next_multiple_of(32);
-    (rounds > 1 && threads <= MAX_BLOCK_THREADS).then_some(threads)
+    (threads <= MAX_BLOCK_THREADS).then_some(threads)
 }
 
 /// Most threads per block with which 16-bit row-slices aims at two blocks per multiprocessor
