@@ -6,6 +6,7 @@
 //! columns, then a block per row); then the one-thread launch that advances the random offset
 //! where the call advances it (the merge of sliced draws advances it itself).
 
+use kernels_gpu::launch::WARP_SIZE;
 use kernels_gpu::launch::ops::DType;
 use kernels_gpu::launch::sampling::{
     SAMPLING_THREADS, SLICE_TOP_WORDS, SamplingEntry, SamplingKind, TOP_K_MAX_SLICES,
@@ -19,8 +20,11 @@ use super::{
 use crate::error::Result;
 use crate::shape::Shape;
 
-/// Threads per block of the merge launch.
+/// Threads per block of the merge launch, whose every warp merges a row.
 const MERGE_THREADS: u32 = 256;
+
+/// Rows a block of the merge launch merges.
+const MERGE_ROWS: u32 = MERGE_THREADS / WARP_SIZE;
 
 /// Blocks of the draw entry a multiprocessor holds at once (its launch bounds): a sliced call
 /// aims for one wave of them.
@@ -172,7 +176,7 @@ fn rows_launches(
     if sliced {
         launches.push(Launch {
             entry: entry(SamplingKind::Merge),
-            grid: rows.div_ceil(MERGE_THREADS),
+            grid: rows.div_ceil(MERGE_ROWS),
             block: MERGE_THREADS,
             shared_bytes: 0,
             scheduling: Scheduling::Ordinary,
@@ -385,6 +389,10 @@ mod tests {
         };
         assert_eq!((slices, launches[0].grid), (64, 64));
         assert_eq!(slice_cols % 8, 0);
+        // A warp merges a row: 8 rows a block of the merge.
+        assert_eq!((launches[1].grid, launches[1].block % WARP_SIZE), (1, 0));
+        let merges = f32_plan(SamplingWork::Sliceable, false, 17, 32_000);
+        assert_eq!(merges[1].grid, 3);
         assert!(slice_cols * (slices - 1) < 262_144 && slice_cols * slices >= 262_144);
         // Enough rows fill the device: no slices.
         let launches = f32_plan(SamplingWork::Sliceable, true, 512, 32_000);

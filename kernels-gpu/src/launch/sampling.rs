@@ -128,8 +128,8 @@ unsafe impl cust_core::DeviceCopy for ShardDraw {}
 /// - The launch is `rows` blocks of [`SAMPLING_THREADS`] threads with
 ///   [`sampling_shared_bytes`]`(c)` bytes of dynamic shared memory, where `c` is `cols ·`
 ///   the element's bytes when `cached` is 1, else 0, in `slices` blocks per row, each slice a
-///   temperature-only draw (mode `SHARD`). The merge entry is any grid of any blocks; the
-///   advance entry one thread.
+///   temperature-only draw (mode `SHARD`). The merge entry is any grid of blocks of whole
+///   warps (a warp per row); the advance entry one thread.
 /// - The draw entries ([`SamplingKind::Draws`]) serve only greedy and temperature-only calls:
 ///   `top_ks`, `top_ps`, `min_ps` and `probabilities` are 0, `top_k` 0, `top_p` 1, `min_p` 0
 ///   and `cached` 0.

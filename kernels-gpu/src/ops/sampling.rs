@@ -34,13 +34,13 @@ use crate::launch::{REDUCTION_SCRATCH_FLOATS, WARP_SIZE};
 use crate::primitives::device::{
     DeviceExp2, block_dim, block_idx, dynamic_shared_f32, exp2_approx, grid_dim, log2_approx,
     shared_add_f32, shared_fetch_add_u32, shared_max_u32, shared_min_u32, shfl_idx_u32,
-    shfl_up_u32, sync_threads, sync_warp, thread_idx,
+    shfl_up_u32, sync_threads, sync_warp, thread_idx, warp_ballot,
 };
 use crate::primitives::draw::{GUMBEL_NOISE_BOUND, exponential_of, rank, value_of_rank};
 use crate::primitives::element::{Element, cached_words, copy_words};
 use crate::primitives::online::{LOG2_E, OnlineStats};
 use crate::primitives::philox::{draw_words, uniform_open};
-use crate::primitives::reduce::{Partial, Sum, block_reduce, two_sums};
+use crate::primitives::reduce::{Partial, Sum, block_reduce, group_reduce, two_sums};
 
 const LN_2: f32 = core::f32::consts::LN_2;
 
@@ -1545,14 +1545,16 @@ unsafe fn bisect_cut<E: Element, const PACK: usize>(
 }
 
 /// Writes each row's outputs from its `slices` draws (each a slice of the row, temperature
-/// alone): the best score's token (the lower token among equals), its log-probability under
-/// the merged statistics (filtered and unfiltered are one; 0 filtered for a greedy row), or
-/// `NO_TOKEN` and NaN where a slice had none. A thread per row, any grid. Where `advance`, its
+/// alone, or a shard of it): the best score's token (the lower token among equals), its
+/// log-probability under the merged statistics (filtered and unfiltered are one; 0 filtered
+/// for a greedy row), or `NO_TOKEN` and NaN where a slice had none. A warp per row, any grid
+/// of whole warps: its lanes read the row's draws at once and merge them by shuffles, so a row
+/// of many slices waits for one round of loads, not one per slice. Where `advance`, the
 /// first thread also advances the random offset.
 ///
 /// # Safety
 /// The contract of [`SamplingParams`] for `draws` (read), the per-row arrays, and the
-/// outputs.
+/// outputs; blocks of whole warps.
 #[inline(always)]
 pub(crate) unsafe fn sample_merge(p: &SamplingParams) {
     if p.advance != 0 && block_idx() == 0 && thread_idx() == 0 {
@@ -1560,7 +1562,10 @@ pub(crate) unsafe fn sample_merge(p: &SamplingParams) {
         unsafe { sample_advance(p) };
     }
     let slices = p.slices.max(1) as usize;
-    let mut row = (block_idx() * block_dim() + thread_idx()) as usize;
+    let lane = thread_idx() % WARP_SIZE;
+    let warps = (grid_dim() * block_dim() / WARP_SIZE) as usize;
+    // Every lane of a warp has the same row: the loop and the shuffles are warp-uniform.
+    let mut row = ((block_idx() * block_dim() + thread_idx()) / WARP_SIZE) as usize;
     while row < p.rows as usize {
         // SAFETY: `row < rows`; the row's draws (contract).
         let (filters, draws) = unsafe {
@@ -1573,7 +1578,8 @@ pub(crate) unsafe fn sample_merge(p: &SamplingParams) {
         let mut logit = f32::NAN;
         let mut stats = OnlineStats::EMPTY;
         let mut broken = false;
-        for s in 0..slices {
+        let mut s = lane as usize;
+        while s < slices {
             // SAFETY: draw `s` of the row.
             let draw = unsafe { draws.add(s).read() };
             broken |= draw.score.is_nan();
@@ -1583,20 +1589,33 @@ pub(crate) unsafe fn sample_merge(p: &SamplingParams) {
             if best.col != before {
                 logit = draw.logit;
             }
+            s += WARP_SIZE as usize;
         }
-        let (token, raw) = if broken || best.col == u32::MAX {
-            (NO_TOKEN, f32::NAN)
-        } else {
-            (best.col, (logit - stats.max) - ln(stats.sum()))
-        };
-        let filtered = if filters.greedy && token != NO_TOKEN {
-            0.0
-        } else {
-            raw
-        };
-        // SAFETY: the outputs of row `row < rows` (contract).
-        unsafe { write_outputs(p, row, token, filtered, raw) };
-        row += (grid_dim() * block_dim()) as usize;
+        let stats = group_reduce::<OnlineStats, WARP_SIZE>(stats);
+        let mine = best.col;
+        let best = group_reduce::<Best, WARP_SIZE>(best);
+        let broken = warp_ballot(broken) != 0;
+        // The draws' tokens are distinct columns: the lane whose best is the row's holds its
+        // logit (any lane where no draw offered one: then it is not read).
+        let owner = warp_ballot(mine == best.col)
+            .trailing_zeros()
+            .min(WARP_SIZE - 1);
+        let logit = f32::from_bits(shfl_idx_u32(logit.to_bits(), owner));
+        if lane == 0 {
+            let (token, raw) = if broken || best.col == u32::MAX {
+                (NO_TOKEN, f32::NAN)
+            } else {
+                (best.col, (logit - stats.max) - ln(stats.sum()))
+            };
+            let filtered = if filters.greedy && token != NO_TOKEN {
+                0.0
+            } else {
+                raw
+            };
+            // SAFETY: the outputs of row `row < rows` (contract).
+            unsafe { write_outputs(p, row, token, filtered, raw) };
+        }
+        row += warps;
     }
 }
 
