@@ -12,7 +12,7 @@ pub enum Error {
     NoDevice { reason: String },
 
     /// A CUDA driver call failed; `during` says what the library was doing.
-    #[error("CUDA error while {during}: {source}")]
+    #[error("CUDA error while {during}: {}", cuda_message(source))]
     Cuda {
         during: &'static str,
         #[source]
@@ -225,6 +225,18 @@ pub enum Error {
 /// The library's result type.
 pub type Result<T> = std::result::Result<T, Error>;
 
+/// What a CUDA error says: the driver's description, or where the driver gives none (a
+/// driver library that does not work, whose `cuGetErrorString` fails too), the error's name,
+/// so that formatting an [`Error`] never fails (a failing `Display` makes `format!` panic).
+pub(crate) fn cuda_message(error: &CudaError) -> String {
+    use std::fmt::Write;
+    let mut text = String::new();
+    match write!(text, "{error}") {
+        Ok(()) => text,
+        Err(_) => format!("{error:?} (the driver gave no description)"),
+    }
+}
+
 /// Attaches what the library was doing to a CUDA error.
 pub(crate) trait CudaContext<T> {
     fn during(self, during: &'static str) -> Result<T>;
@@ -233,5 +245,22 @@ pub(crate) trait CudaContext<T> {
 impl<T> CudaContext<T> for std::result::Result<T, CudaError> {
     fn during(self, during: &'static str) -> Result<T> {
         self.map_err(|source| Error::Cuda { during, source })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cuda_error_formats_with_what_the_library_was_doing() {
+        let error = Error::Cuda {
+            during: "allocating the workspace",
+            source: CudaError::InvalidMemoryAllocation,
+        };
+        assert_eq!(
+            error.to_string(),
+            "CUDA error while allocating the workspace: Invalid memory allocation"
+        );
     }
 }

@@ -7,7 +7,7 @@ use cust::sys;
 use std::ffi::{c_char, c_int, c_void};
 use std::marker::PhantomData;
 
-use crate::error::{CudaContext, Error, Result};
+use crate::error::{CudaContext, Error, Result, cuda_message};
 use crate::plan::{Launch, Scheduling};
 
 /// Facts about the device a [`crate::Softmax`] runs on.
@@ -70,7 +70,7 @@ pub(crate) fn open(ordinal: u32) -> Result<(Context, DeviceInfo, u32, ContextSco
 
 fn no_device(error: CudaError, what: &str) -> Error {
     Error::NoDevice {
-        reason: format!("{what}: {error}"),
+        reason: format!("{what}: {}", cuda_message(&error)),
     }
 }
 
