@@ -446,7 +446,6 @@ impl Softmax {
                     expected: rows,
                 });
             }
-            params.mode = cross_entropy_mode::FROM_STATES;
             params.states = merged.operand.address;
             params.slots = slots as u32;
         }
@@ -580,7 +579,7 @@ fn base_params(
 }
 
 /// The parameters `ce` sets on rows of `shape` (columns `offset..` of a vocabulary of
-/// `vocab`), before any buffer is named.
+/// `vocab`), before any buffer is named: its mode among them.
 pub(super) fn option_params(
     ce: &CrossEntropyOptions<'_>,
     shape: Shape,
@@ -598,6 +597,12 @@ pub(super) fn option_params(
         z_loss: ce.z_loss,
         softcap: ce.softcap.unwrap_or(0.0),
         upstream_value: 1.0,
+        // Partial states merged in from other shards finish the rows from them.
+        mode: if ce.merged.is_some() {
+            cross_entropy_mode::FROM_STATES
+        } else {
+            cross_entropy_mode::FULL
+        },
         ..CrossEntropyParams::default()
     }
 }

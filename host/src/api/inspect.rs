@@ -5,8 +5,6 @@
 #[cfg(feature = "bench")]
 use cust::memory::DeviceSlice;
 #[cfg(feature = "bench")]
-use kernels_gpu::launch::cross_entropy::cross_entropy_mode;
-#[cfg(feature = "bench")]
 use kernels_gpu::launch::ops::{DType, Direction};
 
 use super::Softmax;
@@ -129,9 +127,6 @@ impl Softmax {
         let _context = self.enter()?;
         let (offset, vocab) = ce.check(shape, &Options::new())?;
         let mut params = option_params(ce, shape, offset, vocab);
-        if ce.merged.is_some() {
-            params.mode = cross_entropy_mode::FROM_STATES;
-        }
         // Whether class weights are given decides the plan, not where they are.
         params.weight = u64::from(ce.weight.is_some());
         let rows_aligned = (shape.cols() * size_of::<T>()).is_multiple_of(16);
