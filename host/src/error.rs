@@ -12,11 +12,11 @@ pub enum Error {
     NoDevice { reason: String },
 
     /// A CUDA driver call failed; `during` says what the library was doing.
-    #[error("CUDA error while {during}: {}", cuda_message(source))]
+    #[error("CUDA error while {during}: {source}")]
     Cuda {
         during: &'static str,
         #[source]
-        source: CudaError,
+        source: CudaDriverError,
     },
 
     /// A driver call that cust does not wrap failed (`name` is the driver's, e.g.
@@ -225,9 +225,29 @@ pub enum Error {
 /// The library's result type.
 pub type Result<T> = std::result::Result<T, Error>;
 
-/// What a CUDA error says: the driver's description, or where the driver gives none (a
-/// driver library that does not work, whose `cuGetErrorString` fails too), the error's name,
-/// so that formatting an [`Error`] never fails (a failing `Display` makes `format!` panic).
+/// A failed CUDA driver call's error (cust's [`CudaError`], the field `0`), displayed by the
+/// driver's description, or where the driver gives none (a driver library that does not
+/// work, whose `cuGetErrorString` fails too) by its name: formatting it, or an [`Error`] and
+/// its chain of sources, never fails (cust's own `Display` fails there, and a failing
+/// `Display` makes `format!` panic).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CudaDriverError(pub CudaError);
+
+impl std::fmt::Display for CudaDriverError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&cuda_message(&self.0))
+    }
+}
+
+impl std::error::Error for CudaDriverError {}
+
+impl From<CudaError> for CudaDriverError {
+    fn from(error: CudaError) -> Self {
+        CudaDriverError(error)
+    }
+}
+
+/// What a CUDA error says (see [`CudaDriverError`]).
 pub(crate) fn cuda_message(error: &CudaError) -> String {
     use std::fmt::Write;
     let mut text = String::new();
@@ -244,7 +264,10 @@ pub(crate) trait CudaContext<T> {
 
 impl<T> CudaContext<T> for std::result::Result<T, CudaError> {
     fn during(self, during: &'static str) -> Result<T> {
-        self.map_err(|source| Error::Cuda { during, source })
+        self.map_err(|source| Error::Cuda {
+            during,
+            source: source.into(),
+        })
     }
 }
 
@@ -256,11 +279,13 @@ mod tests {
     fn a_cuda_error_formats_with_what_the_library_was_doing() {
         let error = Error::Cuda {
             during: "allocating the workspace",
-            source: CudaError::InvalidMemoryAllocation,
+            source: CudaError::InvalidMemoryAllocation.into(),
         };
         assert_eq!(
             error.to_string(),
             "CUDA error while allocating the workspace: Invalid memory allocation"
         );
+        let source = std::error::Error::source(&error).map(ToString::to_string);
+        assert_eq!(source.as_deref(), Some("Invalid memory allocation"));
     }
 }

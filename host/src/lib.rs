@@ -44,7 +44,7 @@ pub use api::{
 };
 #[cfg(feature = "cudarc")]
 pub use api::{CudarcElement, CudarcType};
-pub use error::{Error, Result};
+pub use error::{CudaDriverError, Error, Result};
 pub use runtime::driver::DeviceInfo;
 pub use runtime::modules::{KERNEL_BUILD_ENV, KernelBuild, KernelImage};
 pub use runtime::tune as autotune;

@@ -284,9 +284,9 @@ fn tune(shapes: &[Shape], cache: Option<PathBuf>, device: u32) -> softmax::Resul
         let values: Vec<f32> = (0..shape.len())
             .map(|i| ((i * 7919) % 1000) as f32 * 0.01 - 5.0)
             .collect();
-        let cuda = |source| softmax::Error::Cuda {
+        let cuda = |source: cust::error::CudaError| softmax::Error::Cuda {
             during: "allocating tuning buffers",
-            source,
+            source: source.into(),
         };
         let input = DeviceBuffer::from_slice(&values).map_err(cuda)?;
         let mut output = DeviceBuffer::from_slice(&values).map_err(cuda)?;

@@ -24,7 +24,10 @@ use crate::shape::Shape;
 const MERGE_THREADS: u32 = 256;
 
 /// Rows a block of the merge launch merges.
-const MERGE_ROWS: u32 = MERGE_THREADS / WARP_SIZE;
+const MERGE_ROWS: u32 = {
+    assert!(MERGE_THREADS.is_multiple_of(WARP_SIZE));
+    MERGE_THREADS / WARP_SIZE
+};
 
 /// Blocks of the draw entry a multiprocessor holds at once (its launch bounds): a sliced call
 /// aims for one wave of them.

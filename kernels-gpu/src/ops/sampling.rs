@@ -1547,7 +1547,8 @@ unsafe fn bisect_cut<E: Element, const PACK: usize>(
 /// Writes each row's outputs from its `slices` draws (each a slice of the row, temperature
 /// alone, or a shard of it): the best score's token (the lower token among equals), its
 /// log-probability under the merged statistics (filtered and unfiltered are one; 0 filtered
-/// for a greedy row), or `NO_TOKEN` and NaN where a slice had none. A warp per row, any grid
+/// for a greedy row), or `NO_TOKEN` and NaN where no slice has a token or one is broken (a NaN
+/// score: NaN or `+inf` logits, or invalid filters). A warp per row, any grid
 /// of whole warps: its lanes read the row's draws at once and merge them by shuffles, so a row
 /// of many slices waits for one round of loads, not one per slice. Where `advance`, the
 /// first thread also advances the random offset.
