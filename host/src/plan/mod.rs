@@ -317,6 +317,29 @@ pub(crate) fn slices_form_clusters(
         && device.active_clusters(entry, threads, CLUSTER_SHARED_BYTES, slices) > 0
 }
 
+/// Clusters above this many blocks (the portable size; Hopper takes up to
+/// [`MAX_CLUSTER_BLOCKS`]) hold a cooperative slicing only where its launch has at most one
+/// block a multiprocessor ([`cooperative_slices_form_clusters`]).
+pub(crate) const PORTABLE_CLUSTER_BLOCKS: u32 = 8;
+
+/// [`slices_form_clusters`] for a cooperative slicing of `rows` rows: clusters of more than
+/// [`PORTABLE_CLUSTER_BLOCKS`] blocks only where the launch (`rows · slices` blocks) has at
+/// most one block a multiprocessor. On 16 rows of 32000–128256 bf16 columns, 13 and 16 slices
+/// a row exchanging through global memory took 0.7–1.0 µs less than the same blocks in
+/// clusters; on 1–4 rows the two were within 0.2 µs (performance log: "Large clusters only
+/// one block a multiprocessor").
+pub(crate) fn cooperative_slices_form_clusters(
+    device: &dyn DeviceLimits,
+    entry: Entry,
+    threads: u32,
+    rows: u32,
+    slices: u32,
+) -> bool {
+    let large = slices > PORTABLE_CLUSTER_BLOCKS
+        && u64::from(rows) * u64::from(slices) > u64::from(device.multiprocessors());
+    !large && slices_form_clusters(device, entry, threads, slices)
+}
+
 /// Threads of the blocks that slice rows into clusters run in waves
 /// ([`clusters_in_waves`]): the block size QuACK gives such rows too.
 pub(crate) const WAVE_CLUSTER_THREADS: u32 = 256;
@@ -366,6 +389,17 @@ pub(crate) const WHOLE_SMALL_ROW_BYTES: u64 = 16 << 10;
 /// gained as one block each, 16 KB rows (8192 bf16) lost on few rows (performance log: "Small
 /// rows whole").
 pub(crate) const WHOLE_SMALL_OPERATION_ROW_BYTES: u64 = 8 << 10;
+
+/// Forward rows of the operation kernels above [`WHOLE_SMALL_OPERATION_ROW_BYTES`] and up to
+/// this many bytes stay whole where they are at most one a multiprocessor, in a block of
+/// [`FEW_WHOLE_ROW_PACKS`] packs a thread: bf16 rows of 8192 columns took 0.35–0.4 µs less
+/// on 1 and 16 rows than in clusters of four 128-thread blocks, where a block of 128 threads
+/// of 8 packs each had lost (performance log: "Few 16 KB rows whole, four packs a thread").
+pub(crate) const FEW_WHOLE_OPERATION_ROW_BYTES: u64 = 16 << 10;
+
+/// Packs a thread of the blocks that keep few small rows whole
+/// ([`FEW_WHOLE_OPERATION_ROW_BYTES`]).
+pub(crate) const FEW_WHOLE_ROW_PACKS: u32 = 4;
 
 /// Waves of whole cached rows (a row a block, nothing exchanged) that 16-bit plain softmax
 /// keeps over clusters in waves: they read more of the copy at bf16 256–1024×100003, in two

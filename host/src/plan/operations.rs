@@ -7,9 +7,10 @@ use kernels_gpu::launch::ops::{
 };
 
 use super::{
-    DeviceLimits, Entry, Launch, OperationMode, OperationPass, Params, Scheduling, Slicing,
-    WAVE_CLUSTER_THREADS, WHOLE_SMALL_OPERATION_ROW_BYTES, block_shared_bytes, clusters_in_waves,
-    slices_form_clusters,
+    DeviceLimits, Entry, FEW_WHOLE_OPERATION_ROW_BYTES, FEW_WHOLE_ROW_PACKS, Launch, OperationMode,
+    OperationPass, Params, Scheduling, Slicing, WAVE_CLUSTER_THREADS,
+    WHOLE_SMALL_OPERATION_ROW_BYTES, block_shared_bytes, clusters_in_waves,
+    cooperative_slices_form_clusters, slices_form_clusters,
 };
 use crate::shape::Shape;
 
@@ -203,6 +204,18 @@ pub(crate) fn plan(
     if let Some((k, _)) = whole.filter(|_| fills_gpu || small) {
         return Some(launch(k, 1));
     }
+    // Forward rows of at most `FEW_WHOLE_OPERATION_ROW_BYTES`, at most a row a multiprocessor:
+    // whole too, in the smallest block of `FEW_WHOLE_ROW_PACKS` packs a thread that holds one.
+    let few_small = direction == Direction::Forward
+        && rows <= device.multiprocessors()
+        && u64::from(cols) * u64::from(input.bytes()) <= FEW_WHOLE_OPERATION_ROW_BYTES;
+    let few_whole = blocks
+        .iter()
+        .filter(|(k, _)| k.packs == FEW_WHOLE_ROW_PACKS && k.slots() >= row_packs)
+        .min_by_key(|(k, _)| k.threads_per_row());
+    if let Some(&(k, _)) = few_whole.filter(|_| few_small) {
+        return Some(launch(k, 1));
+    }
     // Slices go to blocks of at least `MIN_SLICE_THREADS` (the small blocks of the masked and
     // single-element tables serve narrow whole rows; a row cut into 32-thread slices spends
     // more on its exchange than it saves).
@@ -243,12 +256,14 @@ pub(crate) fn plan(
     });
     if let Some(Some(sliced)) = cooperative {
         // On sm_90, as one thread-block cluster per row where the slices are few enough.
-        let clustered = slices_form_clusters(
-            device,
-            Entry::Operation(sliced.kernel),
-            sliced.block(),
-            sliced.slices,
-        );
+        // (The rule on large clusters was measured on the forward pass; the backward pass and
+        // cross-entropy keep every cluster the driver schedules.)
+        let entry = Entry::Operation(sliced.kernel);
+        let clustered = if direction == Direction::Forward {
+            cooperative_slices_form_clusters(device, entry, sliced.block(), rows, sliced.slices)
+        } else {
+            slices_form_clusters(device, entry, sliced.block(), sliced.slices)
+        };
         return Some(OpLaunch {
             clustered,
             ..sliced
@@ -344,8 +359,8 @@ pub(crate) fn plan_in_waves(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::CLUSTER_SHARED_BYTES;
     use crate::plan::tests::{FakeH200, FakeH200WithoutClusters, shape};
+    use crate::plan::{CLUSTER_SHARED_BYTES, PORTABLE_CLUSTER_BLOCKS};
     use kernels_gpu::launch::MAX_CLUSTER_BLOCKS;
 
     fn plan_op(
@@ -708,18 +723,49 @@ mod tests {
                 );
             }
         }
-        // Just wider, or the backward pass: sliced as before.
+        // Up to 16 KB, at most a row a multiprocessor: whole, in the smallest block of four
+        // packs a thread that holds the row (8192 bf16: 256 threads).
+        for (input, cols) in [(DType::Bf16, 4104), (DType::Bf16, 8192), (DType::F32, 4096)] {
+            for rows in [1, 16, 132] {
+                let launch = planned(Direction::Forward, input, rows, cols).unwrap();
+                assert_eq!(
+                    (launch.slices, launch.clustered, launch.grid),
+                    (1, false, rows),
+                    "{input:?} {rows}×{cols}"
+                );
+                assert_eq!(launch.kernel.packs, FEW_WHOLE_ROW_PACKS);
+                let body = cols / launch.kernel.pack();
+                assert!(launch.kernel.slots() / 2 < body, "{launch:?}");
+            }
+        }
+        // More rows than multiprocessors, wider rows, or the backward pass: sliced as before.
+        for (direction, rows, cols) in [
+            (Direction::Forward, 133, 8192),
+            (Direction::Forward, 16, 8200),
+            (Direction::Backward, 16, 4096),
+        ] {
+            let launch = planned(direction, DType::Bf16, rows, cols).unwrap();
+            assert!(launch.slices > 1, "{direction:?} {rows}×{cols}: {launch:?}");
+        }
+    }
+
+    #[test]
+    fn forward_clusters_above_the_portable_size_only_at_a_block_a_multiprocessor() {
+        // bf16 32000 columns: 16 slices of 128 threads a row, in clusters while the launch
+        // has at most a block a multiprocessor (8 rows: 128 blocks), cooperative beyond.
+        for (rows, clustered) in [(1, true), (8, true), (9, false), (16, false)] {
+            let launch = planned(Direction::Forward, DType::Bf16, rows, 32000).unwrap();
+            assert_eq!(launch.slices, 16, "{launch:?}");
+            assert_eq!(launch.clustered, clustered, "{rows} rows: {launch:?}");
+        }
+        // Clusters of at most 8 blocks stay whatever the rows (bf16 32×32000: 8 slices).
+        let portable = planned(Direction::Forward, DType::Bf16, 32, 32000).unwrap();
+        assert_eq!((portable.slices, portable.clustered), (8, true));
+        // The backward pass keeps its clusters.
+        let backward = planned(Direction::Backward, DType::Bf16, 16, 32000).unwrap();
         assert!(
-            planned(Direction::Forward, DType::Bf16, 16, 4104)
-                .unwrap()
-                .slices
-                > 1
-        );
-        assert!(
-            planned(Direction::Backward, DType::Bf16, 16, 4096)
-                .unwrap()
-                .slices
-                > 1
+            backward.clustered && backward.slices > PORTABLE_CLUSTER_BLOCKS,
+            "{backward:?}"
         );
     }
 
