@@ -325,9 +325,9 @@ pub(crate) const PORTABLE_CLUSTER_BLOCKS: u32 = 8;
 /// [`slices_form_clusters`] for a cooperative slicing of `rows` rows: clusters of more than
 /// [`PORTABLE_CLUSTER_BLOCKS`] blocks only where the launch (`rows · slices` blocks) has at
 /// most one block a multiprocessor. On 16 rows of 32000–128256 bf16 columns, 13 and 16 slices
-/// a row exchanging through global memory took 0.7–1.0 µs less than the same blocks in
-/// clusters; on 1–4 rows the two were within 0.2 µs (performance log: "Large clusters only
-/// one block a multiprocessor").
+/// a row exchanging through global memory took 0.7–1.2 µs less than the same blocks in
+/// clusters; on 1–4 rows the two were within 0.2 µs (performance log: "Few forward rows:
+/// block sizes and large clusters").
 pub(crate) fn cooperative_slices_form_clusters(
     device: &dyn DeviceLimits,
     entry: Entry,
@@ -394,7 +394,8 @@ pub(crate) const WHOLE_SMALL_OPERATION_ROW_BYTES: u64 = 8 << 10;
 /// this many bytes stay whole where they are at most one a multiprocessor, in a block of
 /// [`FEW_WHOLE_ROW_PACKS`] packs a thread: bf16 rows of 8192 columns took 0.35–0.4 µs less
 /// on 1 and 16 rows than in clusters of four 128-thread blocks, where a block of 128 threads
-/// of 8 packs each had lost (performance log: "Few 16 KB rows whole, four packs a thread").
+/// of 8 packs each had lost (performance log: "Few forward rows: block sizes and large
+/// clusters").
 pub(crate) const FEW_WHOLE_OPERATION_ROW_BYTES: u64 = 16 << 10;
 
 /// Packs a thread of the blocks that keep few small rows whole
