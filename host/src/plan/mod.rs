@@ -302,10 +302,12 @@ pub(crate) fn block_shared_bytes(clustered: bool) -> u32 {
 /// as one thread-block cluster per row instead: the same blocks, exchanging their statistics
 /// through distributed shared memory at the cluster's hardware barrier rather than through
 /// global memory. Needs the sm_90 build, at most [`MAX_CLUSTER_BLOCKS`] slices, and a cluster
-/// the driver can schedule. Clusters gained where the cooperative rule itself makes at most 16
-/// slices; a row cut into 16 slices for a cluster where the cooperative launch would take
-/// more lost up to half its speed (fewer multiprocessors reading it), so only the cooperative
-/// rule's own slicing is ever clustered (performance log: "One cluster per sliced row").
+/// the driver can schedule. Clusters gained on the H200 where the cooperative rule itself
+/// made at most 16 slices, on one row (for forward rows of the operation kernels and block
+/// registers, [`cooperative_slices_form_clusters`] narrows that); a row cut into 16 slices for
+/// a cluster where the cooperative launch would take more lost up to half its speed (fewer
+/// multiprocessors reading it), so only the cooperative rule's own slicing is ever clustered
+/// (performance log: "One cluster per sliced row").
 pub(crate) fn slices_form_clusters(
     device: &dyn DeviceLimits,
     entry: Entry,
@@ -386,13 +388,14 @@ pub(crate) fn reads_once_in_one_wave(launch: &Launch, device: &dyn DeviceLimits)
 pub(crate) const WHOLE_SMALL_ROW_BYTES: u64 = 16 << 10;
 
 /// The same rule for the operation kernels' forward rows, narrower: 8 KB rows (4096 bf16)
-/// gained as one block each, 16 KB rows (8192 bf16) lost on few rows (performance log: "Small
-/// rows whole").
+/// gained as one block each, 16 KB rows (8192 bf16) in blocks of 128 threads × 8 packs lost on
+/// few rows (performance log: "Small rows whole"; for those, see
+/// [`FEW_WHOLE_OPERATION_ROW_BYTES`]).
 pub(crate) const WHOLE_SMALL_OPERATION_ROW_BYTES: u64 = 8 << 10;
 
 /// Forward rows of the operation kernels above [`WHOLE_SMALL_OPERATION_ROW_BYTES`] and up to
 /// this many bytes stay whole where they are at most one a multiprocessor, in a block of
-/// [`FEW_WHOLE_ROW_PACKS`] packs a thread: bf16 rows of 8192 columns took 0.35–0.4 µs less
+/// [`FEW_WHOLE_ROW_PACKS`] packs a thread: bf16 rows of 8192 columns took 0.32–0.42 µs less
 /// on 1 and 16 rows than in clusters of four 128-thread blocks, where a block of 128 threads
 /// of 8 packs each had lost (performance log: "Few forward rows: block sizes and large
 /// clusters").

@@ -514,6 +514,10 @@ mod tests {
                     (128, 50257),
                     (6400, 16383),
                     (7, 5),
+                    (16, 8192),
+                    (16, 6001),
+                    (16, 32000),
+                    (16, 50257),
                 ] {
                     for layout in LAYOUTS {
                         let unaligned =
@@ -604,6 +608,10 @@ mod tests {
                 (6400, 16383),
                 (7, 5),
                 (1, 1_048_576),
+                (16, 8192),
+                (16, 6001),
+                (16, 32000),
+                (16, 50257),
             ] {
                 for layout in LAYOUTS {
                     let pack = input.vector_pack();
@@ -761,11 +769,31 @@ mod tests {
         // Clusters of at most 8 blocks stay whatever the rows (bf16 32×32000: 8 slices).
         let portable = planned(Direction::Forward, DType::Bf16, 32, 32000).unwrap();
         assert_eq!((portable.slices, portable.clustered), (8, true));
-        // The backward pass keeps its clusters.
-        let backward = planned(Direction::Backward, DType::Bf16, 16, 32000).unwrap();
+        // The backward pass, the masked forward and cross-entropy keep their clusters.
+        for (direction, cols) in [
+            (Direction::Backward, 32000),
+            (Direction::MaskedForward, 65536),
+            (Direction::CrossEntropy, 32000),
+        ] {
+            let launch = planned(direction, DType::Bf16, 16, cols).unwrap();
+            assert!(
+                launch.clustered && launch.slices > PORTABLE_CLUSTER_BLOCKS,
+                "{direction:?}: {launch:?}"
+            );
+        }
+        // Peeled rows and f16 follow the forward rule too.
+        let peeled = plan_op(
+            Direction::Forward,
+            DType::F16,
+            16,
+            32001,
+            PackLayout::Peeled,
+            &FakeH200,
+        )
+        .unwrap();
         assert!(
-            backward.clustered && backward.slices > PORTABLE_CLUSTER_BLOCKS,
-            "{backward:?}"
+            peeled.slices > PORTABLE_CLUSTER_BLOCKS && !peeled.clustered,
+            "{peeled:?}"
         );
     }
 

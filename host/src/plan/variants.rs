@@ -255,7 +255,7 @@ fn block_register_slicing(
 /// Block registers with every block resident or whole rows (for clusters in waves, see
 /// [`block_registers_in_waves`]): a block per row when rows fill the GPU, otherwise each row
 /// cut into slices that keep every block resident (a cooperative launch; on sm_90 a
-/// thread-block cluster per row when it has at most [`MAX_CLUSTER_BLOCKS`] slices). `None`
+/// thread-block cluster per row where [`cooperative_slices_form_clusters`] takes it). `None`
 /// when the row fits neither way.
 fn block_registers_launch(
     shape: Shape,
@@ -1402,7 +1402,13 @@ mod tests {
         // Slices few enough for one thread-block cluster form one.
         let small = plan(Variant::Auto, shape(1, 8000), ALIGNED, &FakeH200).unwrap()[0];
         assert_eq!(small.scheduling, Scheduling::Clusters(16), "{small:?}");
-        // Above 8 blocks, only while the launch has at most a block a multiprocessor.
+        // Above 8 blocks, only while the launch has at most a block a multiprocessor: 8 rows
+        // of 16 slices (128 blocks) stay clusters, 16 rows (256) go cooperative.
+        let eight = plan(Variant::Auto, shape(8, 8000), ALIGNED, &FakeH200).unwrap()[0];
+        assert_eq!(
+            (eight.grid, eight.scheduling),
+            (128, Scheduling::Clusters(16))
+        );
         let many = plan(Variant::Auto, shape(16, 8000), ALIGNED, &FakeH200).unwrap()[0];
         assert_eq!((many.grid, many.scheduling), (256, Scheduling::Cooperative));
         for sm90_build in [false, true] {
