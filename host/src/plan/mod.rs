@@ -21,7 +21,9 @@ use kernels_gpu::launch::softmax::{
     BlockRegisterInstance, RegisterKernelName, RowClusterKernelName, RowSlicesKernelName,
     seed_entries,
 };
-use kernels_gpu::launch::{CLUSTER_STATS_FLOATS, MAX_CLUSTER_BLOCKS, REDUCTION_SCRATCH_FLOATS};
+use kernels_gpu::launch::{
+    CLUSTER_STATS_FLOATS, MAX_CLUSTER_BLOCKS, REDUCTION_SCRATCH_FLOATS, pushed_cluster_floats,
+};
 
 use crate::error::{Error, Result};
 use crate::shape::Shape;
@@ -288,6 +290,19 @@ impl Scheduling {
 /// publishes to the cluster.
 pub(crate) const CLUSTER_SHARED_BYTES: u32 = (REDUCTION_SCRATCH_FLOATS + CLUSTER_STATS_FLOATS) * 4;
 
+/// Dynamic shared memory of a block of `entry` (`threads` threads) whose row is a cluster of
+/// `slices` blocks: the operation kernels' own blocks (not cross-entropy's) take the reduction
+/// scratch and the slots every warp of the cluster pushes its statistics into
+/// ([`pushed_cluster_floats`]); the others [`CLUSTER_SHARED_BYTES`].
+pub(crate) fn cluster_shared_bytes(entry: Entry, threads: u32, slices: u32) -> u32 {
+    match entry {
+        Entry::Operation(k) if k.direction != Direction::CrossEntropy => {
+            (REDUCTION_SCRATCH_FLOATS + pushed_cluster_floats(threads, slices)) * 4
+        }
+        _ => CLUSTER_SHARED_BYTES,
+    }
+}
+
 /// Dynamic shared memory of a block-registers or operation block: the reduction scratch, and
 /// in clusters the statistics each block publishes to its cluster.
 pub(crate) fn block_shared_bytes(clustered: bool) -> u32 {
@@ -316,7 +331,12 @@ pub(crate) fn slices_form_clusters(
 ) -> bool {
     (2..=MAX_CLUSTER_BLOCKS).contains(&slices)
         && device.thread_block_clusters()
-        && device.active_clusters(entry, threads, CLUSTER_SHARED_BYTES, slices) > 0
+        && device.active_clusters(
+            entry,
+            threads,
+            cluster_shared_bytes(entry, threads, slices),
+            slices,
+        ) > 0
 }
 
 /// Clusters above this many blocks (the portable size; Hopper takes up to
@@ -363,7 +383,7 @@ pub(crate) fn clusters_in_waves(
     slices: u32,
     whole_resident: u32,
 ) -> bool {
-    let per_sm = device.blocks_per_sm(entry, threads, CLUSTER_SHARED_BYTES);
+    let per_sm = device.blocks_per_sm(entry, threads, cluster_shared_bytes(entry, threads, slices));
     whole_resident < 2
         && slices_form_clusters(device, entry, threads, slices)
         && 2 * u64::from(rows) * u64::from(slices)

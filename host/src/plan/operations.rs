@@ -9,7 +9,7 @@ use kernels_gpu::launch::ops::{
 use super::{
     DeviceLimits, Entry, FEW_WHOLE_OPERATION_ROW_BYTES, FEW_WHOLE_ROW_PACKS, Launch, OperationMode,
     OperationPass, Params, Scheduling, Slicing, WAVE_CLUSTER_THREADS,
-    WHOLE_SMALL_OPERATION_ROW_BYTES, block_shared_bytes, clusters_in_waves,
+    WHOLE_SMALL_OPERATION_ROW_BYTES, block_shared_bytes, cluster_shared_bytes, clusters_in_waves,
     cooperative_slices_form_clusters, slices_form_clusters,
 };
 use crate::shape::Shape;
@@ -86,11 +86,14 @@ impl OpLaunch {
     }
 
     /// Dynamic shared memory: the block reduction's scratch, for block kernels only, and in
-    /// clusters the statistics each block publishes to its cluster.
+    /// clusters the slots the cluster's warps push their statistics into.
     pub fn shared_bytes(&self) -> u32 {
         match self.kernel.shape {
             OpKernelShape::Rows { .. } => 0,
-            OpKernelShape::Block { .. } => block_shared_bytes(self.clustered),
+            OpKernelShape::Block { threads } if self.clustered => {
+                cluster_shared_bytes(Entry::Operation(self.kernel), threads, self.slices)
+            }
+            OpKernelShape::Block { .. } => block_shared_bytes(false),
         }
     }
 }
@@ -359,9 +362,10 @@ pub(crate) fn plan_in_waves(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::PORTABLE_CLUSTER_BLOCKS;
     use crate::plan::tests::{FakeH200, FakeH200WithoutClusters, shape};
-    use crate::plan::{CLUSTER_SHARED_BYTES, PORTABLE_CLUSTER_BLOCKS};
     use kernels_gpu::launch::MAX_CLUSTER_BLOCKS;
+    use kernels_gpu::launch::REDUCTION_SCRATCH_FLOATS;
 
     fn plan_op(
         direction: Direction,
@@ -863,7 +867,12 @@ mod tests {
         }
         let launch = launches(small, OperationMode::Full).unwrap()[0];
         assert_eq!(launch.scheduling, Scheduling::Clusters(16));
-        assert_eq!(launch.shared_bytes, CLUSTER_SHARED_BYTES);
+        // The scratch, then two floats for every warp of every block of the cluster: 128
+        // threads, 16 blocks.
+        assert_eq!(
+            launch.shared_bytes,
+            (REDUCTION_SCRATCH_FLOATS + 2 * 4 * 16) * 4
+        );
         let shape = shape(1, 32000);
         let without = plan(
             Direction::Forward,

@@ -124,6 +124,13 @@ pub const REDUCTION_SCRATCH_FLOATS: u32 = 2 * (MAX_BLOCK_THREADS / WARP_SIZE);
 /// statistics and two sums (four, which also keep what follows 16-byte aligned).
 pub const CLUSTER_STATS_FLOATS: u32 = 4;
 
+/// Floats a block of the operation kernels whose row is a thread-block cluster of `slices`
+/// blocks of `threads` threads reserves after the reduction scratch: every warp of every block
+/// of the cluster pushes its statistics (two floats) into every block's slots.
+pub const fn pushed_cluster_floats(threads: u32, slices: u32) -> u32 {
+    2 * threads.div_ceil(WARP_SIZE) * slices
+}
+
 /// Most blocks in a cluster that holds a row: Hopper's largest, which is above the portable 8
 /// and so needs the function attribute that allows non-portable sizes (set when loading).
 pub const MAX_CLUSTER_BLOCKS: u32 = 16;

@@ -13,7 +13,9 @@ use crate::primitives::reduce::{Partial, block_reduce};
 #[cfg(not(kernels_sm80))]
 use crate::{
     launch::WARP_SIZE,
-    primitives::device::{cluster_arrive, cluster_blocks, cluster_shared_of, cluster_wait},
+    primitives::device::{
+        cluster_arrive, cluster_block_rank, cluster_blocks, cluster_shared_of, cluster_wait,
+    },
     primitives::reduce::group_reduce,
 };
 
@@ -388,6 +390,80 @@ pub unsafe fn exchange_cluster_stats<S: Partial>(block: S, published: *mut f32, 
     let row = group_reduce::<S, WARP_SIZE>(theirs);
     cluster_arrive();
     row
+}
+
+/// The first step of a block whose row is a thread-block cluster that exchanges through
+/// [`exchange_cluster_pushed`]: every thread arrives at the cluster's barrier, with nothing to
+/// order yet (before its loads), so that the exchange can tell when every block has started.
+/// The sm_80 build has no clusters: nothing.
+#[inline(always)]
+pub fn arrive_at_row_cluster() {
+    #[cfg(not(kernels_sm80))]
+    cluster_arrive();
+}
+
+/// The exchange of a sliced row's statistics within its thread-block cluster, pushed: every
+/// warp stores its own statistics (`warp`, the same in each lane) into `slots` of every block
+/// of the cluster, at its block's rank and its warp, then the cluster meets at its barrier once
+/// and every warp merges all the slots of its own block, one entry per lane at a time, with
+/// shuffles. No block reduction comes first and nothing is read remotely, so no block needs to
+/// wait for the others before it exits: each block's slots were complete, and no other block
+/// touches them, once it passed the barrier.
+///
+/// # Safety
+/// Called by every thread of the block from uniform control flow, in a launch whose clusters
+/// are rows of `slices` blocks ([`row_is_cluster`]); every thread of the block arrived at the
+/// cluster's barrier ([`cluster_arrive`]) once before, at a point that needs no memory ordering
+/// (before its loads), and does not use the barrier otherwise. `slots` points to
+/// [`pushed_cluster_floats`](crate::launch::pushed_cluster_floats) floats of this block's
+/// shared memory, at the same offset in every block, that nothing else uses.
+#[cfg(not(kernels_sm80))]
+#[inline(always)]
+pub unsafe fn exchange_cluster_pushed<S: Partial>(warp: S, slots: *mut f32, slices: u32) -> S {
+    let warps = block_dim().div_ceil(WARP_SIZE);
+    let (warp_index, lane) = (thread_idx() / WARP_SIZE, thread_idx() % WARP_SIZE);
+    // Every block of the cluster has started (and its shared memory is there) once every
+    // thread passes this wait: each arrived before its loads.
+    cluster_wait();
+    if lane < slices {
+        let entry = 2 * (cluster_block_rank() * warps + warp_index) as usize;
+        let [first, second] = warp.to_floats();
+        // SAFETY: `entry` lies in the slots (rank < slices, warp < warps), which block `lane`
+        // of the cluster holds at the same offset; only this warp of this block stores there.
+        unsafe {
+            let theirs = cluster_shared_of(slots.add(entry), lane).cast_mut();
+            theirs.write(first);
+            theirs.add(1).write(second);
+        }
+    }
+    // Release then acquire: every warp of the cluster has stored into this block's slots once
+    // this thread passes.
+    cluster_arrive();
+    cluster_wait();
+    let mut merged = S::EMPTY;
+    let mut entry = lane;
+    while entry < warps * slices {
+        // SAFETY: within the slots, all stored before the barrier.
+        let theirs = unsafe {
+            let at = slots.add(2 * entry as usize);
+            [at.read(), at.add(1).read()]
+        };
+        merged = merged.merge(S::from_floats(theirs));
+        entry += WARP_SIZE;
+    }
+    group_reduce::<S, WARP_SIZE>(merged)
+}
+
+/// The sm_80 build has no clusters, so no row is one ([`row_is_cluster`] is `false`): never
+/// called there; it stops the kernel if it is.
+///
+/// # Safety
+/// None beyond stopping the kernel.
+#[cfg(kernels_sm80)]
+#[inline(always)]
+pub unsafe fn exchange_cluster_pushed<S: Partial>(_warp: S, _slots: *mut f32, _slices: u32) -> S {
+    // SAFETY: aborts the kernel.
+    unsafe { core::arch::nvptx::trap() }
 }
 
 /// The exchange of a sliced row's statistics, in whichever way the launch allows: within the
