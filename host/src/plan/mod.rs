@@ -285,9 +285,10 @@ impl Scheduling {
     }
 }
 
-/// Dynamic shared memory of a block whose sliced row is one thread-block cluster (block
-/// registers and the operation kernels): the reduction scratch, then the statistics it
-/// publishes to the cluster.
+/// Dynamic shared memory of a block whose sliced row is one thread-block cluster and which
+/// publishes its statistics (block registers and cross-entropy's block entries; the operation
+/// kernels push instead, [`cluster_shared_bytes`]): the reduction scratch, then the statistics
+/// it publishes to the cluster.
 pub(crate) const CLUSTER_SHARED_BYTES: u32 = (REDUCTION_SCRATCH_FLOATS + CLUSTER_STATS_FLOATS) * 4;
 
 /// Dynamic shared memory of a block of `entry` (`threads` threads) whose row is a cluster of
@@ -303,8 +304,8 @@ pub(crate) fn cluster_shared_bytes(entry: Entry, threads: u32, slices: u32) -> u
     }
 }
 
-/// Dynamic shared memory of a block-registers or operation block: the reduction scratch, and
-/// in clusters the statistics each block publishes to its cluster.
+/// Dynamic shared memory of a block-registers block (or an operation block outside clusters):
+/// the reduction scratch, and in clusters the statistics each block publishes to its cluster.
 pub(crate) fn block_shared_bytes(clustered: bool) -> u32 {
     if clustered {
         CLUSTER_SHARED_BYTES

@@ -425,6 +425,17 @@ mod tests {
                 return Err(format!("{cols} columns, {k}: not all resident"));
             }
         }
+        // Pushed cluster slots: the scratch, then two floats per warp per block of the row.
+        let pushed =
+            (REDUCTION_SCRATCH_FLOATS + 2 * launch.block().div_ceil(32) * launch.slices) * 4;
+        if launch.clustered
+            && k.direction != Direction::CrossEntropy
+            && launch.shared_bytes() != pushed
+        {
+            return Err(format!(
+                "{cols} columns, {k}: not the pushed cluster's shared memory"
+            ));
+        }
         if launch.clustered
             && FakeH200.active_clusters(
                 Entry::Operation(k),

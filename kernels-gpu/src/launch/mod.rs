@@ -135,6 +135,9 @@ pub const fn pushed_cluster_floats(threads: u32, slices: u32) -> u32 {
 /// and so needs the function attribute that allows non-portable sizes (set when loading).
 pub const MAX_CLUSTER_BLOCKS: u32 = 16;
 
+// The cluster exchanges reach every block of a cluster from one warp, a block a lane.
+const _: () = assert!(MAX_CLUSTER_BLOCKS <= WARP_SIZE);
+
 /// Words before a launch's barrier words in the workspace: the first counts the row-slices
 /// blocks that left their slices (tests read it); the rest keep the barrier words at the
 /// 128-byte alignment of the allocation.

@@ -63,17 +63,11 @@ pub unsafe fn op_block<
     let slice = block_idx() as usize % slices;
     let tid = thread_idx() as usize;
     let threads = block_dim() as usize;
-    // SAFETY: row < rows.
-    let kernel = unsafe { K::for_row(p, row) };
-    let share = Share {
-        cols: p.cols as usize,
-        slice,
-        slice_packs: p.slice_packs as usize,
-    };
     // A sliced row whose blocks form one thread-block cluster exchanges its statistics
     // through distributed shared memory (sm_90); otherwise through global memory.
     // (The two-launch modes never run in clusters.) Its blocks arrive at the cluster's
-    // barrier before their loads: the exchange waits there until every block has started.
+    // barrier before any load (the row's constants included: the arrival's release would
+    // wait for them): the exchange waits there until every block has started.
     let clustered = p.slices > 1
         && p.mode != mode::SLICE_STATES
         && p.mode != mode::APPLY_STATES
@@ -81,6 +75,13 @@ pub unsafe fn op_block<
     if clustered {
         arrive_at_row_cluster();
     }
+    // SAFETY: row < rows.
+    let kernel = unsafe { K::for_row(p, row) };
+    let share = Share {
+        cols: p.cols as usize,
+        slice,
+        slice_packs: p.slice_packs as usize,
+    };
     // SAFETY: the share lies in the row, laid out per the contract.
     let mut values = unsafe { L::load::<PACKS>(&kernel, share, threads, tid) };
     let scratch = dynamic_shared_f32();

@@ -286,7 +286,7 @@ pub fn cluster_wait() {
 }
 
 /// The address of the same shared-memory location as `local` in block `rank` of this
-/// block's cluster (`mapa` on a generic address), readable with ordinary loads.
+/// block's cluster (`mapa` on a generic address), read and written with ordinary accesses.
 #[cfg(not(kernels_sm80))]
 #[inline(always)]
 pub fn cluster_shared_of(local: *const f32, rank: u32) -> *const f32 {

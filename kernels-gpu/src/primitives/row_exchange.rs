@@ -1,8 +1,10 @@
 //! Combining the statistics of the blocks that share a row: each block publishes its own,
 //! then, after the row's barrier (one cooperative launch) or in a later kernel, every block
 //! of the row merges all of them. Where a row's blocks form one thread-block cluster (sm_90),
-//! they publish in their own shared memory and meet at the cluster's hardware barrier
-//! instead ([`exchange_cluster_stats`]).
+//! they meet at the cluster's hardware barrier instead: each block publishes in its own shared
+//! memory and the others read it ([`exchange_cluster_stats`]: block registers, row-cluster,
+//! cross-entropy), or every warp stores its statistics into every block's shared memory
+//! ([`exchange_cluster_pushed`]: the operation kernels).
 
 use crate::primitives::barrier_word;
 use crate::primitives::device::{
@@ -329,8 +331,8 @@ pub unsafe fn merge_row_stats<S: Partial>(
 
 /// Whether this block's row exchanges its statistics within the block's thread-block cluster
 /// (a launch in clusters of `slices` blocks, one row each) rather than through global memory.
-/// A launch in clusters of another size would read shared memory of blocks that are not the
-/// row's: it stops there (the host sees a launch failure).
+/// A launch in clusters of another size would read or write shared memory of blocks that are
+/// not the row's: it stops there (the host sees a launch failure).
 #[cfg(not(kernels_sm80))]
 #[inline(always)]
 pub fn row_is_cluster(slices: u32) -> bool {
@@ -412,9 +414,10 @@ pub fn arrive_at_row_cluster() {
 ///
 /// # Safety
 /// Called by every thread of the block from uniform control flow, in a launch whose clusters
-/// are rows of `slices` blocks ([`row_is_cluster`]); every thread of the block arrived at the
-/// cluster's barrier ([`cluster_arrive`]) once before, at a point that needs no memory ordering
-/// (before its loads), and does not use the barrier otherwise. `slots` points to
+/// are rows of `slices` blocks ([`row_is_cluster`]; at most a warp's lanes: every launch keeps
+/// to [`MAX_CLUSTER_BLOCKS`](crate::launch::MAX_CLUSTER_BLOCKS)); every thread of the block
+/// arrived at the cluster's barrier once before ([`arrive_at_row_cluster`]), at a point with
+/// no memory access to order (before any load), and does not use the barrier otherwise. `slots` points to
 /// [`pushed_cluster_floats`](crate::launch::pushed_cluster_floats) floats of this block's
 /// shared memory, at the same offset in every block, that nothing else uses.
 #[cfg(not(kernels_sm80))]
@@ -433,7 +436,10 @@ pub unsafe fn exchange_cluster_pushed<S: Partial>(warp: S, slots: *mut f32, slic
         unsafe {
             let theirs = cluster_shared_of(slots.add(entry), lane).cast_mut();
             theirs.write(first);
-            theirs.add(1).write(second);
+            // A constant condition: a one-float partial stores once.
+            if S::FLOATS > 1 {
+                theirs.add(1).write(second);
+            }
         }
     }
     // Release then acquire: every warp of the cluster has stored into this block's slots once
@@ -446,7 +452,10 @@ pub unsafe fn exchange_cluster_pushed<S: Partial>(warp: S, slots: *mut f32, slic
         // SAFETY: within the slots, all stored before the barrier.
         let theirs = unsafe {
             let at = slots.add(2 * entry as usize);
-            [at.read(), at.add(1).read()]
+            [
+                at.read(),
+                if S::FLOATS > 1 { at.add(1).read() } else { 0.0 },
+            ]
         };
         merged = merged.merge(S::from_floats(theirs));
         entry += WARP_SIZE;
