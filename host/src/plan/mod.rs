@@ -21,7 +21,9 @@ use kernels_gpu::launch::softmax::{
     BlockRegisterInstance, RegisterKernelName, RowClusterKernelName, RowSlicesKernelName,
     seed_entries,
 };
-use kernels_gpu::launch::{CLUSTER_STATS_FLOATS, MAX_CLUSTER_BLOCKS, REDUCTION_SCRATCH_FLOATS};
+use kernels_gpu::launch::{
+    CLUSTER_STATS_FLOATS, MAX_CLUSTER_BLOCKS, REDUCTION_SCRATCH_FLOATS, pushed_cluster_floats,
+};
 
 use crate::error::{Error, Result};
 use crate::shape::Shape;
@@ -283,13 +285,27 @@ impl Scheduling {
     }
 }
 
-/// Dynamic shared memory of a block whose sliced row is one thread-block cluster (block
-/// registers and the operation kernels): the reduction scratch, then the statistics it
-/// publishes to the cluster.
+/// Dynamic shared memory of a block whose sliced row is one thread-block cluster and which
+/// publishes its statistics (block registers and cross-entropy's block entries; the operation
+/// kernels push instead, [`cluster_shared_bytes`]): the reduction scratch, then the statistics
+/// it publishes to the cluster.
 pub(crate) const CLUSTER_SHARED_BYTES: u32 = (REDUCTION_SCRATCH_FLOATS + CLUSTER_STATS_FLOATS) * 4;
 
-/// Dynamic shared memory of a block-registers or operation block: the reduction scratch, and
-/// in clusters the statistics each block publishes to its cluster.
+/// Dynamic shared memory of a block of `entry` (`threads` threads) whose row is a cluster of
+/// `slices` blocks: the operation kernels' own blocks (not cross-entropy's) take the reduction
+/// scratch and the slots every warp of the cluster pushes its statistics into
+/// ([`pushed_cluster_floats`]); the others [`CLUSTER_SHARED_BYTES`].
+pub(crate) fn cluster_shared_bytes(entry: Entry, threads: u32, slices: u32) -> u32 {
+    match entry {
+        Entry::Operation(k) if k.direction != Direction::CrossEntropy => {
+            (REDUCTION_SCRATCH_FLOATS + pushed_cluster_floats(threads, slices)) * 4
+        }
+        _ => CLUSTER_SHARED_BYTES,
+    }
+}
+
+/// Dynamic shared memory of a block-registers block (or an operation block outside clusters):
+/// the reduction scratch, and in clusters the statistics each block publishes to its cluster.
 pub(crate) fn block_shared_bytes(clustered: bool) -> u32 {
     if clustered {
         CLUSTER_SHARED_BYTES
@@ -302,10 +318,12 @@ pub(crate) fn block_shared_bytes(clustered: bool) -> u32 {
 /// as one thread-block cluster per row instead: the same blocks, exchanging their statistics
 /// through distributed shared memory at the cluster's hardware barrier rather than through
 /// global memory. Needs the sm_90 build, at most [`MAX_CLUSTER_BLOCKS`] slices, and a cluster
-/// the driver can schedule. Clusters gained where the cooperative rule itself makes at most 16
-/// slices; a row cut into 16 slices for a cluster where the cooperative launch would take
-/// more lost up to half its speed (fewer multiprocessors reading it), so only the cooperative
-/// rule's own slicing is ever clustered (performance log: "One cluster per sliced row").
+/// the driver can schedule. Clusters gained on the H200 where the cooperative rule itself
+/// made at most 16 slices, on one row (for forward rows of the operation kernels and block
+/// registers, [`cooperative_slices_form_clusters`] narrows that); a row cut into 16 slices for
+/// a cluster where the cooperative launch would take more lost up to half its speed (fewer
+/// multiprocessors reading it), so only the cooperative rule's own slicing is ever clustered
+/// (performance log: "One cluster per sliced row").
 pub(crate) fn slices_form_clusters(
     device: &dyn DeviceLimits,
     entry: Entry,
@@ -314,7 +332,35 @@ pub(crate) fn slices_form_clusters(
 ) -> bool {
     (2..=MAX_CLUSTER_BLOCKS).contains(&slices)
         && device.thread_block_clusters()
-        && device.active_clusters(entry, threads, CLUSTER_SHARED_BYTES, slices) > 0
+        && device.active_clusters(
+            entry,
+            threads,
+            cluster_shared_bytes(entry, threads, slices),
+            slices,
+        ) > 0
+}
+
+/// Clusters above this many blocks (the portable size; Hopper takes up to
+/// [`MAX_CLUSTER_BLOCKS`]) hold a cooperative slicing only where its launch has at most one
+/// block a multiprocessor ([`cooperative_slices_form_clusters`]).
+pub(crate) const PORTABLE_CLUSTER_BLOCKS: u32 = 8;
+
+/// [`slices_form_clusters`] for a cooperative slicing of `rows` rows: clusters of more than
+/// [`PORTABLE_CLUSTER_BLOCKS`] blocks only where the launch (`rows · slices` blocks) has at
+/// most one block a multiprocessor. On 16 rows of 32000–128256 bf16 columns, 13 and 16 slices
+/// a row exchanging through global memory took 0.7–1.2 µs less than the same blocks in
+/// clusters; on 1–4 rows the two were within 0.2 µs (performance log: "Few forward rows:
+/// block sizes and large clusters").
+pub(crate) fn cooperative_slices_form_clusters(
+    device: &dyn DeviceLimits,
+    entry: Entry,
+    threads: u32,
+    rows: u32,
+    slices: u32,
+) -> bool {
+    let large = slices > PORTABLE_CLUSTER_BLOCKS
+        && u64::from(rows) * u64::from(slices) > u64::from(device.multiprocessors());
+    !large && slices_form_clusters(device, entry, threads, slices)
 }
 
 /// Threads of the blocks that slice rows into clusters run in waves
@@ -338,7 +384,7 @@ pub(crate) fn clusters_in_waves(
     slices: u32,
     whole_resident: u32,
 ) -> bool {
-    let per_sm = device.blocks_per_sm(entry, threads, CLUSTER_SHARED_BYTES);
+    let per_sm = device.blocks_per_sm(entry, threads, cluster_shared_bytes(entry, threads, slices));
     whole_resident < 2
         && slices_form_clusters(device, entry, threads, slices)
         && 2 * u64::from(rows) * u64::from(slices)
@@ -363,9 +409,22 @@ pub(crate) fn reads_once_in_one_wave(launch: &Launch, device: &dyn DeviceLimits)
 pub(crate) const WHOLE_SMALL_ROW_BYTES: u64 = 16 << 10;
 
 /// The same rule for the operation kernels' forward rows, narrower: 8 KB rows (4096 bf16)
-/// gained as one block each, 16 KB rows (8192 bf16) lost on few rows (performance log: "Small
-/// rows whole").
+/// gained as one block each, 16 KB rows (8192 bf16) in blocks of 128 threads × 8 packs lost on
+/// few rows (performance log: "Small rows whole"; for those, see
+/// [`FEW_WHOLE_OPERATION_ROW_BYTES`]).
 pub(crate) const WHOLE_SMALL_OPERATION_ROW_BYTES: u64 = 8 << 10;
+
+/// Forward rows of the operation kernels above [`WHOLE_SMALL_OPERATION_ROW_BYTES`] and up to
+/// this many bytes stay whole where they are at most one a multiprocessor, in a block of
+/// [`FEW_WHOLE_ROW_PACKS`] packs a thread: bf16 rows of 8192 columns took 0.32–0.42 µs less
+/// on 1 and 16 rows than in clusters of four 128-thread blocks, where a block of 128 threads
+/// of 8 packs each had lost (performance log: "Few forward rows: block sizes and large
+/// clusters").
+pub(crate) const FEW_WHOLE_OPERATION_ROW_BYTES: u64 = 16 << 10;
+
+/// Packs a thread of the blocks that keep few small rows whole
+/// ([`FEW_WHOLE_OPERATION_ROW_BYTES`]).
+pub(crate) const FEW_WHOLE_ROW_PACKS: u32 = 4;
 
 /// Waves of whole cached rows (a row a block, nothing exchanged) that 16-bit plain softmax
 /// keeps over clusters in waves: they read more of the copy at bf16 256–1024×100003, in two

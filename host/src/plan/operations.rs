@@ -7,9 +7,10 @@ use kernels_gpu::launch::ops::{
 };
 
 use super::{
-    DeviceLimits, Entry, Launch, OperationMode, OperationPass, Params, Scheduling, Slicing,
-    WAVE_CLUSTER_THREADS, WHOLE_SMALL_OPERATION_ROW_BYTES, block_shared_bytes, clusters_in_waves,
-    slices_form_clusters,
+    DeviceLimits, Entry, FEW_WHOLE_OPERATION_ROW_BYTES, FEW_WHOLE_ROW_PACKS, Launch, OperationMode,
+    OperationPass, Params, Scheduling, Slicing, WAVE_CLUSTER_THREADS,
+    WHOLE_SMALL_OPERATION_ROW_BYTES, block_shared_bytes, cluster_shared_bytes, clusters_in_waves,
+    cooperative_slices_form_clusters, slices_form_clusters,
 };
 use crate::shape::Shape;
 
@@ -85,11 +86,14 @@ impl OpLaunch {
     }
 
     /// Dynamic shared memory: the block reduction's scratch, for block kernels only, and in
-    /// clusters the statistics each block publishes to its cluster.
+    /// clusters the slots the cluster's warps push their statistics into.
     pub fn shared_bytes(&self) -> u32 {
         match self.kernel.shape {
             OpKernelShape::Rows { .. } => 0,
-            OpKernelShape::Block { .. } => block_shared_bytes(self.clustered),
+            OpKernelShape::Block { threads } if self.clustered => {
+                cluster_shared_bytes(Entry::Operation(self.kernel), threads, self.slices)
+            }
+            OpKernelShape::Block { .. } => block_shared_bytes(false),
         }
     }
 }
@@ -203,6 +207,18 @@ pub(crate) fn plan(
     if let Some((k, _)) = whole.filter(|_| fills_gpu || small) {
         return Some(launch(k, 1));
     }
+    // Forward rows of at most `FEW_WHOLE_OPERATION_ROW_BYTES`, at most a row a multiprocessor:
+    // whole too, in the smallest block of `FEW_WHOLE_ROW_PACKS` packs a thread that holds one.
+    let few_small = direction == Direction::Forward
+        && rows <= device.multiprocessors()
+        && u64::from(cols) * u64::from(input.bytes()) <= FEW_WHOLE_OPERATION_ROW_BYTES;
+    let few_whole = blocks
+        .iter()
+        .filter(|(k, _)| k.packs == FEW_WHOLE_ROW_PACKS && k.slots() >= row_packs)
+        .min_by_key(|(k, _)| k.threads_per_row());
+    if let Some(&(k, _)) = few_whole.filter(|_| few_small) {
+        return Some(launch(k, 1));
+    }
     // Slices go to blocks of at least `MIN_SLICE_THREADS` (the small blocks of the masked and
     // single-element tables serve narrow whole rows; a row cut into 32-thread slices spends
     // more on its exchange than it saves).
@@ -243,12 +259,14 @@ pub(crate) fn plan(
     });
     if let Some(Some(sliced)) = cooperative {
         // On sm_90, as one thread-block cluster per row where the slices are few enough.
-        let clustered = slices_form_clusters(
-            device,
-            Entry::Operation(sliced.kernel),
-            sliced.block(),
-            sliced.slices,
-        );
+        // (The rule on large clusters was measured on the forward pass; the backward pass and
+        // cross-entropy keep every cluster the driver schedules.)
+        let entry = Entry::Operation(sliced.kernel);
+        let clustered = if direction == Direction::Forward {
+            cooperative_slices_form_clusters(device, entry, sliced.block(), rows, sliced.slices)
+        } else {
+            slices_form_clusters(device, entry, sliced.block(), sliced.slices)
+        };
         return Some(OpLaunch {
             clustered,
             ..sliced
@@ -344,9 +362,10 @@ pub(crate) fn plan_in_waves(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::CLUSTER_SHARED_BYTES;
+    use crate::plan::PORTABLE_CLUSTER_BLOCKS;
     use crate::plan::tests::{FakeH200, FakeH200WithoutClusters, shape};
     use kernels_gpu::launch::MAX_CLUSTER_BLOCKS;
+    use kernels_gpu::launch::REDUCTION_SCRATCH_FLOATS;
 
     fn plan_op(
         direction: Direction,
@@ -405,6 +424,17 @@ mod tests {
             if launch.grid > resident {
                 return Err(format!("{cols} columns, {k}: not all resident"));
             }
+        }
+        // Pushed cluster slots: the scratch, then two floats per warp per block of the row.
+        let pushed =
+            (REDUCTION_SCRATCH_FLOATS + 2 * launch.block().div_ceil(32) * launch.slices) * 4;
+        if launch.clustered
+            && k.direction != Direction::CrossEntropy
+            && launch.shared_bytes() != pushed
+        {
+            return Err(format!(
+                "{cols} columns, {k}: not the pushed cluster's shared memory"
+            ));
         }
         if launch.clustered
             && FakeH200.active_clusters(
@@ -499,6 +529,10 @@ mod tests {
                     (128, 50257),
                     (6400, 16383),
                     (7, 5),
+                    (16, 8192),
+                    (16, 6001),
+                    (16, 32000),
+                    (16, 50257),
                 ] {
                     for layout in LAYOUTS {
                         let unaligned =
@@ -589,6 +623,10 @@ mod tests {
                 (6400, 16383),
                 (7, 5),
                 (1, 1_048_576),
+                (16, 8192),
+                (16, 6001),
+                (16, 32000),
+                (16, 50257),
             ] {
                 for layout in LAYOUTS {
                     let pack = input.vector_pack();
@@ -708,18 +746,69 @@ mod tests {
                 );
             }
         }
-        // Just wider, or the backward pass: sliced as before.
+        // Up to 16 KB, at most a row a multiprocessor: whole, in the smallest block of four
+        // packs a thread that holds the row (8192 bf16: 256 threads).
+        for (input, cols) in [(DType::Bf16, 4104), (DType::Bf16, 8192), (DType::F32, 4096)] {
+            for rows in [1, 16, 132] {
+                let launch = planned(Direction::Forward, input, rows, cols).unwrap();
+                assert_eq!(
+                    (launch.slices, launch.clustered, launch.grid),
+                    (1, false, rows),
+                    "{input:?} {rows}×{cols}"
+                );
+                assert_eq!(launch.kernel.packs, FEW_WHOLE_ROW_PACKS);
+                let body = cols / launch.kernel.pack();
+                assert!(launch.kernel.slots() / 2 < body, "{launch:?}");
+            }
+        }
+        // More rows than multiprocessors, wider rows, or the backward pass: sliced as before.
+        for (direction, rows, cols) in [
+            (Direction::Forward, 133, 8192),
+            (Direction::Forward, 16, 8200),
+            (Direction::Backward, 16, 4096),
+        ] {
+            let launch = planned(direction, DType::Bf16, rows, cols).unwrap();
+            assert!(launch.slices > 1, "{direction:?} {rows}×{cols}: {launch:?}");
+        }
+    }
+
+    #[test]
+    fn forward_clusters_above_the_portable_size_only_at_a_block_a_multiprocessor() {
+        // bf16 32000 columns: 16 slices of 128 threads a row, in clusters while the launch
+        // has at most a block a multiprocessor (8 rows: 128 blocks), cooperative beyond.
+        for (rows, clustered) in [(1, true), (8, true), (9, false), (16, false)] {
+            let launch = planned(Direction::Forward, DType::Bf16, rows, 32000).unwrap();
+            assert_eq!(launch.slices, 16, "{launch:?}");
+            assert_eq!(launch.clustered, clustered, "{rows} rows: {launch:?}");
+        }
+        // Clusters of at most 8 blocks stay whatever the rows (bf16 32×32000: 8 slices).
+        let portable = planned(Direction::Forward, DType::Bf16, 32, 32000).unwrap();
+        assert_eq!((portable.slices, portable.clustered), (8, true));
+        // The backward pass, the masked forward and cross-entropy keep their clusters.
+        for (direction, cols) in [
+            (Direction::Backward, 32000),
+            (Direction::MaskedForward, 65536),
+            (Direction::CrossEntropy, 32000),
+        ] {
+            let launch = planned(direction, DType::Bf16, 16, cols).unwrap();
+            assert!(
+                launch.clustered && launch.slices > PORTABLE_CLUSTER_BLOCKS,
+                "{direction:?}: {launch:?}"
+            );
+        }
+        // Peeled rows and f16 follow the forward rule too.
+        let peeled = plan_op(
+            Direction::Forward,
+            DType::F16,
+            16,
+            32001,
+            PackLayout::Peeled,
+            &FakeH200,
+        )
+        .unwrap();
         assert!(
-            planned(Direction::Forward, DType::Bf16, 16, 4104)
-                .unwrap()
-                .slices
-                > 1
-        );
-        assert!(
-            planned(Direction::Backward, DType::Bf16, 16, 4096)
-                .unwrap()
-                .slices
-                > 1
+            peeled.slices > PORTABLE_CLUSTER_BLOCKS && !peeled.clustered,
+            "{peeled:?}"
         );
     }
 
@@ -789,7 +878,12 @@ mod tests {
         }
         let launch = launches(small, OperationMode::Full).unwrap()[0];
         assert_eq!(launch.scheduling, Scheduling::Clusters(16));
-        assert_eq!(launch.shared_bytes, CLUSTER_SHARED_BYTES);
+        // The scratch, then two floats for every warp of every block of the cluster: 128
+        // threads, 16 blocks.
+        assert_eq!(
+            launch.shared_bytes,
+            (REDUCTION_SCRATCH_FLOATS + 2 * 4 * 16) * 4
+        );
         let shape = shape(1, 32000);
         let without = plan(
             Direction::Forward,

@@ -17,7 +17,7 @@ use kernels_gpu::primitives::barrier_word;
 use super::{
     CLUSTER_SHARED_BYTES, DeviceLimits, Entry, Launch, Layout, Params, Scheduling, Slicing,
     Stagger, WAVE_CLUSTER_THREADS, WHOLE_SMALL_ROW_BYTES, block_shared_bytes, clusters_in_waves,
-    slices_form_clusters, waves_stagger, waves_unless_read_once,
+    cooperative_slices_form_clusters, waves_stagger, waves_unless_read_once,
 };
 use crate::error::{Error, Result};
 use crate::shape::Shape;
@@ -255,7 +255,7 @@ fn block_register_slicing(
 /// Block registers with every block resident or whole rows (for clusters in waves, see
 /// [`block_registers_in_waves`]): a block per row when rows fill the GPU, otherwise each row
 /// cut into slices that keep every block resident (a cooperative launch; on sm_90 a
-/// thread-block cluster per row when it has at most [`MAX_CLUSTER_BLOCKS`] slices). `None`
+/// thread-block cluster per row where [`cooperative_slices_form_clusters`] takes it). `None`
 /// when the row fits neither way.
 fn block_registers_launch(
     shape: Shape,
@@ -277,7 +277,7 @@ fn block_registers_launch(
     let (instance, slices) = sliced.or(whole.map(|(instance, _)| (instance, 1)))?;
     let entry = Entry::BlockRegisters(instance);
     // On sm_90, as one thread-block cluster per row where the slices are few enough.
-    let clustered = slices_form_clusters(device, entry, instance.threads, slices);
+    let clustered = cooperative_slices_form_clusters(device, entry, instance.threads, rows, slices);
     Some(block_registers_sliced(shape, instance, slices, clustered))
 }
 
@@ -1402,6 +1402,15 @@ mod tests {
         // Slices few enough for one thread-block cluster form one.
         let small = plan(Variant::Auto, shape(1, 8000), ALIGNED, &FakeH200).unwrap()[0];
         assert_eq!(small.scheduling, Scheduling::Clusters(16), "{small:?}");
+        // Above 8 blocks, only while the launch has at most a block a multiprocessor: 8 rows
+        // of 16 slices (128 blocks) stay clusters, 16 rows (256) go cooperative.
+        let eight = plan(Variant::Auto, shape(8, 8000), ALIGNED, &FakeH200).unwrap()[0];
+        assert_eq!(
+            (eight.grid, eight.scheduling),
+            (128, Scheduling::Clusters(16))
+        );
+        let many = plan(Variant::Auto, shape(16, 8000), ALIGNED, &FakeH200).unwrap()[0];
+        assert_eq!((many.grid, many.scheduling), (256, Scheduling::Cooperative));
         for sm90_build in [false, true] {
             let device = FakeH200WithoutClusters { sm90_build };
             let small = plan(Variant::Auto, shape(1, 8000), ALIGNED, &device).unwrap()[0];

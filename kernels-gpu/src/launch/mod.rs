@@ -124,9 +124,19 @@ pub const REDUCTION_SCRATCH_FLOATS: u32 = 2 * (MAX_BLOCK_THREADS / WARP_SIZE);
 /// statistics and two sums (four, which also keep what follows 16-byte aligned).
 pub const CLUSTER_STATS_FLOATS: u32 = 4;
 
+/// Floats a block of the operation kernels whose row is a thread-block cluster of `slices`
+/// blocks of `threads` threads reserves after the reduction scratch: every warp of every block
+/// of the cluster pushes its statistics (two floats) into every block's slots.
+pub const fn pushed_cluster_floats(threads: u32, slices: u32) -> u32 {
+    2 * threads.div_ceil(WARP_SIZE) * slices
+}
+
 /// Most blocks in a cluster that holds a row: Hopper's largest, which is above the portable 8
 /// and so needs the function attribute that allows non-portable sizes (set when loading).
 pub const MAX_CLUSTER_BLOCKS: u32 = 16;
+
+// The cluster exchanges reach every block of a cluster from one warp, a block a lane.
+const _: () = assert!(MAX_CLUSTER_BLOCKS <= WARP_SIZE);
 
 /// Words before a launch's barrier words in the workspace: the first counts the row-slices
 /// blocks that left their slices (tests read it); the rest keep the barrier words at the

@@ -7,13 +7,14 @@
 //! ([`crate::launch::ops`]).
 
 use crate::launch::ops::{RowOpParams, mode, with_op_instances};
+use crate::launch::{REDUCTION_SCRATCH_FLOATS, WARP_SIZE};
 use crate::primitives::device::{block_dim, block_idx, dynamic_shared_f32, recomputed, thread_idx};
 #[cfg(kernels_module = "ops-bf16")]
 use crate::primitives::element::Bf16;
 #[cfg(kernels_module = "ops-f16")]
 use crate::primitives::element::F16;
 use crate::primitives::row_exchange::{
-    exchange_sliced_row_stats, leave_row_cluster, row_is_cluster,
+    arrive_at_row_cluster, exchange_cluster_pushed, exchange_row_stats, row_is_cluster,
 };
 use crate::primitives::row_part::Share;
 
@@ -39,7 +40,8 @@ use super::states::{block_merged_states, store_slice_state, store_state};
 /// dynamic shared memory. When `slices > 1`, in modes `FULL` and `STATES`, either the launch
 /// is in thread-block clusters of `slices` blocks (the sm_90 build; `slices` at most
 /// [`MAX_CLUSTER_BLOCKS`](crate::launch::MAX_CLUSTER_BLOCKS)), each block with
-/// `(REDUCTION_SCRATCH_FLOATS + CLUSTER_STATS_FLOATS) · 4` bytes of dynamic shared memory (the
+/// `(REDUCTION_SCRATCH_FLOATS + pushed_cluster_floats(threads, slices)) · 4` bytes of dynamic
+/// shared memory ([`pushed_cluster_floats`](crate::launch::pushed_cluster_floats); the
 /// clusters need not all be resident at once: they may run in waves), or
 /// `partials` holds two floats per block, `barriers` two words per row zeroed when allocated
 /// and used by one launch at a time, and every block is resident at once (cooperative
@@ -61,6 +63,18 @@ pub unsafe fn op_block<
     let slice = block_idx() as usize % slices;
     let tid = thread_idx() as usize;
     let threads = block_dim() as usize;
+    // A sliced row whose blocks form one thread-block cluster exchanges its statistics
+    // through distributed shared memory (sm_90); otherwise through global memory.
+    // (The two-launch modes never run in clusters.) Its blocks arrive at the cluster's
+    // barrier before any load (the row's constants included: the arrival's release would
+    // wait for them): the exchange waits there until every block has started.
+    let clustered = p.slices > 1
+        && p.mode != mode::SLICE_STATES
+        && p.mode != mode::APPLY_STATES
+        && row_is_cluster(p.slices);
+    if clustered {
+        arrive_at_row_cluster();
+    }
     // SAFETY: row < rows.
     let kernel = unsafe { K::for_row(p, row) };
     let share = Share {
@@ -71,13 +85,6 @@ pub unsafe fn op_block<
     // SAFETY: the share lies in the row, laid out per the contract.
     let mut values = unsafe { L::load::<PACKS>(&kernel, share, threads, tid) };
     let scratch = dynamic_shared_f32();
-    // A sliced row whose blocks form one thread-block cluster exchanges its statistics
-    // through distributed shared memory (sm_90); otherwise through global memory.
-    // (The two-launch modes never run in clusters.)
-    let clustered = p.slices > 1
-        && p.mode != mode::SLICE_STATES
-        && p.mode != mode::APPLY_STATES
-        && row_is_cluster(p.slices);
     let (stats, mine) = if p.mode == mode::APPLY_STATES {
         // SAFETY: the states buffer holds the row's slots (contract of that mode); uniform
         // control flow; the launch provides the scratch.
@@ -86,32 +93,46 @@ pub unsafe fn op_block<
             kernel.partial(&mut values),
         )
     } else {
-        // SAFETY: uniform control flow; the launch provides the scratch.
-        let (block, mine) = unsafe { kernel.block_partial(&mut values, scratch) };
-        if p.mode == mode::SLICE_STATES {
-            if tid == 0 {
-                // SAFETY: the states buffer holds `slices` slots of `rows` states.
-                unsafe { store_slice_state(p, row, slice, block) };
-            }
-            return;
-        }
-        let row_stats = if slices > 1 {
-            // SAFETY: forwarded from the contract for sliced launches.
-            unsafe {
-                exchange_sliced_row_stats(
-                    block,
-                    scratch,
-                    p.partials as *mut f32,
-                    p.barriers as *mut u32,
-                    row,
-                    slices,
-                    clustered,
+        if clustered {
+            // Each warp's statistics go to every block of the cluster; no block reduction.
+            let (warp, mine) = kernel.group_partial::<PACKS, WARP_SIZE>(&mut values);
+            // SAFETY: every thread arrived at the cluster's barrier before its loads; the
+            // slots follow the scratch (contract for launches in clusters).
+            let row_stats = unsafe {
+                exchange_cluster_pushed(
+                    warp,
+                    scratch.add(REDUCTION_SCRATCH_FLOATS as usize),
+                    p.slices,
                 )
-            }
+            };
+            (row_stats, mine)
         } else {
-            block
-        };
-        (row_stats, mine)
+            // SAFETY: uniform control flow; the launch provides the scratch.
+            let (block, mine) = unsafe { kernel.block_partial(&mut values, scratch) };
+            if p.mode == mode::SLICE_STATES {
+                if tid == 0 {
+                    // SAFETY: the states buffer holds `slices` slots of `rows` states.
+                    unsafe { store_slice_state(p, row, slice, block) };
+                }
+                return;
+            }
+            let row_stats = if slices > 1 {
+                // SAFETY: forwarded from the contract for cooperative sliced launches.
+                unsafe {
+                    exchange_row_stats(
+                        block,
+                        scratch,
+                        p.partials as *mut f32,
+                        p.barriers as *mut u32,
+                        row,
+                        slices,
+                    )
+                }
+            } else {
+                block
+            };
+            (row_stats, mine)
+        }
     };
     let leader = tid == 0 && slice == 0;
     if p.mode == mode::STATES {
@@ -119,7 +140,6 @@ pub unsafe fn op_block<
             // SAFETY: as above.
             unsafe { store_state(p, row, stats) };
         }
-        leave_row_cluster(clustered);
         return;
     }
     let finished = kernel.finish::<PACKS>(stats, mine);
@@ -135,7 +155,6 @@ pub unsafe fn op_block<
         // SAFETY: row < rows.
         unsafe { kernel.write_row(stats) };
     }
-    leave_row_cluster(clustered);
 }
 
 /// Every block entry of one input type, from the instance lists of [`with_op_instances`]:

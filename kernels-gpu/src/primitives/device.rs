@@ -253,6 +253,18 @@ pub fn cluster_blocks() -> u32 {
     blocks
 }
 
+/// This block's rank in its thread-block cluster (`%cluster_ctarank`; 0 outside clusters).
+#[cfg(not(kernels_sm80))]
+#[inline(always)]
+pub fn cluster_block_rank() -> u32 {
+    let rank: u32;
+    // SAFETY: reading a special register has no preconditions.
+    unsafe {
+        asm!("mov.u32 {r}, %cluster_ctarank;", r = out(reg32) rank, options(pure, nomem, nostack))
+    };
+    rank
+}
+
 /// `barrier.cluster.arrive`: this thread has arrived at the cluster's barrier, with release
 /// semantics (its earlier writes, shared memory included, are visible to the cluster's
 /// threads once they pass [`cluster_wait`]). Every thread of every block of the cluster
@@ -274,7 +286,7 @@ pub fn cluster_wait() {
 }
 
 /// The address of the same shared-memory location as `local` in block `rank` of this
-/// block's cluster (`mapa` on a generic address), readable with ordinary loads.
+/// block's cluster (`mapa` on a generic address), read and written with ordinary accesses.
 #[cfg(not(kernels_sm80))]
 #[inline(always)]
 pub fn cluster_shared_of(local: *const f32, rank: u32) -> *const f32 {

@@ -1,8 +1,10 @@
 //! Combining the statistics of the blocks that share a row: each block publishes its own,
 //! then, after the row's barrier (one cooperative launch) or in a later kernel, every block
 //! of the row merges all of them. Where a row's blocks form one thread-block cluster (sm_90),
-//! they publish in their own shared memory and meet at the cluster's hardware barrier
-//! instead ([`exchange_cluster_stats`]).
+//! they meet at the cluster's hardware barrier instead: each block publishes in its own shared
+//! memory and the others read it ([`exchange_cluster_stats`]: block registers, row-cluster,
+//! cross-entropy), or every warp stores its statistics into every block's shared memory
+//! ([`exchange_cluster_pushed`]: the operation kernels).
 
 use crate::primitives::barrier_word;
 use crate::primitives::device::{
@@ -13,7 +15,9 @@ use crate::primitives::reduce::{Partial, block_reduce};
 #[cfg(not(kernels_sm80))]
 use crate::{
     launch::WARP_SIZE,
-    primitives::device::{cluster_arrive, cluster_blocks, cluster_shared_of, cluster_wait},
+    primitives::device::{
+        cluster_arrive, cluster_block_rank, cluster_blocks, cluster_shared_of, cluster_wait,
+    },
     primitives::reduce::group_reduce,
 };
 
@@ -327,8 +331,8 @@ pub unsafe fn merge_row_stats<S: Partial>(
 
 /// Whether this block's row exchanges its statistics within the block's thread-block cluster
 /// (a launch in clusters of `slices` blocks, one row each) rather than through global memory.
-/// A launch in clusters of another size would read shared memory of blocks that are not the
-/// row's: it stops there (the host sees a launch failure).
+/// A launch in clusters of another size would read or write shared memory of blocks that are
+/// not the row's: it stops there (the host sees a launch failure).
 #[cfg(not(kernels_sm80))]
 #[inline(always)]
 pub fn row_is_cluster(slices: u32) -> bool {
@@ -388,6 +392,87 @@ pub unsafe fn exchange_cluster_stats<S: Partial>(block: S, published: *mut f32, 
     let row = group_reduce::<S, WARP_SIZE>(theirs);
     cluster_arrive();
     row
+}
+
+/// The first step of a block whose row is a thread-block cluster that exchanges through
+/// [`exchange_cluster_pushed`]: every thread arrives at the cluster's barrier, with nothing to
+/// order yet (before its loads), so that the exchange can tell when every block has started.
+/// The sm_80 build has no clusters: nothing.
+#[inline(always)]
+pub fn arrive_at_row_cluster() {
+    #[cfg(not(kernels_sm80))]
+    cluster_arrive();
+}
+
+/// The exchange of a sliced row's statistics within its thread-block cluster, pushed: every
+/// warp stores its own statistics (`warp`, the same in each lane) into `slots` of every block
+/// of the cluster, at its block's rank and its warp, then the cluster meets at its barrier once
+/// and every warp merges all the slots of its own block, one entry per lane at a time, with
+/// shuffles. No block reduction comes first and nothing is read remotely, so no block needs to
+/// wait for the others before it exits: each block's slots were complete, and no other block
+/// touches them, once it passed the barrier.
+///
+/// # Safety
+/// Called by every thread of the block from uniform control flow, in a launch whose clusters
+/// are rows of `slices` blocks ([`row_is_cluster`]; at most a warp's lanes: every launch keeps
+/// to [`MAX_CLUSTER_BLOCKS`](crate::launch::MAX_CLUSTER_BLOCKS)); every thread of the block
+/// arrived at the cluster's barrier once before ([`arrive_at_row_cluster`]), at a point with
+/// no memory access to order (before any load), and does not use the barrier otherwise. `slots` points to
+/// [`pushed_cluster_floats`](crate::launch::pushed_cluster_floats) floats of this block's
+/// shared memory, at the same offset in every block, that nothing else uses.
+#[cfg(not(kernels_sm80))]
+#[inline(always)]
+pub unsafe fn exchange_cluster_pushed<S: Partial>(warp: S, slots: *mut f32, slices: u32) -> S {
+    let warps = block_dim().div_ceil(WARP_SIZE);
+    let (warp_index, lane) = (thread_idx() / WARP_SIZE, thread_idx() % WARP_SIZE);
+    // Every block of the cluster has started (and its shared memory is there) once every
+    // thread passes this wait: each arrived before its loads.
+    cluster_wait();
+    if lane < slices {
+        let entry = 2 * (cluster_block_rank() * warps + warp_index) as usize;
+        let [first, second] = warp.to_floats();
+        // SAFETY: `entry` lies in the slots (rank < slices, warp < warps), which block `lane`
+        // of the cluster holds at the same offset; only this warp of this block stores there.
+        unsafe {
+            let theirs = cluster_shared_of(slots.add(entry), lane).cast_mut();
+            theirs.write(first);
+            // A constant condition: a one-float partial stores once.
+            if S::FLOATS > 1 {
+                theirs.add(1).write(second);
+            }
+        }
+    }
+    // Release then acquire: every warp of the cluster has stored into this block's slots once
+    // this thread passes.
+    cluster_arrive();
+    cluster_wait();
+    let mut merged = S::EMPTY;
+    let mut entry = lane;
+    while entry < warps * slices {
+        // SAFETY: within the slots, all stored before the barrier.
+        let theirs = unsafe {
+            let at = slots.add(2 * entry as usize);
+            [
+                at.read(),
+                if S::FLOATS > 1 { at.add(1).read() } else { 0.0 },
+            ]
+        };
+        merged = merged.merge(S::from_floats(theirs));
+        entry += WARP_SIZE;
+    }
+    group_reduce::<S, WARP_SIZE>(merged)
+}
+
+/// The sm_80 build has no clusters, so no row is one ([`row_is_cluster`] is `false`): never
+/// called there; it stops the kernel if it is.
+///
+/// # Safety
+/// None beyond stopping the kernel.
+#[cfg(kernels_sm80)]
+#[inline(always)]
+pub unsafe fn exchange_cluster_pushed<S: Partial>(_warp: S, _slots: *mut f32, _slices: u32) -> S {
+    // SAFETY: aborts the kernel.
+    unsafe { core::arch::nvptx::trap() }
 }
 
 /// The exchange of a sliced row's statistics, in whichever way the launch allows: within the

@@ -5,8 +5,8 @@
 //! [`EdgePerThreadSlice`] for the few floats around the aligned body). When a row is cut into
 //! several slices (few rows, wide rows: LLM vocabularies; or batches of rows no whole-row block
 //! keeps two to a multiprocessor), the blocks of a row exchange their statistics within their
-//! thread-block cluster where the row has at most 16 slices (sm_90; the clusters may run in
-//! waves), else through global memory behind a per-row barrier, in a cooperative launch so
+//! thread-block cluster where the planner forms one (sm_90, at most 16 slices; the clusters may
+//! run in waves), else through global memory behind a per-row barrier, in a cooperative launch so
 //! every block is resident. Its entries are generated at the bottom from the instance list in
 //! [`crate::launch::softmax`], the one the host's tables come from.
 
