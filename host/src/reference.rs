@@ -241,6 +241,14 @@ pub fn backward_f64(log: bool, y: &[f32], dy: &[f32], cols: usize, scale: &[f64]
 /// log-softmax, log-sum-exp and gradients): relative L2 over finite references, and a
 /// mismatch for every element whose reference is NaN or infinite and that differs.
 pub fn value_deviation(actual: &[f32], expected: &[f64]) -> Deviation {
+    floored_value_deviation(actual, expected, 0.0)
+}
+
+/// [`value_deviation`] with every finite reference counted in the norm as at least `floor`
+/// in magnitude: for results whose rounding is absolute in the magnitude of the terms that
+/// formed them rather than in their own, such as a log-sum-exp `max + ln Σ` near 0 from
+/// terms of opposite sign.
+pub fn floored_value_deviation(actual: &[f32], expected: &[f64], floor: f64) -> Deviation {
     let (mut diff, mut norm) = (0.0, 0.0);
     let mut nan_mismatches = actual.len().abs_diff(expected.len());
     for (&a, &e) in actual.iter().zip(expected) {
@@ -250,7 +258,7 @@ pub fn value_deviation(actual: &[f32], expected: &[f64]) -> Deviation {
                 nan_mismatches += 1;
             }
             diff += (a - e) * (a - e);
-            norm += e * e;
+            norm += e.abs().max(floor).powi(2);
         } else if !(a == e || (a.is_nan() && e.is_nan())) {
             nan_mismatches += 1;
         }

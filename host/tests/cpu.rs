@@ -12,7 +12,9 @@ use kernels_gpu::primitives::online::{CompensatedSum, Exp2, OnlineStats};
 use kernels_gpu::primitives::philox::{draw_words, philox4x32_10, uniform_open};
 use proptest::prelude::*;
 use softmax::half::{bf16, f16};
-use softmax::reference::{Scores, backward_f64, deviation, softmax_f64, value_deviation};
+use softmax::reference::{
+    Scores, backward_f64, deviation, floored_value_deviation, softmax_f64, value_deviation,
+};
 use softmax::{DType, Error, RowState, Shape, Variant, merge_row_states};
 
 enum HostExp2 {}
@@ -1076,6 +1078,20 @@ fn the_reference_handles_empty_rows_short_masks_and_wrong_lengths() {
     assert_eq!(softmax_f64(&x[..5], 2, 3).len(), 3);
     assert!(!deviation(&[0.5, 0.5], &[0.5, 0.5, 0.0], 2).within(1e-3));
     assert!(!value_deviation(&[0.5], &[0.5, 0.5]).within(1e-3));
+}
+
+/// A floored deviation judges values smaller than the floor against the floor, and larger
+/// ones as the plain deviation does.
+#[test]
+fn floored_deviation_judges_small_values_against_the_floor() {
+    let (actual, expected) = ([0.01001_f32], [0.01]);
+    assert!(!value_deviation(&actual, &expected).within(1e-5));
+    assert!(floored_value_deviation(&actual, &expected, 1.0).within(1e-4));
+    let (actual, expected) = ([100.001_f32, f32::NEG_INFINITY], [100.0, f64::NEG_INFINITY]);
+    assert_eq!(
+        floored_value_deviation(&actual, &expected, 1.0),
+        value_deviation(&actual, &expected)
+    );
 }
 
 /// The order-preserving key of a float: larger floats, larger keys (`-inf` lowest).
