@@ -10,7 +10,7 @@ use super::{
     DeviceLimits, Entry, FEW_WHOLE_OPERATION_ROW_BYTES, FEW_WHOLE_ROW_PACKS, Launch, OperationMode,
     OperationPass, Params, Scheduling, Slicing, WAVE_CLUSTER_THREADS,
     WHOLE_SMALL_OPERATION_ROW_BYTES, block_shared_bytes, cluster_shared_bytes, clusters_in_waves,
-    cooperative_slices_form_clusters, slices_form_clusters,
+    slices_form_clusters,
 };
 use crate::shape::Shape;
 
@@ -259,14 +259,8 @@ pub(crate) fn plan(
     });
     if let Some(Some(sliced)) = cooperative {
         // On sm_90, as one thread-block cluster per row where the slices are few enough.
-        // (The rule on large clusters was measured on the forward pass; the backward pass and
-        // cross-entropy keep every cluster the driver schedules.)
         let entry = Entry::Operation(sliced.kernel);
-        let clustered = if direction == Direction::Forward {
-            cooperative_slices_form_clusters(device, entry, sliced.block(), rows, sliced.slices)
-        } else {
-            slices_form_clusters(device, entry, sliced.block(), sliced.slices)
-        };
+        let clustered = slices_form_clusters(device, entry, sliced.block(), sliced.slices);
         return Some(OpLaunch {
             clustered,
             ..sliced
