@@ -555,10 +555,10 @@ fn peeled_rows_at_block_capacity(softmax: &mut Softmax, rng: &mut StdRng) -> Out
 }
 
 /// Few wide rows cut into slices whose blocks exchange their statistics: within one
-/// thread-block cluster where a forward row has at most 8 slices, or 16 at a block a
-/// multiprocessor (the sm_90 build: one row of 16000 f32 or 32000 16-bit columns, 3 odd rows
-/// with peeled ends, 4 rows), through global memory in a cooperative launch where it has more
-/// (one and 8 rows of 128256; 16 rows of 32000 and 50257 16-bit columns, 16 of 8000 f32) or
+/// thread-block cluster where a row has at most 16 slices (the sm_90 build: one row of 16000
+/// f32 or 32000 16-bit columns, 3 odd rows with peeled ends, 4 rows, 16 rows of 32000 and
+/// 50257 16-bit columns in clusters of 13–16 on more blocks than multiprocessors), through
+/// global memory in a cooperative launch where it has more (one and 8 rows of 128256) or
 /// without clusters (the sm_80 build); 16 rows of 8192 16-bit columns whole, a 256-thread block
 /// each; every operation and output type for each input type, as on the shape list.
 fn few_wide_rows_in_slices(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {

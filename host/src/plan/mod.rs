@@ -319,8 +319,8 @@ pub(crate) fn block_shared_bytes(clustered: bool) -> u32 {
 /// through distributed shared memory at the cluster's hardware barrier rather than through
 /// global memory. Needs the sm_90 build, at most [`MAX_CLUSTER_BLOCKS`] slices, and a cluster
 /// the driver can schedule. Clusters gained on the H200 where the cooperative rule itself
-/// made at most 16 slices, on one row (for forward rows of the operation kernels and block
-/// registers, [`cooperative_slices_form_clusters`] narrows that); a row cut into 16 slices for
+/// made at most 16 slices, on one row (for block registers' rows,
+/// [`cooperative_slices_form_clusters`] narrows that); a row cut into 16 slices for
 /// a cluster where the cooperative launch would take more lost up to half its speed (fewer
 /// multiprocessors reading it), so only the cooperative rule's own slicing is ever clustered
 /// (performance log: "One cluster per sliced row").
@@ -350,7 +350,9 @@ pub(crate) const PORTABLE_CLUSTER_BLOCKS: u32 = 8;
 /// most one block a multiprocessor. On 16 rows of 32000–128256 bf16 columns, 13 and 16 slices
 /// a row exchanging through global memory took 0.7–1.2 µs less than the same blocks in
 /// clusters; on 1–4 rows the two were within 0.2 µs (performance log: "Few forward rows:
-/// block sizes and large clusters").
+/// block sizes and large clusters"). Block registers, which publish their statistics in a
+/// cluster, keep this rule; the operation kernels push theirs and cluster at any count of
+/// blocks (performance log: "Pushed clusters of up to 16 on many blocks").
 pub(crate) fn cooperative_slices_form_clusters(
     device: &dyn DeviceLimits,
     entry: Entry,
