@@ -141,8 +141,8 @@ struct RowsLaunch {
 const F32_CLUSTER_BLOCKS: u32 = 8;
 
 /// The block entries' launch for the rows (with the operation plan it comes from), as the
-/// operation kernels plan the cross-entropy direction (without the forward pass's rules on few
-/// small rows and large clusters): clusters in waves (for f32, of at most [`F32_CLUSTER_BLOCKS`]), whole rows, or the
+/// operation kernels plan the cross-entropy direction (without the forward pass's rule on few
+/// small rows): clusters in waves (for f32, of at most [`F32_CLUSTER_BLOCKS`]), whole rows, or the
 /// slices of one launch whose blocks exchange their statistics. `None` where the rows are not
 /// whole 16-byte packs aligned for them, or are too many and too wide for one launch to reduce
 /// (the two launches over slices that such operation calls take would write the gradient over
