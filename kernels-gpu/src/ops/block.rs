@@ -92,47 +92,45 @@ pub unsafe fn op_block<
             unsafe { block_merged_states(p, row, scratch) },
             kernel.partial(&mut values),
         )
+    } else if clustered {
+        // Each warp's statistics go to every block of the cluster; no block reduction.
+        let (warp, mine) = kernel.group_partial::<PACKS, WARP_SIZE>(&mut values);
+        // SAFETY: every thread arrived at the cluster's barrier before its loads; the
+        // slots follow the scratch (contract for launches in clusters).
+        let row_stats = unsafe {
+            exchange_cluster_pushed(
+                warp,
+                scratch.add(REDUCTION_SCRATCH_FLOATS as usize),
+                p.slices,
+            )
+        };
+        (row_stats, mine)
     } else {
-        if clustered {
-            // Each warp's statistics go to every block of the cluster; no block reduction.
-            let (warp, mine) = kernel.group_partial::<PACKS, WARP_SIZE>(&mut values);
-            // SAFETY: every thread arrived at the cluster's barrier before its loads; the
-            // slots follow the scratch (contract for launches in clusters).
-            let row_stats = unsafe {
-                exchange_cluster_pushed(
-                    warp,
-                    scratch.add(REDUCTION_SCRATCH_FLOATS as usize),
-                    p.slices,
-                )
-            };
-            (row_stats, mine)
-        } else {
-            // SAFETY: uniform control flow; the launch provides the scratch.
-            let (block, mine) = unsafe { kernel.block_partial(&mut values, scratch) };
-            if p.mode == mode::SLICE_STATES {
-                if tid == 0 {
-                    // SAFETY: the states buffer holds `slices` slots of `rows` states.
-                    unsafe { store_slice_state(p, row, slice, block) };
-                }
-                return;
+        // SAFETY: uniform control flow; the launch provides the scratch.
+        let (block, mine) = unsafe { kernel.block_partial(&mut values, scratch) };
+        if p.mode == mode::SLICE_STATES {
+            if tid == 0 {
+                // SAFETY: the states buffer holds `slices` slots of `rows` states.
+                unsafe { store_slice_state(p, row, slice, block) };
             }
-            let row_stats = if slices > 1 {
-                // SAFETY: forwarded from the contract for cooperative sliced launches.
-                unsafe {
-                    exchange_row_stats(
-                        block,
-                        scratch,
-                        p.partials as *mut f32,
-                        p.barriers as *mut u32,
-                        row,
-                        slices,
-                    )
-                }
-            } else {
-                block
-            };
-            (row_stats, mine)
+            return;
         }
+        let row_stats = if slices > 1 {
+            // SAFETY: forwarded from the contract for cooperative sliced launches.
+            unsafe {
+                exchange_row_stats(
+                    block,
+                    scratch,
+                    p.partials as *mut f32,
+                    p.barriers as *mut u32,
+                    row,
+                    slices,
+                )
+            }
+        } else {
+            block
+        };
+        (row_stats, mine)
     };
     let leader = tid == 0 && slice == 0;
     if p.mode == mode::STATES {
