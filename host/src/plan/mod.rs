@@ -304,15 +304,9 @@ pub(crate) fn cluster_shared_bytes(entry: Entry, threads: u32, slices: u32) -> u
     }
 }
 
-/// Dynamic shared memory of a block-registers block (or an operation block outside clusters):
-/// the reduction scratch, and in clusters the statistics each block publishes to its cluster.
-pub(crate) fn block_shared_bytes(clustered: bool) -> u32 {
-    if clustered {
-        CLUSTER_SHARED_BYTES
-    } else {
-        REDUCTION_SCRATCH_FLOATS * 4
-    }
-}
+/// Dynamic shared memory of a block-registers or operation block outside clusters: the
+/// reduction scratch (in clusters, [`cluster_shared_bytes`]).
+pub(crate) const BLOCK_SHARED_BYTES: u32 = REDUCTION_SCRATCH_FLOATS * 4;
 
 /// Whether a cooperative slicing of `slices` blocks of `entry` (`threads` each) per row runs
 /// as one thread-block cluster per row instead: the same blocks, exchanging their statistics

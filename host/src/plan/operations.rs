@@ -7,10 +7,9 @@ use kernels_gpu::launch::ops::{
 };
 
 use super::{
-    DeviceLimits, Entry, FEW_WHOLE_OPERATION_ROW_BYTES, FEW_WHOLE_ROW_PACKS, Launch, OperationMode,
-    OperationPass, Params, Scheduling, Slicing, WAVE_CLUSTER_THREADS,
-    WHOLE_SMALL_OPERATION_ROW_BYTES, block_shared_bytes, cluster_shared_bytes, clusters_in_waves,
-    slices_form_clusters,
+    BLOCK_SHARED_BYTES, DeviceLimits, Entry, FEW_WHOLE_OPERATION_ROW_BYTES, FEW_WHOLE_ROW_PACKS,
+    Launch, OperationMode, OperationPass, Params, Scheduling, Slicing, WAVE_CLUSTER_THREADS,
+    WHOLE_SMALL_OPERATION_ROW_BYTES, cluster_shared_bytes, clusters_in_waves, slices_form_clusters,
 };
 use crate::shape::Shape;
 
@@ -93,7 +92,7 @@ impl OpLaunch {
             OpKernelShape::Block { threads } if self.clustered => {
                 cluster_shared_bytes(Entry::Operation(self.kernel), threads, self.slices)
             }
-            OpKernelShape::Block { .. } => block_shared_bytes(false),
+            OpKernelShape::Block { .. } => BLOCK_SHARED_BYTES,
         }
     }
 }
@@ -293,7 +292,7 @@ fn block_instances(
     instances: impl Iterator<Item = OpInstance>,
     device: &dyn DeviceLimits,
 ) -> Vec<(OpInstance, u32)> {
-    let scratch = block_shared_bytes(false);
+    let scratch = BLOCK_SHARED_BYTES;
     instances
         .filter(|k| matches!(k.shape, OpKernelShape::Block { .. }))
         .map(|k| {

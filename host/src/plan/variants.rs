@@ -15,9 +15,10 @@ use kernels_gpu::launch::{
 use kernels_gpu::primitives::barrier_word;
 
 use super::{
-    CLUSTER_SHARED_BYTES, DeviceLimits, Entry, Launch, Layout, Params, Scheduling, Slicing,
-    Stagger, WAVE_CLUSTER_THREADS, WHOLE_SMALL_ROW_BYTES, block_shared_bytes, clusters_in_waves,
-    cooperative_slices_form_clusters, waves_stagger, waves_unless_read_once,
+    BLOCK_SHARED_BYTES, CLUSTER_SHARED_BYTES, DeviceLimits, Entry, Launch, Layout, Params,
+    Scheduling, Slicing, Stagger, WAVE_CLUSTER_THREADS, WHOLE_SMALL_ROW_BYTES,
+    cluster_shared_bytes, clusters_in_waves, cooperative_slices_form_clusters, waves_stagger,
+    waves_unless_read_once,
 };
 use crate::error::{Error, Result};
 use crate::shape::Shape;
@@ -211,7 +212,7 @@ fn block_register_whole_rows(
     pack: u32,
     device: &dyn DeviceLimits,
 ) -> Option<(BlockRegisterInstance, u32)> {
-    let scratch = block_shared_bytes(false);
+    let scratch = BLOCK_SHARED_BYTES;
     block_register_instances()
         .filter(|i| i.pack == pack && i.threads * i.packs >= row_packs)
         .map(|i| {
@@ -237,7 +238,7 @@ fn block_register_slicing(
     pack: u32,
     device: &dyn DeviceLimits,
 ) -> Option<(BlockRegisterInstance, u32)> {
-    let scratch = block_shared_bytes(false);
+    let scratch = BLOCK_SHARED_BYTES;
     let mut instances: Vec<BlockRegisterInstance> = block_register_instances()
         .filter(|i| i.pack == pack)
         .collect();
@@ -329,11 +330,16 @@ fn block_registers_sliced(
     clustered: bool,
 ) -> Launch {
     let row_packs = (shape.cols() as u32).div_ceil(instance.pack);
+    let entry = Entry::BlockRegisters(instance);
     Launch {
-        entry: Entry::BlockRegisters(instance),
+        entry,
         grid: (shape.rows() as u32).saturating_mul(slices),
         block: instance.threads,
-        shared_bytes: block_shared_bytes(clustered),
+        shared_bytes: if clustered {
+            cluster_shared_bytes(entry, instance.threads, slices)
+        } else {
+            BLOCK_SHARED_BYTES
+        },
         scheduling: Scheduling::exchanging(slices, clustered),
         params: Params::BlockRegisters {
             cols: shape.cols() as u32,
