@@ -938,6 +938,8 @@ pub(crate) mod tests {
             // cross-entropy row slices fill their cap of 64 (ptxas gives them 55 and 63).
             let held = match entry {
                 Entry::BlockRegisters(name) => name.pack * name.packs,
+                // A kept entry holds a float per element (ptxas: bf16 8 packs 96).
+                Entry::Operation(k) if k.kept => k.packs * k.pack(),
                 Entry::Operation(k) => k.packs * (k.pack() * k.input.bytes() / 4).max(1),
                 Entry::CrossEntropy(CrossEntropyEntry {
                     kind: CrossEntropyKind::Slices,

@@ -147,6 +147,47 @@ pub(crate) fn plan(
     layout: PackLayout,
     device: &dyn DeviceLimits,
 ) -> Option<OpLaunch> {
+    plan_packed(direction, input, shape, layout, device)
+        .map(|launch| kept_where_few(launch, device))
+}
+
+/// `launch` on its instance's kept twin ([`OpInstance::kept_twin`]) where it has one and every
+/// block of the launch stays resident at once with it: a launch of few blocks a
+/// multiprocessor is bound by issuing instructions, which keeping each element's exponential
+/// spares, while a launch of many wants the packed entry's residency (performance log:
+/// "Pushed clusters of up to 16 on many blocks; kept exponentials in the block family").
+fn kept_where_few(launch: OpLaunch, device: &dyn DeviceLimits) -> OpLaunch {
+    let Some(twin) = launch.kernel.kept_twin() else {
+        return launch;
+    };
+    if launch.split {
+        return launch;
+    }
+    let kept = OpLaunch {
+        kernel: twin,
+        ..launch
+    };
+    let entry = Entry::Operation(twin);
+    let resident = device.blocks_per_sm(entry, kept.block(), kept.shared_bytes());
+    let all_resident =
+        u64::from(kept.grid) <= u64::from(device.multiprocessors()) * u64::from(resident);
+    let clusters_fit = !kept.clustered
+        || device.active_clusters(entry, kept.block(), kept.shared_bytes(), kept.slices) > 0;
+    if resident > 0 && all_resident && clusters_fit {
+        kept
+    } else {
+        launch
+    }
+}
+
+/// [`plan`] among the packed instances.
+fn plan_packed(
+    direction: Direction,
+    input: DType,
+    shape: Shape,
+    layout: PackLayout,
+    device: &dyn DeviceLimits,
+) -> Option<OpLaunch> {
     let (rows, cols) = (shape.rows() as u32, shape.cols() as u32);
     debug_assert!(
         layout.serves(direction),
@@ -763,6 +804,24 @@ mod tests {
             let launch = planned(direction, DType::Bf16, rows, cols).unwrap();
             assert!(launch.slices > 1, "{direction:?} {rows}×{cols}: {launch:?}");
         }
+    }
+
+    #[test]
+    fn forward_launches_of_few_blocks_take_the_kept_twin() {
+        // Few rows of 8-pack threads, sliced in clusters or whole: every block resident at once.
+        for (rows, cols) in [(16, 128256), (64, 32000), (9, 128256)] {
+            let launch = planned(Direction::Forward, DType::Bf16, rows, cols).unwrap();
+            assert_eq!(launch.kernel.packs, 8, "{rows}×{cols}: {launch:?}");
+            assert!(launch.kernel.kept, "{rows}×{cols}: {launch:?}");
+        }
+        // Many rows keep the packed entry's residency; fewer packs have no twin.
+        for (rows, cols) in [(4096, 32000), (1024, 8192), (16, 8192), (32, 32000)] {
+            let launch = planned(Direction::Forward, DType::Bf16, rows, cols).unwrap();
+            assert!(!launch.kernel.kept, "{rows}×{cols}: {launch:?}");
+        }
+        // The backward pass has none.
+        let backward = planned(Direction::Backward, DType::Bf16, 16, 128256).unwrap();
+        assert!(!backward.kernel.kept, "{backward:?}");
     }
 
     #[test]

@@ -168,6 +168,7 @@ macro_rules! with_op_instances {
             rows_masked [2: [8, 32]],
             rows_scalar [1: [32]],
             block_vector [2: [128, 256], 4: [128, 256, 512, 1024], 8: [128, 256, 512, 1024]],
+            block_kept [8: [128, 256, 512]],
             block_masked [4: [32, 64, 128, 256, 512, 1024]],
             block_scalar [8: [32, 64, 128, 256, 512, 1024]]
         );
@@ -182,6 +183,7 @@ macro_rules! op_tables {
         rows_masked $rows_masked:tt,
         rows_scalar $rows_scalar:tt,
         block_vector $block_vector:tt,
+        block_kept $block_kept:tt,
         block_masked $block_masked:tt,
         block_scalar $block_scalar:tt
     ) => {
@@ -204,6 +206,11 @@ macro_rules! op_tables {
         /// threads gets at most 64 registers per thread, so the planner checks with the
         /// driver that an instance can launch at all.
         pub const OP_BLOCK_VECTOR: OpTable = op_tables!(@table $block_vector);
+
+        /// The forward blocks of [`OP_BLOCK_VECTOR`] with a kept twin ([`OpInstance::kept`]),
+        /// aligned and peeled: every element's exponential (or difference) held in f32 for
+        /// the writes, for launches of few blocks a multiprocessor.
+        pub const OP_BLOCK_KEPT: OpTable = op_tables!(@table $block_kept);
 
         /// The same for the masked forward.
         pub const OP_BLOCK_MASKED: OpTable = op_tables!(@table $block_masked);
@@ -263,6 +270,7 @@ const _: () = {
     assert!(launchable(OP_ROWS_MASKED, true, 1));
     assert!(launchable(OP_ROWS_SCALAR, true, 1));
     assert!(launchable(OP_BLOCK_VECTOR, false, 1));
+    assert!(launchable(OP_BLOCK_KEPT, false, 1));
     assert!(launchable(OP_BLOCK_MASKED, false, 1));
     assert!(launchable(OP_BLOCK_SCALAR, false, 1));
 };
@@ -363,6 +371,12 @@ pub struct OpInstance {
     pub layout: PackLayout,
     pub shape: OpKernelShape,
     pub packs: u32,
+    /// Whether the entry keeps every element's exponential (softmax) or difference
+    /// (log-softmax) in f32 from the reduction to the writes, where the others widen and
+    /// recompute them: fewer instructions an element, and for 16-bit inputs twice the
+    /// registers for its packs. Forward blocks of [`OP_BLOCK_KEPT`] only, the twins of packed
+    /// ones ([`OpInstance::kept_twin`]).
+    pub kept: bool,
 }
 
 /// `(width, packs)` pairs of one table, widest last and, for one width, fewest packs first:
@@ -437,6 +451,26 @@ impl OpInstance {
             layout,
             shape,
             packs,
+            kept: false,
+        })
+    }
+
+    /// The kept twin of this instance ([`OpInstance::kept`]), where [`OP_BLOCK_KEPT`] lists
+    /// one: a forward block of aligned or peeled packs.
+    pub fn kept_twin(&self) -> Option<OpInstance> {
+        let OpKernelShape::Block { threads } = self.shape else {
+            return None;
+        };
+        let listed = OP_BLOCK_KEPT
+            .iter()
+            .any(|&(packs, widths)| packs == self.packs && widths.contains(&threads));
+        let twinned = self.direction == Direction::Forward
+            && self.layout != PackLayout::Elements
+            && !self.kept
+            && listed;
+        twinned.then_some(OpInstance {
+            kept: true,
+            ..*self
         })
     }
 
@@ -454,16 +488,18 @@ impl OpInstance {
                 .into_iter()
                 .filter(move |&direction| layout.serves(direction))
                 .flat_map(move |direction| Self::instances(direction, input, layout))
+                .flat_map(|instance| core::iter::once(instance).chain(instance.kept_twin()))
         })
     }
 }
 
 impl core::fmt::Display for OpInstance {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        let peeled = if self.layout == PackLayout::Peeled {
-            "peeled"
-        } else {
-            ""
+        let peeled = match (self.layout == PackLayout::Peeled, self.kept) {
+            (false, false) => "",
+            (true, false) => "peeled",
+            (false, true) => "kept",
+            (true, true) => "peeledkept",
         };
         let (direction, input, pack) = (self.direction.tag(), self.input.name(), self.pack());
         match self.shape {

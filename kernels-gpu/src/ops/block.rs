@@ -19,7 +19,7 @@ use crate::primitives::row_exchange::{
 use crate::primitives::row_part::Share;
 
 use super::backward::Backward;
-use super::forward::{Forward, MaskedForward};
+use super::forward::{Forward, KeptForward, MaskedForward};
 use super::op_entries;
 use super::row_kernel::RowKernel;
 use super::slots::{Aligned, PeeledApart, Slots};
@@ -167,6 +167,7 @@ macro_rules! block_entries_for {
         rows_masked $rows_masked:tt,
         rows_scalar $rows_scalar:tt,
         block_vector $block_vector:tt,
+        block_kept $block_kept:tt,
         block_masked $block_masked:tt,
         block_scalar $block_scalar:tt
     ) => {
@@ -205,6 +206,24 @@ macro_rules! block_entries_for {
             "peeled",
             [("fwd", Forward), ("bwd", Backward)],
             $block_vector
+        );
+        op_entries!(
+            ($module, $input, $name),
+            op_block,
+            (Aligned, 0),
+            $vector,
+            "kept",
+            [("fwd", KeptForward)],
+            $block_kept
+        );
+        op_entries!(
+            ($module, $input, $name),
+            op_block,
+            (PeeledApart, 1),
+            $vector,
+            "peeledkept",
+            [("fwd", KeptForward)],
+            $block_kept
         );
     };
 }

@@ -314,6 +314,7 @@ macro_rules! cross_entropy_block_entries {
         rows_masked $rows_masked:tt,
         rows_scalar $rows_scalar:tt,
         block_vector [$($packs:literal: $widths:tt),+],
+        block_kept $block_kept:tt,
         block_masked $block_masked:tt,
         block_scalar $block_scalar:tt
     ) => {$(

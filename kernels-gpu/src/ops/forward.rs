@@ -104,12 +104,22 @@ impl ForwardRow {
         } else {
             (0.0, 0.0)
         };
+        let factor = OnlineStats::exp_relative::<DeviceExp2>(mine_max, row.max) * inv_sum;
+        let zero = self.zero_masked_rows && masked_everywhere(row);
+        // A row masked everywhere keeps exponentials of 0 (softmax) and differences of -inf
+        // (log-softmax): a factor of 0 and an offset of 0 write what it asks for (0 and
+        // -inf), with no choice per element.
+        let (factor, log_offset, zero) = if kept && zero {
+            (0.0, 0.0, false)
+        } else {
+            (factor, log_offset, zero)
+        };
         ForwardFinished {
             max: row.max,
             inv_sum,
-            factor: OnlineStats::exp_relative::<DeviceExp2>(mine_max, row.max) * inv_sum,
+            factor,
             ln_sum,
-            zero: self.zero_masked_rows && masked_everywhere(row),
+            zero,
             kept,
             log_offset,
         }
@@ -200,11 +210,17 @@ pub(super) fn sum_of_exponentials<In: Element, const PACK: usize, const PACKS: u
 /// Softmax, log-softmax and log-sum-exp of the scores `x · scale · row_scale`, without
 /// masks. Packs stay in registers as loaded (two 16-bit elements per register, so a block
 /// keeps twice the bf16 data in flight), widened each time they are used; a thread of at most
-/// [`KEPT_ELEMENTS`] elements keeps, in their place, what its writes need instead.
-pub struct Forward<In> {
+/// `KEPT` elements ([`KEPT_ELEMENTS`]; [`EVERY_ELEMENT_KEPT`] in the kept blocks) keeps, in
+/// their place, what its writes need instead.
+pub struct Forward<In, const KEPT: usize = KEPT_ELEMENTS> {
     x: *const In,
     row: ForwardRow,
 }
+
+/// The forward kernel of the kept block entries
+/// ([`OpInstance::kept`](crate::launch::ops::OpInstance::kept)), which keeps every element a
+/// thread holds.
+pub type KeptForward<In> = Forward<In, EVERY_ELEMENT_KEPT>;
 
 /// The most elements a thread holds for it to keep, from the reduction to the writes, each
 /// element's exponential (softmax) or difference `t = x·k − max·k` from its maximum
@@ -216,11 +232,19 @@ pub struct Forward<In> {
 /// elements to a register.
 const KEPT_ELEMENTS: usize = 16;
 
-impl<In: Element> Forward<In> {
-    /// Whether a thread of `PACKS` packs keeps its elements' values ([`KEPT_ELEMENTS`]).
+/// [`KEPT_ELEMENTS`] of the kept block entries: every element of the largest instance (9 slots
+/// of 8 for the peeled 8-pack blocks). A launch of few blocks runs few warps a
+/// multiprocessor, so it is bound by issuing its instructions (bf16 64×32000 in clusters of
+/// 8-pack threads: 24 instructions a thread per element at 8 warps a multiprocessor, in
+/// Nsight Compute); the registers this takes (bf16 8 packs: 56 → 96) would halve a block's
+/// residency where many rows want it.
+const EVERY_ELEMENT_KEPT: usize = 72;
+
+impl<In: Element, const KEPT: usize> Forward<In, KEPT> {
+    /// Whether a thread of `PACKS` packs keeps its elements' values (`KEPT`).
     #[inline(always)]
     const fn keeps<const PACK: usize, const PACKS: usize>() -> bool {
-        PACK * PACKS <= KEPT_ELEMENTS
+        PACK * PACKS <= KEPT
     }
 
     /// `Σ 2^((v − max)·k·log2 e)` over the packs, keeping each element's term (softmax) or
@@ -271,7 +295,7 @@ impl<In: Element> Forward<In> {
     }
 }
 
-impl<In: Element, const PACK: usize> RowKernel<PACK> for Forward<In> {
+impl<In: Element, const PACK: usize, const KEPT: usize> RowKernel<PACK> for Forward<In, KEPT> {
     type Params = RowOpParams;
     type Values = [u32; PACK];
     type Stats = OnlineStats;
@@ -520,7 +544,7 @@ impl<In: Element, const PACK: usize> RowKernel<PACK> for MaskedForward<In> {
     }
 }
 
-impl<In: Element, const PACK: usize> PeelableRow<PACK> for Forward<In> {
+impl<In: Element, const PACK: usize, const KEPT: usize> PeelableRow<PACK> for Forward<In, KEPT> {
     #[inline(always)]
     fn head(&self) -> usize {
         unaligned_head(self.x as usize, size_of::<In>(), PACK)

@@ -102,6 +102,7 @@ macro_rules! rows_entries_for {
         rows_masked $rows_masked:tt,
         rows_scalar $rows_scalar:tt,
         block_vector $block_vector:tt,
+        block_kept $block_kept:tt,
         block_masked $block_masked:tt,
         block_scalar $block_scalar:tt
     ) => {
