@@ -214,14 +214,24 @@ pub struct Holder {
 
 impl Holder {
     /// A holder of all but `free` multiprocessors of `device`.
+    /// The holders run once, for no time, before it returns: a first launch can pay for
+    /// loading the kernel, and holders that took their places only after the work beside them
+    /// had finished would hold nothing back.
     pub fn new(device: &softmax::DeviceInfo, free: u32) -> Result<Self, String> {
-        Ok(Holder {
+        let holder = Holder {
             module: load(device.max_shared_per_block)?,
             stream: Stream::new(cust::stream::StreamFlags::NON_BLOCKING, None)
                 .map_err(|e| e.to_string())?,
             blocks: device.multiprocessors.saturating_sub(free),
             shared_bytes: device.max_shared_per_block,
-        })
+        };
+        let warm = holder.hold(std::time::Duration::ZERO)?;
+        holder
+            .stream
+            .synchronize()
+            .map_err(|e| format!("warming the holders: {e}"))?;
+        drop(warm);
+        Ok(holder)
     }
 
     /// Launches the holders, which leave by themselves after `hold`, and gives them a moment
