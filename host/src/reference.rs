@@ -4,6 +4,8 @@
 //! rows they hold; comparisons of results and references of different lengths count every
 //! element missing on one side as a mismatch, so they fail rather than pass.
 
+use std::sync::Mutex;
+
 /// Softmax of each row of a row-major `rows × cols` matrix, computed in `f64`: as many rows
 /// as `input` holds, at most `rows` (none when `cols` is 0).
 ///
@@ -14,16 +16,70 @@ pub fn softmax_f64(input: &[f32], rows: usize, cols: usize) -> Vec<f64> {
     if cols == 0 {
         return Vec::new();
     }
-    let mut output = Vec::with_capacity(input.len());
-    for row in input.chunks_exact(cols).take(rows) {
+    by_rows(held_rows(input.len(), rows, cols), cols, |r, out| {
+        let row = &input[r * cols..(r + 1) * cols];
         let max = row
             .iter()
             .map(|&x| f64::from(x))
             .fold(f64::NEG_INFINITY, nan_propagating_max);
-        let exps: Vec<f64> = row.iter().map(|&x| (f64::from(x) - max).exp()).collect();
-        let sum: f64 = exps.iter().sum();
-        output.extend(exps.iter().map(|e| e / sum));
+        for (o, &x) in out.iter_mut().zip(row) {
+            *o = (f64::from(x) - max).exp();
+        }
+        let sum: f64 = out.iter().sum();
+        for o in out.iter_mut() {
+            *o /= sum;
+        }
+    })
+}
+
+/// Elements from which [`by_rows`] spreads its rows over threads.
+const PARALLEL_ELEMENTS: usize = 1 << 20;
+
+/// `rows` rows of `width` values each, row `r` written by `fill(r, row)` into a row of
+/// defaults: on the machine's threads, a run of whole rows each, once there are at least
+/// [`PARALLEL_ELEMENTS`] values, else on this one. Each row is computed alone, so the values
+/// are the same either way. This thread takes runs too, so a thread the system refuses only
+/// leaves more to the others.
+fn by_rows<T, F>(rows: usize, width: usize, fill: F) -> Vec<T>
+where
+    T: Copy + Default + Send,
+    F: Fn(usize, &mut [T]) + Sync,
+{
+    let mut output = vec![T::default(); rows * width];
+    if width == 0 {
+        return output;
     }
+    let threads = std::thread::available_parallelism().map_or(1, usize::from);
+    if threads < 2 || rows < 2 || output.len() < PARALLEL_ELEMENTS {
+        for (r, row) in output.chunks_exact_mut(width).enumerate() {
+            fill(r, row);
+        }
+        return output;
+    }
+    let run = rows.div_ceil(threads);
+    let runs: Vec<Mutex<Option<(usize, &mut [T])>>> = output
+        .chunks_mut(run * width)
+        .enumerate()
+        .map(|(k, part)| Mutex::new(Some((k * run, part))))
+        .collect();
+    let (runs, fill) = (&runs, &fill);
+    let take_runs = move || {
+        for slot in runs {
+            let taken = slot.lock().ok().and_then(|mut slot| slot.take());
+            if let Some((first, part)) = taken {
+                for (i, row) in part.chunks_exact_mut(width).enumerate() {
+                    fill(first + i, row);
+                }
+            }
+        }
+    };
+    std::thread::scope(|scope| {
+        for _ in 1..threads.min(runs.len()) {
+            // A refused thread's runs are taken by the rest.
+            let _ = std::thread::Builder::new().spawn_scoped(scope, take_runs);
+        }
+        take_runs();
+    });
     output
 }
 
@@ -31,6 +87,17 @@ pub fn softmax_f64(input: &[f32], rows: usize, cols: usize) -> Vec<f64> {
 /// a row has no elements).
 fn held_rows(len: usize, rows: usize, cols: usize) -> usize {
     len.checked_div(cols).map_or(rows, |held| rows.min(held))
+}
+
+/// A row's maximum (NaN-propagating) and `Σ e^(s − max)` (the sum over `e^s` where every
+/// score is `-inf`).
+fn row_state(scores: &[f64]) -> (f64, f64) {
+    let max = scores
+        .iter()
+        .copied()
+        .fold(f64::NEG_INFINITY, nan_propagating_max);
+    let shift = if max == f64::NEG_INFINITY { 0.0 } else { max };
+    (max, scores.iter().map(|s| (s - shift).exp()).sum())
 }
 
 /// `max` that returns NaN when either side is NaN, as `torch.max` does.
@@ -157,38 +224,35 @@ impl Scores<'_> {
     /// Row maximum (NaN-propagating) and `Σ e^(s − max)` of each row's scores, for as many
     /// rows as `input` holds, at most `rows`.
     pub fn states(&self, input: &[f32], rows: usize, cols: usize) -> Vec<(f64, f64)> {
-        (0..held_rows(input.len(), rows, cols))
-            .map(|r| {
-                let scores = self.row(input, r, cols);
-                let max = scores
-                    .iter()
-                    .copied()
-                    .fold(f64::NEG_INFINITY, nan_propagating_max);
-                let shift = if max == f64::NEG_INFINITY { 0.0 } else { max };
-                (max, scores.iter().map(|s| (s - shift).exp()).sum())
-            })
-            .collect()
+        by_rows(held_rows(input.len(), rows, cols), 1, |r, state| {
+            state[0] = row_state(&self.row(input, r, cols));
+        })
     }
 
     /// Softmax (or log-softmax, when `log`) of each row's scores.
     pub fn forward(&self, log: bool, input: &[f32], rows: usize, cols: usize) -> Vec<f64> {
-        let mut output = Vec::with_capacity(input.len());
-        for (r, (max, sum)) in self.states(input, rows, cols).into_iter().enumerate() {
+        if cols == 0 {
+            return Vec::new();
+        }
+        by_rows(held_rows(input.len(), rows, cols), cols, |r, out| {
             let scores = self.row(input, r, cols);
+            let (max, sum) = row_state(&scores);
             if max == f64::NEG_INFINITY {
-                let masked = match (self.zero_masked_rows, log) {
+                out.fill(match (self.zero_masked_rows, log) {
                     (true, false) => 0.0,
                     (true, true) => f64::NEG_INFINITY,
                     (false, _) => f64::NAN,
-                };
-                output.extend(std::iter::repeat_n(masked, cols));
-            } else if log {
-                output.extend(scores.iter().map(|s| s - max - sum.ln()));
+                });
             } else {
-                output.extend(scores.iter().map(|s| (s - max).exp() / sum));
+                for (o, s) in out.iter_mut().zip(scores) {
+                    *o = if log {
+                        s - max - sum.ln()
+                    } else {
+                        (s - max).exp() / sum
+                    };
+                }
             }
-        }
-        output
+        })
     }
 
     /// Log-sum-exp of each row's scores (`-inf` for a row masked everywhere).
@@ -213,28 +277,28 @@ pub fn backward_f64(log: bool, y: &[f32], dy: &[f32], cols: usize, scale: &[f64]
     if cols == 0 {
         return Vec::new();
     }
-    let mut dx = Vec::with_capacity(y.len());
-    for ((y, dy), &scale) in y.chunks_exact(cols).zip(dy.chunks_exact(cols)).zip(scale) {
-        let (y, dy) = (
-            y.iter().map(|&v| f64::from(v)),
-            dy.iter().map(|&v| f64::from(v)),
-        );
-        let pairs: Vec<(f64, f64)> = y.zip(dy).collect();
-        let sum: f64 = if log {
-            pairs.iter().map(|(_, dy)| dy).sum()
-        } else {
-            pairs.iter().map(|(y, dy)| y * dy).sum()
+    let rows = (y.len() / cols).min(dy.len() / cols).min(scale.len());
+    by_rows(rows, cols, |r, dx| {
+        let (y, dy) = (&y[r * cols..(r + 1) * cols], &dy[r * cols..(r + 1) * cols]);
+        let pairs = || {
+            y.iter()
+                .zip(dy)
+                .map(|(&y, &dy)| (f64::from(y), f64::from(dy)))
         };
-        dx.extend(pairs.iter().map(|&(y, dy)| {
-            scale
+        let sum: f64 = if log {
+            pairs().map(|(_, dy)| dy).sum()
+        } else {
+            pairs().map(|(y, dy)| y * dy).sum()
+        };
+        for (dx, (y, dy)) in dx.iter_mut().zip(pairs()) {
+            *dx = scale[r]
                 * if log {
                     dy - y.exp() * sum
                 } else {
                     y * (dy - sum)
-                }
-        }));
-    }
-    dx
+                };
+        }
+    })
 }
 
 /// How far `actual` is from `expected` element by element (no row-sum check: for
@@ -340,15 +404,8 @@ pub fn cross_entropy_f64(
             0.0
         }
     };
-    let mut result = CrossEntropyResult {
-        losses: Vec::with_capacity(rows),
-        lse: Vec::with_capacity(rows),
-        reduced: 0.0,
-        denominator: 0.0,
-        gradient: Vec::with_capacity(rows * cols),
-    };
-    let mut coefficients = Vec::with_capacity(rows);
-    for r in 0..rows {
+    // Each row alone: its log-sum-exp, loss and the coefficients of its gradient.
+    let per_row = by_rows(rows, 1, |r, part: &mut [CrossEntropyRow]| {
         let x = &logits[r * cols..(r + 1) * cols];
         let z: Vec<f64> = x
             .iter()
@@ -370,33 +427,47 @@ pub fn cross_entropy_f64(
         } else {
             max + z.iter().map(|s| (s - max).exp()).sum::<f64>().ln()
         };
-        result.lse.push(lse);
         let target = targets[r];
-        if options.ignore_index == Some(target) {
-            result.losses.push(0.0);
-            coefficients.push(None);
-            continue;
-        }
-        if target < 0 || target as usize >= cols {
-            result.losses.push(f64::NAN);
-            coefficients.push(Some((f64::NAN, 0, f64::NAN)));
-            continue;
-        }
-        let t = target as usize;
-        let w_t = weight(t);
-        // Terms whose coefficient is 0 are left out, not multiplied by 0: without label
-        // smoothing a `-inf` logit (vocabulary padding) leaves the loss finite, as in torch.
-        let smoothing = if eps > 0.0 {
-            let smooth: f64 = (0..cols).map(|c| weight(c) * (lse - z[c])).sum();
-            eps / vocab * smooth
+        part[0] = if options.ignore_index == Some(target) {
+            CrossEntropyRow {
+                lse,
+                loss: 0.0,
+                coefficients: None,
+                counted_weight: None,
+            }
+        } else if target < 0 || target as usize >= cols {
+            CrossEntropyRow {
+                lse,
+                loss: f64::NAN,
+                coefficients: Some((f64::NAN, 0, f64::NAN)),
+                counted_weight: None,
+            }
         } else {
-            0.0
+            let t = target as usize;
+            let w_t = weight(t);
+            // Terms whose coefficient is 0 are left out, not multiplied by 0: without label
+            // smoothing a `-inf` logit (vocabulary padding) leaves the loss finite, as in torch.
+            let smoothing = if eps > 0.0 {
+                let smooth: f64 = (0..cols).map(|c| weight(c) * (lse - z[c])).sum();
+                eps / vocab * smooth
+            } else {
+                0.0
+            };
+            CrossEntropyRow {
+                lse,
+                loss: (1.0 - eps) * w_t * (lse - z[t]) + smoothing + z_loss_of(lse * lse),
+                coefficients: Some((w_t, t, lse)),
+                counted_weight: Some(w_t),
+            }
         };
-        let loss = (1.0 - eps) * w_t * (lse - z[t]) + smoothing + z_loss_of(lse * lse);
-        result.losses.push(loss);
-        result.denominator += w_t;
-        coefficients.push(Some((w_t, t, lse)));
-    }
+    });
+    let mut result = CrossEntropyResult {
+        losses: per_row.iter().map(|row| row.loss).collect(),
+        lse: per_row.iter().map(|row| row.lse).collect(),
+        reduced: 0.0,
+        denominator: per_row.iter().filter_map(|row| row.counted_weight).sum(),
+        gradient: Vec::new(),
+    };
     result.reduced = result.losses.iter().sum();
     let scale = match options.reduction {
         Reduction::Mean => {
@@ -405,14 +476,13 @@ pub fn cross_entropy_f64(
         }
         Reduction::Sum | Reduction::None => 1.0,
     };
-    for (r, coefficient) in coefficients.into_iter().enumerate() {
+    result.gradient = by_rows(rows, cols, |r, gradient| {
         let x = &logits[r * cols..(r + 1) * cols];
-        let Some((w_t, t, lse)) = coefficient else {
-            result.gradient.extend(std::iter::repeat_n(0.0, cols));
-            continue;
+        let Some((w_t, t, lse)) = per_row[r].coefficients else {
+            return;
         };
         let p_factor = (1.0 - eps) * w_t + eps * total_weight / vocab + z_loss_of(2.0 * lse);
-        for (c, &v) in x.iter().enumerate() {
+        for (c, (&v, g)) in x.iter().zip(gradient.iter_mut()).enumerate() {
             let v = f64::from(v);
             let (z, dz_dx) = if options.softcap > 0.0 {
                 let tanh = (v / options.softcap).tanh();
@@ -423,10 +493,22 @@ pub fn cross_entropy_f64(
             let p = (z - lse).exp();
             let onehot = if c == t { (1.0 - eps) * w_t } else { 0.0 };
             let dz = p * p_factor - onehot - eps * weight(c) / vocab;
-            result.gradient.push(scale * dz * dz_dx);
+            *g = scale * dz * dz_dx;
         }
-    }
+    });
     result
+}
+
+/// One row of [`cross_entropy_f64`]: its log-sum-exp and loss; for a row not ignored, the
+/// target's weight, the target and the log-sum-exp its gradient is formed with (NaN for a
+/// target out of range); and for a row with a target in range, its weight in the mean's
+/// divisor.
+#[derive(Clone, Copy, Debug, Default)]
+struct CrossEntropyRow {
+    lse: f64,
+    loss: f64,
+    coefficients: Option<(f64, usize, f64)>,
+    counted_weight: Option<f64>,
 }
 
 /// One row's sampling filters, as the sampler applies them: logits over `temperature`, then

@@ -13,7 +13,8 @@ use kernels_gpu::primitives::philox::{draw_words, philox4x32_10, uniform_open};
 use proptest::prelude::*;
 use softmax::half::{bf16, f16};
 use softmax::reference::{
-    Scores, backward_f64, deviation, floored_value_deviation, softmax_f64, value_deviation,
+    CrossEntropyReference, Reduction, Scores, backward_f64, cross_entropy_f64, deviation,
+    floored_value_deviation, softmax_f64, value_deviation,
 };
 use softmax::{DType, Error, RowState, Shape, Variant, merge_row_states};
 
@@ -1174,4 +1175,54 @@ fn the_radix_threshold_keeps_the_references_top_k() {
             .collect();
         assert_eq!(kept, expected, "trial {trial}: {cols} columns, k = {k}");
     }
+}
+
+/// The reference spreads large matrices' rows over threads: every row of a matrix past that
+/// size gets exactly the values it gets alone, for the softmax, the scores' forward passes,
+/// the backward pass and cross-entropy with every option on.
+#[test]
+fn reference_rows_are_the_same_alone_and_in_a_large_matrix() {
+    let (rows, cols) = (67, 20_011);
+    let value = |i: usize| ((i * 2_654_435_761) % 20_000) as f32 / 1000.0 - 10.0;
+    let x: Vec<f32> = (0..rows * cols).map(value).collect();
+    let dy: Vec<f32> = (0..rows * cols).map(|i| value(i + 7) / 10.0).collect();
+    let scale: Vec<f64> = (0..rows).map(|r| 1.0 + r as f64 / 8.0).collect();
+    let additive: Vec<f32> = (0..cols).map(|c| value(c + 3) / 5.0).collect();
+    let scores = Scores {
+        additive_mask: Some(&additive),
+        ..Scores::default()
+    };
+    let weight: Vec<f32> = (0..cols).map(|c| 0.5 + (c % 3) as f32).collect();
+    let targets: Vec<i64> = (0..rows as i64).map(|r| (r * 997) % cols as i64).collect();
+    let options = CrossEntropyReference {
+        label_smoothing: 0.1,
+        z_loss: 1e-4,
+        softcap: 30.0,
+        weight: Some(&weight),
+        reduction: Reduction::Sum,
+        ..CrossEntropyReference::default()
+    };
+    let whole_softmax = softmax_f64(&x, rows, cols);
+    let whole_log = scores.forward(true, &x, rows, cols);
+    let whole_states = scores.states(&x, rows, cols);
+    let whole_backward = backward_f64(false, &x, &dy, cols, &scale);
+    let whole_entropy = cross_entropy_f64(&x, rows, cols, &targets, &options);
+    for r in 0..rows {
+        let span = r * cols..(r + 1) * cols;
+        let row = &x[span.clone()];
+        assert_eq!(softmax_f64(row, 1, cols), whole_softmax[span.clone()]);
+        // The row's scores see mask row 0, as every row of the whole matrix does.
+        assert_eq!(scores.forward(true, row, 1, cols), whole_log[span.clone()]);
+        assert_eq!(scores.states(row, 1, cols), [whole_states[r]]);
+        let alone = backward_f64(false, row, &dy[span.clone()], cols, &scale[r..=r]);
+        assert_eq!(alone, whole_backward[span.clone()]);
+        let alone = cross_entropy_f64(row, 1, cols, &targets[r..=r], &options);
+        assert_eq!(alone.losses, [whole_entropy.losses[r]]);
+        assert_eq!(alone.lse, [whole_entropy.lse[r]]);
+        assert_eq!(alone.gradient, whole_entropy.gradient[span]);
+    }
+    assert_eq!(
+        whole_entropy.reduced,
+        whole_entropy.losses.iter().sum::<f64>()
+    );
 }
