@@ -32,6 +32,9 @@ pub fn softmax_f64(input: &[f32], rows: usize, cols: usize) -> Vec<f64> {
     })
 }
 
+/// A run of whole rows of [`by_rows`]' output: the first row's index, and the rows.
+type RowRun<'a, T> = (usize, &'a mut [T]);
+
 /// Elements from which [`by_rows`] spreads its rows over threads.
 const PARALLEL_ELEMENTS: usize = 1 << 20;
 
@@ -57,7 +60,7 @@ where
         return output;
     }
     let run = rows.div_ceil(threads);
-    let runs: Vec<Mutex<Option<(usize, &mut [T])>>> = output
+    let runs: Vec<Mutex<Option<RowRun<'_, T>>>> = output
         .chunks_mut(run * width)
         .enumerate()
         .map(|(k, part)| Mutex::new(Some((k * run, part))))
