@@ -876,6 +876,30 @@ fn scales_masks_and_causal(softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
         check_forward::<f32, f32>(softmax, &mut tally, op, &x, &expected, shape, &options)?;
         check_forward::<bf16, bf16>(softmax, &mut tally, op, &x, &expected, shape, &options)?;
     }
+    // The same on few wide rows, where the planner takes the kept twins of the 8-pack blocks
+    // (aligned and peeled): a row of -inf, and a row of -3e38 that a scale of 2 takes to -inf
+    // (its differences from a maximum of -inf are NaN, never written).
+    for (rows, cols) in [(16, 128_256), (16, 100_003)] {
+        let shape = Shape::new(rows, cols).unwrap();
+        let mut x = random_matrix(rng, shape, 8.0);
+        x[cols..2 * cols].fill(f32::NEG_INFINITY);
+        x[5 * cols..6 * cols].fill(-3e38);
+        let x = rounded::<bf16>(&x);
+        let zero = Scores {
+            scale: 2.0,
+            zero_masked_rows: true,
+            ..Scores::default()
+        };
+        let options = Options::new().scale(2.0).masked_rows(MaskedRows::Zero);
+        for op in [Operation::Softmax, Operation::LogSoftmax] {
+            let log = op == Operation::LogSoftmax;
+            let mut expected = zero.forward(log, &x, rows, cols);
+            // Scores are f32: that row's are -inf everywhere (the f64 reference's are finite).
+            expected[5 * cols..6 * cols].fill(if log { f64::NEG_INFINITY } else { 0.0 });
+            check_forward::<bf16, bf16>(softmax, &mut tally, op, &x, &expected, shape, &options)?;
+            check_forward::<bf16, f32>(softmax, &mut tally, op, &x, &expected, shape, &options)?;
+        }
+    }
     Ok(tally.summary())
 }
 

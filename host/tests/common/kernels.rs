@@ -214,9 +214,11 @@ pub struct Holder {
 
 impl Holder {
     /// A holder of all but `free` multiprocessors of `device`.
+    ///
     /// The holders run once, for no time, before it returns: a first launch can pay for
-    /// loading the kernel, and holders that took their places only after the work beside them
-    /// had finished would hold nothing back.
+    /// setting the kernel up (its shared-memory configuration, any loading left), and holders
+    /// that took their places only after the work beside them had finished would hold
+    /// nothing back.
     pub fn new(device: &softmax::DeviceInfo, free: u32) -> Result<Self, String> {
         let holder = Holder {
             module: load(device.max_shared_per_block)?,
@@ -226,10 +228,11 @@ impl Holder {
             shared_bytes: device.max_shared_per_block,
         };
         let warm = holder.hold(std::time::Duration::ZERO)?;
-        holder
-            .stream
-            .synchronize()
-            .map_err(|e| format!("warming the holders: {e}"))?;
+        if let Err(error) = holder.stream.synchronize() {
+            // The holders may still run: their buffers stay allocated.
+            std::mem::forget(warm);
+            return Err(format!("warming the holders: {error}"));
+        }
         drop(warm);
         Ok(holder)
     }

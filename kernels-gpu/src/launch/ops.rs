@@ -158,7 +158,9 @@ pub const OP_ROWS_BLOCK: u32 = 128;
 /// one of 32 lanes; both one packs count of blocks, whose block size covers the widths
 /// between (single elements keep 8 packs: rows up to 8192 columns in one block, as row states
 /// need where the rows cannot stay resident). The planner takes the narrowest group that
-/// holds a row, else a block.
+/// holds a row, else a block. The plain forward's 8-pack blocks also have kept twins
+/// (`block_kept`, [`OpInstance::kept`]), taken only where every block of a launch stays
+/// resident with them.
 macro_rules! with_op_instances {
     ($callback:ident $(, $argument:tt)*) => {
         $callback!(

@@ -2,7 +2,7 @@
 //! ([`Forward`], which also reads rows that need not start on a 16-byte boundary) or with them
 //! ([`MaskedForward`]).
 
-use crate::launch::ops::{DType, RowOpParams, op};
+use crate::launch::ops::{DType, OP_BLOCK_KEPT, RowOpParams, op};
 use crate::primitives::device::{DeviceExp2, exp2_approx, log2_approx, reciprocal_approx};
 use crate::primitives::element::Element;
 use crate::primitives::memory::load_global;
@@ -106,10 +106,11 @@ impl ForwardRow {
         };
         let factor = OnlineStats::exp_relative::<DeviceExp2>(mine_max, row.max) * inv_sum;
         let zero = self.zero_masked_rows && masked_everywhere(row);
-        // A row masked everywhere keeps exponentials of 0 (softmax) and differences of -inf
-        // (log-softmax): a factor of 0 and an offset of 0 write what it asks for (0 and
-        // -inf), with no choice per element.
-        let (factor, log_offset, zero) = if kept && zero {
+        // A softmax row masked everywhere keeps exponentials of 0 (each relative to the
+        // exponent origin, never NaN): a factor of 0 writes the 0 it asks for, with no choice
+        // per element. Log-softmax keeps the choice: a kept difference `x·k − max·k` is NaN
+        // where a score overflowed to -inf in a row whose maximum is -inf.
+        let (factor, log_offset, zero) = if kept && zero && !self.log {
             (0.0, 0.0, false)
         } else {
             (factor, log_offset, zero)
@@ -239,6 +240,16 @@ const KEPT_ELEMENTS: usize = 16;
 /// Nsight Compute); the registers this takes (bf16 8 packs: 56 → 96) would halve a block's
 /// residency where many rows want it.
 const EVERY_ELEMENT_KEPT: usize = 72;
+
+// Every kept block instance keeps all it holds: its packs of the widest pack (8 16-bit
+// elements) and a peeled row's end slot; otherwise its entry would be its packed twin again.
+const _: () = {
+    let mut i = 0;
+    while i < OP_BLOCK_KEPT.len() {
+        assert!((OP_BLOCK_KEPT[i].0 as usize + 1) * 8 <= EVERY_ELEMENT_KEPT);
+        i += 1;
+    }
+};
 
 impl<In: Element, const KEPT: usize> Forward<In, KEPT> {
     /// Whether a thread of `PACKS` packs keeps its elements' values (`KEPT`).
