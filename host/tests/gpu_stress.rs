@@ -781,6 +781,19 @@ fn leaving_blocks(_softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
         let shape = Shape::new(rows, cols).unwrap();
         let values = common::random_matrix(rng, shape, 8.0);
         let x = DeviceBuffer::from_slice(&values).map_err(cuda)?;
+        // Once alone first: the held launch is then not the first of its kernel, whose setup
+        // could outlast the holders.
+        let mut y = poisoned(shape.len())?;
+        if !run_f32_checked(
+            &mut impatient,
+            variant,
+            (&x, &mut y),
+            &values,
+            shape,
+            "alone",
+        )? {
+            return Err(format!("{variant} refused {shape}"));
+        }
         let mut y = poisoned(shape.len())?;
         let what = "with blocks leaving";
         let before = left(&impatient)?;
@@ -811,6 +824,8 @@ fn leaving_blocks(_softmax: &mut Softmax, rng: &mut StdRng) -> Outcome {
             DeviceBuffer::from_slice(&values).map_err(cuda)?,
             poisoned_bf16(shape.len())?,
         );
+        forward_bf16_checked(&mut impatient, (&x, &mut y), &values, shape, "alone")?;
+        let mut y = poisoned_bf16(shape.len())?;
         let before = left(&impatient)?;
         let held = holder.hold(hold)?;
         forward_bf16_checked(
