@@ -4,7 +4,7 @@
 //! rows they hold; comparisons of results and references of different lengths count every
 //! element missing on one side as a mismatch, so they fail rather than pass.
 
-use std::sync::Mutex;
+use std::sync::{Mutex, PoisonError};
 
 /// Softmax of each row of a row-major `rows × cols` matrix, computed in `f64`: as many rows
 /// as `input` holds, at most `rows` (none when `cols` is 0).
@@ -16,7 +16,7 @@ pub fn softmax_f64(input: &[f32], rows: usize, cols: usize) -> Vec<f64> {
     if cols == 0 {
         return Vec::new();
     }
-    by_rows(held_rows(input.len(), rows, cols), cols, |r, out| {
+    by_rows(held_rows(input.len(), rows, cols), cols, cols, |r, out| {
         let row = &input[r * cols..(r + 1) * cols];
         let max = row
             .iter()
@@ -35,15 +35,29 @@ pub fn softmax_f64(input: &[f32], rows: usize, cols: usize) -> Vec<f64> {
 /// A run of whole rows of [`by_rows`]' output: the first row's index, and the rows.
 type RowRun<'a, T> = (usize, &'a mut [T]);
 
-/// Elements from which [`by_rows`] spreads its rows over threads.
-const PARALLEL_ELEMENTS: usize = 1 << 20;
+/// Work (values read, roughly) from which [`by_rows`] spreads its rows over threads.
+const PARALLEL_WORK: usize = 1 << 20;
 
 /// `rows` rows of `width` values each, row `r` written by `fill(r, row)` into a row of
-/// defaults: on the machine's threads, a run of whole rows each, once there are at least
-/// [`PARALLEL_ELEMENTS`] values, else on this one. Each row is computed alone, so the values
-/// are the same either way. This thread takes runs too, so a thread the system refuses only
-/// leaves more to the others.
-fn by_rows<T, F>(rows: usize, width: usize, fill: F) -> Vec<T>
+/// defaults, each row costing about `row_cost`: on the machine's threads once the rows cost
+/// at least [`PARALLEL_WORK`] in all, else on this one ([`by_rows_on`]).
+fn by_rows<T, F>(rows: usize, width: usize, row_cost: usize, fill: F) -> Vec<T>
+where
+    T: Copy + Default + Send,
+    F: Fn(usize, &mut [T]) + Sync,
+{
+    let threads = if rows.saturating_mul(row_cost) < PARALLEL_WORK {
+        1
+    } else {
+        std::thread::available_parallelism().map_or(1, usize::from)
+    };
+    by_rows_on(threads, rows, width, fill)
+}
+
+/// [`by_rows`] on `threads` threads, each taking runs of whole rows. Each row is computed
+/// alone, so the values are the same on any number. This thread takes runs too, so a thread
+/// the system refuses only leaves more to the others.
+fn by_rows_on<T, F>(threads: usize, rows: usize, width: usize, fill: F) -> Vec<T>
 where
     T: Copy + Default + Send,
     F: Fn(usize, &mut [T]) + Sync,
@@ -52,8 +66,7 @@ where
     if width == 0 {
         return output;
     }
-    let threads = std::thread::available_parallelism().map_or(1, usize::from);
-    if threads < 2 || rows < 2 || output.len() < PARALLEL_ELEMENTS {
+    if threads < 2 || rows < 2 {
         for (r, row) in output.chunks_exact_mut(width).enumerate() {
             fill(r, row);
         }
@@ -68,7 +81,7 @@ where
     let (runs, fill) = (&runs, &fill);
     let take_runs = move || {
         for slot in runs {
-            let taken = slot.lock().ok().and_then(|mut slot| slot.take());
+            let taken = slot.lock().unwrap_or_else(PoisonError::into_inner).take();
             if let Some((first, part)) = taken {
                 for (i, row) in part.chunks_exact_mut(width).enumerate() {
                     fill(first + i, row);
@@ -227,7 +240,7 @@ impl Scores<'_> {
     /// Row maximum (NaN-propagating) and `Σ e^(s − max)` of each row's scores, for as many
     /// rows as `input` holds, at most `rows`.
     pub fn states(&self, input: &[f32], rows: usize, cols: usize) -> Vec<(f64, f64)> {
-        by_rows(held_rows(input.len(), rows, cols), 1, |r, state| {
+        by_rows(held_rows(input.len(), rows, cols), 1, cols, |r, state| {
             state[0] = row_state(&self.row(input, r, cols));
         })
     }
@@ -237,7 +250,7 @@ impl Scores<'_> {
         if cols == 0 {
             return Vec::new();
         }
-        by_rows(held_rows(input.len(), rows, cols), cols, |r, out| {
+        by_rows(held_rows(input.len(), rows, cols), cols, cols, |r, out| {
             let scores = self.row(input, r, cols);
             let (max, sum) = row_state(&scores);
             if max == f64::NEG_INFINITY {
@@ -281,7 +294,7 @@ pub fn backward_f64(log: bool, y: &[f32], dy: &[f32], cols: usize, scale: &[f64]
         return Vec::new();
     }
     let rows = (y.len() / cols).min(dy.len() / cols).min(scale.len());
-    by_rows(rows, cols, |r, dx| {
+    by_rows(rows, cols, cols, |r, dx| {
         let (y, dy) = (&y[r * cols..(r + 1) * cols], &dy[r * cols..(r + 1) * cols]);
         let pairs = || {
             y.iter()
@@ -408,7 +421,7 @@ pub fn cross_entropy_f64(
         }
     };
     // Each row alone: its log-sum-exp, loss and the coefficients of its gradient.
-    let per_row = by_rows(rows, 1, |r, part: &mut [CrossEntropyRow]| {
+    let per_row = by_rows(rows, 1, cols, |r, part: &mut [CrossEntropyRow]| {
         let x = &logits[r * cols..(r + 1) * cols];
         let z: Vec<f64> = x
             .iter()
@@ -468,7 +481,11 @@ pub fn cross_entropy_f64(
         losses: per_row.iter().map(|row| row.loss).collect(),
         lse: per_row.iter().map(|row| row.lse).collect(),
         reduced: 0.0,
-        denominator: per_row.iter().filter_map(|row| row.counted_weight).sum(),
+        // From +0, as before the rows were threaded (an empty `sum` is -0).
+        denominator: per_row
+            .iter()
+            .filter_map(|row| row.counted_weight)
+            .fold(0.0, |sum, weight| sum + weight),
         gradient: Vec::new(),
     };
     result.reduced = result.losses.iter().sum();
@@ -479,7 +496,7 @@ pub fn cross_entropy_f64(
         }
         Reduction::Sum | Reduction::None => 1.0,
     };
-    result.gradient = by_rows(rows, cols, |r, gradient| {
+    result.gradient = by_rows(rows, cols, cols, |r, gradient| {
         let x = &logits[r * cols..(r + 1) * cols];
         let Some((w_t, t, lse)) = per_row[r].coefficients else {
             return;
@@ -840,5 +857,36 @@ mod sampling_tests {
         assert!(filtered_distribution_f64(&[f32::NEG_INFINITY; 3], &filters(1.0)).is_empty());
         let masked = filtered_distribution_f64(&[0.0, f32::NEG_INFINITY], &filters(1.0));
         assert_eq!(masked, [1.0, 0.0]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every row lands at its own place on any number of threads, uneven runs and rows of one
+    /// value included, and more threads than rows.
+    #[test]
+    fn rows_on_threads_are_where_one_thread_puts_them() {
+        for width in [1, 7] {
+            for rows in [0, 1, 2, 10, 23] {
+                let fill = |r: usize, row: &mut [u64]| {
+                    for (c, value) in row.iter_mut().enumerate() {
+                        *value = (r * 1000 + c) as u64;
+                    }
+                };
+                let alone = by_rows_on(1, rows, width, fill);
+                assert_eq!(alone.len(), rows * width);
+                assert!(
+                    alone
+                        .iter()
+                        .enumerate()
+                        .all(|(i, &v)| { v == ((i / width) * 1000 + i % width) as u64 })
+                );
+                for threads in [2, 3, 7, 64] {
+                    assert_eq!(by_rows_on(threads, rows, width, fill), alone);
+                }
+            }
+        }
     }
 }
