@@ -110,10 +110,10 @@ impl ForwardRow {
         // exponent origin, never NaN): a factor of 0 writes the 0 it asks for, with no choice
         // per element. Log-softmax keeps the choice: a kept difference `x·k − max·k` is NaN
         // where a score overflowed to -inf in a row whose maximum is -inf.
-        let (factor, log_offset, zero) = if kept && zero && !self.log {
-            (0.0, 0.0, false)
+        let (factor, zero) = if kept && zero && !self.log {
+            (0.0, false)
         } else {
-            (factor, log_offset, zero)
+            (factor, zero)
         };
         ForwardFinished {
             max: row.max,
@@ -241,12 +241,13 @@ const KEPT_ELEMENTS: usize = 16;
 /// residency where many rows want it.
 const EVERY_ELEMENT_KEPT: usize = 72;
 
-// Every kept block instance keeps all it holds: its packs of the widest pack (8 16-bit
+// Every kept block instance keeps all it holds: its packs of the widest pack (16-bit
 // elements) and a peeled row's end slot; otherwise its entry would be its packed twin again.
 const _: () = {
+    let widest = DType::Bf16.vector_pack() as usize;
     let mut i = 0;
     while i < OP_BLOCK_KEPT.len() {
-        assert!((OP_BLOCK_KEPT[i].0 as usize + 1) * 8 <= EVERY_ELEMENT_KEPT);
+        assert!((OP_BLOCK_KEPT[i].0 as usize + 1) * widest <= EVERY_ELEMENT_KEPT);
         i += 1;
     }
 };
