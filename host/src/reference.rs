@@ -13,23 +13,8 @@ use std::sync::{Mutex, PoisonError};
 /// maximum and the sum propagate them), a row that is entirely `-inf` is all NaN
 /// (`-inf - (-inf)` is NaN), and a `-inf` entry in any other row gives 0.
 pub fn softmax_f64(input: &[f32], rows: usize, cols: usize) -> Vec<f64> {
-    if cols == 0 {
-        return Vec::new();
-    }
-    by_rows(held_rows(input.len(), rows, cols), cols, cols, |r, out| {
-        let row = &input[r * cols..(r + 1) * cols];
-        let max = row
-            .iter()
-            .map(|&x| f64::from(x))
-            .fold(f64::NEG_INFINITY, nan_propagating_max);
-        for (o, &x) in out.iter_mut().zip(row) {
-            *o = (f64::from(x) - max).exp();
-        }
-        let sum: f64 = out.iter().sum();
-        for o in out.iter_mut() {
-            *o /= sum;
-        }
-    })
+    // The unscaled, unmasked scores: the same operations in the same order.
+    Scores::default().forward(false, input, rows, cols)
 }
 
 /// A run of whole rows of [`by_rows`]' output: the first row's index, and the rows.
